@@ -1,0 +1,140 @@
+//! The ABI shared by the eBPF programs (`src/main.rs`) and userspace
+//! (`tracer`): map keys and values, counter indices and the probe kinds.
+//!
+//! Every type is `#[repr(C)]`, made of plain integers and has no padding
+//! holes, so the kernel and userspace agree on its bytes.
+#![no_std]
+
+/// Memory kinds. Kept apart in every map and report, never double counted.
+pub mod kind {
+    /// malloc-family heap memory.
+    pub const HEAP: u32 = 0;
+}
+
+/// Key of the LIVE map: one outstanding allocation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LiveKey {
+    pub tgid: u32,
+    pub pad: u32,
+    pub address: u64,
+}
+
+/// Value of the LIVE map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveAlloc {
+    pub size: u64,
+    pub stack_id: u32,
+    pub kind: u32,
+    pub timestamp_ns: u64,
+}
+
+/// Key of the BY_STACK map: the live memory of one call stack, one kind.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackKey {
+    pub tgid: u32,
+    /// Id in the STACKS map, or [`NO_STACK`] when the stack could not be
+    /// stored (the reason is counted in STATS).
+    pub stack_id: u32,
+    pub kind: u32,
+    pub pad: u32,
+}
+
+/// Stack id used when `bpf_get_stackid` failed.
+pub const NO_STACK: u32 = u32::MAX;
+
+/// Value of the BY_STACK map. Updated with atomic adds in the probes; the
+/// live fields are two's-complement sums (frees add the negated size).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackTotals {
+    pub live_bytes: u64,
+    pub live_allocs: u64,
+    pub alloc_bytes: u64,
+    pub alloc_count: u64,
+}
+
+/// What the return probe must do with a pending call.
+pub mod call {
+    /// The result is the new block (malloc, calloc, memalign, valloc...).
+    pub const RETURNS_POINTER: u32 = 1;
+    /// realloc and reallocarray: free of `pointer`, then a new block.
+    pub const REALLOC: u32 = 2;
+    /// posix_memalign: the block is written to the out-parameter `pointer`
+    /// when the call returns 0.
+    pub const OUT_PARAMETER: u32 = 3;
+}
+
+/// Per thread: the outermost allocator call in progress, carried from its
+/// entry probe to its return probe. Calls nested inside it (an allocator
+/// calling another exported allocator function) only move `depth`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// Requested size in bytes.
+    pub size: u64,
+    /// realloc: the old block; posix_memalign: the out-parameter.
+    pub pointer: u64,
+    /// realloc: what the old block held, removed at entry and restored if
+    /// the call fails.
+    pub old: LiveAlloc,
+    pub call: u32,
+    /// Allocator calls in progress on this thread, the outermost included.
+    pub depth: u32,
+    /// realloc: 1 when `old` holds a block that was known.
+    pub old_known: u32,
+    pub pad: u32,
+}
+
+/// Indices into the per-CPU STATS array. Events count what happened; drops
+/// count what could not be recorded (reported in the report's first lines).
+pub mod stat {
+    pub const ALLOCS: u32 = 0;
+    pub const FREES: u32 = 1;
+    pub const FAILED_ALLOCS: u32 = 2;
+    pub const NESTED_CALLS: u32 = 3;
+    pub const FREES_UNKNOWN: u32 = 4;
+    pub const FREES_NULL: u32 = 5;
+    pub const DROP_LIVE_FULL: u32 = 6;
+    pub const DROP_BY_STACK_FULL: u32 = 7;
+    pub const DROP_STACK_COLLISION: u32 = 8;
+    pub const DROP_STACK_ERROR: u32 = 9;
+    pub const DROP_PENDING_FULL: u32 = 10;
+    pub const DROP_READ_OUT_PARAM: u32 = 11;
+    pub const COUNT: u32 = 12;
+}
+
+/// Whether a STATS entry is an event count or a drop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatClass {
+    Event,
+    Drop,
+}
+
+/// Names of the STATS entries, by index, as shown in reports.
+pub const STAT_NAMES: [(&str, StatClass); stat::COUNT as usize] = [
+    ("allocs", StatClass::Event),
+    ("frees", StatClass::Event),
+    ("failed_allocs", StatClass::Event),
+    ("nested_calls", StatClass::Event),
+    ("frees_unknown", StatClass::Event),
+    ("frees_null", StatClass::Event),
+    ("live_map_full", StatClass::Drop),
+    ("by_stack_map_full", StatClass::Drop),
+    ("stack_map_collision", StatClass::Drop),
+    ("stack_error", StatClass::Drop),
+    ("pending_map_full", StatClass::Drop),
+    ("out_param_unreadable", StatClass::Drop),
+];
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    unsafe impl aya::Pod for LiveKey {}
+    unsafe impl aya::Pod for LiveAlloc {}
+    unsafe impl aya::Pod for StackKey {}
+    unsafe impl aya::Pod for StackTotals {}
+    unsafe impl aya::Pod for Pending {}
+}

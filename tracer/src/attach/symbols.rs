@@ -1,0 +1,158 @@
+//! Finds the allocator functions in the objects a target maps: glibc, the
+//! executable itself (static builds, custom allocators) or an allocator
+//! library (jemalloc, tcmalloc, mimalloc). Reads both the dynamic symbol
+//! table (present even in stripped libraries) and the full symbol table.
+use std::{collections::BTreeMap, fs, path::PathBuf};
+
+use anyhow::{Context as _, Result};
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+
+use crate::procfs::{self, Mapping};
+
+/// An allocator entry point and the eBPF programs that trace it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocatorFunction {
+    pub name: &'static str,
+    /// The uprobe program at its entry.
+    pub entry_program: &'static str,
+    /// Whether the result is needed (a uretprobe runs `alloc_return`).
+    pub has_return: bool,
+}
+
+const fn function(
+    name: &'static str,
+    entry_program: &'static str,
+    has_return: bool,
+) -> AllocatorFunction {
+    AllocatorFunction {
+        name,
+        entry_program,
+        has_return,
+    }
+}
+
+/// Every function tracer hooks, with its programs.
+pub const ALLOCATOR_FUNCTIONS: [AllocatorFunction; 10] = [
+    function("malloc", "malloc_enter", true),
+    function("calloc", "calloc_enter", true),
+    function("realloc", "realloc_enter", true),
+    function("reallocarray", "reallocarray_enter", true),
+    function("free", "free_enter", false),
+    function("posix_memalign", "posix_memalign_enter", true),
+    function("aligned_alloc", "aligned_enter", true),
+    function("memalign", "aligned_enter", true),
+    function("valloc", "malloc_enter", true),
+    function("pvalloc", "pvalloc_enter", true),
+];
+
+/// One place to attach: an allocator function in one mapped file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookSite {
+    pub function: AllocatorFunction,
+    /// The file as the target sees it.
+    pub path: PathBuf,
+    /// The same file, opened from the host (through /proc/PID/root).
+    pub host_path: PathBuf,
+    /// File offset of the function's first instruction.
+    pub offset: u64,
+}
+
+/// The allocator functions defined in the executable files `pid` maps.
+pub fn find_hook_sites(pid: u32, maps: &[Mapping]) -> Result<Vec<HookSite>> {
+    let mut paths: Vec<&PathBuf> = maps
+        .iter()
+        .filter(|mapping| mapping.executable)
+        .map(|mapping| &mapping.path)
+        .collect();
+    paths.dedup();
+    paths.sort();
+    paths.dedup();
+    let mut sites = Vec::new();
+    for path in paths {
+        let host_path = procfs::host_path(pid, path);
+        let data = match fs::read(&host_path) {
+            Ok(data) => data,
+            // A file that vanished or cannot be read holds no hook we can use.
+            Err(_) => continue,
+        };
+        let functions = allocator_offsets(&data)
+            .with_context(|| format!("could not read the symbols of {}", path.display()))?;
+        for (function, offset) in functions {
+            sites.push(HookSite {
+                function,
+                path: path.clone(),
+                host_path: host_path.clone(),
+                offset,
+            });
+        }
+    }
+    Ok(sites)
+}
+
+/// File offsets of the allocator functions an ELF file defines. Two names
+/// at one address (glibc 2.36's `aligned_alloc` is `memalign`) are hooked
+/// once, under the first name.
+pub fn allocator_offsets(data: &[u8]) -> Result<Vec<(AllocatorFunction, u64)>> {
+    let Ok(file) = object::File::parse(data) else {
+        return Ok(Vec::new());
+    };
+    let mut addresses: BTreeMap<&str, u64> = BTreeMap::new();
+    for symbol in file.dynamic_symbols().chain(file.symbols()) {
+        if !symbol.is_definition() || symbol.kind() != SymbolKind::Text || symbol.address() == 0 {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        if let Some(function) = ALLOCATOR_FUNCTIONS.iter().find(|f| f.name == name) {
+            addresses.entry(function.name).or_insert(symbol.address());
+        }
+    }
+    let mut found: Vec<(AllocatorFunction, u64)> = Vec::new();
+    for function in ALLOCATOR_FUNCTIONS {
+        let Some(&address) = addresses.get(function.name) else {
+            continue;
+        };
+        let Some(offset) = file_offset(&file, address) else {
+            continue;
+        };
+        if found.iter().all(|(_, seen)| *seen != offset) {
+            found.push((function, offset));
+        }
+    }
+    Ok(found)
+}
+
+/// Converts a virtual address of the ELF file to a file offset through the
+/// loadable segment that holds it.
+pub fn file_offset(file: &object::File<'_>, address: u64) -> Option<u64> {
+    file.segments().find_map(|segment| {
+        let (offset, size) = segment.file_range();
+        let start = segment.address();
+        (start..start + size)
+            .contains(&address)
+            .then(|| address - start + offset)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_glibc_allocators() {
+        let data = fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("glibc is installed");
+        let found = allocator_offsets(&data).unwrap();
+        let names: Vec<&str> = found.iter().map(|(function, _)| function.name).collect();
+        for name in ["malloc", "calloc", "realloc", "free", "posix_memalign"] {
+            assert!(names.contains(&name), "{name} missing from {names:?}");
+        }
+        let mut offsets: Vec<u64> = found.iter().map(|(_, offset)| *offset).collect();
+        offsets.sort();
+        offsets.dedup();
+        assert_eq!(offsets.len(), found.len(), "one hook per address");
+    }
+
+    #[test]
+    fn non_elf_has_no_allocators() {
+        assert!(allocator_offsets(b"#!/bin/sh\n").unwrap().is_empty());
+    }
+}

@@ -1,0 +1,254 @@
+//! The command line: verbs and flags (clap), turned into one `Config` that
+//! the rest of tracer is given. Usage errors become one line, exit code 2.
+use std::{ffi::OsString, path::PathBuf, time::Duration};
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+
+use crate::error::{ExitCode, fatal};
+
+const ABOUT: &str =
+    "Find the call stacks that hold growing memory in a running process, with eBPF.";
+
+const LONG_ABOUT: &str = "\
+Find the call stacks that hold growing memory in a running process, with eBPF.
+
+tracer attaches uprobes to the allocator functions (malloc, calloc, realloc, \
+reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc) \
+of a process that is already running, keeps the outstanding bytes of every \
+call stack in the kernel, and reports the stacks that hold the most memory \
+and how fast it grows. The target is never restarted, stopped or written to.";
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  report written
+  1  unexpected failure
+  2  bad command line
+  3  target not found, a kernel thread, a zombie, or exited during attach
+  4  not root (tracer needs root, or CAP_BPF and CAP_PERFMON)
+  5  kernel without BTF or uprobe support
+  6  no allocator function (malloc/free) found in the target
+  7  the command after -- could not be started";
+
+#[derive(Debug, Parser)]
+#[command(name = "tracer", version, about = ABOUT, long_about = LONG_ABOUT, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Verb,
+}
+
+#[derive(Debug, Subcommand)]
+enum Verb {
+    /// Trace allocations of running processes (--pid) or of a command
+    /// (after --), then print the stacks that hold memory.
+    #[command(after_help = EXIT_CODES)]
+    Record(RecordArgs),
+}
+
+#[derive(Debug, Args)]
+struct RecordArgs {
+    /// Process to trace; repeat to trace several.
+    #[arg(short, long = "pid", value_name = "PID", conflicts_with = "command")]
+    pids: Vec<u32>,
+
+    /// Stop after this long (e.g. 30s, 5m, 500ms); default: until Ctrl-C or
+    /// until every target has exited.
+    #[arg(short, long, value_name = "DURATION", value_parser = parse_duration)]
+    duration: Option<Duration>,
+
+    /// How often to snapshot the per-stack totals.
+    #[arg(short, long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+    interval: Duration,
+
+    /// Number of stacks in the report.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    top: usize,
+
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+
+    /// Capacity of the in-kernel table of live allocations; allocations
+    /// beyond it are counted as dropped.
+    #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+    max_live_allocs: u32,
+
+    /// Command to start and trace from its first allocation.
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+/// What to trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Targets {
+    Pids(Vec<u32>),
+    Spawn(Vec<OsString>),
+}
+
+/// Everything a run needs, from the command line.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub targets: Targets,
+    pub duration: Option<Duration>,
+    pub interval: Duration,
+    pub top: usize,
+    pub json_path: Option<PathBuf>,
+    pub max_live_allocs: u32,
+}
+
+/// What the user asked for: a run, or text to print (help, version).
+pub enum Parsed {
+    Record(Config),
+    Print(String),
+}
+
+/// Parses the arguments. Help and version are returned as text; usage
+/// errors become a one-line error with exit code 2.
+pub fn parse(arguments: impl IntoIterator<Item = OsString>) -> Result<Parsed> {
+    let cli = match Cli::try_parse_from(arguments) {
+        Ok(cli) => cli,
+        Err(error) => {
+            use clap::error::ErrorKind;
+            return match error.kind() {
+                ErrorKind::DisplayHelp
+                | ErrorKind::DisplayVersion
+                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    Ok(Parsed::Print(error.render().to_string()))
+                }
+                _ => Err(fatal(ExitCode::Usage, usage_line(&error))),
+            };
+        }
+    };
+    let Verb::Record(args) = cli.command;
+    let targets = match (args.pids.is_empty(), args.command.is_empty()) {
+        (false, true) => Targets::Pids(args.pids),
+        (true, false) => Targets::Spawn(args.command),
+        (true, true) => {
+            return Err(fatal(
+                ExitCode::Usage,
+                "nothing to trace: give --pid PID or a command after -- (see tracer record --help)",
+            ));
+        }
+        (false, false) => unreachable!("clap rejects --pid with a command"),
+    };
+    if args.max_live_allocs == 0 {
+        return Err(fatal(
+            ExitCode::Usage,
+            "--max-live-allocs must be at least 1",
+        ));
+    }
+    Ok(Parsed::Record(Config {
+        targets,
+        duration: args.duration,
+        interval: args.interval,
+        top: args.top,
+        json_path: args.json,
+        max_live_allocs: args.max_live_allocs,
+    }))
+}
+
+/// clap's message, reduced to its first line, with where to get help.
+fn usage_line(error: &clap::Error) -> String {
+    let rendered = error.render().to_string();
+    let first = rendered.lines().next().unwrap_or("invalid arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    format!("{first} (see tracer --help)")
+}
+
+/// Parses "30s", "500ms", "2m", "1h", "1.5s" or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a duration (examples: 30s, 500ms, 5m)"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => {
+            return Err(format!(
+                "unknown unit '{unit}' in '{text}' (use ms, s, m or h)"
+            ));
+        }
+    };
+    if !seconds.is_finite() || seconds <= 0.0 {
+        return Err(format!("'{text}' must be more than zero"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let interval = parse_duration(text)?;
+    if interval < Duration::from_millis(10) {
+        return Err(format!(
+            "'{text}' is too short: the interval must be at least 10ms"
+        ));
+    }
+    Ok(interval)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(arguments: &[&str]) -> Result<Parsed> {
+        parse(
+            ["tracer", "record"]
+                .iter()
+                .chain(arguments)
+                .map(OsString::from),
+        )
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_interval("1ms").is_err());
+    }
+
+    #[test]
+    fn pids_and_command() {
+        let Ok(Parsed::Record(config)) = record(&["--pid", "1", "-p", "2", "--top", "3"]) else {
+            panic!("expected a config");
+        };
+        assert_eq!(config.targets, Targets::Pids(vec![1, 2]));
+        assert_eq!(config.top, 3);
+        assert_eq!(config.interval, Duration::from_secs(1));
+        let Ok(Parsed::Record(config)) = record(&["--", "./prog", "--flag"]) else {
+            panic!("expected a config");
+        };
+        assert_eq!(
+            config.targets,
+            Targets::Spawn(vec!["./prog".into(), "--flag".into()])
+        );
+    }
+
+    #[test]
+    fn usage_errors_are_one_line_with_code_2() {
+        for arguments in [
+            &["--pid", "1", "--", "prog"][..],
+            &[],
+            &["--pid", "x"],
+            &["--interval", "0s", "-p", "1"],
+        ] {
+            let error = record(arguments).err().expect("an error");
+            assert_eq!(
+                crate::error::exit_code(&error),
+                ExitCode::Usage,
+                "{arguments:?}"
+            );
+            assert!(!error.to_string().contains('\n'), "{error}");
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The collection loop (tokio): every interval, snapshot the kernel's
+//! per-stack totals and counters into the model; watch the targets; stop on
+//! --duration, Ctrl-C, SIGTERM or when every target has exited.
+//!
+//! Reading BY_STACK costs one syscall pair per stack, never per allocation,
+//! so tracer's own cost does not grow with the target's allocation rate.
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use aya::{
+    Ebpf,
+    maps::{HashMap, MapData, PerCpuArray, StackTraceMap},
+};
+use tokio::signal::unix::{SignalKind, signal};
+use tracer_ebpf::{StackTotals, stat};
+
+use crate::{
+    attach::spawn,
+    model::{Counters, Kind, Model, Snapshot, StackKey, Target},
+    output::human_bytes,
+    symbolize::Symbols,
+};
+
+/// How often the status line is printed on stderr.
+const STATUS_EVERY: Duration = Duration::from_secs(5);
+/// How often targets are checked for exit.
+const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Why collection stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    Duration,
+    Interrupted,
+    Terminated,
+    TargetsExited,
+}
+
+/// A traced process and how to notice its exit.
+pub struct Watched {
+    pub target: Target,
+    /// Started by tracer: reaped with waitpid, not just looked up.
+    pub spawned: bool,
+}
+
+impl Watched {
+    fn has_exited(&self) -> bool {
+        if self.spawned {
+            spawn::reap_if_exited(self.target.pid)
+        } else {
+            !crate::procfs::is_alive(self.target.pid)
+        }
+    }
+}
+
+/// Settings of the loop.
+pub struct Schedule {
+    pub interval: Duration,
+    pub duration: Option<Duration>,
+    /// When the probes were in place: time zero of every series.
+    pub attached_at: Instant,
+}
+
+/// Runs until a stop condition; the model holds a final snapshot taken
+/// after it.
+pub async fn run(
+    ebpf: &Ebpf,
+    targets: &mut [Watched],
+    model: &mut Model,
+    symbols: &mut Symbols,
+    schedule: &Schedule,
+) -> Result<StopReason> {
+    let mut interrupt = signal(SignalKind::interrupt()).context("could not catch SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("could not catch SIGTERM")?;
+    let mut snapshot_timer = tokio::time::interval(schedule.interval);
+    snapshot_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut liveness_timer = tokio::time::interval(LIVENESS_EVERY);
+    let deadline = schedule
+        .duration
+        .map(|duration| schedule.attached_at + duration);
+    let mut last_status = Instant::now();
+
+    let reason = loop {
+        let until_deadline = async {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = snapshot_timer.tick() => {
+                for watched in targets.iter().filter(|w| w.target.exited_after_s.is_none()) {
+                    symbols.refresh(watched.target.pid);
+                }
+                model.push(snapshot(ebpf, schedule.attached_at)?);
+                if last_status.elapsed() >= STATUS_EVERY {
+                    last_status = Instant::now();
+                    eprintln!("{}", status_line(model));
+                }
+            }
+            _ = liveness_timer.tick() => {
+                let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
+                for watched in targets.iter_mut().filter(|w| w.target.exited_after_s.is_none()) {
+                    if watched.has_exited() {
+                        watched.target.exited_after_s = Some(elapsed_s);
+                        eprintln!("tracer: PID {} exited after {elapsed_s:.1} s", watched.target.pid);
+                    }
+                }
+                if targets.iter().all(|w| w.target.exited_after_s.is_some()) {
+                    break StopReason::TargetsExited;
+                }
+            }
+            _ = until_deadline => break StopReason::Duration,
+            _ = interrupt.recv() => break StopReason::Interrupted,
+            _ = terminate.recv() => break StopReason::Terminated,
+        }
+    };
+    model.push(snapshot(ebpf, schedule.attached_at)?);
+    Ok(reason)
+}
+
+/// Reads BY_STACK and STATS.
+pub fn snapshot(ebpf: &Ebpf, attached_at: Instant) -> Result<Snapshot> {
+    let elapsed_s = attached_at.elapsed().as_secs_f64();
+    let by_stack: HashMap<&MapData, tracer_ebpf::StackKey, StackTotals> =
+        HashMap::try_from(ebpf.map("BY_STACK").context("eBPF object lacks BY_STACK")?)?;
+    let mut stacks = Vec::new();
+    for entry in by_stack.iter() {
+        let (key, totals) = entry.context("could not read BY_STACK")?;
+        let Some(kind) = Kind::from_raw(key.kind) else {
+            continue;
+        };
+        stacks.push((
+            StackKey {
+                pid: key.tgid,
+                stack_id: key.stack_id,
+                kind,
+            },
+            Counters {
+                // Two's-complement sums of signed changes.
+                live_bytes: totals.live_bytes as i64,
+                live_allocs: totals.live_allocs as i64,
+                alloc_bytes_total: totals.alloc_bytes,
+                alloc_count_total: totals.alloc_count,
+            },
+        ));
+    }
+    let counters: PerCpuArray<&MapData, u64> =
+        PerCpuArray::try_from(ebpf.map("STATS").context("eBPF object lacks STATS")?)?;
+    let mut stats = Vec::with_capacity(stat::COUNT as usize);
+    for index in 0..stat::COUNT {
+        let per_cpu = counters.get(&index, 0).context("could not read STATS")?;
+        stats.push(per_cpu.iter().sum());
+    }
+    Ok(Snapshot {
+        elapsed_s,
+        stacks,
+        stats,
+    })
+}
+
+/// The return addresses of a stored stack, innermost first.
+pub fn stack_addresses(ebpf: &Ebpf, stack_id: u32) -> Vec<u64> {
+    let Some(map) = ebpf.map("STACKS") else {
+        return Vec::new();
+    };
+    let Ok(stacks) = StackTraceMap::<&MapData>::try_from(map) else {
+        return Vec::new();
+    };
+    stacks
+        .get(&stack_id, 0)
+        .map(|trace| trace.frames().iter().map(|frame| frame.ip).collect())
+        .unwrap_or_default()
+}
+
+fn status_line(model: &Model) -> String {
+    let totals: Vec<String> = model
+        .totals()
+        .iter()
+        .map(|(kind, totals)| {
+            format!(
+                "{} {} live in {} allocs",
+                kind.as_str(),
+                human_bytes(totals.live_bytes as f64),
+                totals.live_allocs
+            )
+        })
+        .collect();
+    let drops: u64 = model.drops().iter().map(|(_, count)| count).sum();
+    format!(
+        "tracer: {:.0} s, {}, {drops} dropped",
+        model.window_s(),
+        if totals.is_empty() {
+            "nothing live yet".to_owned()
+        } else {
+            totals.join(", ")
+        }
+    )
+}

@@ -1,0 +1,129 @@
+//! The report as JSON, for scripts and for the integration tests. The keys
+//! are the field names of [`Report`] and its parts, so the Rust types are the
+//! schema.
+
+use std::path::Path;
+
+use anyhow::Context;
+
+use super::Report;
+
+/// The report as pretty-printed JSON.
+pub fn to_json(report: &Report) -> String {
+    // Every key is a string and every value plain data, so this cannot fail.
+    serde_json::to_string_pretty(report).expect("a report always serializes to JSON")
+}
+
+/// Writes the report as JSON to `path`, replacing what was there.
+pub fn write_json(report: &Report, path: &Path) -> anyhow::Result<()> {
+    let mut json = to_json(report);
+    json.push('\n');
+    std::fs::write(path, json).with_context(|| format!("could not write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::tests::sample_report;
+    use serde_json::Value;
+
+    fn keys(value: &Value) -> Vec<&str> {
+        let mut keys: Vec<&str> = value
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    #[test]
+    fn keys_are_the_field_names() {
+        let json: Value = serde_json::from_str(&to_json(&sample_report(2))).unwrap();
+        assert_eq!(
+            keys(&json),
+            [
+                "drops",
+                "events",
+                "interval_ms",
+                "probes",
+                "snapshots",
+                "stacks",
+                "targets",
+                "totals",
+                "tracer_version",
+                "window_s"
+            ]
+        );
+        assert_eq!(json["window_s"], 4.0);
+        assert_eq!(
+            json["totals"]["heap"]["live_bytes"],
+            4 * 65536 + 4096 + 8192
+        );
+        assert_eq!(json["totals"]["heap"]["live_allocs"], 4096 + 64 + 128);
+        assert_eq!(json["drops"]["stack_map_collision"], 3);
+
+        let target = &json["targets"][1];
+        assert_eq!(keys(target), ["command", "exited_after_s", "pid", "totals"]);
+        assert_eq!(target["exited_after_s"], 3.2);
+        assert_eq!(json["targets"][0]["exited_after_s"], Value::Null);
+        assert_eq!(
+            keys(&json["probes"][0]),
+            ["module", "offset", "pid", "symbol"]
+        );
+
+        let stack = &json["stacks"][0];
+        assert_eq!(
+            keys(stack),
+            [
+                "alloc_bytes_total",
+                "alloc_count_total",
+                "frames",
+                "growth_bytes_per_s",
+                "kind",
+                "live_allocs",
+                "live_bytes",
+                "pid",
+                "rank",
+                "stack_id"
+            ]
+        );
+        assert_eq!(stack["kind"], "heap");
+        assert_eq!(stack["rank"], 1);
+        assert_eq!(stack["live_bytes"], 4 * 65536);
+        let frame = &stack["frames"][0];
+        assert_eq!(
+            keys(frame),
+            ["address", "file", "function", "line", "module"]
+        );
+        assert_eq!(frame["function"], "grow_1");
+        assert_eq!(frame["file"], "leak.c");
+        assert_eq!(frame["line"], 12);
+        assert_eq!(frame["module"], "/opt/app/bin/server");
+        assert_eq!(stack["frames"][1]["file"], Value::Null);
+    }
+
+    #[test]
+    fn write_names_the_path_it_could_not_write() {
+        let path = Path::new("/nonexistent-tracer-dir/report.json");
+        let error = write_json(&sample_report(1), path).unwrap_err();
+        let message = format!("{error:#}");
+        assert!(
+            message.starts_with("could not write /nonexistent-tracer-dir/report.json: "),
+            "{message}"
+        );
+        assert!(message.contains("No such file or directory"), "{message}");
+    }
+
+    #[test]
+    fn write_then_read_back() {
+        let path =
+            std::env::temp_dir().join(format!("tracer-json-test-{}.json", std::process::id()));
+        write_json(&sample_report(1), &path).unwrap();
+        let written = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let json: Value = serde_json::from_str(&written).unwrap();
+        assert_eq!(json["stacks"].as_array().unwrap().len(), 1);
+    }
+}

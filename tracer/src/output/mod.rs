@@ -1,0 +1,441 @@
+//! The report: what a trace found, built once from the model and the
+//! symbolized stacks, then written by one small file per format (`text`,
+//! `json`). Building it apart from the formats keeps every format showing the
+//! same numbers, and lets a new format touch one file.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::model::{Frame, Kind, Model, StackKey, Target, Totals};
+
+pub mod json;
+pub mod text;
+
+/// Everything a report shows, in the shape of its JSON form.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Report {
+    pub tracer_version: String,
+    /// Seconds from attach to the last snapshot.
+    pub window_s: f64,
+    pub interval_ms: u64,
+    pub snapshots: usize,
+    pub targets: Vec<TargetReport>,
+    /// Live memory at the end, by kind name, summed over every traced process.
+    pub totals: BTreeMap<String, Totals>,
+    /// Drop counters that are not zero, by name.
+    pub drops: BTreeMap<String, u64>,
+    /// Every event counter, by name.
+    pub events: BTreeMap<String, u64>,
+    pub probes: Vec<ProbeReport>,
+    /// The top stacks by live bytes, rank 1 first.
+    pub stacks: Vec<StackReport>,
+}
+
+/// A traced process and its live memory at the end, by kind name.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TargetReport {
+    #[serde(flatten)]
+    pub target: Target,
+    pub totals: BTreeMap<String, Totals>,
+}
+
+/// One attached probe.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ProbeReport {
+    pub pid: u32,
+    /// Path of the object the probe is in.
+    pub module: String,
+    pub symbol: String,
+    /// File offset of the symbol in `module`.
+    pub offset: u64,
+}
+
+/// One ranked stack.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StackReport {
+    /// 1-based.
+    pub rank: usize,
+    pub pid: u32,
+    pub kind: String,
+    pub stack_id: u32,
+    pub live_bytes: i64,
+    pub live_allocs: i64,
+    pub alloc_bytes_total: u64,
+    pub alloc_count_total: u64,
+    pub growth_bytes_per_s: f64,
+    /// Innermost first, allocator frames already trimmed.
+    pub frames: Vec<Frame>,
+}
+
+/// What a report is built from.
+pub struct ReportInput<'a> {
+    pub model: &'a Model,
+    pub targets: &'a [Target],
+    pub probes: Vec<ProbeReport>,
+    pub interval_ms: u64,
+    /// How many stacks to rank.
+    pub top: usize,
+    /// The raw symbolized frames of a stack, innermost first.
+    pub frames: &'a dyn Fn(&StackKey) -> Vec<Frame>,
+}
+
+impl Report {
+    pub fn build(input: ReportInput<'_>) -> Report {
+        let model = input.model;
+        let targets = input
+            .targets
+            .iter()
+            .map(|target| TargetReport {
+                target: target.clone(),
+                totals: by_kind_name(model.totals_for_pid(target.pid)),
+            })
+            .collect();
+        let stacks = model
+            .top_stacks(input.top)
+            .into_iter()
+            .enumerate()
+            .map(|(index, summary)| StackReport {
+                rank: index + 1,
+                pid: summary.key.pid,
+                kind: summary.key.kind.as_str().to_owned(),
+                stack_id: summary.key.stack_id,
+                live_bytes: summary.latest.live_bytes,
+                live_allocs: summary.latest.live_allocs,
+                alloc_bytes_total: summary.latest.alloc_bytes_total,
+                alloc_count_total: summary.latest.alloc_count_total,
+                growth_bytes_per_s: summary.growth_bytes_per_s,
+                frames: trim_allocator_frames((input.frames)(&summary.key)),
+            })
+            .collect();
+        Report {
+            tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
+            window_s: model.window_s(),
+            interval_ms: input.interval_ms,
+            snapshots: model.snapshot_count(),
+            targets,
+            totals: by_kind_name(model.totals()),
+            drops: by_name(model.drops()),
+            events: by_name(model.events()),
+            probes: input.probes,
+            stacks,
+        }
+    }
+}
+
+fn by_kind_name(totals: BTreeMap<Kind, Totals>) -> BTreeMap<String, Totals> {
+    totals
+        .into_iter()
+        .map(|(kind, totals)| (kind.as_str().to_owned(), totals))
+        .collect()
+}
+
+fn by_name(counters: Vec<(&'static str, u64)>) -> BTreeMap<String, u64> {
+    counters
+        .into_iter()
+        .map(|(name, count)| (name.to_owned(), count))
+        .collect()
+}
+
+/// The allocator entry points whose frames are noise at the top of a stack.
+const ALLOCATOR_FUNCTIONS: [&str; 10] = [
+    "malloc",
+    "calloc",
+    "realloc",
+    "reallocarray",
+    "free",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "valloc",
+    "pvalloc",
+];
+
+/// Allocator libraries whose every frame is noise at the top of a stack.
+const ALLOCATOR_LIBRARIES: [&str; 3] = ["libjemalloc", "libtcmalloc", "libmimalloc"];
+
+/// Drops leading allocator frames so the first frame shown is the caller:
+/// frames whose function is one of malloc calloc realloc reallocarray free
+/// posix_memalign aligned_alloc memalign valloc pvalloc, their `__libc_` /
+/// `__GI_` prefixed forms, `operator new` / `operator new[]` (demangled or
+/// `_Znwm` / `_Znam`-style mangled), or whose module file name starts with
+/// libjemalloc, libtcmalloc or libmimalloc. Never trims every frame: if all
+/// match, the last one is kept.
+pub fn trim_allocator_frames(mut frames: Vec<Frame>) -> Vec<Frame> {
+    let leading = frames
+        .iter()
+        .take_while(|frame| is_allocator_frame(frame))
+        .count()
+        .min(frames.len().saturating_sub(1));
+    frames.drain(..leading);
+    frames
+}
+
+fn is_allocator_frame(frame: &Frame) -> bool {
+    let in_allocator_library = frame.module.as_deref().is_some_and(|module| {
+        let file_name = Path::new(module)
+            .file_name()
+            .map_or_else(|| module.into(), |name| name.to_string_lossy());
+        ALLOCATOR_LIBRARIES
+            .iter()
+            .any(|library| file_name.starts_with(library))
+    });
+    in_allocator_library || frame.function.as_deref().is_some_and(is_allocator_function)
+}
+
+fn is_allocator_function(function: &str) -> bool {
+    if function.starts_with("operator new")
+        || function.starts_with("_Znw")
+        || function.starts_with("_Zna")
+    {
+        return true;
+    }
+    // glibc's internal aliases stack both prefixes: `__GI___libc_malloc`.
+    let name = function.strip_prefix("__GI_").unwrap_or(function);
+    let name = name.strip_prefix("__libc_").unwrap_or(name);
+    ALLOCATOR_FUNCTIONS.contains(&name)
+}
+
+/// Human units: 1536 -> "1.5 KiB", 512 -> "512 B", then MiB, GiB and TiB.
+/// Negative values keep the sign.
+pub fn human_bytes(bytes: f64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    let sign = if bytes < 0.0 { "-" } else { "" };
+    let magnitude = bytes.abs();
+    // Thresholds sit where the rounded figure would read 1024 of a unit.
+    if magnitude < 1023.5 {
+        return format!("{sign}{magnitude:.0} B");
+    }
+    let mut scaled = magnitude / 1024.0;
+    let mut unit = 0;
+    while scaled >= 1023.95 && unit + 1 < UNITS.len() {
+        scaled /= 1024.0;
+        unit += 1;
+    }
+    format!("{sign}{scaled:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Counters, Snapshot};
+
+    fn frame(function: &str, module: &str) -> Frame {
+        Frame {
+            address: 0x1000,
+            function: Some(function.to_owned()),
+            file: None,
+            line: None,
+            module: Some(module.to_owned()),
+        }
+    }
+
+    fn functions(frames: &[Frame]) -> Vec<&str> {
+        frames
+            .iter()
+            .map(|f| f.function.as_deref().unwrap_or("?"))
+            .collect()
+    }
+
+    const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+    const APP: &str = "/opt/app/bin/server";
+
+    #[test]
+    fn trims_libc_allocator_frames() {
+        let frames = vec![
+            frame("__GI___libc_malloc", LIBC),
+            frame("__libc_calloc", LIBC),
+            frame("load_model", APP),
+            frame("malloc", APP),
+            frame("main", APP),
+        ];
+        assert_eq!(
+            functions(&trim_allocator_frames(frames)),
+            ["load_model", "malloc", "main"]
+        );
+    }
+
+    #[test]
+    fn trims_operator_new_in_both_spellings() {
+        let libstdcxx = "/usr/lib/libstdc++.so.6";
+        let frames = vec![
+            frame("operator new[](unsigned long)", libstdcxx),
+            frame("_Znwm", libstdcxx),
+            frame("_ZnamSt11align_val_t", libstdcxx),
+            frame("operator new(unsigned long)", libstdcxx),
+            frame("Cache::insert", APP),
+        ];
+        assert_eq!(functions(&trim_allocator_frames(frames)), ["Cache::insert"]);
+    }
+
+    #[test]
+    fn trims_allocator_libraries_by_file_name() {
+        let frames = vec![
+            frame("je_malloc_default", "/usr/lib/libjemalloc.so.2"),
+            frame("tc_newarray", "libtcmalloc_minimal.so.4"),
+            Frame {
+                address: 0x42,
+                module: Some("/opt/lib/libmimalloc.so.2".to_owned()),
+                ..Frame::default()
+            },
+            frame("alloc_buffer", "/opt/lib/libjemalloc_user.so"),
+        ];
+        let trimmed = trim_allocator_frames(frames);
+        assert_eq!(trimmed.len(), 1);
+        assert_eq!(trimmed[0].function.as_deref(), Some("alloc_buffer"));
+    }
+
+    #[test]
+    fn keeps_frames_that_only_look_like_allocators() {
+        let frames = vec![
+            frame("malloc_trim", LIBC),
+            frame("my_malloc", APP),
+            frame("freelist_pop", APP),
+        ];
+        assert_eq!(trim_allocator_frames(frames.clone()), frames);
+    }
+
+    #[test]
+    fn never_trims_every_frame() {
+        let frames = vec![frame("__libc_malloc", LIBC), frame("malloc", LIBC)];
+        assert_eq!(functions(&trim_allocator_frames(frames)), ["malloc"]);
+        assert!(trim_allocator_frames(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn human_bytes_picks_a_readable_unit() {
+        assert_eq!(human_bytes(0.0), "0 B");
+        assert_eq!(human_bytes(512.0), "512 B");
+        assert_eq!(human_bytes(1023.0), "1023 B");
+        assert_eq!(human_bytes(1024.0), "1.0 KiB");
+        assert_eq!(human_bytes(1536.0), "1.5 KiB");
+        assert_eq!(human_bytes(1048575.0), "1.0 MiB");
+        assert_eq!(human_bytes(3.0 * 1024.0 * 1024.0), "3.0 MiB");
+        assert_eq!(human_bytes(5.5 * 1024.0 * 1024.0 * 1024.0), "5.5 GiB");
+        assert_eq!(human_bytes(2.0 * 1024f64.powi(4)), "2.0 TiB");
+        assert_eq!(human_bytes(2048.0 * 1024f64.powi(4)), "2048.0 TiB");
+        assert_eq!(human_bytes(-1536.0), "-1.5 KiB");
+        assert_eq!(human_bytes(-12.0), "-12 B");
+        assert_eq!(human_bytes(33.3), "33 B");
+    }
+
+    fn key(pid: u32, stack_id: u32) -> StackKey {
+        StackKey {
+            pid,
+            stack_id,
+            kind: Kind::Heap,
+        }
+    }
+
+    fn counters(live_bytes: i64) -> Counters {
+        Counters {
+            live_bytes,
+            live_allocs: live_bytes / 64,
+            alloc_bytes_total: 2 * live_bytes as u64,
+            alloc_count_total: 2 * (live_bytes / 64) as u64,
+        }
+    }
+
+    /// Two processes; pid 10 leaks 64 KiB/s on stack 1.
+    pub(super) fn sample_model() -> Model {
+        let mut model = Model::new();
+        for second in 1..=4_i64 {
+            let mut stats = vec![0; tracer_ebpf::stat::COUNT as usize];
+            stats[tracer_ebpf::stat::FREES_UNKNOWN as usize] = 7;
+            stats[tracer_ebpf::stat::DROP_STACK_COLLISION as usize] = 3;
+            model.push(Snapshot {
+                elapsed_s: second as f64,
+                stacks: vec![
+                    (key(10, 1), counters(65536 * second)),
+                    (key(10, 2), counters(4096)),
+                    (key(20, 1), counters(8192)),
+                    (key(20, 3), counters(0)),
+                ],
+                stats,
+            });
+        }
+        model
+    }
+
+    pub(super) fn sample_frames(key: &StackKey) -> Vec<Frame> {
+        vec![
+            frame("malloc", LIBC),
+            Frame {
+                address: 0x401234,
+                function: Some(format!("grow_{}", key.stack_id)),
+                file: Some("leak.c".to_owned()),
+                line: Some(12),
+                module: Some(APP.to_owned()),
+            },
+            frame("main", APP),
+        ]
+    }
+
+    pub(super) fn sample_report(top: usize) -> Report {
+        let model = sample_model();
+        let targets = [
+            Target {
+                pid: 10,
+                command: "./leak --fast".to_owned(),
+                exited_after_s: None,
+            },
+            Target {
+                pid: 20,
+                command: "python3 export.py".to_owned(),
+                exited_after_s: Some(3.2),
+            },
+        ];
+        Report::build(ReportInput {
+            model: &model,
+            targets: &targets,
+            probes: vec![ProbeReport {
+                pid: 10,
+                module: LIBC.to_owned(),
+                symbol: "malloc".to_owned(),
+                offset: 0xa5120,
+            }],
+            interval_ms: 1000,
+            top,
+            frames: &sample_frames,
+        })
+    }
+
+    #[test]
+    fn build_ranks_the_top_stacks_with_trimmed_frames() {
+        let report = sample_report(2);
+        assert_eq!(report.stacks.len(), 2);
+        let first = &report.stacks[0];
+        assert_eq!((first.rank, first.pid, first.stack_id), (1, 10, 1));
+        assert_eq!(first.kind, "heap");
+        assert_eq!(first.live_bytes, 4 * 65536);
+        assert_eq!(first.live_allocs, 4 * 1024);
+        assert_eq!(first.alloc_bytes_total, 8 * 65536);
+        assert!((first.growth_bytes_per_s - 65536.0).abs() < 1e-6);
+        assert_eq!(functions(&first.frames), ["grow_1", "main"]);
+        let second = &report.stacks[1];
+        assert_eq!((second.rank, second.pid, second.stack_id), (2, 20, 1));
+        assert_eq!(
+            sample_report(10).stacks.len(),
+            3,
+            "the empty stack is left out"
+        );
+    }
+
+    #[test]
+    fn build_sums_totals_per_target_and_overall() {
+        let report = sample_report(5);
+        assert_eq!(report.window_s, 4.0);
+        assert_eq!(report.snapshots, 4);
+        assert_eq!(report.interval_ms, 1000);
+        assert_eq!(report.totals["heap"].live_bytes, 4 * 65536 + 4096 + 8192);
+        assert_eq!(
+            report.targets[0].totals["heap"].live_bytes,
+            4 * 65536 + 4096
+        );
+        assert_eq!(report.targets[1].totals["heap"].live_allocs, 128);
+        assert_eq!(report.drops.len(), 1);
+        assert_eq!(report.drops["stack_map_collision"], 3);
+        assert_eq!(report.events["frees_unknown"], 7);
+        assert_eq!(report.events["allocs"], 0);
+        assert_eq!(report.probes.len(), 1);
+    }
+}

@@ -1,0 +1,222 @@
+//! The report as text for a terminal, read by an engineer in the middle of an
+//! incident: warnings first, then what was traced and for how long, then the
+//! stacks holding the most memory, each with the code that allocated it,
+//! innermost frame first. Lines stay readable at 100 columns.
+
+use std::path::Path;
+
+use tracer_ebpf::{STAT_NAMES, stat};
+
+use super::{Report, StackReport, human_bytes};
+use crate::model::Frame;
+
+/// Renders the whole report, one `\n`-terminated line after another.
+pub fn render(report: &Report) -> String {
+    let mut lines = Vec::new();
+    if !report.drops.is_empty() {
+        let dropped: u64 = report.drops.values().sum();
+        let reasons: Vec<String> = report
+            .drops
+            .iter()
+            .map(|(name, count)| format!("{name}={count}"))
+            .collect();
+        lines.push(format!(
+            "WARNING: {dropped} events dropped ({}): numbers below are lower bounds",
+            reasons.join(", ")
+        ));
+    }
+    for target_report in &report.targets {
+        let target = &target_report.target;
+        let mut line = format!("target: PID {} ({})", target.pid, target.command);
+        if let Some(exited_after_s) = target.exited_after_s {
+            line.push_str(&format!(", exited after {exited_after_s:.1} s"));
+        }
+        lines.push(line);
+    }
+    lines.push(format!(
+        "window: {:.1} s from attach, {} snapshots every {} ms; \
+         allocations made before attach are not seen",
+        report.window_s, report.snapshots, report.interval_ms
+    ));
+    let frees_unknown_name = STAT_NAMES[stat::FREES_UNKNOWN as usize].0;
+    let frees_unknown = report.events.get(frees_unknown_name).copied().unwrap_or(0);
+    lines.push(format!(
+        "frees of blocks allocated before attach (ignored): {frees_unknown}"
+    ));
+    for (kind, totals) in &report.totals {
+        lines.push(format!(
+            "live {kind} at end: {} in {} allocs",
+            human_bytes(totals.live_bytes as f64),
+            totals.live_allocs
+        ));
+    }
+    lines.push(String::new());
+    if report.stacks.is_empty() {
+        lines.push("no live allocations seen in the window".to_owned());
+    } else {
+        lines.push(format!("top {} stacks by live bytes:", report.stacks.len()));
+        for stack in &report.stacks {
+            lines.push(String::new());
+            render_stack(stack, &mut lines);
+        }
+    }
+    let mut text = lines.join("\n");
+    text.push('\n');
+    text
+}
+
+fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
+    let growth_sign = if stack.growth_bytes_per_s >= 0.0 {
+        "+"
+    } else {
+        ""
+    };
+    lines.push(format!(
+        "#{}  {}  pid {}  live {} in {} allocs  growth {growth_sign}{}/s",
+        stack.rank,
+        stack.kind,
+        stack.pid,
+        human_bytes(stack.live_bytes as f64),
+        stack.live_allocs,
+        human_bytes(stack.growth_bytes_per_s),
+    ));
+    lines.push(format!(
+        "    allocated {} in {} calls since attach, from:",
+        human_bytes(stack.alloc_bytes_total as f64),
+        stack.alloc_count_total
+    ));
+    if stack.frames.is_empty() {
+        lines.push("      (stack not recorded)".to_owned());
+    }
+    for frame in &stack.frames {
+        lines.push(format!("      {}", describe_frame(frame)));
+    }
+}
+
+/// `function (file:line)` when the source is known, otherwise the function
+/// and the object's file name with the address.
+fn describe_frame(frame: &Frame) -> String {
+    let address = format!("0x{:x}", frame.address);
+    let module = frame.module.as_deref().map(|module| {
+        Path::new(module).file_name().map_or_else(
+            || module.to_owned(),
+            |name| name.to_string_lossy().into_owned(),
+        )
+    });
+    let location = match (&frame.file, frame.line, module) {
+        (Some(file), Some(line), _) => format!("({file}:{line})"),
+        (Some(file), None, _) => format!("({file})"),
+        (None, _, Some(module)) => format!("[{module}] {address}"),
+        (None, _, None) => address,
+    };
+    match &frame.function {
+        Some(function) => format!("{function} {location}"),
+        None => location,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Totals;
+    use crate::output::tests::sample_report;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn renders_the_key_lines_in_order() {
+        let text = render(&sample_report(2));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "WARNING: 3 events dropped (stack_map_collision=3): numbers below are lower bounds"
+        );
+        assert_eq!(lines[1], "target: PID 10 (./leak --fast)");
+        assert_eq!(
+            lines[2],
+            "target: PID 20 (python3 export.py), exited after 3.2 s"
+        );
+        assert_eq!(
+            lines[3],
+            "window: 4.0 s from attach, 4 snapshots every 1000 ms; \
+             allocations made before attach are not seen"
+        );
+        assert_eq!(
+            lines[4],
+            "frees of blocks allocated before attach (ignored): 7"
+        );
+        assert_eq!(lines[5], "live heap at end: 268.0 KiB in 4288 allocs");
+        assert!(text.contains("top 2 stacks by live bytes:\n"));
+        assert!(text.contains(
+            "#1  heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \
+             allocated 512.0 KiB in 8192 calls since attach, from:\n      \
+             grow_1 (leak.c:12)\n      main [server] 0x1000\n"
+        ));
+        assert!(text.contains("#2  heap  pid 20  live 8.0 KiB in 128 allocs"));
+        assert!(!text.contains("#3"));
+        assert!(
+            text.lines().all(|line| line.chars().count() <= 100),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn no_warning_and_a_plain_sentence_when_nothing_was_seen() {
+        let report = Report {
+            tracer_version: "0.1.0".to_owned(),
+            window_s: 2.0,
+            interval_ms: 500,
+            snapshots: 4,
+            targets: Vec::new(),
+            totals: BTreeMap::from([("heap".to_owned(), Totals::default())]),
+            drops: BTreeMap::new(),
+            events: BTreeMap::new(),
+            probes: Vec::new(),
+            stacks: Vec::new(),
+        };
+        let text = render(&report);
+        assert!(text.starts_with("window: 2.0 s from attach, 4 snapshots every 500 ms;"));
+        assert!(!text.contains("WARNING"));
+        assert!(text.contains("frees of blocks allocated before attach (ignored): 0\n"));
+        assert!(text.contains("live heap at end: 0 B in 0 allocs\n"));
+        assert!(text.ends_with("\nno live allocations seen in the window\n"));
+    }
+
+    #[test]
+    fn describes_frames_with_what_is_known() {
+        let with = |function: Option<&str>, file: Option<&str>, line, module: Option<&str>| Frame {
+            address: 0x7f00_1234,
+            function: function.map(str::to_owned),
+            file: file.map(str::to_owned),
+            line,
+            module: module.map(str::to_owned),
+        };
+        let module = Some("/usr/lib/libfoo.so.1");
+        assert_eq!(
+            describe_frame(&with(Some("f"), Some("src/f.c"), Some(3), module)),
+            "f (src/f.c:3)"
+        );
+        assert_eq!(
+            describe_frame(&with(Some("f"), Some("src/f.c"), None, None)),
+            "f (src/f.c)"
+        );
+        assert_eq!(
+            describe_frame(&with(Some("f"), None, None, module)),
+            "f [libfoo.so.1] 0x7f001234"
+        );
+        assert_eq!(
+            describe_frame(&with(None, None, None, module)),
+            "[libfoo.so.1] 0x7f001234"
+        );
+        assert_eq!(describe_frame(&with(None, None, None, None)), "0x7f001234");
+    }
+
+    #[test]
+    fn negative_growth_keeps_its_sign_and_empty_stacks_say_so() {
+        let mut report = sample_report(1);
+        report.stacks[0].growth_bytes_per_s = -2048.0;
+        report.stacks[0].frames.clear();
+        let text = render(&report);
+        assert!(text.contains("growth -2.0 KiB/s"));
+        assert!(text.contains("\n      (stack not recorded)\n"));
+    }
+}

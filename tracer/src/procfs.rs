@@ -1,0 +1,137 @@
+//! What /proc tells about a target: its mapped files, its command line and
+//! whether it is still alive. Shared by attach (where to put probes) and
+//! symbolize (which file and offset an address belongs to).
+use std::{fs, path::PathBuf};
+
+use anyhow::{Context as _, Result};
+
+/// One line of /proc/PID/maps that maps a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub executable: bool,
+    /// The path as the target sees it (inside its mount namespace).
+    pub path: PathBuf,
+}
+
+impl Mapping {
+    pub fn contains(&self, address: u64) -> bool {
+        (self.start..self.end).contains(&address)
+    }
+
+    /// The offset in the file of `address`, which must be inside.
+    pub fn file_offset_of(&self, address: u64) -> u64 {
+        address - self.start + self.file_offset
+    }
+}
+
+/// Parses /proc/PID/maps, keeping file-backed mappings only.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines().filter_map(parse_maps_line).collect()
+}
+
+fn parse_maps_line(line: &str) -> Option<Mapping> {
+    let mut fields = line.splitn(6, ' ');
+    let range = fields.next()?;
+    let permissions = fields.next()?;
+    let offset = fields.next()?;
+    let _device = fields.next()?;
+    let inode = fields.next()?;
+    let path = fields.next()?.trim_start();
+    if inode == "0" || !path.starts_with('/') {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    Some(Mapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        file_offset: u64::from_str_radix(offset, 16).ok()?,
+        executable: permissions.as_bytes().get(2) == Some(&b'x'),
+        path: PathBuf::from(path.strip_suffix(" (deleted)").unwrap_or(path)),
+    })
+}
+
+/// The file-backed mappings of a live process.
+pub fn read_maps(pid: u32) -> Result<Vec<Mapping>> {
+    let path = format!("/proc/{pid}/maps");
+    let text = fs::read_to_string(&path).with_context(|| format!("could not read {path}"))?;
+    Ok(parse_maps(&text))
+}
+
+/// A path of the target, opened from the host: through /proc/PID/root so
+/// that targets in other mount namespaces (containers) work.
+pub fn host_path(pid: u32, path: &std::path::Path) -> PathBuf {
+    let mut host = PathBuf::from(format!("/proc/{pid}/root"));
+    host.push(path.strip_prefix("/").unwrap_or(path));
+    host
+}
+
+/// The command line, arguments joined by spaces ("[comm]" for a kernel
+/// thread).
+pub fn command_line(pid: u32) -> String {
+    let arguments = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let joined = arguments
+        .split(|byte| *byte == 0)
+        .filter(|argument| !argument.is_empty())
+        .map(String::from_utf8_lossy)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if joined.is_empty() {
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        format!("[{}]", comm.trim())
+    } else {
+        joined
+    }
+}
+
+/// Process state letter from /proc/PID/stat ('R', 'S', 'Z', ...), or None
+/// when the process is gone.
+pub fn state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.trim_start().chars().next()
+}
+
+/// True while the process exists and is not a zombie.
+pub fn is_alive(pid: u32) -> bool {
+    matches!(state(pid), Some(state) if state != 'Z' && state != 'X')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_file_mappings_only() {
+        let text = "\
+55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 123 /usr/bin/leaky
+55d0c0a01000-55d0c0a02000 r-xp 00001000 08:01 123 /usr/bin/leaky
+7f0000000000-7f0000021000 rw-p 00000000 00:00 0 
+7f1000000000-7f1000100000 r-xp 00026000 08:01 456 /lib/x86_64-linux-gnu/libc.so.6
+7f2000000000-7f2000001000 r-xp 00000000 08:01 789 /tmp/lib with space.so (deleted)
+7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0 [stack]
+";
+        let maps = parse_maps(text);
+        assert_eq!(maps.len(), 4);
+        assert!(!maps[0].executable);
+        assert!(maps[1].executable);
+        assert_eq!(maps[2].file_offset, 0x26000);
+        assert_eq!(maps[2].file_offset_of(0x7f1000000010), 0x26010);
+        assert_eq!(maps[3].path, PathBuf::from("/tmp/lib with space.so"));
+    }
+
+    #[test]
+    fn host_path_goes_through_proc_root() {
+        let path = host_path(42, std::path::Path::new("/lib/libc.so.6"));
+        assert_eq!(path, PathBuf::from("/proc/42/root/lib/libc.so.6"));
+    }
+
+    #[test]
+    fn own_process_is_alive() {
+        assert!(is_alive(std::process::id()));
+        assert!(!is_alive(u32::MAX - 1));
+    }
+}
