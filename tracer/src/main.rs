@@ -166,6 +166,8 @@ fn build_report(
             module: hook.site.path.display().to_string(),
             symbol: hook.site.function.name.to_owned(),
             offset: hook.site.offset,
+            offset_in_function: hook.site.offset - hook.site.function_offset,
+            single_stepped: !hook.site.emulated,
         })
         .collect();
     let lookup = |key: &StackKey| frames.get(key).cloned().unwrap_or_default();

@@ -2,6 +2,7 @@
 //! uprobe (and one uretprobe where the result is needed) per allocator
 //! function, in whichever mapped object defines it, scoped to the target's
 //! PID so other processes pay nothing.
+pub mod prologue;
 pub mod spawn;
 pub mod symbols;
 

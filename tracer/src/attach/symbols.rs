@@ -7,6 +7,7 @@ use std::{collections::BTreeMap, fs, path::PathBuf};
 use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
+use super::prologue;
 use crate::procfs::{self, Mapping};
 
 /// An allocator entry point and the eBPF programs that trace it.
@@ -54,7 +55,12 @@ pub struct HookSite {
     /// The same file, opened from the host (through /proc/PID/root).
     pub host_path: PathBuf,
     /// File offset of the function's first instruction.
+    pub function_offset: u64,
+    /// File offset of the probed instruction (see `prologue`).
     pub offset: u64,
+    /// Whether the kernel emulates the probed instruction (else it is
+    /// single-stepped: ~16 µs per call on a VM).
+    pub emulated: bool,
 }
 
 /// The allocator functions defined in the executable files `pid` maps.
@@ -77,12 +83,17 @@ pub fn find_hook_sites(pid: u32, maps: &[Mapping]) -> Result<Vec<HookSite>> {
         };
         let functions = allocator_offsets(&data)
             .with_context(|| format!("could not read the symbols of {}", path.display()))?;
-        for (function, offset) in functions {
+        for (function, function_offset) in functions {
+            let start = usize::try_from(function_offset).unwrap_or(usize::MAX);
+            let code = data.get(start..).unwrap_or_default();
+            let site = prologue::choose_site(code, function.name == "free");
             sites.push(HookSite {
                 function,
                 path: path.clone(),
                 host_path: host_path.clone(),
-                offset,
+                function_offset,
+                offset: function_offset + site.offset,
+                emulated: site.emulated,
             });
         }
     }

@@ -46,8 +46,13 @@ pub struct ProbeReport {
     /// Path of the object the probe is in.
     pub module: String,
     pub symbol: String,
-    /// File offset of the symbol in `module`.
+    /// File offset of the probed instruction in `module`.
     pub offset: u64,
+    /// Bytes past the function's entry (the probe moves past instructions
+    /// the kernel would have to single-step).
+    pub offset_in_function: u64,
+    /// The probed instruction is single-stepped: ~16 µs per call on a VM.
+    pub single_stepped: bool,
 }
 
 /// One ranked stack.
@@ -392,6 +397,8 @@ mod tests {
                 module: LIBC.to_owned(),
                 symbol: "malloc".to_owned(),
                 offset: 0xa5120,
+                offset_in_function: 0,
+                single_stepped: false,
             }],
             interval_ms: 1000,
             top,

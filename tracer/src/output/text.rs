@@ -43,6 +43,18 @@ pub fn render(report: &Report) -> String {
     lines.push(format!(
         "frees of blocks allocated before attach (ignored): {frees_unknown}"
     ));
+    let stepped: Vec<&str> = report
+        .probes
+        .iter()
+        .filter(|probe| probe.single_stepped)
+        .map(|probe| probe.symbol.as_str())
+        .collect();
+    if !stepped.is_empty() {
+        lines.push(format!(
+            "note: probes on {} are single-stepped by the kernel (~16 µs per call on a VM)",
+            stepped.join(", ")
+        ));
+    }
     for (kind, totals) in &report.totals {
         lines.push(format!(
             "live {kind} at end: {} in {} allocs",
