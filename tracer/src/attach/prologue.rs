@@ -54,6 +54,8 @@ pub fn choose_site(code: &[u8], skip_null_check: bool) -> ProbeSite {
             [0x80, 0x3d, _, _, _, _, _, ..] => 7,
             // endbr64: no effect outside CET.
             [0xf3, 0x0f, 0x1e, 0xfa, ..] => 4,
+            // mov $imm32,%eax: rax carries no argument.
+            [0xb8, _, _, _, _, ..] => 5,
             // je after testing the first argument for NULL.
             [0x74, _, ..] if skip_null_check && after_rdi_test => 2,
             [0x0f, 0x84, _, _, _, _, ..] if skip_null_check && after_rdi_test => 6,
@@ -68,9 +70,13 @@ pub fn choose_site(code: &[u8], skip_null_check: bool) -> ProbeSite {
     }
 }
 
-/// `push %reg` (and `push %r8`..`%r15`): the kernel emulates these.
+/// `push %reg` (and `push %r8`..`%r15`), relative `call` and `jmp`: the
+/// kernel emulates these.
 fn is_emulated(code: &[u8]) -> bool {
-    matches!(code, [0x50..=0x57, ..] | [0x41, 0x50..=0x57, ..])
+    matches!(
+        code,
+        [0x50..=0x57, ..] | [0x41, 0x50..=0x57, ..] | [0xe8 | 0xe9, _, _, _, _, ..] | [0xeb, _, ..]
+    )
 }
 
 #[cfg(test)]
@@ -143,6 +149,30 @@ mod tests {
             ProbeSite {
                 offset: 0,
                 emulated: false
+            }
+        );
+    }
+
+    #[test]
+    fn libstdcxx_operator_new_moves_to_its_push() {
+        // _Znwm: endbr64; test %rdi,%rdi; mov $0x1,%eax; push %rbx
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x85, 0xff, 0xb8, 1, 0, 0, 0, 0x53,
+        ];
+        assert_eq!(
+            choose_site(&code, false),
+            ProbeSite {
+                offset: 12,
+                emulated: true
+            }
+        );
+        // _Znam: endbr64; jmp _Znwm
+        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0xe9, 0x93, 0xff, 0xff, 0xff];
+        assert_eq!(
+            choose_site(&code, false),
+            ProbeSite {
+                offset: 4,
+                emulated: true
             }
         );
     }

@@ -32,8 +32,11 @@ const fn function(
     }
 }
 
-/// Every function tracer hooks, with its programs.
-pub const ALLOCATOR_FUNCTIONS: [AllocatorFunction; 10] = [
+/// Every function tracer hooks, with its programs. C++'s `operator new`
+/// is hooked itself, not only the malloc it calls: libstdc++ has no frame
+/// pointers, so a stack taken when malloc returns into it loses the caller
+/// of `new`; taken when `new` returns, the stack starts at that caller.
+pub const ALLOCATOR_FUNCTIONS: [AllocatorFunction; 18] = [
     function("malloc", "malloc_enter", true),
     function("calloc", "calloc_enter", true),
     function("realloc", "realloc_enter", true),
@@ -44,6 +47,14 @@ pub const ALLOCATOR_FUNCTIONS: [AllocatorFunction; 10] = [
     function("memalign", "aligned_enter", true),
     function("valloc", "malloc_enter", true),
     function("pvalloc", "pvalloc_enter", true),
+    function("_Znwm", "malloc_enter", true),
+    function("_Znam", "malloc_enter", true),
+    function("_ZnwmRKSt9nothrow_t", "malloc_enter", true),
+    function("_ZnamRKSt9nothrow_t", "malloc_enter", true),
+    function("_ZnwmSt11align_val_t", "malloc_enter", true),
+    function("_ZnamSt11align_val_t", "malloc_enter", true),
+    function("_ZnwmSt11align_val_tRKSt9nothrow_t", "malloc_enter", true),
+    function("_ZnamSt11align_val_tRKSt9nothrow_t", "malloc_enter", true),
 ];
 
 /// One place to attach: an allocator function in one mapped file.
@@ -73,15 +84,28 @@ pub fn find_hook_sites(pid: u32, maps: &[Mapping]) -> Result<Vec<HookSite>> {
     paths.dedup();
     paths.sort();
     paths.dedup();
+    let executable = fs::read_link(format!("/proc/{pid}/exe")).ok();
     let mut sites = Vec::new();
     for path in paths {
         let host_path = procfs::host_path(pid, path);
-        let data = match fs::read(&host_path) {
-            Ok(data) => data,
-            // A file that vanished or cannot be read holds no hook we can use.
-            Err(_) => continue,
+        // A file that vanished or cannot be read holds no hook we can use.
+        let Ok(file) = fs::File::open(&host_path) else {
+            continue;
         };
-        let functions = allocator_offsets(&data)
+        // SAFETY: the mapping is only read; a file truncated meanwhile
+        // could fault, which mapped libraries are not (the target uses them).
+        let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
+            continue;
+        };
+        // Shared libraries export their allocator; only the executable
+        // (a static build, a custom allocator) may define it unexported,
+        // and walking the full symbol table of a huge library is slow.
+        let search = if executable.as_ref() == Some(path) {
+            SymbolTables::DynamicAndFull
+        } else {
+            SymbolTables::Dynamic
+        };
+        let functions = allocator_offsets(&data, search)
             .with_context(|| format!("could not read the symbols of {}", path.display()))?;
         for (function, function_offset) in functions {
             let start = usize::try_from(function_offset).unwrap_or(usize::MAX);
@@ -100,15 +124,26 @@ pub fn find_hook_sites(pid: u32, maps: &[Mapping]) -> Result<Vec<HookSite>> {
     Ok(sites)
 }
 
+/// Which symbol tables to search.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SymbolTables {
+    Dynamic,
+    DynamicAndFull,
+}
+
 /// File offsets of the allocator functions an ELF file defines. Two names
 /// at one address (glibc 2.36's `aligned_alloc` is `memalign`) are hooked
 /// once, under the first name.
-pub fn allocator_offsets(data: &[u8]) -> Result<Vec<(AllocatorFunction, u64)>> {
+pub fn allocator_offsets(
+    data: &[u8],
+    search: SymbolTables,
+) -> Result<Vec<(AllocatorFunction, u64)>> {
     let Ok(file) = object::File::parse(data) else {
         return Ok(Vec::new());
     };
     let mut addresses: BTreeMap<&str, u64> = BTreeMap::new();
-    for symbol in file.dynamic_symbols().chain(file.symbols()) {
+    let full = (search == SymbolTables::DynamicAndFull).then(|| file.symbols());
+    for symbol in file.dynamic_symbols().chain(full.into_iter().flatten()) {
         if !symbol.is_definition() || symbol.kind() != SymbolKind::Text || symbol.address() == 0 {
             continue;
         }
@@ -151,7 +186,7 @@ mod tests {
     #[test]
     fn finds_glibc_allocators() {
         let data = fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("glibc is installed");
-        let found = allocator_offsets(&data).unwrap();
+        let found = allocator_offsets(&data, SymbolTables::Dynamic).unwrap();
         let names: Vec<&str> = found.iter().map(|(function, _)| function.name).collect();
         for name in ["malloc", "calloc", "realloc", "free", "posix_memalign"] {
             assert!(names.contains(&name), "{name} missing from {names:?}");
@@ -164,6 +199,10 @@ mod tests {
 
     #[test]
     fn non_elf_has_no_allocators() {
-        assert!(allocator_offsets(b"#!/bin/sh\n").unwrap().is_empty());
+        assert!(
+            allocator_offsets(b"#!/bin/sh\n", SymbolTables::DynamicAndFull)
+                .unwrap()
+                .is_empty()
+        );
     }
 }
