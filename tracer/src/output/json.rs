@@ -70,7 +70,14 @@ mod tests {
         assert_eq!(json["targets"][0]["exited_after_s"], Value::Null);
         assert_eq!(
             keys(&json["probes"][0]),
-            ["module", "offset", "pid", "symbol"]
+            [
+                "module",
+                "offset",
+                "offset_in_function",
+                "pid",
+                "single_stepped",
+                "symbol"
+            ]
         );
 
         let stack = &json["stacks"][0];
