@@ -121,7 +121,12 @@ pub fn parse(arguments: impl IntoIterator<Item = OsString>) -> Result<Parsed> {
     };
     let Verb::Record(args) = cli.command;
     let targets = match (args.pids.is_empty(), args.command.is_empty()) {
-        (false, true) => Targets::Pids(args.pids),
+        (false, true) => {
+            let mut pids = args.pids;
+            pids.sort_unstable();
+            pids.dedup();
+            Targets::Pids(pids)
+        }
         (true, false) => Targets::Spawn(args.command),
         (true, true) => {
             return Err(fatal(
@@ -219,7 +224,9 @@ mod tests {
 
     #[test]
     fn pids_and_command() {
-        let Ok(Parsed::Record(config)) = record(&["--pid", "1", "-p", "2", "--top", "3"]) else {
+        let Ok(Parsed::Record(config)) =
+            record(&["--pid", "2", "-p", "1", "-p", "2", "--top", "3"])
+        else {
             panic!("expected a config");
         };
         assert_eq!(config.targets, Targets::Pids(vec![1, 2]));
