@@ -1,0 +1,120 @@
+//! Bad input ends with one `tracer: error:` line on stderr and a documented
+//! exit code: never a panic, a backtrace or exit code 0.
+
+#[allow(dead_code, reason = "tests/record.rs uses the rest of the harness")]
+mod harness;
+
+use std::process::{Child, Command};
+
+use harness::{EXIT_TIMEOUT, Fixture, Tracer, TracerOutput, fixture, require_root};
+
+/// Exit codes of the tracer binary.
+const EXIT_USAGE: i32 = 2;
+const EXIT_TARGET_NOT_FOUND: i32 = 3;
+const EXIT_NOT_PRIVILEGED: i32 = 4;
+const EXIT_NO_ALLOCATOR: i32 = 6;
+const EXIT_SPAWN_FAILED: i32 = 7;
+
+/// The unprivileged user the not-root case runs as.
+const NOBODY_UID: &str = "65534";
+
+fn run_tracer(args: &[&str]) -> TracerOutput {
+    Tracer::start(args).wait_exit(EXIT_TIMEOUT)
+}
+
+/// Asserts the way every bad input must end: exit code `expected_code` and
+/// one stderr line starting with `tracer: error:`, no panic.
+fn assert_error(output: &TracerOutput, expected_code: i32) {
+    assert_eq!(
+        output.status.code(),
+        Some(expected_code),
+        "wrong exit code: {output}"
+    );
+    let lines: Vec<&str> = output.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "stderr is not one line: {output}");
+    assert!(
+        lines[0].starts_with("tracer: error:"),
+        "unexpected stderr: {output}"
+    );
+    let stderr = output.stderr.to_lowercase();
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "the tracer panicked: {output}"
+    );
+}
+
+/// A process id that no process has right now.
+fn unused_pid() -> u32 {
+    (999_999..)
+        .find(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+        .expect("some pid is free")
+}
+
+/// Kills the child when dropped.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn no_such_process() {
+    require_root();
+    let pid = unused_pid().to_string();
+    assert_error(
+        &run_tracer(&["record", "--pid", &pid]),
+        EXIT_TARGET_NOT_FOUND,
+    );
+}
+
+#[test]
+fn command_does_not_exist() {
+    require_root();
+    assert_error(
+        &run_tracer(&["record", "--", "/nonexistent/prog"]),
+        EXIT_SPAWN_FAILED,
+    );
+}
+
+#[test]
+fn target_without_allocator() {
+    require_root();
+    let path = fixture("noalloc");
+    let noalloc = KillOnDrop(
+        Command::new(&path)
+            .spawn()
+            .unwrap_or_else(|error| panic!("could not start {}: {error}", path.display())),
+    );
+    let pid = noalloc.0.id().to_string();
+    assert_error(&run_tracer(&["record", "--pid", &pid]), EXIT_NO_ALLOCATOR);
+}
+
+#[test]
+fn not_root() {
+    require_root();
+    let leaky = Fixture::start("leaky", &[]);
+    let mut command = Command::new("setpriv");
+    command
+        .arg(format!("--reuid={NOBODY_UID}"))
+        .arg(format!("--regid={NOBODY_UID}"))
+        .arg("--clear-groups")
+        .arg(env!("CARGO_BIN_EXE_tracer"))
+        .args(["record", "--pid", &leaky.pid.to_string()]);
+    assert_error(
+        &Tracer::spawn(command).wait_exit(EXIT_TIMEOUT),
+        EXIT_NOT_PRIVILEGED,
+    );
+}
+
+#[test]
+fn pid_and_command_together() {
+    require_root();
+    let pid = std::process::id().to_string();
+    assert_error(
+        &run_tracer(&["record", "--pid", &pid, "--", "/bin/true"]),
+        EXIT_USAGE,
+    );
+}

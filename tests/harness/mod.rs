@@ -1,0 +1,489 @@
+//! The integration tests' harness: start a fixture, run the real tracer
+//! binary (real eBPF, so as root) against it, and read its report, so that
+//! each test reads like a user session.
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long the tracer may take to load and attach its probes.
+pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the tracer may take to write its report and exit.
+pub const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a fixture may take to answer one command.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Fails the test loudly unless it runs as root: these tests load eBPF
+/// programs, and a silent skip would hide that nothing was tested.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "\n\n*** these tests load eBPF programs and must run as root \
+         (euid is {euid}); run `sudo cargo xtask test` ***\n\n"
+    );
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tracer lives inside the workspace")
+        .to_path_buf()
+}
+
+/// `target/fixtures/<name>`, compiled by `cargo xtask setup`.
+pub fn fixture(name: &str) -> PathBuf {
+    let path = workspace_root().join("target/fixtures").join(name);
+    assert!(
+        path.is_file(),
+        "fixture {} is missing: run `cargo xtask setup` first",
+        path.display()
+    );
+    path
+}
+
+/// A fresh path for a JSON report in the temporary directory.
+pub fn json_path(test_name: &str) -> PathBuf {
+    static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!(
+        "tracer-test-{}-{test_name}-{id}.json",
+        std::process::id()
+    ))
+}
+
+/// The value of `key=value` in a fixture's answer line.
+pub fn field(answer: &str, key: &str) -> i64 {
+    answer
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no integer `{key}=` in fixture answer {answer:?}"))
+}
+
+/// A running fixture that speaks the line protocol of tests/fixtures/leaky.c.
+pub struct Fixture {
+    child: Child,
+    stdin: ChildStdin,
+    stdout_lines: Receiver<String>,
+    pub pid: u32,
+}
+
+impl Fixture {
+    /// Starts `target/fixtures/<name>` and waits for its `ready pid=N` line.
+    pub fn start(name: &str, args: &[&str]) -> Self {
+        let path = fixture(name);
+        let mut child = Command::new(&path)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|error| panic!("could not start {}: {error}", path.display()));
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (line_tx, stdout_lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut fixture = Self {
+            pid: child.id(),
+            child,
+            stdin,
+            stdout_lines,
+        };
+        let ready = fixture.read_answer("(start)");
+        assert_eq!(
+            ready,
+            format!("ready pid={}", fixture.pid),
+            "{name} started oddly"
+        );
+        fixture
+    }
+
+    /// Sends one command line and returns the fixture's one-line answer.
+    pub fn cmd(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .unwrap_or_else(|error| panic!("could not send {line:?} to the fixture: {error}"));
+        self.read_answer(line)
+    }
+
+    fn read_answer(&mut self, line: &str) -> String {
+        let answer = self
+            .stdout_lines
+            .recv_timeout(ANSWER_TIMEOUT)
+            .unwrap_or_else(|error| panic!("the fixture did not answer {line:?}: {error}"));
+        assert!(
+            !answer.starts_with("error"),
+            "the fixture rejected {line:?}: {answer}"
+        );
+        answer
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a finished tracer left behind.
+pub struct TracerOutput {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl fmt::Display for TracerOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "tracer {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+impl TracerOutput {
+    pub fn assert_success(&self) {
+        assert!(self.status.success(), "the tracer failed: {self}");
+    }
+}
+
+/// The real tracer binary, running; stdout and stderr are collected on
+/// threads so it never blocks on a full pipe.
+pub struct Tracer {
+    child: Option<Child>,
+    stderr_lines: Arc<Mutex<Vec<String>>>,
+    stderr_reader: Option<JoinHandle<()>>,
+    stdout_reader: Option<JoinHandle<String>>,
+}
+
+impl Tracer {
+    /// Starts `tracer <args>`.
+    pub fn start<I, S>(args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tracer"));
+        command.args(args);
+        Self::spawn(command)
+    }
+
+    /// Starts a command that runs the tracer (e.g. under `setpriv`).
+    pub fn spawn(mut command: Command) -> Self {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|error| panic!("could not start {command:?}: {error}"));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let mut stdout = child.stdout.take().expect("piped stdout");
+        let stderr_lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr_reader = {
+            let stderr_lines = Arc::clone(&stderr_lines);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    stderr_lines.lock().expect("stderr lock").push(line);
+                }
+            })
+        };
+        let stdout_reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stdout.read_to_string(&mut text);
+            text
+        });
+        Self {
+            child: Some(child),
+            stderr_lines,
+            stderr_reader: Some(stderr_reader),
+            stdout_reader: Some(stdout_reader),
+        }
+    }
+
+    /// Waits for the `tracer: attached` line on stderr; fails with all of
+    /// stderr if the tracer exits first or `timeout` passes.
+    pub fn wait_attached(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let attached = self
+                .stderr_lines
+                .lock()
+                .expect("stderr lock")
+                .iter()
+                .any(|line| line.starts_with("tracer: attached"));
+            if attached {
+                return;
+            }
+            let exited = self.child_mut().try_wait().expect("try_wait on the tracer");
+            if let Some(status) = exited {
+                panic!(
+                    "the tracer exited ({status}) before attaching: {}",
+                    self.finish(status)
+                );
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                let status = self.child_mut().wait().expect("wait for the tracer");
+                panic!(
+                    "the tracer did not attach within {} s: {}",
+                    timeout.as_secs(),
+                    self.finish(status)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends SIGINT (the tracer takes a final snapshot and writes its
+    /// reports) and waits for it to exit.
+    pub fn stop(mut self) -> TracerOutput {
+        let pid = libc::pid_t::try_from(self.child_mut().id()).expect("pid fits pid_t");
+        // SAFETY: kill has no memory preconditions; `pid` is our own child,
+        // which has not been waited for, so the pid is not reused.
+        let sent = unsafe { libc::kill(pid, libc::SIGINT) };
+        assert_eq!(sent, 0, "could not send SIGINT to the tracer");
+        self.wait_exit(EXIT_TIMEOUT)
+    }
+
+    /// Waits for the tracer to exit by itself; kills it and fails after
+    /// `timeout`.
+    pub fn wait_exit(mut self, timeout: Duration) -> TracerOutput {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child_mut().try_wait().expect("try_wait on the tracer") {
+                return self.finish(status);
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                let status = self.child_mut().wait().expect("wait for the tracer");
+                panic!(
+                    "the tracer did not exit within {} s: {}",
+                    timeout.as_secs(),
+                    self.finish(status)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn child_mut(&mut self) -> &mut Child {
+        self.child.as_mut().expect("the tracer is running")
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child_mut().kill();
+    }
+
+    /// Collects stdout and stderr after the tracer exited with `status`.
+    fn finish(&mut self, status: ExitStatus) -> TracerOutput {
+        self.child = None;
+        if let Some(reader) = self.stderr_reader.take() {
+            let _ = reader.join();
+        }
+        let stdout = self
+            .stdout_reader
+            .take()
+            .and_then(|reader| reader.join().ok())
+            .unwrap_or_default();
+        let stderr = self.stderr_lines.lock().expect("stderr lock").join("\n");
+        TracerOutput {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Live bytes and blocks summed over some stacks.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    pub bytes: i64,
+    pub allocs: i64,
+}
+
+/// A parsed `--json` report.
+pub struct Report {
+    pub json: Value,
+}
+
+impl Report {
+    /// Reads and removes the report file.
+    pub fn read(path: &Path) -> Self {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|error| panic!("could not read report {}: {error}", path.display()));
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|error| panic!("report {} is not JSON: {error}", path.display()));
+        let _ = std::fs::remove_file(path);
+        Self { json }
+    }
+
+    /// The integer at a JSON pointer such as `/totals/heap/live_bytes`.
+    pub fn int(&self, pointer: &str) -> i64 {
+        self.json
+            .pointer(pointer)
+            .and_then(Value::as_i64)
+            .unwrap_or_else(|| panic!("no integer at {pointer} in the report:\n{}", self.json))
+    }
+
+    /// Like [`Report::int`], but `None` where the report leaves the field
+    /// out (a memory kind with no allocations has no totals).
+    pub fn int_if_present(&self, pointer: &str) -> Option<i64> {
+        let value = self.json.pointer(pointer)?;
+        Some(value.as_i64().unwrap_or_else(|| {
+            panic!(
+                "{pointer} is not a sane integer in the report:\n{}",
+                self.json
+            )
+        }))
+    }
+
+    pub fn stacks(&self) -> &[Value] {
+        self.json
+            .get("stacks")
+            .and_then(Value::as_array)
+            .unwrap_or_else(|| panic!("no `stacks` array in the report:\n{}", self.json))
+    }
+
+    /// The heap stacks with a frame whose function name contains `function`
+    /// (names may carry suffixes such as `.constprop.0`).
+    pub fn heap_stacks_with(&self, function: &str) -> Vec<&Value> {
+        self.stacks()
+            .iter()
+            .filter(|stack| is_heap(stack) && frames_contain(stack, function))
+            .collect()
+    }
+
+    /// Live bytes and blocks over the heap stacks containing `function`.
+    pub fn heap_live_with(&self, function: &str) -> Live {
+        self.heap_stacks_with(function)
+            .into_iter()
+            .fold(Live::default(), |sum, stack| Live {
+                bytes: sum.bytes + stack_int(stack, "live_bytes"),
+                allocs: sum.allocs + stack_int(stack, "live_allocs"),
+            })
+    }
+}
+
+/// One line per stack (rank, kind, live bytes/blocks, functions) for
+/// assertion messages.
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for stack in self.stacks() {
+            let functions: Vec<&str> = frames(stack)
+                .iter()
+                .map(|frame| frame.get("function").and_then(Value::as_str).unwrap_or("?"))
+                .collect();
+            writeln!(
+                f,
+                "#{} {} live_bytes={} live_allocs={} [{}]",
+                stack.get("rank").unwrap_or(&Value::Null),
+                stack.get("kind").unwrap_or(&Value::Null),
+                stack.get("live_bytes").unwrap_or(&Value::Null),
+                stack.get("live_allocs").unwrap_or(&Value::Null),
+                functions.join(" < ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn is_heap(stack: &Value) -> bool {
+    stack
+        .get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|kind| kind.eq_ignore_ascii_case("heap"))
+}
+
+fn frames(stack: &Value) -> &[Value] {
+    stack
+        .get("frames")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+pub fn frames_contain(stack: &Value, function: &str) -> bool {
+    frames(stack).iter().any(|frame| {
+        frame
+            .get("function")
+            .and_then(Value::as_str)
+            .is_some_and(|name| name.contains(function))
+    })
+}
+
+/// An integer field of a stack; a negative count shows up as a failure here
+/// whether the tracer writes it signed or wrapped around as unsigned.
+pub fn stack_int(stack: &Value, key: &str) -> i64 {
+    stack
+        .get(key)
+        .and_then(Value::as_i64)
+        .unwrap_or_else(|| panic!("stack has no sane integer `{key}`: {stack}"))
+}
+
+/// One traced session against a fixture: its answers and the tracer's
+/// outputs.
+pub struct Session {
+    pub answers: Vec<String>,
+    pub output: TracerOutput,
+    pub report: Report,
+}
+
+/// Starts fixture `name`, attaches `tracer record --pid` to it, sends
+/// `commands` once attached, stops the tracer with SIGINT and reads its
+/// JSON report.
+pub fn record_while(name: &str, commands: &[&str]) -> Session {
+    require_root();
+    let mut fixture = Fixture::start(name, &[]);
+    let json = json_path(name);
+    let pid = fixture.pid.to_string();
+    let mut tracer = Tracer::start([
+        OsStr::new("record"),
+        OsStr::new("--pid"),
+        OsStr::new(&pid),
+        OsStr::new("--interval"),
+        OsStr::new("200ms"),
+        OsStr::new("--top"),
+        OsStr::new("100"),
+        OsStr::new("--json"),
+        json.as_os_str(),
+    ]);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    let answers = commands
+        .iter()
+        .map(|command| fixture.cmd(command))
+        .collect();
+    let output = tracer.stop();
+    output.assert_success();
+    let report = Report::read(&json);
+    Session {
+        answers,
+        output,
+        report,
+    }
+}

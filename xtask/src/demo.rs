@@ -1,0 +1,156 @@
+//! `cargo xtask demo`: the tracer attached to a running leaky fixture.
+//!
+//! Starts `target/fixtures/leaky`, attaches `tracer record --pid` to it, and
+//! once the tracer says it is attached, makes the fixture leak 1337-byte
+//! blocks in `leak_here` (and churn memory it frees), so the report shows
+//! `leak_here` on top.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+use crate::shell::{self, is_root};
+
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+const LEAK_ROUNDS: usize = 5;
+const PAUSE_BETWEEN_ROUNDS: Duration = Duration::from_millis(700);
+
+/// A child process that is killed when this value is dropped early.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The running fixture and its command line protocol.
+struct Leaky {
+    child: KillOnDrop,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Leaky {
+    fn start(path: &Path) -> Result<(Self, u32)> {
+        let mut command = Command::new(path);
+        command.stdin(Stdio::piped()).stdout(Stdio::piped());
+        eprintln!("$ {} &", shell::display(&command));
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("could not start {}", path.display()))?;
+        let stdin = child.stdin.take().context("fixture stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("fixture stdout")?);
+        let mut leaky = Self {
+            child: KillOnDrop(child),
+            stdin,
+            stdout,
+        };
+        let ready = leaky.read_line()?;
+        let pid = ready
+            .strip_prefix("ready pid=")
+            .and_then(|pid| pid.parse().ok())
+            .ok_or_else(|| anyhow!("leaky printed {ready:?} instead of `ready pid=N`"))?;
+        Ok((leaky, pid))
+    }
+
+    fn command(&mut self, line: &str) -> Result<String> {
+        writeln!(self.stdin, "{line}").context("could not write to leaky")?;
+        self.stdin.flush().context("could not write to leaky")?;
+        let answer = self.read_line()?;
+        eprintln!("demo: leaky: {line} -> {answer}");
+        Ok(answer)
+    }
+
+    fn read_line(&mut self) -> Result<String> {
+        let mut line = String::new();
+        if self
+            .stdout
+            .read_line(&mut line)
+            .context("could not read from leaky")?
+            == 0
+        {
+            bail!("leaky exited unexpectedly");
+        }
+        Ok(line.trim_end().to_owned())
+    }
+
+    fn quit(mut self) -> Result<()> {
+        self.command("quit")?;
+        let status = self.child.0.wait().context("could not wait for leaky")?;
+        if !status.success() {
+            bail!("leaky exited with {status}");
+        }
+        Ok(())
+    }
+}
+
+pub fn demo(root: &Path) -> Result<()> {
+    let (mut leaky, pid) = Leaky::start(&root.join("target/fixtures/leaky"))?;
+
+    let tracer_path = root.join("target/release/tracer");
+    let mut command = if is_root() {
+        Command::new(&tracer_path)
+    } else {
+        let mut sudo = Command::new("sudo");
+        sudo.arg(&tracer_path);
+        sudo
+    };
+    command
+        .args([
+            "record",
+            "--pid",
+            &pid.to_string(),
+            "--duration",
+            "5s",
+            "--top",
+            "5",
+        ])
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped());
+    let line = shell::display(&command);
+    eprintln!("$ {line}");
+    let mut tracer = KillOnDrop(
+        command
+            .spawn()
+            .with_context(|| format!("could not start `{line}`"))?,
+    );
+
+    let stderr = tracer.0.stderr.take().context("tracer stderr")?;
+    let (attached_tx, attached_rx) = mpsc::channel();
+    let stderr_forwarder = std::thread::spawn(move || {
+        for stderr_line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{stderr_line}");
+            if stderr_line.starts_with("tracer: attached") {
+                let _ = attached_tx.send(());
+            }
+        }
+    });
+    if attached_rx.recv_timeout(ATTACH_TIMEOUT).is_err() {
+        bail!(
+            "`{line}` did not print `tracer: attached` within {} s",
+            ATTACH_TIMEOUT.as_secs()
+        );
+    }
+
+    for _ in 0..LEAK_ROUNDS {
+        leaky.command("leak 200")?;
+        leaky.command("churn 100")?;
+        std::thread::sleep(PAUSE_BETWEEN_ROUNDS);
+    }
+
+    let status = tracer
+        .0
+        .wait()
+        .with_context(|| format!("could not wait for `{line}`"))?;
+    let _ = stderr_forwarder.join();
+    if !status.success() {
+        bail!("`{line}` failed: {status}");
+    }
+    leaky.quit()
+}

@@ -1,0 +1,109 @@
+//! Compiles the C and C++ test fixtures under tests/fixtures into
+//! target/fixtures, rebuilding a binary only when its source is newer.
+//!
+//! Every fixture keeps frame pointers and debug info, so the tracer's stacks
+//! and symbols in the tests are exactly the functions in the source.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use anyhow::{Context as _, Result};
+
+use crate::shell::Shell;
+
+const COMMON_FLAGS: &[&str] = &["-O2", "-g", "-fno-omit-frame-pointer", "-pthread"];
+
+/// Fixtures that need flags beyond [`COMMON_FLAGS`], by source stem.
+const EXTRA_FLAGS: &[(&str, &[&str])] = &[(
+    "noalloc",
+    &[
+        "-nostdlib",
+        "-static",
+        "-ffreestanding",
+        "-fno-stack-protector",
+    ],
+)];
+
+/// More binaries built from one fixture source: (output name, source file
+/// name, extra flags). A static leaky carries malloc inside the executable.
+const VARIANTS: &[(&str, &str, &[&str])] = &[("leaky_static", "leaky.c", &["-static"])];
+
+/// One binary to compile.
+struct FixtureBuild {
+    source: PathBuf,
+    output: PathBuf,
+    extra_flags: &'static [&'static str],
+}
+
+pub fn build_all(shell: &Shell, root: &Path) -> Result<()> {
+    let source_dir = root.join("tests/fixtures");
+    let output_dir = root.join("target/fixtures");
+    shell.create_dir_all(&output_dir)?;
+    for build in fixture_builds(&source_dir, &output_dir)? {
+        if is_up_to_date(&build.source, &build.output)? {
+            eprintln!("xtask: fixture {}: up to date", build.output.display());
+            continue;
+        }
+        let is_cpp = build.source.extension().is_some_and(|ext| ext == "cpp");
+        shell.run(
+            shell
+                .cmd(if is_cpp { "g++" } else { "gcc" })
+                .args(COMMON_FLAGS)
+                .args(build.extra_flags)
+                .arg("-o")
+                .arg(&build.output)
+                .arg(&build.source),
+        )?;
+    }
+    Ok(())
+}
+
+fn fixture_builds(source_dir: &Path, output_dir: &Path) -> Result<Vec<FixtureBuild>> {
+    let entries = std::fs::read_dir(source_dir)
+        .with_context(|| format!("could not list {}", source_dir.display()))?;
+    let mut builds = Vec::new();
+    for entry in entries {
+        let source = entry
+            .with_context(|| format!("could not list {}", source_dir.display()))?
+            .path();
+        let is_c_or_cpp = source
+            .extension()
+            .is_some_and(|ext| ext == "c" || ext == "cpp");
+        let Some(stem) = source.file_stem().and_then(|stem| stem.to_str()) else {
+            continue;
+        };
+        if !is_c_or_cpp {
+            continue;
+        }
+        let extra_flags = EXTRA_FLAGS
+            .iter()
+            .find(|(name, _)| *name == stem)
+            .map_or(&[][..], |(_, flags)| *flags);
+        builds.push(FixtureBuild {
+            output: output_dir.join(stem),
+            source: source.clone(),
+            extra_flags,
+        });
+    }
+    for (output, source, extra_flags) in VARIANTS {
+        builds.push(FixtureBuild {
+            source: source_dir.join(source),
+            output: output_dir.join(output),
+            extra_flags,
+        });
+    }
+    builds.sort_by(|a, b| a.output.cmp(&b.output));
+    Ok(builds)
+}
+
+fn is_up_to_date(source: &Path, output: &Path) -> Result<bool> {
+    let modified = |path: &Path| -> Result<SystemTime> {
+        path.metadata()
+            .and_then(|meta| meta.modified())
+            .with_context(|| format!("could not stat {}", path.display()))
+    };
+    if !output.exists() {
+        return Ok(false);
+    }
+    Ok(modified(source)? <= modified(output)?)
+}

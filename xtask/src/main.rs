@@ -1,0 +1,143 @@
+//! `cargo xtask`: the project's tasks, so that a fresh machine needs one
+//! command for each: `setup`, `build`, `demo`, `test`, `lint`.
+//!
+//! Every external command is printed before it runs, and a failure ends the
+//! task with one line that names the command.
+
+mod demo;
+mod fixtures;
+mod setup;
+mod shell;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use shell::{Shell, is_root};
+
+#[derive(Parser)]
+#[command(about = "Development tasks for tracer (run as `cargo xtask <command>`)")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what is missing: nightly + rust-src, bpf-linker, tracefs,
+    /// gcc/g++; compile the test fixtures
+    Setup {
+        /// Print what would be installed or built, change nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Setup, then build the release tracer (eBPF included)
+    Build,
+    /// Build, then trace a leaking fixture for 5 s and print the report
+    Demo,
+    /// Setup, then run every test; arguments go to `cargo test`, and those
+    /// after a second `--` to the test binaries
+    Test {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run clippy (warnings are errors) and check formatting
+    Lint,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(task: Task) -> Result<()> {
+    let root = workspace_root();
+    match task {
+        Task::Setup { dry_run } => setup::setup(&mut Shell::new(dry_run), &root),
+        Task::Build => {
+            let shell = setup_shell(&root)?;
+            build(&shell)
+        }
+        Task::Demo => {
+            let shell = setup_shell(&root)?;
+            build(&shell)?;
+            demo::demo(&root)
+        }
+        Task::Test { args } => {
+            let shell = setup_shell(&root)?;
+            test(&shell, &args)
+        }
+        Task::Lint => lint(&Shell::new(false)),
+    }
+}
+
+/// The workspace root: the parent of this crate's directory.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+        .to_path_buf()
+}
+
+/// Runs `setup` and returns the shell it configured (PATH for bpf-linker).
+fn setup_shell(root: &Path) -> Result<Shell> {
+    let mut shell = Shell::new(false);
+    setup::setup(&mut shell, root)?;
+    Ok(shell)
+}
+
+fn build(shell: &Shell) -> Result<()> {
+    shell.run(
+        shell
+            .cmd("cargo")
+            .args(["build", "--release", "-p", "tracer"]),
+    )
+}
+
+/// `cargo test --workspace --release --no-fail-fast [cargo args] --
+/// --test-threads=2 [test args]`: every test target runs even after one
+/// fails, so a run shows all failures; `--workspace` is left out when the
+/// cargo args pick packages themselves.
+fn test(shell: &Shell, args: &[String]) -> Result<()> {
+    if !is_root() {
+        eprintln!("xtask: warning: the integration tests load eBPF programs and fail without root");
+    }
+    let (cargo_args, test_args) = match args.iter().position(|arg| arg == "--") {
+        Some(split) => (&args[..split], &args[split + 1..]),
+        None => (args, &[][..]),
+    };
+    let picks_packages = cargo_args
+        .iter()
+        .any(|arg| arg == "-p" || arg.starts_with("--package"));
+    let mut command = shell.cmd("cargo");
+    command.arg("test");
+    if !picks_packages {
+        command.arg("--workspace");
+    }
+    shell.run(
+        command
+            .args(["--release", "--no-fail-fast"])
+            .args(cargo_args)
+            .args(["--", "--test-threads=2"])
+            .args(test_args),
+    )
+}
+
+fn lint(shell: &Shell) -> Result<()> {
+    shell.run(shell.cmd("cargo").args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    shell.run(shell.cmd("cargo").args(["fmt", "--all", "--check"]))
+}

@@ -1,0 +1,182 @@
+//! `cargo xtask setup`: installs what building and testing tracer needs and
+//! is missing, and nothing else, so it is cheap to run before every task.
+//!
+//! The eBPF crate builds on nightly with rust-src and links with bpf-linker;
+//! bpf-linker is built against the LLVM that nightly rustc itself ships, so
+//! the two always agree on the bitcode format.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+use crate::fixtures;
+use crate::shell::{Shell, find_on_path, is_executable, is_root};
+
+/// The bpf-linker release that `setup` installs.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const TRACEFS_DIR: &str = "/sys/kernel/tracing";
+
+pub fn setup(shell: &mut Shell, root: &Path) -> Result<()> {
+    ensure_nightly_rust_src(shell)?;
+    ensure_bpf_linker(shell, root)?;
+    ensure_tracefs(shell)?;
+    ensure_c_compilers(shell)?;
+    fixtures::build_all(shell, root)
+}
+
+fn ensure_nightly_rust_src(shell: &Shell) -> Result<()> {
+    let toolchains = shell.read(shell.cmd("rustup").args(["toolchain", "list"]))?;
+    if !toolchains.lines().any(|line| line.starts_with("nightly")) {
+        shell.run(shell.cmd("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
+        if shell.is_dry_run() {
+            eprintln!("xtask: would run: rustup component add rust-src --toolchain nightly");
+            return Ok(());
+        }
+    }
+    let components = shell.read(shell.cmd("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))?;
+    if components.lines().any(|line| line.starts_with("rust-src")) {
+        eprintln!("xtask: nightly toolchain with rust-src: present");
+        return Ok(());
+    }
+    shell.run(
+        shell
+            .cmd("rustup")
+            .args(["component", "add", "rust-src", "--toolchain", "nightly"]),
+    )
+}
+
+fn ensure_bpf_linker(shell: &mut Shell, root: &Path) -> Result<()> {
+    if let Some(path) = find_on_path("bpf-linker") {
+        eprintln!("xtask: bpf-linker: present at {}", path.display());
+        return Ok(());
+    }
+    let bin_dir = cargo_install_bin_dir()?;
+    if is_executable(&bin_dir.join("bpf-linker")) {
+        eprintln!(
+            "xtask: bpf-linker: present in {} (not on PATH; added for this run)",
+            bin_dir.display()
+        );
+        shell.prepend_path(bin_dir);
+        return Ok(());
+    }
+    install_bpf_linker(shell, root)?;
+    shell.prepend_path(bin_dir);
+    Ok(())
+}
+
+/// Builds bpf-linker against nightly rustc's own libLLVM: LLVM_PREFIX points
+/// at a directory whose lib/ links to it, under both the plain name (to link)
+/// and its soname (so the installed binary finds it through its RUNPATH).
+fn install_bpf_linker(shell: &Shell, root: &Path) -> Result<()> {
+    let sysroot = shell.read(shell.cmd("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let (libllvm, llvm_major) = find_rustc_libllvm(Path::new(&sysroot))?;
+    let prefix = root.join("target/llvm-prefix");
+    let prefix_lib = prefix.join("lib");
+    shell.create_dir_all(&prefix_lib)?;
+    shell.symlink(&libllvm, &prefix_lib.join("libLLVM.so"))?;
+    if let Some(soname) = libllvm.file_name() {
+        shell.symlink(&libllvm, &prefix_lib.join(soname))?;
+    }
+    shell.run(
+        shell
+            .cmd("cargo")
+            .env("LLVM_PREFIX", &prefix)
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--version",
+                BPF_LINKER_VERSION,
+            ])
+            .args(["--no-default-features", "--features"])
+            .arg(format!("llvm-{llvm_major}")),
+    )
+}
+
+/// `$sysroot/lib/libLLVM.so.<major>.<minor>-rust-...` and its major version.
+fn find_rustc_libllvm(sysroot: &Path) -> Result<(PathBuf, u32)> {
+    let lib_dir = sysroot.join("lib");
+    let entries = std::fs::read_dir(&lib_dir)
+        .with_context(|| format!("could not list {}", lib_dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("could not list {}", lib_dir.display()))?;
+        let name = entry.file_name();
+        let Some(version) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix("libLLVM.so."))
+        else {
+            continue;
+        };
+        let digits: String = version.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(major) = digits.parse() {
+            return Ok((entry.path(), major));
+        }
+    }
+    bail!(
+        "no libLLVM.so.<version> in {}; is the nightly toolchain complete?",
+        lib_dir.display()
+    )
+}
+
+/// Where `cargo install` puts binaries: $CARGO_INSTALL_ROOT/bin,
+/// $CARGO_HOME/bin or ~/.cargo/bin.
+fn cargo_install_bin_dir() -> Result<PathBuf> {
+    let root = std::env::var_os("CARGO_INSTALL_ROOT")
+        .or_else(|| std::env::var_os("CARGO_HOME"))
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")))
+        .ok_or_else(|| anyhow!("neither CARGO_INSTALL_ROOT, CARGO_HOME nor HOME is set"))?;
+    Ok(root.join("bin"))
+}
+
+/// The tracer reads tracepoint formats from tracefs.
+fn ensure_tracefs(shell: &Shell) -> Result<()> {
+    if Path::new(TRACEFS_DIR).join("events").is_dir() {
+        eprintln!("xtask: tracefs: mounted at {TRACEFS_DIR}");
+        return Ok(());
+    }
+    if !is_root() {
+        eprintln!(
+            "xtask: warning: tracefs is not mounted at {TRACEFS_DIR} and mounting it needs root; \
+             run `sudo mount -t tracefs tracefs {TRACEFS_DIR}`"
+        );
+        return Ok(());
+    }
+    shell.run(
+        shell
+            .cmd("mount")
+            .args(["-t", "tracefs", "tracefs", TRACEFS_DIR]),
+    )
+}
+
+fn ensure_c_compilers(shell: &Shell) -> Result<()> {
+    if find_on_path("gcc").is_some() && find_on_path("g++").is_some() {
+        eprintln!("xtask: gcc and g++: present");
+        return Ok(());
+    }
+    let apt_get = |args: &[&str]| {
+        let mut command = if is_root() {
+            shell.cmd("apt-get")
+        } else {
+            let mut sudo = shell.cmd("sudo");
+            sudo.arg("apt-get");
+            sudo
+        };
+        command.args(args);
+        command
+    };
+    shell.run(&mut apt_get(&["update"]))?;
+    shell.run(&mut apt_get(&["install", "-y", "gcc", "g++"]))
+}
