@@ -12,6 +12,7 @@ use harness::{EXIT_TIMEOUT, Fixture, Tracer, TracerOutput, fixture, require_root
 const EXIT_USAGE: i32 = 2;
 const EXIT_TARGET_NOT_FOUND: i32 = 3;
 const EXIT_NOT_PRIVILEGED: i32 = 4;
+const EXIT_KERNEL_UNSUPPORTED: i32 = 5;
 const EXIT_NO_ALLOCATOR: i32 = 6;
 const EXIT_SPAWN_FAILED: i32 = 7;
 
@@ -117,4 +118,43 @@ fn pid_and_command_together() {
         &run_tracer(&["record", "--pid", &pid, "--", "/bin/true"]),
         EXIT_USAGE,
     );
+}
+
+/// Runs the tracer in a private mount namespace where `hidden` (a sysfs
+/// directory) is covered by an empty tmpfs: the kernel as a tracer without
+/// that support would see it.
+fn run_tracer_without(hidden: &str, args: &[&str]) -> TracerOutput {
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs none {hidden} && exec \"$0\" \"$@\""
+        ))
+        .arg(env!("CARGO_BIN_EXE_tracer"))
+        .args(args);
+    Tracer::spawn(command).wait_exit(EXIT_TIMEOUT)
+}
+
+#[test]
+fn kernel_without_btf() {
+    require_root();
+    let leaky = Fixture::start("leaky", &[]);
+    let output = run_tracer_without(
+        "/sys/kernel/btf",
+        &["record", "--pid", &leaky.pid.to_string()],
+    );
+    assert_error(&output, EXIT_KERNEL_UNSUPPORTED);
+    assert!(output.stderr.contains("BTF"), "{output}");
+}
+
+#[test]
+fn kernel_without_uprobes() {
+    require_root();
+    let leaky = Fixture::start("leaky", &[]);
+    let output = run_tracer_without(
+        "/sys/bus/event_source/devices/uprobe",
+        &["record", "--pid", &leaky.pid.to_string()],
+    );
+    assert_error(&output, EXIT_KERNEL_UNSUPPORTED);
+    assert!(output.stderr.contains("uprobe"), "{output}");
 }
