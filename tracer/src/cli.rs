@@ -43,10 +43,15 @@ enum Verb {
     /// (after --), then print the stacks that hold memory.
     #[command(after_help = EXIT_CODES)]
     Record(RecordArgs),
+    /// Show a live table of the stacks growing fastest, refreshed every
+    /// interval, like `top`; q or Ctrl-C quits.
+    #[command(after_help = EXIT_CODES)]
+    Top(TopArgs),
 }
 
+/// What to trace, shared by every verb that traces.
 #[derive(Debug, Args)]
-struct RecordArgs {
+struct TargetArgs {
     /// Process to trace; repeat to trace several.
     #[arg(short, long = "pid", value_name = "PID", conflicts_with = "command")]
     pids: Vec<u32>,
@@ -60,13 +65,9 @@ struct RecordArgs {
     #[arg(short, long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
     interval: Duration,
 
-    /// Number of stacks in the report.
+    /// Number of stacks in the report (and in each section of it).
     #[arg(long, value_name = "N", default_value_t = 10)]
     top: usize,
-
-    /// Also write the report as JSON to this file.
-    #[arg(long, value_name = "PATH")]
-    json: Option<PathBuf>,
 
     /// Capacity of the in-kernel table of live allocations; allocations
     /// beyond it are counted as dropped.
@@ -76,6 +77,35 @@ struct RecordArgs {
     /// Command to start and trace from its first allocation.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+struct TopArgs {
+    #[command(flatten)]
+    targets: TargetArgs,
+}
+
+#[derive(Debug, Args)]
+struct RecordArgs {
+    #[command(flatten)]
+    targets: TargetArgs,
+
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+
+    /// Write the growth plot (SVG) to this file at the end, and rewrite it
+    /// every --svg-every while tracing. Several targets share one plot.
+    #[arg(long, value_name = "PATH")]
+    svg: Option<PathBuf>,
+
+    /// How often to rewrite the SVG while tracing.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    svg_every: Duration,
+
+    /// Number of stacks drawn in the growth plot.
+    #[arg(long, value_name = "N", default_value_t = crate::output::svg::DEFAULT_STACK_LINES)]
+    plot_stacks: usize,
 }
 
 /// What to trace.
@@ -93,12 +123,16 @@ pub struct Config {
     pub interval: Duration,
     pub top: usize,
     pub json_path: Option<PathBuf>,
+    pub svg_path: Option<PathBuf>,
+    pub svg_every: Duration,
+    pub plot_stacks: usize,
     pub max_live_allocs: u32,
 }
 
 /// What the user asked for: a run, or text to print (help, version).
 pub enum Parsed {
     Record(Config),
+    Top(Config),
     Print(String),
 }
 
@@ -119,7 +153,20 @@ pub fn parse(arguments: impl IntoIterator<Item = OsString>) -> Result<Parsed> {
             };
         }
     };
-    let Verb::Record(args) = cli.command;
+    match cli.command {
+        Verb::Record(args) => {
+            let mut config = config_of(args.targets)?;
+            config.json_path = args.json;
+            config.svg_path = args.svg;
+            config.svg_every = args.svg_every;
+            config.plot_stacks = args.plot_stacks;
+            Ok(Parsed::Record(config))
+        }
+        Verb::Top(args) => Ok(Parsed::Top(config_of(args.targets)?)),
+    }
+}
+
+fn config_of(args: TargetArgs) -> Result<Config> {
     let targets = match (args.pids.is_empty(), args.command.is_empty()) {
         (false, true) => {
             let mut pids = args.pids;
@@ -131,7 +178,7 @@ pub fn parse(arguments: impl IntoIterator<Item = OsString>) -> Result<Parsed> {
         (true, true) => {
             return Err(fatal(
                 ExitCode::Usage,
-                "nothing to trace: give --pid PID or a command after -- (see tracer record --help)",
+                "nothing to trace: give --pid PID or a command after -- (see tracer --help)",
             ));
         }
         (false, false) => unreachable!("clap rejects --pid with a command"),
@@ -142,14 +189,17 @@ pub fn parse(arguments: impl IntoIterator<Item = OsString>) -> Result<Parsed> {
             "--max-live-allocs must be at least 1",
         ));
     }
-    Ok(Parsed::Record(Config {
+    Ok(Config {
         targets,
         duration: args.duration,
         interval: args.interval,
         top: args.top,
-        json_path: args.json,
+        json_path: None,
+        svg_path: None,
+        svg_every: Duration::from_secs(10),
+        plot_stacks: crate::output::svg::DEFAULT_STACK_LINES,
         max_live_allocs: args.max_live_allocs,
-    }))
+    })
 }
 
 /// clap's message, reduced to its first line, with where to get help.

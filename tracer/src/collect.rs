@@ -16,13 +16,11 @@ use tracer_ebpf::{StackTotals, stat};
 
 use crate::{
     attach::spawn,
-    model::{Counters, Kind, Model, Snapshot, StackKey, Target},
+    model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
     output::human_bytes,
     symbolize::Symbols,
 };
 
-/// How often the status line is printed on stderr.
-const STATUS_EVERY: Duration = Duration::from_secs(5);
 /// How often targets are checked for exit.
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 
@@ -58,7 +56,13 @@ pub struct Schedule {
     pub duration: Option<Duration>,
     /// When the probes were in place: time zero of every series.
     pub attached_at: Instant,
+    /// How often to print a status line on stderr (None: never).
+    pub status_every: Option<Duration>,
 }
+
+/// Called after every snapshot, with the model and the symbolizer (for
+/// views that refresh while tracing: the SVG, `tracer top`).
+pub type OnSnapshot<'a> = dyn FnMut(&Model, &mut Symbols, &[Watched]) -> Result<()> + 'a;
 
 /// Runs until a stop condition; the model holds a final snapshot taken
 /// after it.
@@ -68,6 +72,7 @@ pub async fn run(
     model: &mut Model,
     symbols: &mut Symbols,
     schedule: &Schedule,
+    on_snapshot: &mut OnSnapshot<'_>,
 ) -> Result<StopReason> {
     let mut interrupt = signal(SignalKind::interrupt()).context("could not catch SIGINT")?;
     let mut terminate = signal(SignalKind::terminate()).context("could not catch SIGTERM")?;
@@ -91,18 +96,21 @@ pub async fn run(
                 for watched in targets.iter().filter(|w| w.target.exited_after_s.is_none()) {
                     symbols.refresh(watched.target.pid);
                 }
-                model.push(snapshot(ebpf, schedule.attached_at)?);
-                if last_status.elapsed() >= STATUS_EVERY {
+                model.push(snapshot(ebpf, schedule.attached_at, &live_pids(targets))?);
+                if let Some(every) = schedule.status_every && last_status.elapsed() >= every {
                     last_status = Instant::now();
                     eprintln!("{}", status_line(model));
                 }
+                on_snapshot(model, symbols, targets)?;
             }
             _ = liveness_timer.tick() => {
                 let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
                 for watched in targets.iter_mut().filter(|w| w.target.exited_after_s.is_none()) {
                     if watched.has_exited() {
                         watched.target.exited_after_s = Some(elapsed_s);
-                        eprintln!("tracer: PID {} exited after {elapsed_s:.1} s", watched.target.pid);
+                        if schedule.status_every.is_some() {
+                            eprintln!("tracer: PID {} exited after {elapsed_s:.1} s", watched.target.pid);
+                        }
                     }
                 }
                 if targets.iter().all(|w| w.target.exited_after_s.is_some()) {
@@ -114,12 +122,20 @@ pub async fn run(
             _ = terminate.recv() => break StopReason::Terminated,
         }
     };
-    model.push(snapshot(ebpf, schedule.attached_at)?);
+    model.push(snapshot(ebpf, schedule.attached_at, &live_pids(targets))?);
     Ok(reason)
 }
 
-/// Reads BY_STACK and STATS.
-pub fn snapshot(ebpf: &Ebpf, attached_at: Instant) -> Result<Snapshot> {
+fn live_pids(targets: &[Watched]) -> Vec<u32> {
+    targets
+        .iter()
+        .filter(|watched| watched.target.exited_after_s.is_none())
+        .map(|watched| watched.target.pid)
+        .collect()
+}
+
+/// Reads BY_STACK and STATS, and the RSS of the live targets.
+pub fn snapshot(ebpf: &Ebpf, attached_at: Instant, live_pids: &[u32]) -> Result<Snapshot> {
     let elapsed_s = attached_at.elapsed().as_secs_f64();
     let by_stack: HashMap<&MapData, tracer_ebpf::StackKey, StackTotals> =
         HashMap::try_from(ebpf.map("BY_STACK").context("eBPF object lacks BY_STACK")?)?;
@@ -155,11 +171,24 @@ pub fn snapshot(ebpf: &Ebpf, attached_at: Instant) -> Result<Snapshot> {
         elapsed_s,
         stacks,
         stats,
+        rss_bytes: live_pids
+            .iter()
+            .filter_map(|&pid| Some((pid, crate::procfs::rss_bytes(pid)?)))
+            .collect(),
     })
 }
 
+/// The symbolized frames of a stack, innermost first (empty when the
+/// kernel could not store it).
+pub fn stack_frames(ebpf: &Ebpf, symbols: &mut Symbols, key: &StackKey) -> Vec<Frame> {
+    if key.stack_id == tracer_ebpf::NO_STACK {
+        return Vec::new();
+    }
+    symbols.stack_frames(key.pid, &stack_addresses(ebpf, key.stack_id))
+}
+
 /// The return addresses of a stored stack, innermost first.
-pub fn stack_addresses(ebpf: &Ebpf, stack_id: u32) -> Vec<u64> {
+fn stack_addresses(ebpf: &Ebpf, stack_id: u32) -> Vec<u64> {
     let Some(map) = ebpf.map("STACKS") else {
         return Vec::new();
     };

@@ -11,4 +11,6 @@ pub mod error;
 pub mod model;
 pub mod output;
 pub mod procfs;
+pub mod session;
 pub mod symbolize;
+pub mod top;

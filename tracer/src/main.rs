@@ -1,24 +1,22 @@
 //! tracer: finds the call stacks that hold growing memory in running
 //! processes, with eBPF. `main` wires the stages together: cli -> attach ->
 //! collect -> model -> symbolize -> output.
-use std::{collections::HashMap, time::Instant};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 
 use tracer::{
-    attach,
-    attach::{Probes, spawn},
-    cli,
-    cli::{Config, Parsed, Targets},
-    collect,
-    collect::{Schedule, StopReason, Watched},
+    cli::{self, Config, Parsed},
+    collect::{self, Schedule, StopReason},
     error,
-    model::{Frame, Model, StackKey, Target},
+    model::Model,
     output,
-    output::{ProbeReport, Report, ReportInput},
-    procfs,
-    symbolize::Symbols,
+    session::{self, Session},
+    top,
 };
+
+/// How often the status line is printed on stderr while recording.
+const STATUS_EVERY: Duration = Duration::from_secs(5);
 
 fn main() -> std::process::ExitCode {
     let result = cli::parse(std::env::args_os()).and_then(|parsed| match parsed {
@@ -27,6 +25,7 @@ fn main() -> std::process::ExitCode {
             Ok(())
         }
         Parsed::Record(config) => record(&config),
+        Parsed::Top(config) => top::run(&config),
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -39,68 +38,49 @@ fn main() -> std::process::ExitCode {
 
 /// `tracer record`: attach, collect until a stop condition, report.
 fn record(config: &Config) -> Result<()> {
-    attach::check_privileges()?;
-    attach::check_kernel()?;
-    if let Targets::Pids(pids) = &config.targets {
-        for &pid in pids {
-            attach::check_target(pid)?;
-        }
+    for path in config.json_path.iter().chain(&config.svg_path) {
+        check_output_path(path)?;
     }
-    check_output_path(config)?;
-
-    let started_at = Instant::now();
-    let mut probes = Probes::load(config.max_live_allocs)?;
-    let mut symbols = Symbols::new();
-    let mut watched = Vec::new();
-    match &config.targets {
-        Targets::Pids(pids) => {
-            for &pid in pids {
-                probes.attach_allocators(pid)?;
-                symbols.refresh(pid);
-                watched.push(watch(pid, false));
-            }
-        }
-        Targets::Spawn(command) => {
-            let child = spawn::spawn_stopped(&mut probes, command)?;
-            if let Err(error) = probes.attach_allocators(child.pid) {
-                spawn::kill(child.pid);
-                return Err(error);
-            }
-            symbols.refresh(child.pid);
-            watched.push(watch(child.pid, true));
-        }
-    }
-    let attached_at = Instant::now();
-    eprintln!(
-        "tracer: attached {} probes to {} in {} ms; tracing{} (Ctrl-C to stop and report)",
-        probes.probe_count(),
-        describe_targets(&watched),
-        (attached_at - started_at).as_millis(),
-        config
-            .duration
-            .map(|duration| format!(" for {:.1} s", duration.as_secs_f64()))
-            .unwrap_or_default(),
-    );
-    if matches!(config.targets, Targets::Spawn(_)) {
-        spawn::resume(watched[0].target.pid);
-    }
-
+    let mut session = Session::attach(config)?;
+    session.resume();
     let mut model = Model::new();
     let schedule = Schedule {
         interval: config.interval,
         duration: config.duration,
-        attached_at,
+        attached_at: session.attached_at,
+        status_every: Some(STATUS_EVERY),
     };
+    let Session {
+        probes,
+        symbols,
+        watched,
+        ..
+    } = &mut session;
+    let mut svg_written_at = Instant::now();
+    let mut rewrite_svg =
+        |model: &Model, symbols: &mut tracer::symbolize::Symbols, watched: &[collect::Watched]| {
+            let Some(path) = &config.svg_path else {
+                return Ok(());
+            };
+            if svg_written_at.elapsed() < config.svg_every {
+                return Ok(());
+            }
+            svg_written_at = Instant::now();
+            let targets: Vec<_> = watched.iter().map(|w| w.target.clone()).collect();
+            let report = session::build_report(probes, symbols, model, &targets, config);
+            output::svg::write_svg(&report, model, config.plot_stacks, path)
+        };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("could not start the tokio runtime")?;
     let reason = runtime.block_on(collect::run(
         &probes.ebpf,
-        &mut watched,
+        watched,
         &mut model,
-        &mut symbols,
+        symbols,
         &schedule,
+        &mut rewrite_svg,
     ))?;
     if reason != StopReason::TargetsExited {
         eprintln!(
@@ -109,83 +89,28 @@ fn record(config: &Config) -> Result<()> {
         );
     }
 
-    let report = build_report(config, &probes, &model, &mut symbols, &watched);
+    let targets = session.targets();
+    let report = session::build_report(
+        &session.probes,
+        &mut session.symbols,
+        &model,
+        &targets,
+        config,
+    );
     print!("{}", output::text::render(&report));
     if let Some(path) = &config.json_path {
         output::json::write_json(&report, path)?;
         eprintln!("tracer: wrote {}", path.display());
     }
+    if let Some(path) = &config.svg_path {
+        output::svg::write_svg(&report, &model, config.plot_stacks, path)?;
+        eprintln!("tracer: wrote {}", path.display());
+    }
     Ok(())
 }
 
-fn watch(pid: u32, spawned: bool) -> Watched {
-    Watched {
-        target: Target {
-            pid,
-            command: procfs::command_line(pid),
-            exited_after_s: None,
-        },
-        spawned,
-    }
-}
-
-fn describe_targets(watched: &[Watched]) -> String {
-    watched
-        .iter()
-        .map(|w| format!("PID {} ({})", w.target.pid, w.target.command))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Symbolizes the stacks that make the report, then builds it.
-fn build_report(
-    config: &Config,
-    probes: &Probes,
-    model: &Model,
-    symbols: &mut Symbols,
-    watched: &[Watched],
-) -> Report {
-    let mut frames: HashMap<StackKey, Vec<Frame>> = HashMap::new();
-    for summary in model.top_stacks(config.top) {
-        let addresses = if summary.key.stack_id == tracer_ebpf::NO_STACK {
-            Vec::new()
-        } else {
-            collect::stack_addresses(&probes.ebpf, summary.key.stack_id)
-        };
-        frames.insert(
-            summary.key,
-            symbols.stack_frames(summary.key.pid, &addresses),
-        );
-    }
-    let targets: Vec<Target> = watched.iter().map(|w| w.target.clone()).collect();
-    let probe_reports = probes
-        .hooks
-        .iter()
-        .map(|hook| ProbeReport {
-            pid: hook.pid,
-            module: hook.site.path.display().to_string(),
-            symbol: hook.site.function.name.to_owned(),
-            offset: hook.site.offset,
-            offset_in_function: hook.site.offset - hook.site.function_offset,
-            single_stepped: !hook.site.emulated,
-        })
-        .collect();
-    let lookup = |key: &StackKey| frames.get(key).cloned().unwrap_or_default();
-    Report::build(ReportInput {
-        model,
-        targets: &targets,
-        probes: probe_reports,
-        interval_ms: config.interval.as_millis() as u64,
-        top: config.top,
-        frames: &lookup,
-    })
-}
-
-/// Fails before attaching when the JSON report could not be written.
-fn check_output_path(config: &Config) -> Result<()> {
-    let Some(path) = &config.json_path else {
-        return Ok(());
-    };
+/// Fails before attaching when an output file could not be written.
+fn check_output_path(path: &std::path::Path) -> Result<()> {
     let directory = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => std::path::Path::new("."),

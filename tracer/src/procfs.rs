@@ -95,6 +95,21 @@ pub fn state(pid: u32) -> Option<char> {
     after_name.trim_start().chars().next()
 }
 
+/// Resident set size (VmRSS) in bytes, None when the process is gone or
+/// has no memory (a zombie, a kernel thread).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// True while the process exists and is not a zombie.
 pub fn is_alive(pid: u32) -> bool {
     matches!(state(pid), Some(state) if state != 'Z' && state != 'X')
@@ -127,6 +142,12 @@ mod tests {
     fn host_path_goes_through_proc_root() {
         let path = host_path(42, std::path::Path::new("/lib/libc.so.6"));
         assert_eq!(path, PathBuf::from("/proc/42/root/lib/libc.so.6"));
+    }
+
+    #[test]
+    fn rss_of_own_process() {
+        assert!(rss_bytes(std::process::id()).is_some_and(|rss| rss > 1 << 20));
+        assert_eq!(rss_bytes(u32::MAX - 1), None);
     }
 
     #[test]

@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::model::{Frame, Kind, Model, StackKey, Target, Totals};
+use crate::model::{Frame, Growth, Kind, Model, StackKey, Target, Totals};
 
 pub mod json;
+pub mod svg;
 pub mod text;
 
 /// Everything a report shows, in the shape of its JSON form.
@@ -29,6 +30,9 @@ pub struct Report {
     pub probes: Vec<ProbeReport>,
     /// The top stacks by live bytes, rank 1 first.
     pub stacks: Vec<StackReport>,
+    /// Stacks that grew steadily until the end, fastest first (rank 1 is
+    /// shown as L1).
+    pub suspected_leaks: Vec<StackReport>,
 }
 
 /// A traced process and its live memory at the end, by kind name.
@@ -68,6 +72,12 @@ pub struct StackReport {
     pub alloc_bytes_total: u64,
     pub alloc_count_total: u64,
     pub growth_bytes_per_s: f64,
+    /// Whether the growth is steady enough to suspect a leak.
+    pub suspected_leak: bool,
+    /// The evidence for or against.
+    pub growth: Growth,
+    /// `[elapsed_s, live_bytes]` at attach and at every snapshot.
+    pub series: Vec<(f64, i64)>,
     /// Innermost first, allocator frames already trimmed.
     pub frames: Vec<Frame>,
 }
@@ -99,18 +109,13 @@ impl Report {
             .top_stacks(input.top)
             .into_iter()
             .enumerate()
-            .map(|(index, summary)| StackReport {
-                rank: index + 1,
-                pid: summary.key.pid,
-                kind: summary.key.kind.as_str().to_owned(),
-                stack_id: summary.key.stack_id,
-                live_bytes: summary.latest.live_bytes,
-                live_allocs: summary.latest.live_allocs,
-                alloc_bytes_total: summary.latest.alloc_bytes_total,
-                alloc_count_total: summary.latest.alloc_count_total,
-                growth_bytes_per_s: summary.growth_bytes_per_s,
-                frames: trim_allocator_frames((input.frames)(&summary.key)),
-            })
+            .map(|(index, summary)| stack_report(model, index + 1, summary.key, input.frames))
+            .collect();
+        let suspected_leaks = model
+            .suspected_leaks(input.top)
+            .into_iter()
+            .enumerate()
+            .map(|(index, (key, _))| stack_report(model, index + 1, key, input.frames))
             .collect();
         Report {
             tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -123,7 +128,36 @@ impl Report {
             events: by_name(model.events()),
             probes: input.probes,
             stacks,
+            suspected_leaks,
         }
+    }
+}
+
+fn stack_report(
+    model: &Model,
+    rank: usize,
+    key: StackKey,
+    frames: &dyn Fn(&StackKey) -> Vec<Frame>,
+) -> StackReport {
+    let latest = model
+        .series(&key)
+        .map(|series| series.latest())
+        .unwrap_or_default();
+    let growth = model.growth(&key);
+    StackReport {
+        rank,
+        pid: key.pid,
+        kind: key.kind.as_str().to_owned(),
+        stack_id: key.stack_id,
+        live_bytes: latest.live_bytes,
+        live_allocs: latest.live_allocs,
+        alloc_bytes_total: latest.alloc_bytes_total,
+        alloc_count_total: latest.alloc_count_total,
+        growth_bytes_per_s: growth.rate_bytes_per_s,
+        suspected_leak: growth.suspected_leak,
+        growth,
+        series: model.live_bytes_at_every_snapshot(&key),
+        frames: trim_allocator_frames(frames(&key)),
     }
 }
 
@@ -356,6 +390,7 @@ mod tests {
                     (key(20, 3), counters(0)),
                 ],
                 stats,
+                ..Snapshot::default()
             });
         }
         model

@@ -63,6 +63,25 @@ pub fn render(report: &Report) -> String {
         ));
     }
     lines.push(String::new());
+    if report.snapshots > 0 && report.snapshots < crate::model::leak::MIN_SNAPSHOTS {
+        lines.push(format!(
+            "suspected leaks: the window holds {} snapshots, too few to judge growth (need {})",
+            report.snapshots,
+            crate::model::leak::MIN_SNAPSHOTS
+        ));
+    } else if report.suspected_leaks.is_empty() {
+        lines.push("suspected leaks: none (no stack grew steadily until the end)".to_owned());
+    } else {
+        lines.push(format!(
+            "suspected leaks ({}): stacks that grew steadily until the end, fastest first:",
+            report.suspected_leaks.len()
+        ));
+        for stack in &report.suspected_leaks {
+            lines.push(String::new());
+            render_leak(stack, &mut lines);
+        }
+    }
+    lines.push(String::new());
     if report.stacks.is_empty() {
         lines.push("no live allocations seen in the window".to_owned());
     } else {
@@ -77,6 +96,29 @@ pub fn render(report: &Report) -> String {
     text
 }
 
+fn render_leak(stack: &StackReport, lines: &mut Vec<String>) {
+    let growth = &stack.growth;
+    lines.push(format!(
+        "L{}  {}  pid {}  growth +{}/s  live {} in {} allocs",
+        stack.rank,
+        stack.kind,
+        stack.pid,
+        human_bytes(growth.rate_bytes_per_s),
+        human_bytes(stack.live_bytes as f64),
+        stack.live_allocs,
+    ));
+    lines.push(format!(
+        "    steady: R² {:.2}, {:.0}% of intervals did not shrink, {:.0}% grew; \
+         first {} -> last {}",
+        growth.r_squared,
+        growth.non_shrinking_fraction * 100.0,
+        growth.growing_fraction * 100.0,
+        human_bytes(growth.first_live_bytes as f64),
+        human_bytes(growth.last_live_bytes as f64),
+    ));
+    render_frames(stack, lines);
+}
+
 fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
     let growth_sign = if stack.growth_bytes_per_s >= 0.0 {
         "+"
@@ -84,19 +126,28 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
         ""
     };
     lines.push(format!(
-        "#{}  {}  pid {}  live {} in {} allocs  growth {growth_sign}{}/s",
+        "#{}  {}  pid {}  live {} in {} allocs  growth {growth_sign}{}/s{}",
         stack.rank,
         stack.kind,
         stack.pid,
         human_bytes(stack.live_bytes as f64),
         stack.live_allocs,
         human_bytes(stack.growth_bytes_per_s),
+        if stack.suspected_leak {
+            "  (suspected leak)"
+        } else {
+            ""
+        },
     ));
     lines.push(format!(
         "    allocated {} in {} calls since attach, from:",
         human_bytes(stack.alloc_bytes_total as f64),
         stack.alloc_count_total
     ));
+    render_frames(stack, lines);
+}
+
+fn render_frames(stack: &StackReport, lines: &mut Vec<String>) {
     if stack.frames.is_empty() {
         lines.push("      (stack not recorded)".to_owned());
     }

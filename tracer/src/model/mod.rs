@@ -9,7 +9,11 @@
 //! snapshots: each push costs one step per known stack, and the growth fit is
 //! kept as running sums instead of being recomputed from the points.
 
+pub mod leak;
+
 use std::collections::{BTreeMap, HashMap};
+
+pub use leak::Growth;
 
 use tracer_ebpf::{STAT_NAMES, StatClass};
 
@@ -70,6 +74,8 @@ pub struct Snapshot {
     pub stacks: Vec<(StackKey, Counters)>,
     /// STATS by index (`tracer_ebpf::stat`), summed over CPUs, cumulative.
     pub stats: Vec<u64>,
+    /// Resident set size of each live target, in bytes.
+    pub rss_bytes: Vec<(u32, u64)>,
 }
 
 /// One symbolized frame (filled by symbolize).
@@ -175,6 +181,12 @@ struct StackState {
 #[derive(Clone, Debug)]
 pub struct Model {
     stacks: HashMap<StackKey, StackState>,
+    /// Time of every snapshot.
+    times_s: Vec<f64>,
+    /// Live bytes per (process, kind) at every snapshot.
+    kind_totals: BTreeMap<(u32, Kind), Vec<(f64, i64)>>,
+    /// RSS of each process at the snapshots where it was alive.
+    rss_bytes: BTreeMap<u32, Vec<(f64, u64)>>,
     time: TimeMoments,
     window_s: f64,
     snapshot_count: usize,
@@ -191,6 +203,9 @@ impl Model {
     pub fn new() -> Self {
         Model {
             stacks: HashMap::new(),
+            times_s: Vec::new(),
+            kind_totals: BTreeMap::new(),
+            rss_bytes: BTreeMap::new(),
             // The attach point: every stack holds 0 bytes at 0 s.
             time: TimeMoments {
                 count: 1,
@@ -210,6 +225,7 @@ impl Model {
             elapsed_s,
             stacks,
             stats,
+            rss_bytes,
         } = snapshot;
         // A stack seen for the first time held 0 bytes at every earlier time,
         // which is exactly what a default fit (mean 0, co-moment 0) says.
@@ -231,9 +247,82 @@ impl Model {
             fit.co_moment_bytes_s += time_deviation_s * (live_bytes - fit.mean_live_bytes);
         }
 
+        let mut totals: BTreeMap<(u32, Kind), i64> = BTreeMap::new();
+        for (key, state) in &self.stacks {
+            *totals.entry((key.pid, key.kind)).or_default() += state.latest.live_bytes;
+        }
+        for (pid_kind, live_bytes) in totals {
+            self.kind_totals
+                .entry(pid_kind)
+                .or_default()
+                .push((elapsed_s, live_bytes));
+        }
+        for (pid, rss) in rss_bytes {
+            self.rss_bytes
+                .entry(pid)
+                .or_default()
+                .push((elapsed_s, rss));
+        }
+
+        self.times_s.push(elapsed_s);
         self.window_s = elapsed_s;
         self.snapshot_count += 1;
         self.stats = stats;
+    }
+
+    /// Live bytes per (process, kind) over time, one point per snapshot
+    /// from the one where the kind first appeared.
+    pub fn kind_totals_series(&self) -> &BTreeMap<(u32, Kind), Vec<(f64, i64)>> {
+        &self.kind_totals
+    }
+
+    /// RSS per process over time.
+    pub fn rss_series(&self) -> &BTreeMap<u32, Vec<(f64, u64)>> {
+        &self.rss_bytes
+    }
+
+    /// A stack's live bytes at every snapshot, the attach point (0 s, 0
+    /// bytes) first and 0 before the stack appeared.
+    pub fn live_bytes_at_every_snapshot(&self, key: &StackKey) -> Vec<(f64, i64)> {
+        let points = self.series(key).map_or(&[][..], Series::points);
+        let mut next = 0;
+        let mut current = 0;
+        let mut dense = Vec::with_capacity(self.times_s.len() + 1);
+        dense.push((0.0, 0));
+        for &time_s in &self.times_s {
+            // Series points are a subset of the snapshot times; a merged
+            // run keeps the value of its first point.
+            while next < points.len() && points[next].0 <= time_s {
+                current = points[next].1.live_bytes;
+                next += 1;
+            }
+            dense.push((time_s, current));
+        }
+        dense
+    }
+
+    /// The evidence about a stack's growth over the window.
+    pub fn growth(&self, key: &StackKey) -> Growth {
+        leak::assess(&self.live_bytes_at_every_snapshot(key))
+    }
+
+    /// Stacks that grew steadily until the end of the window, fastest
+    /// first, at most `count`.
+    pub fn suspected_leaks(&self, count: usize) -> Vec<(StackKey, Growth)> {
+        let mut leaks: Vec<(StackKey, Growth)> = self
+            .stacks
+            .iter()
+            .filter(|(_, state)| state.latest.live_bytes > 0 && self.growth_of(state) > 0.0)
+            .map(|(key, _)| (*key, self.growth(key)))
+            .filter(|(_, growth)| growth.suspected_leak)
+            .collect();
+        leaks.sort_by(|a, b| {
+            b.1.rate_bytes_per_s
+                .total_cmp(&a.1.rate_bytes_per_s)
+                .then(a.0.cmp(&b.0))
+        });
+        leaks.truncate(count);
+        leaks
     }
 
     /// Seconds from attach to the latest snapshot (0 if none).
@@ -309,6 +398,28 @@ impl Model {
         summaries
     }
 
+    /// The `count` stacks growing fastest (positive growth only), fastest
+    /// first; ties go to the smaller key.
+    pub fn fastest_growing(&self, count: usize) -> Vec<StackSummary> {
+        let mut summaries: Vec<StackSummary> = self
+            .stacks
+            .iter()
+            .map(|(key, state)| StackSummary {
+                key: *key,
+                latest: state.latest,
+                growth_bytes_per_s: self.growth_of(state),
+            })
+            .filter(|summary| summary.growth_bytes_per_s > 0.0 && summary.latest.live_bytes > 0)
+            .collect();
+        summaries.sort_by(|a, b| {
+            b.growth_bytes_per_s
+                .total_cmp(&a.growth_bytes_per_s)
+                .then(a.key.cmp(&b.key))
+        });
+        summaries.truncate(count);
+        summaries
+    }
+
     /// Least-squares slope of the stack's live bytes over the whole window:
     /// from the attach point (0 s, 0 bytes) through every snapshot, with 0
     /// bytes before the stack first appeared. 0 for an unknown stack or a
@@ -341,257 +452,4 @@ fn sum_by_kind<'a>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tracer_ebpf::stat;
-
-    fn heap(pid: u32, stack_id: u32) -> StackKey {
-        StackKey {
-            pid,
-            stack_id,
-            kind: Kind::Heap,
-        }
-    }
-
-    fn live(live_bytes: i64) -> Counters {
-        Counters {
-            live_bytes,
-            live_allocs: 1,
-            alloc_bytes_total: live_bytes.max(0) as u64,
-            alloc_count_total: 1,
-        }
-    }
-
-    fn snapshot(elapsed_s: f64, stacks: &[(StackKey, Counters)]) -> Snapshot {
-        Snapshot {
-            elapsed_s,
-            stacks: stacks.to_vec(),
-            stats: vec![0; stat::COUNT as usize],
-        }
-    }
-
-    /// Slope computed the slow, obviously right way (two passes over every
-    /// point, attach point included) to check the running fit against.
-    fn two_pass_slope(points: &[(f64, f64)]) -> f64 {
-        let count = points.len() as f64;
-        let mean_s = points.iter().map(|p| p.0).sum::<f64>() / count;
-        let mean_bytes = points.iter().map(|p| p.1).sum::<f64>() / count;
-        let co_moment: f64 = points
-            .iter()
-            .map(|p| (p.0 - mean_s) * (p.1 - mean_bytes))
-            .sum();
-        let m2: f64 = points.iter().map(|p| (p.0 - mean_s).powi(2)).sum();
-        co_moment / m2
-    }
-
-    #[test]
-    fn kind_round_trips_and_serializes_as_its_name() {
-        assert_eq!(Kind::from_raw(tracer_ebpf::kind::HEAP), Some(Kind::Heap));
-        assert_eq!(Kind::from_raw(999), None);
-        assert_eq!(Kind::Heap.as_str(), "heap");
-        assert_eq!(serde_json::to_value(Kind::Heap).unwrap(), "heap");
-    }
-
-    #[test]
-    fn empty_model() {
-        let model = Model::new();
-        assert_eq!(model.window_s(), 0.0);
-        assert_eq!(model.snapshot_count(), 0);
-        assert!(model.stats().is_empty());
-        assert!(model.drops().is_empty());
-        assert!(model.events().iter().all(|&(_, count)| count == 0));
-        assert!(model.totals().is_empty());
-        assert!(model.top_stacks(10).is_empty());
-        assert_eq!(model.growth_bytes_per_s(&heap(1, 1)), 0.0);
-    }
-
-    #[test]
-    fn linear_ramp_grows_at_its_rate() {
-        let key = heap(1, 7);
-        let mut model = Model::new();
-        for second in 1..=10 {
-            model.push(snapshot(second as f64, &[(key, live(100 * second))]));
-        }
-        assert!((model.growth_bytes_per_s(&key) - 100.0).abs() < 1e-9);
-        assert_eq!(model.window_s(), 10.0);
-        assert_eq!(model.snapshot_count(), 10);
-    }
-
-    #[test]
-    fn huge_plateau_has_growth_near_zero() {
-        let key = heap(1, 7);
-        let live_bytes = 1_i64 << 50;
-        let mut model = Model::new();
-        let mut points = vec![(0.0, 0.0)];
-        for step in 1..=10_000 {
-            let elapsed_s = step as f64 * 0.5;
-            model.push(snapshot(elapsed_s, &[(key, live(live_bytes))]));
-            points.push((elapsed_s, live_bytes as f64));
-        }
-        let growth = model.growth_bytes_per_s(&key);
-        let expected = two_pass_slope(&points);
-        assert!(
-            (growth - expected).abs() <= expected.abs() * 1e-9,
-            "{growth} vs {expected}"
-        );
-        // Only the attach point tilts the fit, and less with every snapshot.
-        assert!(growth < live_bytes as f64 * 1e-6, "{growth}");
-        assert!(growth >= 0.0);
-    }
-
-    #[test]
-    fn ramp_then_plateau_slows_down() {
-        let key = heap(1, 7);
-        let mut model = Model::new();
-        for second in 1..=10 {
-            model.push(snapshot(second as f64, &[(key, live(1000 * second))]));
-        }
-        let while_ramping = model.growth_bytes_per_s(&key);
-        for second in 11..=200 {
-            model.push(snapshot(second as f64, &[(key, live(10_000))]));
-        }
-        let after_plateau = model.growth_bytes_per_s(&key);
-        assert!((while_ramping - 1000.0).abs() < 1e-6);
-        assert!(after_plateau < while_ramping / 20.0, "{after_plateau}");
-    }
-
-    #[test]
-    fn stack_appearing_midway_counts_zero_before() {
-        let early = heap(1, 1);
-        let late = heap(1, 2);
-        let mut model = Model::new();
-        let mut points = vec![(0.0, 0.0)];
-        for second in 1..=10 {
-            let mut stacks = vec![(early, live(50))];
-            let late_bytes = if second > 5 { 200 * (second - 5) } else { 0 };
-            if second > 5 {
-                stacks.push((late, live(late_bytes)));
-            }
-            model.push(snapshot(second as f64, &stacks));
-            points.push((second as f64, late_bytes as f64));
-        }
-        let growth = model.growth_bytes_per_s(&late);
-        assert!((growth - two_pass_slope(&points)).abs() < 1e-9, "{growth}");
-        assert!(growth > 0.0);
-        assert_eq!(model.series(&late).unwrap().points()[0].0, 6.0);
-    }
-
-    #[test]
-    fn fewer_than_two_distinct_times_means_no_growth() {
-        let key = heap(1, 1);
-        let mut model = Model::new();
-        model.push(snapshot(0.0, &[(key, live(4096))]));
-        model.push(snapshot(0.0, &[(key, live(8192))]));
-        assert_eq!(model.growth_bytes_per_s(&key), 0.0);
-    }
-
-    #[test]
-    fn absent_stack_keeps_its_counters() {
-        let kept = heap(1, 1);
-        let other = heap(1, 2);
-        let mut model = Model::new();
-        model.push(snapshot(1.0, &[(kept, live(300)), (other, live(10))]));
-        model.push(snapshot(2.0, &[(other, live(20))]));
-        model.push(snapshot(3.0, &[(other, live(30))]));
-        let series = model.series(&kept).unwrap();
-        assert_eq!(series.latest(), live(300));
-        assert_eq!(series.points().last().unwrap().0, 3.0);
-        assert_eq!(model.totals()[&Kind::Heap].live_bytes, 330);
-    }
-
-    #[test]
-    fn identical_runs_keep_their_ends_only() {
-        let key = heap(1, 1);
-        let mut model = Model::new();
-        for (elapsed_s, live_bytes) in [(1.0, 10), (2.0, 20), (3.0, 20), (4.0, 20), (5.0, 20)] {
-            model.push(snapshot(elapsed_s, &[(key, live(live_bytes))]));
-        }
-        model.push(snapshot(6.0, &[(key, live(5))]));
-        let series = model.series(&key).unwrap();
-        let times: Vec<f64> = series.points().iter().map(|p| p.0).collect();
-        assert_eq!(times, [1.0, 2.0, 5.0, 6.0]);
-        assert_eq!(series.latest(), live(5));
-    }
-
-    #[test]
-    fn top_stacks_rank_by_live_bytes_then_growth_then_key() {
-        let big = heap(1, 1);
-        let growing_tie = heap(2, 5);
-        let flat_tie = heap(1, 9);
-        let same_as_flat = heap(1, 8);
-        let freed = heap(1, 3);
-        let negative = heap(1, 4);
-        let mut model = Model::new();
-        for (elapsed_s, growing_bytes) in [(1.0, 100), (2.0, 300), (3.0, 500)] {
-            model.push(snapshot(
-                elapsed_s,
-                &[
-                    (big, live(1000)),
-                    (growing_tie, live(growing_bytes)),
-                    (flat_tie, live(500)),
-                    (same_as_flat, live(500)),
-                    (freed, live(if elapsed_s < 3.0 { 40 } else { 0 })),
-                    (negative, live(-64)),
-                ],
-            ));
-        }
-        let keys: Vec<StackKey> = model.top_stacks(10).iter().map(|s| s.key).collect();
-        assert_eq!(keys, [big, growing_tie, same_as_flat, flat_tie]);
-        let top_two: Vec<StackKey> = model.top_stacks(2).iter().map(|s| s.key).collect();
-        assert_eq!(top_two, [big, growing_tie]);
-        let first = &model.top_stacks(1)[0];
-        assert_eq!(first.latest, live(1000));
-        assert_eq!(first.growth_bytes_per_s, model.growth_bytes_per_s(&big));
-    }
-
-    #[test]
-    fn totals_per_kind_and_per_pid() {
-        let counters = |live_bytes, live_allocs| Counters {
-            live_bytes,
-            live_allocs,
-            ..Counters::default()
-        };
-        let totals = |live_bytes, live_allocs| Totals {
-            live_bytes,
-            live_allocs,
-        };
-        let mut model = Model::new();
-        let stacks = [
-            (heap(1, 1), counters(100, 2)),
-            (heap(1, 2), counters(50, 1)),
-        ];
-        model.push(snapshot(
-            1.0,
-            &[stacks[0], stacks[1], (heap(2, 1), counters(1000, 10))],
-        ));
-        assert_eq!(
-            model.totals(),
-            BTreeMap::from([(Kind::Heap, totals(1150, 13))])
-        );
-        assert_eq!(model.totals_for_pid(1)[&Kind::Heap], totals(150, 3));
-        assert_eq!(model.totals_for_pid(2)[&Kind::Heap], totals(1000, 10));
-        assert!(model.totals_for_pid(3).is_empty());
-    }
-
-    #[test]
-    fn drops_list_only_nonzero_drop_counters_and_events_list_all() {
-        let mut stats = vec![0; stat::COUNT as usize];
-        stats[stat::ALLOCS as usize] = 10;
-        stats[stat::FREES_UNKNOWN as usize] = 3;
-        stats[stat::DROP_STACK_ERROR as usize] = 2;
-        stats[stat::DROP_LIVE_FULL as usize] = 5;
-        let mut model = Model::new();
-        model.push(Snapshot {
-            elapsed_s: 1.0,
-            stacks: Vec::new(),
-            stats,
-        });
-        assert_eq!(model.drops(), [("live_map_full", 5), ("stack_error", 2)]);
-        let events = model.events();
-        assert_eq!(events.len(), 6);
-        assert_eq!(events[0], ("allocs", 10));
-        assert!(events.contains(&("frees_unknown", 3)));
-        assert!(events.contains(&("failed_allocs", 0)));
-        assert_eq!(model.stats()[stat::ALLOCS as usize], 10);
-    }
-}
+mod tests;

@@ -1,0 +1,349 @@
+//! The growth plot: one SVG with two panels sharing the time axis, drawn
+//! with plotters' SVG backend (text stays `<text>`: no fonts needed).
+//!
+//! - top: live bytes per kind of each target over time, with the target's
+//!   RSS as a dashed line, so the share tracer does not see is visible;
+//! - bottom: live bytes of the fastest-growing stacks, labelled with the
+//!   rank the text report gives them (`L1` suspected leak, `#3` third by
+//!   live bytes) and their most useful frame.
+//!
+//! Several targets share one plot: the top panel has one line per target
+//! and kind (and one RSS line per target); the stack lines name their PID.
+//! Legends sit in a column right of each panel, never over the data.
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use plotters::{
+    coord::Shift,
+    prelude::*,
+    series::{DashedLineSeries, LineSeries},
+};
+
+use super::{Report, StackReport, human_bytes};
+use crate::model::Model;
+
+/// Size of the picture, readable without zooming.
+pub const WIDTH_PX: u32 = 1200;
+pub const HEIGHT_PX: u32 = 800;
+/// Width of the legend column right of each panel.
+const LEGEND_WIDTH_PX: u32 = 330;
+/// Stacks plotted in the bottom panel by default.
+pub const DEFAULT_STACK_LINES: usize = 8;
+
+/// Tableau 10: distinct colours that stay apart for most colour-blind
+/// readers.
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+/// One line of a panel and its legend entry (a label and a detail line).
+struct Line {
+    label: String,
+    detail: String,
+    points: Vec<(f64, f64)>,
+    dashed: bool,
+}
+
+/// Renders the plot as SVG text.
+pub fn render(report: &Report, model: &Model, stack_lines: usize) -> Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH_PX, HEIGHT_PX)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_error)?;
+        let root = root
+            .titled(&title(report), ("sans-serif", 22))
+            .map_err(plot_error)?;
+        let (top, bottom) = root.split_vertically(HEIGHT_PX * 2 / 5 - 20);
+        let window_s = report.window_s.max(1e-3);
+        draw_panel(
+            &top,
+            "live bytes by kind, and RSS",
+            window_s,
+            &totals_lines(report, model),
+        )?;
+        draw_panel(
+            &bottom,
+            &format!("fastest-growing stacks (top {stack_lines})"),
+            window_s,
+            &stack_lines_of(report, stack_lines),
+        )?;
+        root.present().map_err(plot_error)?;
+    }
+    Ok(svg)
+}
+
+/// Renders the plot and writes it, replacing the file atomically so a
+/// viewer never reads half a picture.
+pub fn write_svg(report: &Report, model: &Model, stack_lines: usize, path: &Path) -> Result<()> {
+    let svg = render(report, model, stack_lines)?;
+    let partial = path.with_extension("svg.partial");
+    std::fs::write(&partial, svg)
+        .and_then(|()| std::fs::rename(&partial, path))
+        .with_context(|| format!("could not write {}", path.display()))
+}
+
+fn title(report: &Report) -> String {
+    let targets: Vec<String> = report
+        .targets
+        .iter()
+        .map(|target| {
+            let command = &target.target.command;
+            let short: String = command.chars().take(40).collect();
+            let ellipsis = if short.len() < command.len() {
+                "…"
+            } else {
+                ""
+            };
+            format!("PID {} ({short}{ellipsis})", target.target.pid)
+        })
+        .collect();
+    format!(
+        "tracer: {} — {} window from attach",
+        targets.join(", "),
+        format_time(report.window_s, report.window_s)
+    )
+}
+
+fn totals_lines(report: &Report, model: &Model) -> Vec<Line> {
+    let several = report.targets.len() > 1;
+    let suffix = |pid: u32| {
+        if several {
+            format!(" PID {pid}")
+        } else {
+            String::new()
+        }
+    };
+    let mut lines: Vec<Line> = model
+        .kind_totals_series()
+        .iter()
+        .map(|((pid, kind), points)| Line {
+            label: format!("{} live{}", kind.as_str(), suffix(*pid)),
+            detail: format!(
+                "traced, {} at the end",
+                human_bytes(points.last().map_or(0, |&(_, bytes)| bytes) as f64)
+            ),
+            points: std::iter::once((0.0, 0.0))
+                .chain(points.iter().map(|&(t, bytes)| (t, bytes as f64)))
+                .collect(),
+            dashed: false,
+        })
+        .collect();
+    lines.extend(model.rss_series().iter().map(|(pid, points)| Line {
+        label: format!("RSS{} (dashed)", suffix(*pid)),
+        detail: format!(
+            "all resident memory, {} at the end",
+            human_bytes(points.last().map_or(0, |&(_, bytes)| bytes) as f64)
+        ),
+        points: points.iter().map(|&(t, bytes)| (t, bytes as f64)).collect(),
+        dashed: true,
+    }));
+    lines
+}
+
+/// The stacks to plot: suspected leaks and the top stacks by live bytes,
+/// fastest-growing first, at most `count`.
+fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
+    let mut candidates: Vec<(String, &StackReport)> = report
+        .suspected_leaks
+        .iter()
+        .map(|stack| (format!("L{}", stack.rank), stack))
+        .collect();
+    for stack in &report.stacks {
+        let same = |other: &&StackReport| {
+            other.pid == stack.pid && other.stack_id == stack.stack_id && other.kind == stack.kind
+        };
+        match candidates.iter_mut().find(|(_, other)| same(other)) {
+            Some((rank, _)) => rank.push_str(&format!(" #{}", stack.rank)),
+            None => candidates.push((format!("#{}", stack.rank), stack)),
+        }
+    }
+    candidates.sort_by(|a, b| b.1.growth_bytes_per_s.total_cmp(&a.1.growth_bytes_per_s));
+    candidates.truncate(count);
+    let several = report.targets.len() > 1;
+    candidates
+        .into_iter()
+        .map(|(rank, stack)| Line {
+            label: format!("{rank} {}", useful_frame(stack)),
+            detail: format!(
+                "{}+{}/s, {} live{}",
+                if several {
+                    format!("PID {}, ", stack.pid)
+                } else {
+                    String::new()
+                },
+                human_bytes(stack.growth_bytes_per_s),
+                human_bytes(stack.live_bytes as f64),
+                if stack.suspected_leak {
+                    ", suspected leak"
+                } else {
+                    ""
+                }
+            ),
+            points: stack
+                .series
+                .iter()
+                .map(|&(t, bytes)| (t, bytes as f64))
+                .collect(),
+            dashed: false,
+        })
+        .collect()
+}
+
+/// The first frame with a function name (allocator frames are already
+/// trimmed), with file:line when known.
+fn useful_frame(stack: &StackReport) -> String {
+    let Some(frame) = stack.frames.iter().find(|frame| frame.function.is_some()) else {
+        return format!("stack {}", stack.stack_id);
+    };
+    let function = frame.function.as_deref().unwrap_or_default();
+    // Keep C++ names short: drop the argument list.
+    let function = match function.find('(') {
+        Some(paren) if paren > 0 => &function[..paren],
+        _ => function,
+    };
+    let function: String = function.chars().take(32).collect();
+    match (&frame.file, frame.line) {
+        (Some(file), Some(line)) => {
+            let file = Path::new(file)
+                .file_name()
+                .map_or_else(|| file.clone(), |f| f.to_string_lossy().into_owned());
+            format!("{function} ({file}:{line})")
+        }
+        _ => function,
+    }
+}
+
+fn draw_panel(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    caption: &str,
+    window_s: f64,
+    lines: &[Line],
+) -> Result<()> {
+    let (chart_area, legend_area) = area.split_horizontally(WIDTH_PX - LEGEND_WIDTH_PX);
+    let max_bytes = lines
+        .iter()
+        .flat_map(|line| line.points.iter().map(|&(_, bytes)| bytes))
+        .fold(0.0_f64, f64::max)
+        .max(1.0);
+    // Plot in one binary unit so the axis ticks are round numbers of it.
+    let (unit_bytes, unit) = [(1u64 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")]
+        .into_iter()
+        .find(|&(size, _)| max_bytes >= size as f64)
+        .unwrap_or((1, "B"));
+    let unit_bytes = unit_bytes as f64;
+    let mut chart = ChartBuilder::on(&chart_area)
+        .caption(caption, ("sans-serif", 17))
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..window_s, 0.0..max_bytes / unit_bytes * 1.05)
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .x_labels(8)
+        .y_labels(6)
+        .x_label_formatter(&|t| format_time(*t, window_s))
+        .y_label_formatter(&|value| format!("{} {unit}", trim_number(*value)))
+        .x_desc("time since attach")
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 14))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(plot_error)?;
+    for (index, line) in lines.iter().enumerate() {
+        let style = PALETTE[index % PALETTE.len()].stroke_width(2);
+        let points = line
+            .points
+            .iter()
+            .map(|&(t, bytes)| (t, bytes / unit_bytes));
+        if line.dashed {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    line.points.iter().copied(),
+                    8,
+                    5,
+                    style,
+                ))
+                .map_err(plot_error)?;
+        } else {
+            chart
+                .draw_series(LineSeries::new(points, style))
+                .map_err(plot_error)?;
+        }
+    }
+    draw_legend(&legend_area, lines)
+}
+
+fn draw_legend(area: &DrawingArea<SVGBackend<'_>, Shift>, lines: &[Line]) -> Result<()> {
+    if lines.is_empty() {
+        area.draw(&Text::new(
+            "nothing to plot yet",
+            (10, 50),
+            ("sans-serif", 14),
+        ))
+        .map_err(plot_error)?;
+    }
+    for (index, line) in lines.iter().enumerate() {
+        let y = 44 + index as i32 * 38;
+        let color = PALETTE[index % PALETTE.len()];
+        let swatch = if line.dashed {
+            color.mix(0.6).filled()
+        } else {
+            color.filled()
+        };
+        area.draw(&Rectangle::new([(4, y - 3), (24, y + 3)], swatch))
+            .map_err(plot_error)?;
+        area.draw(&Text::new(
+            shorten(&line.label, 40),
+            (30, y - 8),
+            ("sans-serif", 14),
+        ))
+        .map_err(plot_error)?;
+        area.draw(&Text::new(
+            shorten(&line.detail, 44),
+            (30, y + 8),
+            ("sans-serif", 12).into_font().color(&RGBColor(90, 90, 90)),
+        ))
+        .map_err(plot_error)?;
+    }
+    Ok(())
+}
+
+fn shorten(text: &str, max_chars: usize) -> String {
+    if text.chars().count() <= max_chars {
+        text.to_owned()
+    } else {
+        let kept: String = text.chars().take(max_chars - 1).collect();
+        format!("{kept}…")
+    }
+}
+
+/// 2.50 -> "2.5", 3.00 -> "3".
+fn trim_number(value: f64) -> String {
+    let text = format!("{value:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// Seconds, or minutes once the window is longer than three minutes.
+fn format_time(time_s: f64, window_s: f64) -> String {
+    if window_s > 180.0 {
+        format!("{:.1} min", time_s / 60.0)
+    } else if window_s > 20.0 {
+        format!("{time_s:.0} s")
+    } else {
+        format!("{time_s:.1} s")
+    }
+}
+
+fn plot_error<E: std::fmt::Debug>(error: E) -> anyhow::Error {
+    anyhow::anyhow!("could not draw the plot: {error:?}")
+}

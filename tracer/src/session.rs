@@ -1,0 +1,163 @@
+//! A tracing session: the targets of a `Config` with probes attached, the
+//! symbolizer that follows them, and the report of what was collected.
+//! Shared by the verbs that trace (`record`, `top`).
+use std::{collections::HashMap, time::Instant};
+
+use anyhow::Result;
+
+use crate::{
+    attach::{self, Probes, spawn},
+    cli::{Config, Targets},
+    collect::{self, Watched},
+    model::{Frame, Model, StackKey, Target},
+    output::{ProbeReport, Report, ReportInput},
+    procfs,
+    symbolize::Symbols,
+};
+
+/// Probes in place on every target.
+pub struct Session {
+    pub probes: Probes,
+    pub symbols: Symbols,
+    pub watched: Vec<Watched>,
+    /// When every probe was in place: time zero of the window.
+    pub attached_at: Instant,
+}
+
+impl Session {
+    /// Checks privileges, kernel and targets, loads the eBPF programs and
+    /// attaches them. A spawned command is left stopped at its entry point
+    /// until `resume`.
+    pub fn attach(config: &Config) -> Result<Session> {
+        attach::check_privileges()?;
+        attach::check_kernel()?;
+        if let Targets::Pids(pids) = &config.targets {
+            for &pid in pids {
+                attach::check_target(pid)?;
+            }
+        }
+        let started_at = Instant::now();
+        let mut probes = Probes::load(config.max_live_allocs)?;
+        let mut symbols = Symbols::new();
+        let mut watched = Vec::new();
+        match &config.targets {
+            Targets::Pids(pids) => {
+                for &pid in pids {
+                    probes.attach_allocators(pid)?;
+                    symbols.refresh(pid);
+                    watched.push(watch(pid, false));
+                }
+            }
+            Targets::Spawn(command) => {
+                let child = spawn::spawn_stopped(&mut probes, command)?;
+                if let Err(error) = probes.attach_allocators(child.pid) {
+                    spawn::kill(child.pid);
+                    return Err(error);
+                }
+                symbols.refresh(child.pid);
+                watched.push(watch(child.pid, true));
+            }
+        }
+        let attached_at = Instant::now();
+        eprintln!(
+            "tracer: attached {} probes to {} in {} ms; tracing{} (Ctrl-C to stop and report)",
+            probes.probe_count(),
+            describe_targets(&watched),
+            (attached_at - started_at).as_millis(),
+            config
+                .duration
+                .map(|duration| format!(" for {:.1} s", duration.as_secs_f64()))
+                .unwrap_or_default(),
+        );
+        Ok(Session {
+            probes,
+            symbols,
+            watched,
+            attached_at,
+        })
+    }
+
+    /// Lets a spawned command run (nothing to do for --pid targets).
+    pub fn resume(&self) {
+        for watched in self.watched.iter().filter(|watched| watched.spawned) {
+            spawn::resume(watched.target.pid);
+        }
+    }
+
+    pub fn targets(&self) -> Vec<Target> {
+        self.watched.iter().map(|w| w.target.clone()).collect()
+    }
+
+    /// The probes in place, as the report lists them.
+    pub fn probe_reports(&self) -> Vec<ProbeReport> {
+        probe_reports(&self.probes)
+    }
+}
+
+/// Symbolizes the stacks a report shows (top stacks by live bytes and
+/// suspected leaks), then builds it.
+pub fn build_report(
+    probes: &Probes,
+    symbols: &mut Symbols,
+    model: &Model,
+    targets: &[Target],
+    config: &Config,
+) -> Report {
+    let mut frames: HashMap<StackKey, Vec<Frame>> = HashMap::new();
+    let leaks = model
+        .suspected_leaks(config.top)
+        .into_iter()
+        .map(|(key, _)| key);
+    let top = model
+        .top_stacks(config.top)
+        .into_iter()
+        .map(|summary| summary.key);
+    for key in top.chain(leaks) {
+        frames
+            .entry(key)
+            .or_insert_with(|| collect::stack_frames(&probes.ebpf, symbols, &key));
+    }
+    let lookup = |key: &StackKey| frames.get(key).cloned().unwrap_or_default();
+    Report::build(ReportInput {
+        model,
+        targets,
+        probes: probe_reports(probes),
+        interval_ms: config.interval.as_millis() as u64,
+        top: config.top,
+        frames: &lookup,
+    })
+}
+
+fn probe_reports(probes: &Probes) -> Vec<ProbeReport> {
+    probes
+        .hooks
+        .iter()
+        .map(|hook| ProbeReport {
+            pid: hook.pid,
+            module: hook.site.path.display().to_string(),
+            symbol: hook.site.function.name.to_owned(),
+            offset: hook.site.offset,
+            offset_in_function: hook.site.offset - hook.site.function_offset,
+            single_stepped: !hook.site.emulated,
+        })
+        .collect()
+}
+
+fn watch(pid: u32, spawned: bool) -> Watched {
+    Watched {
+        target: Target {
+            pid,
+            command: procfs::command_line(pid),
+            exited_after_s: None,
+        },
+        spawned,
+    }
+}
+
+fn describe_targets(watched: &[Watched]) -> String {
+    watched
+        .iter()
+        .map(|w| format!("PID {} ({})", w.target.pid, w.target.command))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

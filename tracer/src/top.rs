@@ -1,0 +1,251 @@
+//! `tracer top`: a live table of the stacks growing fastest, refreshed at
+//! every snapshot, like `py-spy top`. On a terminal it redraws one screen
+//! (q or Ctrl-C quits); otherwise it prints one plain table per interval.
+use std::io::{IsTerminal as _, Write as _};
+
+use anyhow::{Context as _, Result};
+use crossterm::{
+    cursor,
+    event::{self, Event, KeyCode, KeyEvent, KeyModifiers},
+    execute, terminal,
+};
+
+use crate::{
+    cli::Config,
+    collect::{self, Schedule, Watched},
+    model::Model,
+    output::{human_bytes, trim_allocator_frames},
+    session::Session,
+    symbolize::Symbols,
+};
+
+/// Runs `tracer top` until q, Ctrl-C, --duration or the targets' exit.
+pub fn run(config: &Config) -> Result<()> {
+    let mut session = Session::attach(config)?;
+    let interactive = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
+    let _screen = if interactive {
+        Some(Screen::enter()?)
+    } else {
+        None
+    };
+    session.resume();
+    let schedule = Schedule {
+        interval: config.interval,
+        duration: config.duration,
+        attached_at: session.attached_at,
+        status_every: None,
+    };
+    let mut model = Model::new();
+    let Session {
+        probes,
+        symbols,
+        watched,
+        ..
+    } = &mut session;
+    let ebpf = &probes.ebpf;
+    let mut draw = |model: &Model, symbols: &mut Symbols, watched: &[Watched]| {
+        let table = render_table(model, watched, config.top, |key| {
+            let frames = trim_allocator_frames(collect::stack_frames(ebpf, symbols, key));
+            frames
+                .into_iter()
+                .find(|frame| frame.function.is_some())
+                .map(|frame| describe_leaf(&frame))
+                .unwrap_or_else(|| format!("stack {}", key.stack_id))
+        });
+        let mut stdout = std::io::stdout().lock();
+        if interactive {
+            // Raw mode: lines need a carriage return.
+            write!(stdout, "\x1b[H\x1b[2J{}", table.replace('\n', "\r\n"))?;
+        } else {
+            writeln!(stdout, "{table}")?;
+        }
+        stdout.flush().context("could not write to stdout")
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the tokio runtime")?;
+    runtime.block_on(collect::run(
+        ebpf, watched, &mut model, symbols, &schedule, &mut draw,
+    ))?;
+    Ok(())
+}
+
+/// The table: a header line with the window and totals, then one row per
+/// stack growing fastest.
+pub fn render_table(
+    model: &Model,
+    watched: &[Watched],
+    rows: usize,
+    mut leaf: impl FnMut(&crate::model::StackKey) -> String,
+) -> String {
+    let targets: Vec<String> = watched
+        .iter()
+        .map(|w| {
+            let exited = if w.target.exited_after_s.is_some() {
+                ", exited"
+            } else {
+                ""
+            };
+            format!("PID {} ({}{exited})", w.target.pid, w.target.command)
+        })
+        .collect();
+    let totals: Vec<String> = model
+        .totals()
+        .iter()
+        .map(|(kind, totals)| {
+            format!(
+                "{} {} live in {} allocs",
+                kind.as_str(),
+                human_bytes(totals.live_bytes as f64),
+                totals.live_allocs
+            )
+        })
+        .collect();
+    let dropped: u64 = model.drops().iter().map(|(_, count)| count).sum();
+    let mut lines = vec![
+        format!(
+            "tracer top — {} — {:.0} s",
+            targets.join(", "),
+            model.window_s()
+        ),
+        format!(
+            "{} — {dropped} dropped — q or Ctrl-C quits",
+            if totals.is_empty() {
+                "nothing live yet".to_owned()
+            } else {
+                totals.join(", ")
+            }
+        ),
+        String::new(),
+        format!(
+            "{:>4}  {:>12}  {:>11}  {:>8}  {:<5}  {}",
+            "RANK", "GROWTH/S", "LIVE", "ALLOCS", "LEAK?", "WHERE"
+        ),
+    ];
+    for (index, summary) in model.fastest_growing(rows).iter().enumerate() {
+        let suspected = model.growth(&summary.key).suspected_leak;
+        lines.push(format!(
+            "{:>4}  {:>12}  {:>11}  {:>8}  {:<5}  {}",
+            index + 1,
+            format!("+{}", human_bytes(summary.growth_bytes_per_s)),
+            human_bytes(summary.latest.live_bytes as f64),
+            summary.latest.live_allocs,
+            if suspected { "yes" } else { "" },
+            leaf(&summary.key)
+        ));
+    }
+    if lines.len() == 4 {
+        lines.push("(no stack has grown yet)".to_owned());
+    }
+    lines.join("\n")
+}
+
+fn describe_leaf(frame: &crate::model::Frame) -> String {
+    let function = frame.function.as_deref().unwrap_or("?");
+    match (&frame.file, frame.line) {
+        (Some(file), Some(line)) => {
+            let file = std::path::Path::new(file)
+                .file_name()
+                .map_or_else(|| file.clone(), |name| name.to_string_lossy().into_owned());
+            format!("{function} ({file}:{line})")
+        }
+        _ => function.to_owned(),
+    }
+}
+
+/// The terminal in raw mode on the alternate screen, restored on drop. A
+/// thread turns q and Ctrl-C (raw mode delivers it as a key, not a signal)
+/// into SIGINT, which stops collection like Ctrl-C does elsewhere.
+struct Screen;
+
+impl Screen {
+    fn enter() -> Result<Screen> {
+        terminal::enable_raw_mode().context("could not set up the terminal")?;
+        execute!(
+            std::io::stdout(),
+            terminal::EnterAlternateScreen,
+            cursor::Hide
+        )
+        .context("could not set up the terminal")?;
+        std::thread::spawn(|| {
+            loop {
+                let Ok(Event::Key(KeyEvent {
+                    code, modifiers, ..
+                })) = event::read()
+                else {
+                    continue;
+                };
+                let quit = code == KeyCode::Char('q')
+                    || (code == KeyCode::Char('c') && modifiers.contains(KeyModifiers::CONTROL));
+                if quit {
+                    // SAFETY: signals this process.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGINT) };
+                    return;
+                }
+            }
+        });
+        Ok(Screen)
+    }
+}
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        let _ = execute!(
+            std::io::stdout(),
+            cursor::Show,
+            terminal::LeaveAlternateScreen
+        );
+        let _ = terminal::disable_raw_mode();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Counters, Kind, Snapshot, StackKey, Target};
+
+    #[test]
+    fn table_lists_the_fastest_first_and_flags_leaks() {
+        let leak = StackKey {
+            pid: 7,
+            stack_id: 1,
+            kind: Kind::Heap,
+        };
+        let slow = StackKey {
+            pid: 7,
+            stack_id: 2,
+            kind: Kind::Heap,
+        };
+        let mut model = Model::new();
+        for i in 1..=10_i64 {
+            let counters = |bytes| Counters {
+                live_bytes: bytes,
+                live_allocs: 1,
+                ..Counters::default()
+            };
+            model.push(Snapshot {
+                elapsed_s: i as f64,
+                stacks: vec![(leak, counters(4096 * i)), (slow, counters(i))],
+                ..Snapshot::default()
+            });
+        }
+        let watched = [Watched {
+            target: Target {
+                pid: 7,
+                command: "leaky".into(),
+                exited_after_s: None,
+            },
+            spawned: false,
+        }];
+        let table = render_table(&model, &watched, 5, |key| format!("frame{}", key.stack_id));
+        let rows: Vec<&str> = table.lines().skip(4).collect();
+        assert_eq!(rows.len(), 2, "{table}");
+        assert!(
+            rows[0].contains("frame1") && rows[0].contains("yes"),
+            "{table}"
+        );
+        assert!(rows[1].contains("frame2"), "{table}");
+        assert!(table.starts_with("tracer top — PID 7 (leaky)"));
+    }
+}
