@@ -1,5 +1,6 @@
 //! `tracer top`: a live table of the stacks growing fastest, refreshed at
-//! every snapshot, like `py-spy top`. On a terminal it redraws one screen
+//! every snapshot, like `py-spy top`. Suspected leaks (steady growth, see
+//! `model::leak`) come first, so a one-time step does not hide a leak. On a terminal it redraws one screen
 //! (q or Ctrl-C quits); otherwise it prints one plain table per interval.
 use std::io::{IsTerminal as _, Write as _};
 
@@ -123,15 +124,22 @@ pub fn render_table(
             "RANK", "GROWTH/S", "LIVE", "ALLOCS", "LEAK?", "WHERE"
         ),
     ];
-    for (index, summary) in model.fastest_growing(rows).iter().enumerate() {
-        let suspected = model.growth(&summary.key).suspected_leak;
+    // Suspected leaks first, then the rest; fastest first within each.
+    let mut ranked: Vec<(bool, crate::model::StackSummary)> = model
+        .fastest_growing(rows.saturating_mul(4))
+        .into_iter()
+        .map(|summary| (model.growth(&summary.key).suspected_leak, summary))
+        .collect();
+    ranked.sort_by_key(|(suspected, _)| std::cmp::Reverse(*suspected));
+    ranked.truncate(rows);
+    for (index, (suspected, summary)) in ranked.iter().enumerate() {
         lines.push(format!(
             "{:>4}  {:>12}  {:>11}  {:>8}  {:<5}  {}",
             index + 1,
             format!("+{}", human_bytes(summary.growth_bytes_per_s)),
             human_bytes(summary.latest.live_bytes as f64),
             summary.latest.live_allocs,
-            if suspected { "yes" } else { "" },
+            if *suspected { "yes" } else { "" },
             leaf(&summary.key)
         ));
     }

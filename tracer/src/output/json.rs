@@ -50,6 +50,7 @@ mod tests {
                 "probes",
                 "snapshots",
                 "stacks",
+                "suspected_leaks",
                 "targets",
                 "totals",
                 "tracer_version",
@@ -87,14 +88,36 @@ mod tests {
                 "alloc_bytes_total",
                 "alloc_count_total",
                 "frames",
+                "growth",
                 "growth_bytes_per_s",
                 "kind",
                 "live_allocs",
                 "live_bytes",
                 "pid",
                 "rank",
-                "stack_id"
+                "series",
+                "stack_id",
+                "suspected_leak"
             ]
+        );
+        assert_eq!(
+            keys(&stack["growth"]),
+            [
+                "first_live_bytes",
+                "growing_fraction",
+                "last_live_bytes",
+                "late_rate_bytes_per_s",
+                "net_growth_bytes",
+                "non_shrinking_fraction",
+                "r_squared",
+                "rate_bytes_per_s",
+                "suspected_leak"
+            ]
+        );
+        assert!(
+            stack["series"][0]
+                .as_array()
+                .is_some_and(|point| point.len() == 2)
         );
         assert_eq!(stack["kind"], "heap");
         assert_eq!(stack["rank"], 1);

@@ -2,8 +2,9 @@
 //! with plotters' SVG backend (text stays `<text>`: no fonts needed).
 //!
 //! - top: live bytes per kind of each target over time, with the target's
-//!   RSS as a dashed line, so the share tracer does not see is visible;
-//! - bottom: live bytes of the fastest-growing stacks, labelled with the
+//!   RSS as a thin gray line, so the share tracer does not see is visible;
+//! - bottom: live bytes of the stacks still growing (suspected leaks
+//!   first, then the fastest growth in the second half), labelled with the
 //!   rank the text report gives them (`L1` suspected leak, `#3` third by
 //!   live bytes) and their most useful frame.
 //!
@@ -13,11 +14,7 @@
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use plotters::{
-    coord::Shift,
-    prelude::*,
-    series::{DashedLineSeries, LineSeries},
-};
+use plotters::{coord::Shift, prelude::*, series::LineSeries};
 
 use super::{Report, StackReport, human_bytes};
 use crate::model::Model;
@@ -45,12 +42,15 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
 ];
 
+const REFERENCE_GRAY: RGBColor = RGBColor(90, 90, 90);
+
 /// One line of a panel and its legend entry (a label and a detail line).
 struct Line {
     label: String,
     detail: String,
     points: Vec<(f64, f64)>,
-    dashed: bool,
+    /// Drawn thin and gray (RSS), apart from the coloured data lines.
+    reference: bool,
 }
 
 /// Renders the plot as SVG text.
@@ -72,7 +72,7 @@ pub fn render(report: &Report, model: &Model, stack_lines: usize) -> Result<Stri
         )?;
         draw_panel(
             &bottom,
-            &format!("fastest-growing stacks (top {stack_lines})"),
+            &format!("stacks still growing, suspected leaks first (at most {stack_lines})"),
             window_s,
             &stack_lines_of(report, stack_lines),
         )?;
@@ -134,23 +134,26 @@ fn totals_lines(report: &Report, model: &Model) -> Vec<Line> {
             points: std::iter::once((0.0, 0.0))
                 .chain(points.iter().map(|&(t, bytes)| (t, bytes as f64)))
                 .collect(),
-            dashed: false,
+            reference: false,
         })
         .collect();
     lines.extend(model.rss_series().iter().map(|(pid, points)| Line {
-        label: format!("RSS{} (dashed)", suffix(*pid)),
+        label: format!("RSS{} (gray)", suffix(*pid)),
         detail: format!(
             "all resident memory, {} at the end",
             human_bytes(points.last().map_or(0, |&(_, bytes)| bytes) as f64)
         ),
         points: points.iter().map(|&(t, bytes)| (t, bytes as f64)).collect(),
-        dashed: true,
+        reference: true,
     }));
     lines
 }
 
-/// The stacks to plot: suspected leaks and the top stacks by live bytes,
-/// fastest-growing first, at most `count`.
+/// The stacks to plot: among the suspected leaks and the top stacks by
+/// live bytes, those still growing in the second half of the window;
+/// suspected leaks first, then the fastest late growth, at most `count`.
+/// A one-time step or a cache that filled early is not growing any more
+/// and would only squash the scale.
 fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
     let mut candidates: Vec<(String, &StackReport)> = report
         .suspected_leaks
@@ -166,7 +169,15 @@ fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
             None => candidates.push((format!("#{}", stack.rank), stack)),
         }
     }
-    candidates.sort_by(|a, b| b.1.growth_bytes_per_s.total_cmp(&a.1.growth_bytes_per_s));
+    candidates
+        .retain(|(_, stack)| stack.suspected_leak || stack.growth.late_rate_bytes_per_s > 0.0);
+    candidates.sort_by(|a, b| {
+        b.1.suspected_leak.cmp(&a.1.suspected_leak).then(
+            b.1.growth
+                .late_rate_bytes_per_s
+                .total_cmp(&a.1.growth.late_rate_bytes_per_s),
+        )
+    });
     candidates.truncate(count);
     let several = report.targets.len() > 1;
     candidates
@@ -193,7 +204,7 @@ fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
                 .iter()
                 .map(|&(t, bytes)| (t, bytes as f64))
                 .collect(),
-            dashed: false,
+            reference: false,
         })
         .collect()
 }
@@ -260,25 +271,14 @@ fn draw_panel(
         .draw()
         .map_err(plot_error)?;
     for (index, line) in lines.iter().enumerate() {
-        let style = PALETTE[index % PALETTE.len()].stroke_width(2);
+        let style = line_style(index, line);
         let points = line
             .points
             .iter()
             .map(|&(t, bytes)| (t, bytes / unit_bytes));
-        if line.dashed {
-            chart
-                .draw_series(DashedLineSeries::new(
-                    line.points.iter().copied(),
-                    8,
-                    5,
-                    style,
-                ))
-                .map_err(plot_error)?;
-        } else {
-            chart
-                .draw_series(LineSeries::new(points, style))
-                .map_err(plot_error)?;
-        }
+        chart
+            .draw_series(LineSeries::new(points, style))
+            .map_err(plot_error)?;
     }
     draw_legend(&legend_area, lines)
 }
@@ -294,12 +294,7 @@ fn draw_legend(area: &DrawingArea<SVGBackend<'_>, Shift>, lines: &[Line]) -> Res
     }
     for (index, line) in lines.iter().enumerate() {
         let y = 44 + index as i32 * 38;
-        let color = PALETTE[index % PALETTE.len()];
-        let swatch = if line.dashed {
-            color.mix(0.6).filled()
-        } else {
-            color.filled()
-        };
+        let swatch = line_style(index, line).filled();
         area.draw(&Rectangle::new([(4, y - 3), (24, y + 3)], swatch))
             .map_err(plot_error)?;
         area.draw(&Text::new(
@@ -311,11 +306,20 @@ fn draw_legend(area: &DrawingArea<SVGBackend<'_>, Shift>, lines: &[Line]) -> Res
         area.draw(&Text::new(
             shorten(&line.detail, 44),
             (30, y + 8),
-            ("sans-serif", 12).into_font().color(&RGBColor(90, 90, 90)),
+            ("sans-serif", 12).into_font().color(&REFERENCE_GRAY),
         ))
         .map_err(plot_error)?;
     }
     Ok(())
+}
+
+/// Data lines: 2 px in the palette's colours; reference lines: 1 px gray.
+fn line_style(index: usize, line: &Line) -> ShapeStyle {
+    if line.reference {
+        REFERENCE_GRAY.stroke_width(1)
+    } else {
+        PALETTE[index % PALETTE.len()].stroke_width(2)
+    }
 }
 
 fn shorten(text: &str, max_chars: usize) -> String {
@@ -346,4 +350,131 @@ fn format_time(time_s: f64, window_s: f64) -> String {
 
 fn plot_error<E: std::fmt::Debug>(error: E) -> anyhow::Error {
     anyhow::anyhow!("could not draw the plot: {error:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Counters, Frame, Kind, Snapshot, StackKey, Target};
+    use crate::output::{Report, ReportInput};
+
+    /// Data lines are drawn 2 px wide; axes and grid 1 px.
+    fn data_polylines(svg: &str) -> Vec<String> {
+        let document = roxmltree::Document::parse(svg).expect("the SVG is XML");
+        document
+            .descendants()
+            .filter(|node| {
+                node.has_tag_name("polyline") && node.attribute("stroke-width") == Some("2")
+            })
+            .map(|node| node.attribute("stroke").unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    fn texts(svg: &str) -> Vec<String> {
+        let document = roxmltree::Document::parse(svg).expect("the SVG is XML");
+        document
+            .descendants()
+            .filter(|node| node.has_tag_name("text"))
+            .filter_map(|node| node.text().map(|text| text.trim().to_owned()))
+            .collect()
+    }
+
+    /// A synthetic trace: a leak, a flat stack and a shrinking one.
+    fn synthetic(stack_count: u32) -> (Report, Model) {
+        let mut model = Model::new();
+        let key = |stack_id| StackKey {
+            pid: 42,
+            stack_id,
+            kind: Kind::Heap,
+        };
+        for second in 1..=30_i64 {
+            let stacks = (1..=stack_count)
+                .map(|id| {
+                    let bytes =
+                        if id == 1 { 3 << 20 } else { 1000 } * second + i64::from(id) * 4096;
+                    (
+                        key(id),
+                        Counters {
+                            live_bytes: bytes,
+                            live_allocs: second,
+                            ..Counters::default()
+                        },
+                    )
+                })
+                .collect();
+            model.push(Snapshot {
+                elapsed_s: second as f64,
+                stacks,
+                rss_bytes: Vec::new(),
+                ..Snapshot::default()
+            });
+        }
+        let frames = |key: &StackKey| {
+            vec![Frame {
+                function: Some(format!("grow_{}(int)", key.stack_id)),
+                file: Some("/src/leak.c".into()),
+                line: Some(7),
+                ..Frame::default()
+            }]
+        };
+        let targets = [Target {
+            pid: 42,
+            command: "leaky --serve".into(),
+            exited_after_s: None,
+        }];
+        let report = Report::build(ReportInput {
+            model: &model,
+            targets: &targets,
+            probes: Vec::new(),
+            interval_ms: 1000,
+            top: 10,
+            frames: &frames,
+        });
+        (report, model)
+    }
+
+    #[test]
+    fn one_line_per_plotted_stack_and_per_kind() {
+        let (report, model) = synthetic(3);
+        let svg = render(&report, &model, DEFAULT_STACK_LINES).unwrap();
+        // One heap total, three stacks.
+        assert_eq!(data_polylines(&svg).len(), 4, "{svg}");
+        let (report, model) = synthetic(12);
+        let svg = render(&report, &model, 5).unwrap();
+        assert_eq!(data_polylines(&svg).len(), 1 + 5);
+    }
+
+    #[test]
+    fn legend_names_the_leak_with_its_rank_and_units_are_human() {
+        let (report, model) = synthetic(3);
+        let svg = render(&report, &model, DEFAULT_STACK_LINES).unwrap();
+        let texts = texts(&svg);
+        assert!(
+            texts
+                .iter()
+                .any(|t| t.starts_with("L1 #1 grow_1 (leak.c:7)")),
+            "{texts:?}"
+        );
+        assert!(
+            texts.iter().any(|t| t.contains("suspected leak")),
+            "{texts:?}"
+        );
+        assert!(texts.iter().any(|t| t.contains("MiB")), "{texts:?}");
+        assert!(
+            texts
+                .iter()
+                .any(|t| t.starts_with("tracer: PID 42 (leaky --serve)")),
+            "{texts:?}"
+        );
+        assert!(texts.iter().any(|t| t == "time since attach"), "{texts:?}");
+    }
+
+    #[test]
+    fn minutes_for_long_windows() {
+        assert_eq!(format_time(120.0, 600.0), "2.0 min");
+        assert_eq!(format_time(12.0, 60.0), "12 s");
+        assert_eq!(format_time(1.5, 10.0), "1.5 s");
+        assert_eq!(trim_number(2.5), "2.5");
+        assert_eq!(trim_number(3.0), "3");
+    }
 }

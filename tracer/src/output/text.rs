@@ -235,12 +235,14 @@ mod tests {
             events: BTreeMap::new(),
             probes: Vec::new(),
             stacks: Vec::new(),
+            suspected_leaks: Vec::new(),
         };
         let text = render(&report);
         assert!(text.starts_with("window: 2.0 s from attach, 4 snapshots every 500 ms;"));
         assert!(!text.contains("WARNING"));
         assert!(text.contains("frees of blocks allocated before attach (ignored): 0\n"));
         assert!(text.contains("live heap at end: 0 B in 0 allocs\n"));
+        assert!(text.contains("\nsuspected leaks: the window holds 4 snapshots, too few"));
         assert!(text.ends_with("\nno live allocations seen in the window\n"));
     }
 
