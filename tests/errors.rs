@@ -15,6 +15,7 @@ const EXIT_NOT_PRIVILEGED: i32 = 4;
 const EXIT_KERNEL_UNSUPPORTED: i32 = 5;
 const EXIT_NO_ALLOCATOR: i32 = 6;
 const EXIT_SPAWN_FAILED: i32 = 7;
+const EXIT_OUTPUT: i32 = 8;
 
 /// The unprivileged user the not-root case runs as.
 const NOBODY_UID: &str = "65534";
@@ -157,4 +158,90 @@ fn kernel_without_uprobes() {
     );
     assert_error(&output, EXIT_KERNEL_UNSUPPORTED);
     assert!(output.stderr.contains("uprobe"), "{output}");
+}
+
+#[test]
+fn zombie_target() {
+    require_root();
+    // A child of this test that exited and was not waited for.
+    let zombie = KillOnDrop(Command::new("true").spawn().expect("start true"));
+    let pid = zombie.0.id();
+    let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.contains(") Z "))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "PID {pid} never became a zombie"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let output = run_tracer(&["record", "--pid", &pid.to_string()]);
+    assert_error(&output, EXIT_TARGET_NOT_FOUND);
+    assert!(output.stderr.contains("zombie"), "{output}");
+}
+
+#[test]
+fn kernel_thread_target() {
+    require_root();
+    // PID 2 is kthreadd, the parent of every kernel thread.
+    let output = run_tracer(&["record", "--pid", "2"]);
+    assert_error(&output, EXIT_TARGET_NOT_FOUND);
+    assert!(output.stderr.contains("kernel thread"), "{output}");
+}
+
+#[test]
+fn invalid_values_are_usage_errors() {
+    require_root();
+    let pid = std::process::id().to_string();
+    for bad in [
+        &["--interval", "5ms"][..],
+        &["--interval", "0s"],
+        &["--duration", "soon"],
+        &["--duration", "-3s"],
+        &["--max-live", "0"],
+        &["--max-stacks", "lots"],
+        &["--top", "-1"],
+    ] {
+        let mut args = vec!["record", "--pid", &pid];
+        args.extend_from_slice(bad);
+        assert_error(&run_tracer(&args), EXIT_USAGE);
+    }
+}
+
+#[test]
+fn output_in_a_missing_directory() {
+    require_root();
+    let leaky = Fixture::start("leaky", &[]);
+    let output = run_tracer(&[
+        "record",
+        "--pid",
+        &leaky.pid.to_string(),
+        "--json",
+        "/nonexistent-dir/report.json",
+    ]);
+    assert_error(&output, EXIT_OUTPUT);
+    assert!(output.stderr.contains("/nonexistent-dir"), "{output}");
+}
+
+#[test]
+fn output_in_a_read_only_directory() {
+    require_root();
+    let leaky = Fixture::start("leaky", &[]);
+    let directory = std::env::temp_dir().join(format!("tracer-ro-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    // A read-only mount refuses writes even to root.
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs -o ro none "$1" && shift && exec "$@""#)
+        .arg("sh")
+        .arg(&directory)
+        .arg(env!("CARGO_BIN_EXE_tracer"))
+        .args(["record", "--pid", &leaky.pid.to_string(), "--svg"])
+        .arg(directory.join("growth.svg"));
+    let output = Tracer::spawn(command).wait_exit(EXIT_TIMEOUT);
+    let _ = std::fs::remove_dir(&directory);
+    assert_error(&output, EXIT_OUTPUT);
+    assert!(output.stderr.contains("not writable"), "{output}");
 }

@@ -20,7 +20,7 @@ pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the tracer may take to write its report and exit.
 pub const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a fixture may take to answer one command.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Fails the test loudly unless it runs as root: these tests load eBPF
 /// programs, and a silent skip would hide that nothing was tested.
@@ -282,6 +282,11 @@ impl Tracer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The tracer's PID, while it runs.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the tracer is running").id()
     }
 
     fn child_mut(&mut self) -> &mut Child {

@@ -28,7 +28,8 @@ Exit codes:
   4  not root (tracer needs root, or CAP_BPF and CAP_PERFMON)
   5  kernel without BTF or uprobe support
   6  no allocator function (malloc/free) found in the target
-  7  the command after -- could not be started";
+  7  the command after -- could not be started
+  8  an output file cannot be written (missing or read-only directory)";
 
 #[derive(Debug, Parser)]
 #[command(name = "tracer", version, about = ABOUT, long_about = LONG_ABOUT, after_help = EXIT_CODES)]
@@ -69,10 +70,15 @@ struct TargetArgs {
     #[arg(long, value_name = "N", default_value_t = 10)]
     top: usize,
 
-    /// Capacity of the in-kernel table of live allocations; allocations
-    /// beyond it are counted as dropped.
-    #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+    /// Capacity of the in-kernel table of live allocations (about 100 bytes
+    /// of kernel memory each); allocations beyond it are counted as dropped.
+    #[arg(long = "max-live", value_name = "N", default_value_t = 1 << 20)]
     max_live_allocs: u32,
+
+    /// Capacity of the in-kernel table of distinct call stacks (about 1 KiB
+    /// each); stacks beyond it are counted as dropped.
+    #[arg(long, value_name = "N", default_value_t = 1 << 14)]
+    max_stacks: u32,
 
     /// Command to start and trace from its first allocation.
     #[arg(last = true, value_name = "COMMAND")]
@@ -127,6 +133,7 @@ pub struct Config {
     pub svg_every: Duration,
     pub plot_stacks: usize,
     pub max_live_allocs: u32,
+    pub max_stacks: u32,
 }
 
 /// What the user asked for: a run, or text to print (help, version).
@@ -199,6 +206,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         svg_every: Duration::from_secs(10),
         plot_stacks: crate::output::svg::DEFAULT_STACK_LINES,
         max_live_allocs: args.max_live_allocs,
+        max_stacks: args.max_stacks,
     })
 }
 

@@ -19,6 +19,8 @@ pub enum ExitCode {
     NoAllocator = 6,
     /// The command after `--` could not be started.
     SpawnFailed = 7,
+    /// An output file cannot be written (missing or read-only directory).
+    Output = 8,
 }
 
 /// A fatal error with the exit code that says what kind it is. Lives inside

@@ -109,21 +109,35 @@ fn record(config: &Config) -> Result<()> {
     Ok(())
 }
 
-/// Fails before attaching when an output file could not be written.
+/// Fails before attaching when an output file could not be written, so a
+/// long trace never ends without its report.
 fn check_output_path(path: &std::path::Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
     let directory = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => std::path::Path::new("."),
     };
+    let fail = |why: String| {
+        error::fatal(
+            error::ExitCode::Output,
+            format!("cannot write {}: {why}", path.display()),
+        )
+    };
     if !directory.is_dir() {
-        return Err(error::fatal(
-            error::ExitCode::Usage,
-            format!(
-                "cannot write {}: directory {} does not exist",
-                path.display(),
-                directory.display()
-            ),
-        ));
+        return Err(fail(format!(
+            "directory {} does not exist",
+            directory.display()
+        )));
+    }
+    let c_directory = std::ffi::CString::new(directory.as_os_str().as_bytes())
+        .map_err(|_| fail("the path contains a NUL byte".to_owned()))?;
+    // SAFETY: access reads a valid NUL-terminated path.
+    if unsafe { libc::access(c_directory.as_ptr(), libc::W_OK) } != 0 {
+        return Err(fail(format!(
+            "directory {} is not writable ({})",
+            directory.display(),
+            std::io::Error::last_os_error()
+        )));
     }
     Ok(())
 }

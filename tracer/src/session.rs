@@ -37,7 +37,7 @@ impl Session {
             }
         }
         let started_at = Instant::now();
-        let mut probes = Probes::load(config.max_live_allocs)?;
+        let mut probes = Probes::load(config.max_live_allocs, config.max_stacks)?;
         let mut symbols = Symbols::new();
         let mut watched = Vec::new();
         match &config.targets {

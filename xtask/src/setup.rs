@@ -20,7 +20,7 @@ pub fn setup(shell: &mut Shell, root: &Path) -> Result<()> {
     ensure_nightly_rust_src(shell)?;
     ensure_bpf_linker(shell, root)?;
     ensure_tracefs(shell)?;
-    ensure_c_compilers(shell)?;
+    ensure_packages(shell)?;
     fixtures::build_all(shell, root)
 }
 
@@ -161,9 +161,21 @@ fn ensure_tracefs(shell: &Shell) -> Result<()> {
     )
 }
 
-fn ensure_c_compilers(shell: &Shell) -> Result<()> {
-    if find_on_path("gcc").is_some() && find_on_path("g++").is_some() {
-        eprintln!("xtask: gcc and g++: present");
+/// Debian packages the build and the tests need, by the command each
+/// provides: the C compilers for the fixtures, bpftool for the test that
+/// checks a killed tracer leaves no eBPF program behind.
+const PACKAGES: [(&str, &str); 3] = [("gcc", "gcc"), ("g++", "g++"), ("bpftool", "bpftool")];
+
+fn ensure_packages(shell: &Shell) -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(command, _)| {
+            find_on_path(command).is_none() && !Path::new("/usr/sbin").join(command).exists()
+        })
+        .map(|&(_, package)| package)
+        .collect();
+    if missing.is_empty() {
+        eprintln!("xtask: gcc, g++, bpftool: present");
         return Ok(());
     }
     let apt_get = |args: &[&str]| {
@@ -178,5 +190,5 @@ fn ensure_c_compilers(shell: &Shell) -> Result<()> {
         command
     };
     shell.run(&mut apt_get(&["update"]))?;
-    shell.run(&mut apt_get(&["install", "-y", "gcc", "g++"]))
+    shell.run(apt_get(&["install", "-y"]).args(&missing))
 }

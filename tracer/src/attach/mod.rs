@@ -108,12 +108,17 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Loads the embedded eBPF object and every program in it.
-    pub fn load(max_live_allocs: u32) -> Result<Probes> {
+    /// Loads the embedded eBPF object and every program in it, with the
+    /// tables sized as asked: `max_live_allocs` outstanding blocks,
+    /// `max_stacks` distinct stacks (and four times as many per-stack
+    /// totals: one stack may hold several kinds in several processes).
+    pub fn load(max_live_allocs: u32, max_stacks: u32) -> Result<Probes> {
         raise_memlock_limit();
         let object = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("LIVE", max_live_allocs)
+            .map_max_entries("STACKS", max_stacks)
+            .map_max_entries("BY_STACK", max_stacks.saturating_mul(4))
             .load(object)
             .map_err(|error| load_error(error.into()))?;
         let names: Vec<String> = ebpf.programs().map(|(name, _)| name.to_owned()).collect();

@@ -4,8 +4,6 @@
 
 use std::path::Path;
 
-use anyhow::Context;
-
 use super::Report;
 
 /// The report as pretty-printed JSON.
@@ -14,11 +12,12 @@ pub fn to_json(report: &Report) -> String {
     serde_json::to_string_pretty(report).expect("a report always serializes to JSON")
 }
 
-/// Writes the report as JSON to `path`, replacing what was there.
+/// Writes the report as JSON to `path` (mode 0600), replacing what was
+/// there.
 pub fn write_json(report: &Report, path: &Path) -> anyhow::Result<()> {
     let mut json = to_json(report);
     json.push('\n');
-    std::fs::write(path, json).with_context(|| format!("could not write {}", path.display()))
+    super::file::write_private(path, json.as_bytes())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use crate::model::{Frame, Growth, Kind, Model, StackKey, Target, Totals};
 
+pub mod file;
 pub mod json;
 pub mod svg;
 pub mod text;

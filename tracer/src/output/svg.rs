@@ -13,7 +13,7 @@
 //! Legends sit in a column right of each panel, never over the data.
 use std::path::Path;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use plotters::{coord::Shift, prelude::*, series::LineSeries};
 
 use super::{Report, StackReport, human_bytes};
@@ -81,14 +81,11 @@ pub fn render(report: &Report, model: &Model, stack_lines: usize) -> Result<Stri
     Ok(svg)
 }
 
-/// Renders the plot and writes it, replacing the file atomically so a
-/// viewer never reads half a picture.
+/// Renders the plot and writes it (mode 0600), replacing the file
+/// atomically so a viewer never reads half a picture.
 pub fn write_svg(report: &Report, model: &Model, stack_lines: usize, path: &Path) -> Result<()> {
     let svg = render(report, model, stack_lines)?;
-    let partial = path.with_extension("svg.partial");
-    std::fs::write(&partial, svg)
-        .and_then(|()| std::fs::rename(&partial, path))
-        .with_context(|| format!("could not write {}", path.display()))
+    super::file::write_private(path, svg.as_bytes())
 }
 
 fn title(report: &Report) -> String {

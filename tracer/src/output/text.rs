@@ -24,6 +24,11 @@ pub fn render(report: &Report) -> String {
             "WARNING: {dropped} events dropped ({}): numbers below are lower bounds",
             reasons.join(", ")
         ));
+        for name in report.drops.keys() {
+            if let Some(hint) = drop_hint(name) {
+                lines.push(format!("  {name}: {hint}"));
+            }
+        }
     }
     for target_report in &report.targets {
         let target = &target_report.target;
@@ -94,6 +99,20 @@ pub fn render(report: &Report) -> String {
     let mut text = lines.join("\n");
     text.push('\n');
     text
+}
+
+/// What to do about a kind of drop.
+fn drop_hint(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "live_map_full" => "more blocks were live than the table holds: raise --max-live",
+        "stack_map_collision" | "by_stack_map_full" => {
+            "more distinct stacks than the table holds: raise --max-stacks"
+        }
+        "stack_error" => "the kernel could not walk some stacks (their blocks count as NO_STACK)",
+        "pending_map_full" => "more threads were inside an allocator at once than tracked (16384)",
+        "out_param_unreadable" => "posix_memalign results that could not be read",
+        _ => return None,
+    })
 }
 
 fn render_leak(stack: &StackReport, lines: &mut Vec<String>) {
