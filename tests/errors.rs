@@ -245,3 +245,26 @@ fn output_in_a_read_only_directory() {
     assert_error(&output, EXIT_OUTPUT);
     assert!(output.stderr.contains("not writable"), "{output}");
 }
+
+#[test]
+fn pid_exiting_during_attach() {
+    require_root();
+    // Processes that exit while the tracer looks them up and attaches: every
+    // run must end with a report or with one line and exit code 3.
+    for delay_ms in [0, 20, 40, 60, 80, 120, 160, 200, 300] {
+        let child = KillOnDrop(
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("sleep {}", f64::from(delay_ms) / 1000.0))
+                .spawn()
+                .expect("start sh"),
+        );
+        let pid = child.0.id().to_string();
+        let output = Tracer::start(["record", "--pid", &pid]).wait_exit(EXIT_TIMEOUT);
+        if output.status.success() {
+            assert!(output.stdout.contains("exited after"), "{output}");
+        } else {
+            assert_error(&output, EXIT_TARGET_NOT_FOUND);
+        }
+    }
+}

@@ -143,6 +143,12 @@ impl Probes {
         let maps = procfs::read_maps(pid)
             .map_err(|error| fatal(ExitCode::NoTarget, format!("PID {pid}: {error:#}")))?;
         let sites = symbols::find_hook_sites(pid, &maps)?;
+        if maps.is_empty() || !procfs::is_alive(pid) {
+            return Err(fatal(
+                ExitCode::NoTarget,
+                format!("PID {pid} exited during attach"),
+            ));
+        }
         if !sites
             .iter()
             .any(|site| site.function.name == "malloc" || site.function.name == "free")
