@@ -38,6 +38,15 @@ impl Kind {
             Kind::Heap => "heap",
         }
     }
+
+    /// The kind named `name` (as `as_str` spells it), `None` for a name this
+    /// build does not know.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        // Every kind has a raw value below 64: the ABI numbers them densely.
+        (0..64)
+            .filter_map(Kind::from_raw)
+            .find(|kind| kind.as_str() == name)
+    }
 }
 
 /// One call stack of one process, for one memory kind.
@@ -50,7 +59,7 @@ pub struct StackKey {
 }
 
 /// Counters of one stack at one instant.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counters {
     /// Bytes allocated since attach and not yet freed. Signed: the kernel
     /// keeps two's-complement sums.
@@ -73,7 +82,7 @@ pub struct Snapshot {
 }
 
 /// One symbolized frame (filled by symbolize).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Frame {
     pub address: u64,
     pub function: Option<String>,
@@ -81,10 +90,15 @@ pub struct Frame {
     pub line: Option<u32>,
     /// Path of the mapped object the address belongs to.
     pub module: Option<String>,
+    /// GNU build id of `module`, in hex: names the exact binary, so the
+    /// frame can be symbolized again elsewhere.
+    pub build_id: Option<String>,
+    /// Offset in `module`'s file of the return address.
+    pub file_offset: Option<u64>,
 }
 
 /// A traced process.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Target {
     pub pid: u32,
     pub command: String,
@@ -389,6 +403,8 @@ mod tests {
         assert_eq!(Kind::from_raw(tracer_ebpf::kind::HEAP), Some(Kind::Heap));
         assert_eq!(Kind::from_raw(999), None);
         assert_eq!(Kind::Heap.as_str(), "heap");
+        assert_eq!(Kind::from_name("heap"), Some(Kind::Heap));
+        assert_eq!(Kind::from_name("gpu-lunar"), None);
         assert_eq!(serde_json::to_value(Kind::Heap).unwrap(), "heap");
     }
 

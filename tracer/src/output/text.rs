@@ -201,6 +201,7 @@ mod tests {
             file: file.map(str::to_owned),
             line,
             module: module.map(str::to_owned),
+            ..Frame::default()
         };
         let module = Some("/usr/lib/libfoo.so.1");
         assert_eq!(
