@@ -16,8 +16,9 @@ use tracer_ebpf::{StackTotals, stat};
 
 use crate::{
     attach::spawn,
-    model::{Counters, Kind, Model, Snapshot, StackKey, Target},
+    model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
     output::human_bytes,
+    recording,
     symbolize::Symbols,
 };
 
@@ -61,13 +62,15 @@ pub struct Schedule {
 }
 
 /// Runs until a stop condition; the model holds a final snapshot taken
-/// after it.
+/// after it. Every snapshot and target exit also goes to the recording, if
+/// there is one.
 pub async fn run(
     ebpf: &Ebpf,
     targets: &mut [Watched],
     model: &mut Model,
     symbols: &mut Symbols,
     schedule: &Schedule,
+    mut recording: Option<&mut recording::Writer>,
 ) -> Result<StopReason> {
     let mut interrupt = signal(SignalKind::interrupt()).context("could not catch SIGINT")?;
     let mut terminate = signal(SignalKind::terminate()).context("could not catch SIGTERM")?;
@@ -91,7 +94,11 @@ pub async fn run(
                 for watched in targets.iter().filter(|w| w.target.exited_after_s.is_none()) {
                     symbols.refresh(watched.target.pid);
                 }
-                model.push(snapshot(ebpf, schedule.attached_at)?);
+                let snapshot = snapshot(ebpf, schedule.attached_at)?;
+                if let Some(writer) = recording.as_deref_mut() {
+                    writer.append_snapshot(&snapshot, &mut |key| stack_frames(ebpf, symbols, key))?;
+                }
+                model.push(snapshot);
                 if last_status.elapsed() >= STATUS_EVERY {
                     last_status = Instant::now();
                     eprintln!("{}", status_line(model));
@@ -102,6 +109,9 @@ pub async fn run(
                 for watched in targets.iter_mut().filter(|w| w.target.exited_after_s.is_none()) {
                     if watched.has_exited() {
                         watched.target.exited_after_s = Some(elapsed_s);
+                        if let Some(writer) = recording.as_deref_mut() {
+                            writer.append_exit(watched.target.pid, elapsed_s)?;
+                        }
                         eprintln!("tracer: PID {} exited after {elapsed_s:.1} s", watched.target.pid);
                     }
                 }
@@ -114,7 +124,11 @@ pub async fn run(
             _ = terminate.recv() => break StopReason::Terminated,
         }
     };
-    model.push(snapshot(ebpf, schedule.attached_at)?);
+    let snapshot = snapshot(ebpf, schedule.attached_at)?;
+    if let Some(writer) = recording {
+        writer.append_snapshot(&snapshot, &mut |key| stack_frames(ebpf, symbols, key))?;
+    }
+    model.push(snapshot);
     Ok(reason)
 }
 
@@ -156,6 +170,16 @@ pub fn snapshot(ebpf: &Ebpf, attached_at: Instant) -> Result<Snapshot> {
         stacks,
         stats,
     })
+}
+
+/// The symbolized frames of a stack, innermost first.
+pub fn stack_frames(ebpf: &Ebpf, symbols: &mut Symbols, key: &StackKey) -> Vec<Frame> {
+    let addresses = if key.stack_id == tracer_ebpf::NO_STACK {
+        Vec::new()
+    } else {
+        stack_addresses(ebpf, key.stack_id)
+    };
+    symbols.stack_frames(key.pid, &addresses)
 }
 
 /// The return addresses of a stored stack, innermost first.

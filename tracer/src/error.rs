@@ -19,6 +19,9 @@ pub enum ExitCode {
     NoAllocator = 6,
     /// The command after `--` could not be started.
     SpawnFailed = 7,
+    /// A recording file is missing, unreadable, damaged or from a newer
+    /// tracer.
+    BadRecording = 8,
 }
 
 /// A fatal error with the exit code that says what kind it is. Lives inside

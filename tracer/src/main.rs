@@ -6,7 +6,7 @@ use std::{collections::HashMap, time::Instant};
 use anyhow::{Context as _, Result};
 
 use tracer::{
-    attach,
+    analyze, attach,
     attach::{Probes, spawn},
     cli,
     cli::{Config, Parsed, Targets},
@@ -17,6 +17,7 @@ use tracer::{
     output,
     output::{ProbeReport, Report, ReportInput},
     procfs,
+    recording::{self, Metadata},
     symbolize::Symbols,
 };
 
@@ -27,6 +28,7 @@ fn main() -> std::process::ExitCode {
             Ok(())
         }
         Parsed::Record(config) => record(&config),
+        Parsed::Report(config) => analyze::report(&config),
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -81,6 +83,16 @@ fn record(config: &Config) -> Result<()> {
             .map(|duration| format!(" for {:.1} s", duration.as_secs_f64()))
             .unwrap_or_default(),
     );
+    let mut recording = match start_recording(config, &probes, &watched) {
+        Ok(recording) => recording,
+        Err(error) => {
+            watched
+                .iter()
+                .filter(|w| w.spawned)
+                .for_each(|w| spawn::kill(w.target.pid));
+            return Err(error);
+        }
+    };
     if matches!(config.targets, Targets::Spawn(_)) {
         spawn::resume(watched[0].target.pid);
     }
@@ -101,12 +113,19 @@ fn record(config: &Config) -> Result<()> {
         &mut model,
         &mut symbols,
         &schedule,
+        recording.as_mut(),
     ))?;
     if reason != StopReason::TargetsExited {
         eprintln!(
             "tracer: stopping ({reason:?}) after {:.1} s",
             model.window_s()
         );
+    }
+
+    if let Some(writer) = recording {
+        let path = writer.path().to_owned();
+        writer.finish()?;
+        eprintln!("tracer: wrote {}", path.display());
     }
 
     let report = build_report(config, &probes, &model, &mut symbols, &watched);
@@ -147,18 +166,23 @@ fn build_report(
 ) -> Report {
     let mut frames: HashMap<StackKey, Vec<Frame>> = HashMap::new();
     for summary in model.top_stacks(config.top) {
-        let addresses = if summary.key.stack_id == tracer_ebpf::NO_STACK {
-            Vec::new()
-        } else {
-            collect::stack_addresses(&probes.ebpf, summary.key.stack_id)
-        };
-        frames.insert(
-            summary.key,
-            symbols.stack_frames(summary.key.pid, &addresses),
-        );
+        let stack_frames = collect::stack_frames(&probes.ebpf, symbols, &summary.key);
+        frames.insert(summary.key, stack_frames);
     }
     let targets: Vec<Target> = watched.iter().map(|w| w.target.clone()).collect();
-    let probe_reports = probes
+    let lookup = |key: &StackKey| frames.get(key).cloned().unwrap_or_default();
+    Report::build(ReportInput {
+        model,
+        targets: &targets,
+        probes: probe_reports(probes),
+        interval_ms: config.interval.as_millis() as u64,
+        top: config.top,
+        frames: &lookup,
+    })
+}
+
+fn probe_reports(probes: &Probes) -> Vec<ProbeReport> {
+    probes
         .hooks
         .iter()
         .map(|hook| ProbeReport {
@@ -169,23 +193,40 @@ fn build_report(
             offset_in_function: hook.site.offset - hook.site.function_offset,
             single_stepped: !hook.site.emulated,
         })
-        .collect();
-    let lookup = |key: &StackKey| frames.get(key).cloned().unwrap_or_default();
-    Report::build(ReportInput {
-        model,
-        targets: &targets,
-        probes: probe_reports,
-        interval_ms: config.interval.as_millis() as u64,
-        top: config.top,
-        frames: &lookup,
-    })
+        .collect()
 }
 
-/// Fails before attaching when the JSON report could not be written.
-fn check_output_path(config: &Config) -> Result<()> {
-    let Some(path) = &config.json_path else {
-        return Ok(());
+/// Opens the recording (`-o FILE`), if asked for, with the metadata of the
+/// trace whose probes are now in place.
+fn start_recording(
+    config: &Config,
+    probes: &Probes,
+    watched: &[Watched],
+) -> Result<Option<recording::Writer>> {
+    let Some(path) = &config.recording_path else {
+        return Ok(None);
     };
+    let metadata = Metadata::for_this_host(
+        config.interval.as_millis() as u64,
+        watched.iter().map(|w| w.target.clone()).collect(),
+        probe_reports(probes),
+    );
+    recording::Writer::create(path, metadata).map(Some)
+}
+
+/// Fails before attaching when the JSON report or the recording could not
+/// be written.
+fn check_output_path(config: &Config) -> Result<()> {
+    for path in [&config.json_path, &config.recording_path]
+        .into_iter()
+        .flatten()
+    {
+        check_directory_exists(path)?;
+    }
+    Ok(())
+}
+
+fn check_directory_exists(path: &std::path::Path) -> Result<()> {
     let directory = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => std::path::Path::new("."),
