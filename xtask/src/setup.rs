@@ -1,5 +1,6 @@
 //! `cargo xtask setup`: installs what building and testing tracer needs and
 //! is missing, and nothing else, so it is cheap to run before every task.
+//! The tests also need Go: `go tool pprof` checks the pprof output.
 //!
 //! The eBPF crate builds on nightly with rust-src and links with bpf-linker;
 //! bpf-linker is built against the LLVM that nightly rustc itself ships, so
@@ -21,6 +22,7 @@ pub fn setup(shell: &mut Shell, root: &Path) -> Result<()> {
     ensure_bpf_linker(shell, root)?;
     ensure_tracefs(shell)?;
     ensure_c_compilers(shell)?;
+    ensure_go(shell)?;
     fixtures::build_all(shell, root)
 }
 
@@ -166,6 +168,19 @@ fn ensure_c_compilers(shell: &Shell) -> Result<()> {
         eprintln!("xtask: gcc and g++: present");
         return Ok(());
     }
+    apt_install(shell, &["gcc", "g++"])
+}
+
+/// `go tool pprof` reads the pprof profiles in the integration tests.
+fn ensure_go(shell: &Shell) -> Result<()> {
+    if let Some(path) = find_on_path("go") {
+        eprintln!("xtask: go: present at {}", path.display());
+        return Ok(());
+    }
+    apt_install(shell, &["golang-go"])
+}
+
+fn apt_install(shell: &Shell, packages: &[&str]) -> Result<()> {
     let apt_get = |args: &[&str]| {
         let mut command = if is_root() {
             shell.cmd("apt-get")
@@ -178,5 +193,5 @@ fn ensure_c_compilers(shell: &Shell) -> Result<()> {
         command
     };
     shell.run(&mut apt_get(&["update"]))?;
-    shell.run(&mut apt_get(&["install", "-y", "gcc", "g++"]))
+    shell.run(apt_get(&["install", "-y"]).args(packages))
 }
