@@ -83,7 +83,7 @@ fn record(config: &Config) -> Result<()> {
             .map(|duration| format!(" for {:.1} s", duration.as_secs_f64()))
             .unwrap_or_default(),
     );
-    let mut recording = match start_recording(config, &probes, &watched) {
+    let mut recording = match start_recording(config, &probes, &watched, attached_at) {
         Ok(recording) => recording,
         Err(error) => {
             watched
@@ -202,11 +202,13 @@ fn start_recording(
     config: &Config,
     probes: &Probes,
     watched: &[Watched],
+    attached_at: Instant,
 ) -> Result<Option<recording::Writer>> {
     let Some(path) = &config.recording_path else {
         return Ok(None);
     };
     let metadata = Metadata::for_this_host(
+        attached_at,
         config.interval.as_millis() as u64,
         watched.iter().map(|w| w.target.clone()).collect(),
         probe_reports(probes),

@@ -43,6 +43,7 @@ fn frames_of(key: &StackKey) -> Vec<Frame> {
 
 fn metadata() -> Metadata {
     Metadata::for_this_host(
+        std::time::Instant::now(),
         250,
         vec![
             Target {
@@ -348,7 +349,10 @@ fn read_without_panic(bytes: &[u8]) -> Option<usize> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    // PROPTEST_CASES=200000 fuzzes for a few minutes.
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(2000)
+    ))]
 
     #[test]
     fn arbitrary_bytes_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..512)) {

@@ -6,7 +6,7 @@ use std::{
     fs::File,
     io::{BufWriter, Write as _},
     path::{Path, PathBuf},
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context as _, Result};
@@ -19,13 +19,15 @@ use crate::{
 };
 
 impl Metadata {
-    /// Metadata of a trace on this machine whose probes are in place now.
+    /// Metadata of a trace on this machine whose probes were in place at
+    /// `attached_at`.
     pub fn for_this_host(
+        attached_at: Instant,
         interval_ms: u64,
         targets: Vec<Target>,
         probes: Vec<ProbeReport>,
     ) -> Metadata {
-        let started_at_unix_ms = SystemTime::now()
+        let started_at_unix_ms = (SystemTime::now() - attached_at.elapsed())
             .duration_since(UNIX_EPOCH)
             .map_or(0, |since| since.as_millis() as u64);
         Metadata {
