@@ -254,12 +254,18 @@ impl Tracer {
 
     /// Sends SIGINT (the tracer takes a final snapshot and writes its
     /// reports) and waits for it to exit.
-    pub fn stop(mut self) -> TracerOutput {
+    pub fn stop(self) -> TracerOutput {
+        self.stop_with(libc::SIGINT)
+    }
+
+    /// Sends `signal` (SIGKILL: no chance to clean up) and waits for the
+    /// tracer to exit.
+    pub fn stop_with(mut self, signal: libc::c_int) -> TracerOutput {
         let pid = libc::pid_t::try_from(self.child_mut().id()).expect("pid fits pid_t");
         // SAFETY: kill has no memory preconditions; `pid` is our own child,
         // which has not been waited for, so the pid is not reused.
-        let sent = unsafe { libc::kill(pid, libc::SIGINT) };
-        assert_eq!(sent, 0, "could not send SIGINT to the tracer");
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "could not send signal {signal} to the tracer");
         self.wait_exit(EXIT_TIMEOUT)
     }
 

@@ -5,7 +5,11 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
-use crate::error::{ExitCode, fatal};
+use crate::{
+    error::{ExitCode, fatal},
+    model::Kind,
+    output::folded::FoldedValue,
+};
 
 const ABOUT: &str =
     "Find the call stacks that hold growing memory in a running process, with eBPF.";
@@ -29,7 +33,8 @@ Exit codes:
   5  kernel without BTF or uprobe support
   6  no allocator function (malloc/free) found in the target
   7  the command after -- could not be started
-  8  an output file cannot be written (missing or read-only directory)";
+  8  an output file cannot be written (missing or read-only directory)
+  9  recording file missing, truncated before its metadata, corrupt, or from a newer tracer";
 
 #[derive(Debug, Parser)]
 #[command(name = "tracer", version, about = ABOUT, long_about = LONG_ABOUT, after_help = EXIT_CODES)]
@@ -48,6 +53,10 @@ enum Verb {
     /// interval, like `top`; q or Ctrl-C quits.
     #[command(after_help = EXIT_CODES)]
     Top(TopArgs),
+    /// Report on a recording made with `tracer record -o FILE`: the same
+    /// views as a live run, and folded stacks, pprof and flame graphs.
+    #[command(after_help = EXIT_CODES)]
+    Report(ReportArgs),
 }
 
 /// What to trace, shared by every verb that traces.
@@ -105,6 +114,11 @@ struct RecordArgs {
     #[arg(long, value_name = "PATH")]
     svg: Option<PathBuf>,
 
+    /// Also record the trace to this file, snapshot by snapshot, for
+    /// `tracer report` later or elsewhere.
+    #[arg(short, long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+
     /// How often to rewrite the SVG while tracing.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     svg_every: Duration,
@@ -132,14 +146,17 @@ pub struct Config {
     pub svg_path: Option<PathBuf>,
     pub svg_every: Duration,
     pub plot_stacks: usize,
+    pub recording_path: Option<PathBuf>,
     pub max_live_allocs: u32,
     pub max_stacks: u32,
 }
 
-/// What the user asked for: a run, or text to print (help, version).
+/// What the user asked for: a run, a report on a recording, or text to
+/// print (help, version).
 pub enum Parsed {
     Record(Config),
     Top(Config),
+    Report(ReportConfig),
     Print(String),
 }
 
@@ -167,9 +184,11 @@ pub fn parse(arguments: impl IntoIterator<Item = OsString>) -> Result<Parsed> {
             config.svg_path = args.svg;
             config.svg_every = args.svg_every;
             config.plot_stacks = args.plot_stacks;
+            config.recording_path = args.output;
             Ok(Parsed::Record(config))
         }
         Verb::Top(args) => Ok(Parsed::Top(config_of(args.targets)?)),
+        Verb::Report(args) => report_config(args).map(Parsed::Report),
     }
 }
 
@@ -190,10 +209,10 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         }
         (false, false) => unreachable!("clap rejects --pid with a command"),
     };
-    if args.max_live_allocs == 0 {
+    if args.max_live_allocs == 0 || args.max_stacks == 0 {
         return Err(fatal(
             ExitCode::Usage,
-            "--max-live-allocs must be at least 1",
+            "--max-live and --max-stacks must be at least 1",
         ));
     }
     Ok(Config {
@@ -205,6 +224,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         svg_path: None,
         svg_every: Duration::from_secs(10),
         plot_stacks: crate::output::svg::DEFAULT_STACK_LINES,
+        recording_path: None,
         max_live_allocs: args.max_live_allocs,
         max_stacks: args.max_stacks,
     })
@@ -253,6 +273,118 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(interval)
+}
+
+#[derive(Debug, Args)]
+struct ReportArgs {
+    /// The recording (`tracer record -o FILE`).
+    #[arg(value_name = "FILE")]
+    recording: PathBuf,
+
+    /// What to write.
+    #[arg(short, long, value_enum, default_value_t = ReportFormat::Text)]
+    format: ReportFormat,
+
+    /// Number of stacks; default 10 for text and json, every stack for the
+    /// other formats.
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
+
+    /// Only stacks of this memory kind (e.g. heap).
+    #[arg(long, value_name = "KIND", value_parser = parse_kind)]
+    kind: Option<Kind>,
+
+    /// Only this traced process.
+    #[arg(short, long, value_name = "PID")]
+    pid: Option<u32>,
+
+    /// Count only what happened after this time since attach (e.g. 30s):
+    /// as if tracing had started then.
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    from: Option<Duration>,
+
+    /// Leave out what happened after this time since attach (e.g. 2m).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    to: Option<Duration>,
+
+    /// The value of each stack in folded stacks and flame graphs.
+    #[arg(long, value_enum, default_value_t = FoldedValue::LiveBytes)]
+    value: FoldedValue,
+
+    /// Write to this file instead of standard output.
+    #[arg(short, long = "output", value_name = "PATH")]
+    output: Option<PathBuf>,
+}
+
+/// The formats of `tracer report`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    /// The report a live run prints.
+    Text,
+    /// The report a live run writes with --json.
+    Json,
+    /// One `outer;...;inner value` line per stack (flamegraph.pl, inferno).
+    Folded,
+    /// gzip-compressed profile.proto, for `go tool pprof`.
+    Pprof,
+    /// An interactive SVG flame graph.
+    Flamegraph,
+}
+
+/// Everything `tracer report` needs, from the command line.
+#[derive(Clone, Debug)]
+pub struct ReportConfig {
+    pub recording_path: PathBuf,
+    pub format: ReportFormat,
+    pub top: Option<usize>,
+    pub kind: Option<Kind>,
+    pub pid: Option<u32>,
+    pub from_s: Option<f64>,
+    pub to_s: Option<f64>,
+    pub value: FoldedValue,
+    pub output_path: Option<PathBuf>,
+}
+
+fn report_config(args: ReportArgs) -> Result<ReportConfig> {
+    if let (Some(from), Some(to)) = (args.from, args.to)
+        && from >= to
+    {
+        return Err(fatal(
+            ExitCode::Usage,
+            format!(
+                "--from {:.3}s is not before --to {:.3}s",
+                from.as_secs_f64(),
+                to.as_secs_f64()
+            ),
+        ));
+    }
+    Ok(ReportConfig {
+        recording_path: args.recording,
+        format: args.format,
+        top: args.top,
+        kind: args.kind,
+        pid: args.pid,
+        from_s: args.from.map(|from| from.as_secs_f64()),
+        to_s: args.to.map(|to| to.as_secs_f64()),
+        value: args.value,
+        output_path: args.output,
+    })
+}
+
+/// A time since attach: a duration, zero included.
+fn parse_time(text: &str) -> Result<Duration, String> {
+    if text
+        .trim()
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+        == "0"
+    {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(text)
+}
+
+fn parse_kind(name: &str) -> Result<Kind, String> {
+    Kind::from_name(name).ok_or_else(|| format!("unknown memory kind '{name}' (e.g. heap)"))
 }
 
 #[cfg(test)]
@@ -314,6 +446,48 @@ mod tests {
                 "{arguments:?}"
             );
             assert!(!error.to_string().contains('\n'), "{error}");
+        }
+    }
+
+    fn report(arguments: &[&str]) -> Result<Parsed> {
+        parse(
+            ["tracer", "report"]
+                .iter()
+                .chain(arguments)
+                .map(OsString::from),
+        )
+    }
+
+    #[test]
+    fn report_flags() {
+        let Ok(Parsed::Report(config)) = report(&[
+            "t.tracer", "--format", "folded", "--value", "growth", "--kind", "heap", "-p", "7",
+            "--from", "0", "--to", "1m", "-o", "out.txt",
+        ]) else {
+            panic!("expected a report config");
+        };
+        assert_eq!(config.recording_path, PathBuf::from("t.tracer"));
+        assert_eq!(config.format, ReportFormat::Folded);
+        assert_eq!(config.value, FoldedValue::Growth);
+        assert_eq!(config.kind, Some(Kind::Heap));
+        assert_eq!(
+            (config.pid, config.from_s, config.to_s),
+            (Some(7), Some(0.0), Some(60.0))
+        );
+        assert_eq!(config.top, None);
+        assert_eq!(config.output_path, Some(PathBuf::from("out.txt")));
+        for arguments in [
+            &["t.tracer", "--from", "2s", "--to", "1s"][..],
+            &["t.tracer", "--kind", "lunar"],
+            &["t.tracer", "--format", "xml"],
+            &[],
+        ] {
+            let error = report(arguments).err().expect("an error");
+            assert_eq!(
+                crate::error::exit_code(&error),
+                ExitCode::Usage,
+                "{arguments:?}"
+            );
         }
     }
 }

@@ -18,6 +18,7 @@ use crate::{
     attach::spawn,
     model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
     output::human_bytes,
+    recording,
     symbolize::Symbols,
 };
 
@@ -65,7 +66,8 @@ pub struct Schedule {
 pub type OnSnapshot<'a> = dyn FnMut(&Model, &mut Symbols, &[Watched]) -> Result<()> + 'a;
 
 /// Runs until a stop condition; the model holds a final snapshot taken
-/// after it.
+/// after it. Every snapshot and target exit also goes to the recording, if
+/// there is one.
 pub async fn run(
     ebpf: &Ebpf,
     targets: &mut [Watched],
@@ -73,6 +75,7 @@ pub async fn run(
     symbols: &mut Symbols,
     schedule: &Schedule,
     on_snapshot: &mut OnSnapshot<'_>,
+    mut recording: Option<&mut recording::Writer>,
 ) -> Result<StopReason> {
     let mut interrupt = signal(SignalKind::interrupt()).context("could not catch SIGINT")?;
     let mut terminate = signal(SignalKind::terminate()).context("could not catch SIGTERM")?;
@@ -96,7 +99,11 @@ pub async fn run(
                 for watched in targets.iter().filter(|w| w.target.exited_after_s.is_none()) {
                     symbols.refresh(watched.target.pid);
                 }
-                model.push(snapshot(ebpf, schedule.attached_at, &live_pids(targets))?);
+                let snapshot = snapshot(ebpf, schedule.attached_at, &live_pids(targets))?;
+                if let Some(writer) = recording.as_deref_mut() {
+                    writer.append_snapshot(&snapshot, &mut |key| stack_frames(ebpf, symbols, key))?;
+                }
+                model.push(snapshot);
                 if let Some(every) = schedule.status_every && last_status.elapsed() >= every {
                     last_status = Instant::now();
                     eprintln!("{}", status_line(model));
@@ -108,6 +115,9 @@ pub async fn run(
                 for watched in targets.iter_mut().filter(|w| w.target.exited_after_s.is_none()) {
                     if watched.has_exited() {
                         watched.target.exited_after_s = Some(elapsed_s);
+                        if let Some(writer) = recording.as_deref_mut() {
+                            writer.append_exit(watched.target.pid, elapsed_s)?;
+                        }
                         if schedule.status_every.is_some() {
                             eprintln!("tracer: PID {} exited after {elapsed_s:.1} s", watched.target.pid);
                         }
@@ -122,7 +132,11 @@ pub async fn run(
             _ = terminate.recv() => break StopReason::Terminated,
         }
     };
-    model.push(snapshot(ebpf, schedule.attached_at, &live_pids(targets))?);
+    let snapshot = snapshot(ebpf, schedule.attached_at, &live_pids(targets))?;
+    if let Some(writer) = recording {
+        writer.append_snapshot(&snapshot, &mut |key| stack_frames(ebpf, symbols, key))?;
+    }
+    model.push(snapshot);
     Ok(reason)
 }
 

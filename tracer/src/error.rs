@@ -21,6 +21,9 @@ pub enum ExitCode {
     SpawnFailed = 7,
     /// An output file cannot be written (missing or read-only directory).
     Output = 8,
+    /// A recording file is missing, unreadable, damaged or from a newer
+    /// tracer.
+    BadRecording = 9,
 }
 
 /// A fatal error with the exit code that says what kind it is. Lives inside

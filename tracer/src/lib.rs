@@ -4,6 +4,11 @@
 //! cli -> attach (probes in the target) -> collect (snapshots of the
 //! kernel's per-stack totals) -> model (time series, ranking) -> symbolize
 //! -> output (text and JSON reports).
+//!
+//! `recording` saves the snapshots and symbolized stacks to a file while
+//! tracing; `analyze` (the `report` verb) rebuilds the model from such a
+//! file and hands it to the same output code.
+pub mod analyze;
 pub mod attach;
 pub mod cli;
 pub mod collect;
@@ -11,6 +16,7 @@ pub mod error;
 pub mod model;
 pub mod output;
 pub mod procfs;
+pub mod recording;
 pub mod session;
 pub mod symbolize;
 pub mod top;

@@ -6,11 +6,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 
 use tracer::{
+    analyze,
+    attach::spawn,
     cli::{self, Config, Parsed},
     collect::{self, Schedule, StopReason},
     error,
     model::Model,
     output,
+    recording::{self, Metadata},
     session::{self, Session},
     top,
 };
@@ -26,6 +29,7 @@ fn main() -> std::process::ExitCode {
         }
         Parsed::Record(config) => record(&config),
         Parsed::Top(config) => top::run(&config),
+        Parsed::Report(config) => analyze::report(&config),
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -38,10 +42,22 @@ fn main() -> std::process::ExitCode {
 
 /// `tracer record`: attach, collect until a stop condition, report.
 fn record(config: &Config) -> Result<()> {
-    for path in config.json_path.iter().chain(&config.svg_path) {
+    for path in [&config.json_path, &config.svg_path, &config.recording_path]
+        .into_iter()
+        .flatten()
+    {
         check_output_path(path)?;
     }
     let mut session = Session::attach(config)?;
+    let mut recording = match start_recording(config, &session) {
+        Ok(recording) => recording,
+        Err(error) => {
+            for watched in session.watched.iter().filter(|w| w.spawned) {
+                spawn::kill(watched.target.pid);
+            }
+            return Err(error);
+        }
+    };
     session.resume();
     let mut model = Model::new();
     let schedule = Schedule {
@@ -81,12 +97,18 @@ fn record(config: &Config) -> Result<()> {
         symbols,
         &schedule,
         &mut rewrite_svg,
+        recording.as_mut(),
     ))?;
     if reason != StopReason::TargetsExited {
         eprintln!(
             "tracer: stopping ({reason:?}) after {:.1} s",
             model.window_s()
         );
+    }
+    if let Some(writer) = recording {
+        let path = writer.path().to_owned();
+        writer.finish()?;
+        eprintln!("tracer: wrote {}", path.display());
     }
 
     let targets = session.targets();
@@ -107,6 +129,21 @@ fn record(config: &Config) -> Result<()> {
         eprintln!("tracer: wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Opens the recording (`-o FILE`), if asked for, with the metadata of the
+/// trace whose probes are now in place.
+fn start_recording(config: &Config, session: &Session) -> Result<Option<recording::Writer>> {
+    let Some(path) = &config.recording_path else {
+        return Ok(None);
+    };
+    let metadata = Metadata::for_this_host(
+        session.attached_at,
+        config.interval.as_millis() as u64,
+        session.targets(),
+        session.probe_reports(),
+    );
+    recording::Writer::create(path, metadata).map(Some)
 }
 
 /// Fails before attaching when an output file could not be written, so a

@@ -86,6 +86,25 @@ pub fn command_line(pid: u32) -> String {
     }
 }
 
+/// This machine's host name, for recordings ("unknown" if unreadable).
+pub fn host_name() -> String {
+    kernel_setting("hostname")
+}
+
+/// The running kernel's release and build, e.g. "6.18.0 #1 SMP ...".
+pub fn kernel_description() -> String {
+    format!(
+        "{} {}",
+        kernel_setting("osrelease"),
+        kernel_setting("version")
+    )
+}
+
+fn kernel_setting(name: &str) -> String {
+    fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+        .map_or_else(|_| "unknown".to_owned(), |text| text.trim().to_owned())
+}
+
 /// Process state letter from /proc/PID/stat ('R', 'S', 'Z', ...), or None
 /// when the process is gone.
 pub fn state(pid: u32) -> Option<char> {

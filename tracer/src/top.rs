@@ -67,7 +67,7 @@ pub fn run(config: &Config) -> Result<()> {
         .build()
         .context("could not start the tokio runtime")?;
     runtime.block_on(collect::run(
-        ebpf, watched, &mut model, symbols, &schedule, &mut draw,
+        ebpf, watched, &mut model, symbols, &schedule, &mut draw, None,
     ))?;
     Ok(())
 }

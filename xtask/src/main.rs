@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Install what is missing: nightly + rust-src, bpf-linker, tracefs,
-    /// gcc/g++; compile the test fixtures
+    /// gcc/g++, go (for go tool pprof); compile the test fixtures
     Setup {
         /// Print what would be installed or built, change nothing
         #[arg(long)]

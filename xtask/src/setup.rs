@@ -1,5 +1,6 @@
 //! `cargo xtask setup`: installs what building and testing tracer needs and
 //! is missing, and nothing else, so it is cheap to run before every task.
+//! The tests also need Go: `go tool pprof` checks the pprof output.
 //!
 //! The eBPF crate builds on nightly with rust-src and links with bpf-linker;
 //! bpf-linker is built against the LLVM that nightly rustc itself ships, so
@@ -163,8 +164,14 @@ fn ensure_tracefs(shell: &Shell) -> Result<()> {
 
 /// Debian packages the build and the tests need, by the command each
 /// provides: the C compilers for the fixtures, bpftool for the test that
-/// checks a killed tracer leaves no eBPF program behind.
-const PACKAGES: [(&str, &str); 3] = [("gcc", "gcc"), ("g++", "g++"), ("bpftool", "bpftool")];
+/// checks a killed tracer leaves no eBPF program behind, and go for
+/// `go tool pprof`, which reads the pprof profiles in the tests.
+const PACKAGES: [(&str, &str); 4] = [
+    ("gcc", "gcc"),
+    ("g++", "g++"),
+    ("bpftool", "bpftool"),
+    ("go", "golang-go"),
+];
 
 fn ensure_packages(shell: &Shell) -> Result<()> {
     let missing: Vec<&str> = PACKAGES
@@ -175,7 +182,7 @@ fn ensure_packages(shell: &Shell) -> Result<()> {
         .map(|&(_, package)| package)
         .collect();
     if missing.is_empty() {
-        eprintln!("xtask: gcc, g++, bpftool: present");
+        eprintln!("xtask: gcc, g++, bpftool, go: present");
         return Ok(());
     }
     let apt_get = |args: &[&str]| {

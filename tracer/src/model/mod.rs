@@ -42,6 +42,15 @@ impl Kind {
             Kind::Heap => "heap",
         }
     }
+
+    /// The kind named `name` (as `as_str` spells it), `None` for a name this
+    /// build does not know.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        // Every kind has a raw value below 64: the ABI numbers them densely.
+        (0..64)
+            .filter_map(Kind::from_raw)
+            .find(|kind| kind.as_str() == name)
+    }
 }
 
 /// One call stack of one process, for one memory kind.
@@ -54,7 +63,7 @@ pub struct StackKey {
 }
 
 /// Counters of one stack at one instant.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counters {
     /// Bytes allocated since attach and not yet freed. Signed: the kernel
     /// keeps two's-complement sums.
@@ -79,7 +88,7 @@ pub struct Snapshot {
 }
 
 /// One symbolized frame (filled by symbolize).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Frame {
     pub address: u64,
     pub function: Option<String>,
@@ -87,10 +96,15 @@ pub struct Frame {
     pub line: Option<u32>,
     /// Path of the mapped object the address belongs to.
     pub module: Option<String>,
+    /// GNU build id of `module`, in hex: names the exact binary, so the
+    /// frame can be symbolized again elsewhere.
+    pub build_id: Option<String>,
+    /// Offset in `module`'s file of the return address.
+    pub file_offset: Option<u64>,
 }
 
 /// A traced process.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Target {
     pub pid: u32,
     pub command: String,

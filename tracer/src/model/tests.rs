@@ -47,6 +47,8 @@ fn kind_round_trips_and_serializes_as_its_name() {
     assert_eq!(Kind::from_raw(tracer_ebpf::kind::HEAP), Some(Kind::Heap));
     assert_eq!(Kind::from_raw(999), None);
     assert_eq!(Kind::Heap.as_str(), "heap");
+    assert_eq!(Kind::from_name("heap"), Some(Kind::Heap));
+    assert_eq!(Kind::from_name("gpu-lunar"), None);
     assert_eq!(serde_json::to_value(Kind::Heap).unwrap(), "heap");
 }
 

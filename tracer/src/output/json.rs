@@ -124,12 +124,22 @@ mod tests {
         let frame = &stack["frames"][0];
         assert_eq!(
             keys(frame),
-            ["address", "file", "function", "line", "module"]
+            [
+                "address",
+                "build_id",
+                "file",
+                "file_offset",
+                "function",
+                "line",
+                "module"
+            ]
         );
         assert_eq!(frame["function"], "grow_1");
         assert_eq!(frame["file"], "leak.c");
         assert_eq!(frame["line"], 12);
         assert_eq!(frame["module"], "/opt/app/bin/server");
+        assert_eq!(frame["build_id"], "0123abcd");
+        assert_eq!(frame["file_offset"], 0x1234);
         assert_eq!(stack["frames"][1]["file"], Value::Null);
     }
 

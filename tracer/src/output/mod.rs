@@ -1,7 +1,9 @@
 //! The report: what a trace found, built once from the model and the
 //! symbolized stacks, then written by one small file per format (`text`,
-//! `json`). Building it apart from the formats keeps every format showing the
-//! same numbers, and lets a new format touch one file.
+//! `json`, `folded`, `pprof`, `flamegraph`). Building it apart from the
+//! formats keeps every format showing the same numbers, whether the report
+//! comes from a live run or from a recording, and lets a new format touch
+//! one file.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,7 +11,10 @@ use std::path::Path;
 use crate::model::{Frame, Growth, Kind, Model, StackKey, Target, Totals};
 
 pub mod file;
+pub mod flamegraph;
+pub mod folded;
 pub mod json;
+pub mod pprof;
 pub mod svg;
 pub mod text;
 
@@ -45,7 +50,7 @@ pub struct TargetReport {
 }
 
 /// One attached probe.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProbeReport {
     pub pid: u32,
     /// Path of the object the probe is in.
@@ -266,6 +271,8 @@ mod tests {
             file: None,
             line: None,
             module: Some(module.to_owned()),
+            build_id: Some("0123abcd".to_owned()),
+            file_offset: Some(0x1000),
         }
     }
 
@@ -406,6 +413,8 @@ mod tests {
                 file: Some("leak.c".to_owned()),
                 line: Some(12),
                 module: Some(APP.to_owned()),
+                build_id: Some("0123abcd".to_owned()),
+                file_offset: Some(0x1234),
             },
             frame("main", APP),
         ]

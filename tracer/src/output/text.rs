@@ -212,21 +212,25 @@ mod tests {
             lines[0],
             "WARNING: 3 events dropped (stack_map_collision=3): numbers below are lower bounds"
         );
-        assert_eq!(lines[1], "target: PID 10 (./leak --fast)");
         assert_eq!(
-            lines[2],
+            lines[1],
+            "  stack_map_collision: more distinct stacks than the table holds: raise --max-stacks"
+        );
+        assert_eq!(lines[2], "target: PID 10 (./leak --fast)");
+        assert_eq!(
+            lines[3],
             "target: PID 20 (python3 export.py), exited after 3.2 s"
         );
         assert_eq!(
-            lines[3],
+            lines[4],
             "window: 4.0 s from attach, 4 snapshots every 1000 ms; \
              allocations made before attach are not seen"
         );
         assert_eq!(
-            lines[4],
+            lines[5],
             "frees of blocks allocated before attach (ignored): 7"
         );
-        assert_eq!(lines[5], "live heap at end: 268.0 KiB in 4288 allocs");
+        assert_eq!(lines[6], "live heap at end: 268.0 KiB in 4288 allocs");
         assert!(text.contains("top 2 stacks by live bytes:\n"));
         assert!(text.contains(
             "#1  heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \
@@ -273,6 +277,7 @@ mod tests {
             file: file.map(str::to_owned),
             line,
             module: module.map(str::to_owned),
+            ..Frame::default()
         };
         let module = Some("/usr/lib/libfoo.so.1");
         assert_eq!(

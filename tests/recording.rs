@@ -1,0 +1,378 @@
+//! Record once, analyze anywhere: `tracer record -o FILE` against
+//! tests/fixtures/leaky, then `tracer report FILE` in every format, read
+//! back by the tools each format is for (go tool pprof, inferno).
+
+#[allow(dead_code, reason = "tests/record.rs uses the rest of the harness")]
+mod harness;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use harness::{
+    ATTACH_TIMEOUT, EXIT_TIMEOUT, Fixture, Live, Report, Tracer, TracerOutput, field, fixture,
+    json_path, require_root,
+};
+use serde_json::Value;
+
+/// `malloc` size in leaky.c's `leak_here`.
+const LEAK_SIZE_BYTES: i64 = 1337;
+/// Exit code for a recording that cannot be read (`tracer --help`).
+const EXIT_BAD_RECORDING: i32 = 9;
+
+/// A fresh path for a recording in the temporary directory.
+fn recording_path(test_name: &str) -> PathBuf {
+    json_path(test_name).with_extension("tracer")
+}
+
+/// `tracer report <args>`, run to its end.
+fn report(args: &[&OsStr]) -> TracerOutput {
+    let mut all = vec![OsStr::new("report")];
+    all.extend_from_slice(args);
+    Tracer::start(all).wait_exit(EXIT_TIMEOUT)
+}
+
+/// Records the running `leaky` fixture while it leaks `leaks` blocks in
+/// leak_here and churns a little, with the live JSON report next to the
+/// recording; returns (recording, live report).
+fn record_leaky(test_name: &str, leaks: i64) -> (PathBuf, Report) {
+    require_root();
+    let mut leaky = Fixture::start("leaky", &[]);
+    let json = json_path(test_name);
+    let recording = recording_path(test_name);
+    let pid = leaky.pid.to_string();
+    let mut tracer = Tracer::start([
+        OsStr::new("record"),
+        OsStr::new("--pid"),
+        OsStr::new(&pid),
+        OsStr::new("--interval"),
+        OsStr::new("100ms"),
+        OsStr::new("--top"),
+        OsStr::new("100"),
+        OsStr::new("--json"),
+        json.as_os_str(),
+        OsStr::new("-o"),
+        recording.as_os_str(),
+    ]);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    let answer = leaky.cmd(&format!("leak {leaks}"));
+    assert_eq!(field(&answer, "bytes"), leaks * LEAK_SIZE_BYTES);
+    leaky.cmd("churn 5");
+    std::thread::sleep(Duration::from_millis(300));
+    let output = tracer.stop();
+    output.assert_success();
+    assert!(
+        output
+            .stderr
+            .contains(&format!("tracer: wrote {}", recording.display())),
+        "{output}"
+    );
+    (recording, Report::read(&json))
+}
+
+#[test]
+fn report_json_equals_the_live_json() {
+    let (recording, live) = record_leaky("round-trip", 50);
+    let output = report(&[
+        recording.as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new("json"),
+        OsStr::new("--top"),
+        OsStr::new("100"),
+    ]);
+    output.assert_success();
+    assert_eq!(output.stderr, "", "a complete recording has no warning");
+    let replayed: Value = serde_json::from_str(&output.stdout).expect("report is JSON");
+    assert_eq!(
+        replayed, live.json,
+        "report --format json differs from --json"
+    );
+    assert_eq!(
+        live.heap_live_with("leak_here"),
+        Live {
+            bytes: 50 * LEAK_SIZE_BYTES,
+            allocs: 50
+        }
+    );
+    let frame = &live.heap_stacks_with("leak_here")[0]["frames"][0];
+    assert_eq!(frame["function"], "leak_here");
+    assert!(
+        frame["build_id"].as_str().is_some_and(|id| id.len() >= 16),
+        "no build id in {frame}"
+    );
+    assert!(frame["file_offset"].is_u64(), "no file offset in {frame}");
+
+    let text = report(&[recording.as_os_str()]);
+    text.assert_success();
+    assert!(text.stdout.contains("leak_here"), "{text}");
+    let _ = std::fs::remove_file(&recording);
+}
+
+#[test]
+fn folded_stacks_are_read_by_inferno() {
+    let (recording, _) = record_leaky("folded", 40);
+    let output = report(&[
+        recording.as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new("folded"),
+    ]);
+    output.assert_success();
+    let leak_line = output
+        .stdout
+        .lines()
+        .find(|line| line.contains("leak_here"))
+        .unwrap_or_else(|| panic!("no leak_here line: {output}"));
+    let (stack, value) = leak_line.rsplit_once(' ').expect("`stack value`");
+    assert!(stack.ends_with(";leak_here"), "innermost last: {leak_line}");
+    assert!(stack.contains("main;"), "outermost first: {leak_line}");
+    assert_eq!(value, (40 * LEAK_SIZE_BYTES).to_string());
+
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(
+        &mut inferno::flamegraph::Options::default(),
+        output.stdout.lines(),
+        &mut svg,
+    )
+    .expect("inferno reads the folded stacks");
+    assert!(String::from_utf8_lossy(&svg).contains("leak_here"));
+
+    let allocs = report(&[
+        recording.as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new("folded"),
+        OsStr::new("--value"),
+        OsStr::new("live-allocs"),
+    ]);
+    assert!(
+        allocs
+            .stdout
+            .lines()
+            .any(|line| line == format!("{stack} 40")),
+        "{allocs}"
+    );
+
+    let svg_path = recording.with_extension("svg");
+    let flamegraph = report(&[
+        recording.as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new("flamegraph"),
+        OsStr::new("-o"),
+        svg_path.as_os_str(),
+    ]);
+    flamegraph.assert_success();
+    let svg = std::fs::read_to_string(&svg_path).expect("flame graph written");
+    assert!(svg.contains("<svg") && svg.contains("leak_here"));
+    let _ = std::fs::remove_file(&svg_path);
+    let _ = std::fs::remove_file(&recording);
+}
+
+#[test]
+fn go_tool_pprof_lists_leak_here_with_its_bytes() {
+    let (recording, _) = record_leaky("pprof", 60);
+    let profile = recording.with_extension("pb.gz");
+    let output = report(&[
+        recording.as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new("pprof"),
+        OsStr::new("-o"),
+        profile.as_os_str(),
+    ]);
+    output.assert_success();
+    let go = std::process::Command::new("go")
+        .args(["tool", "pprof", "-top", "-unit=byte"])
+        .arg(&profile)
+        .output();
+    let go = match go {
+        Ok(go) => go,
+        Err(error) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipping go tool pprof ({error}): run `cargo xtask setup` to install Go");
+            return;
+        }
+        Err(error) => panic!("go is missing on CI ({error}): `cargo xtask setup` installs it"),
+    };
+    let top = String::from_utf8_lossy(&go.stdout);
+    assert!(
+        go.status.success(),
+        "go tool pprof failed: {top}\n{}",
+        String::from_utf8_lossy(&go.stderr)
+    );
+    let line = top
+        .lines()
+        .find(|line| line.trim_end().ends_with(" leak_here"))
+        .unwrap_or_else(|| panic!("go tool pprof -top does not list leak_here:\n{top}"));
+    let flat = line.split_whitespace().next().expect("flat column");
+    assert_eq!(flat, format!("{}B", 60 * LEAK_SIZE_BYTES), "{top}");
+    assert!(top.contains("Type: inuse_space"), "{top}");
+    let _ = std::fs::remove_file(&profile);
+    let _ = std::fs::remove_file(&recording);
+}
+
+/// Snapshots in a recording, read with tracer's own reader.
+fn snapshots_in(bytes: &[u8]) -> usize {
+    tracer::recording::parse(bytes, "copy")
+        .expect("readable")
+        .snapshot_count()
+}
+
+#[test]
+fn kill_9_keeps_every_snapshot_before_the_kill() {
+    require_root();
+    let mut leaky = Fixture::start("leaky", &[]);
+    let recording = recording_path("kill9");
+    let pid = leaky.pid.to_string();
+    let mut tracer = Tracer::start([
+        OsStr::new("record"),
+        OsStr::new("--pid"),
+        OsStr::new(&pid),
+        OsStr::new("--interval"),
+        OsStr::new("50ms"),
+        OsStr::new("-o"),
+        recording.as_os_str(),
+    ]);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    leaky.cmd("leak 30");
+    std::thread::sleep(Duration::from_millis(600));
+    let before_kill = std::fs::read(&recording).expect("the recording exists while tracing");
+    let output = tracer.stop_with(libc::SIGKILL);
+    assert!(!output.status.success(), "{output}");
+    let snapshots_before_kill = snapshots_in(&before_kill);
+    assert!(
+        snapshots_before_kill >= 5,
+        "{snapshots_before_kill} snapshots in 600 ms"
+    );
+
+    let json = report(&[
+        recording.as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new("json"),
+    ]);
+    json.assert_success();
+    let warning = format!(
+        "tracer: warning: {} has no end mark (tracer was killed, or is still recording): \
+         reporting the ",
+        recording.display()
+    );
+    assert!(json.stderr.starts_with(&warning), "{json}");
+    assert_eq!(json.stderr.lines().count(), 1, "{json}");
+    let replayed: Value = serde_json::from_str(&json.stdout).expect("report is JSON");
+    let snapshots = replayed["snapshots"].as_u64().expect("snapshots") as usize;
+    assert!(
+        snapshots >= snapshots_before_kill,
+        "{snapshots} < {snapshots_before_kill}"
+    );
+    let leak = Report { json: replayed }.heap_live_with("leak_here");
+    assert_eq!(
+        leak,
+        Live {
+            bytes: 30 * LEAK_SIZE_BYTES,
+            allocs: 30
+        }
+    );
+    let _ = std::fs::remove_file(&recording);
+}
+
+/// Asserts a one-line `tracer: error:` ending with exit code 9.
+fn assert_bad_recording(output: &TracerOutput, message: &str) {
+    assert_eq!(output.status.code(), Some(EXIT_BAD_RECORDING), "{output}");
+    assert_eq!(
+        output.stderr,
+        format!("tracer: error: {message}"),
+        "{output}"
+    );
+    assert!(output.stdout.is_empty(), "{output}");
+}
+
+/// A real recording of a spawned run, cut, damaged, and from the future.
+#[test]
+fn damaged_recordings_give_one_line_errors() {
+    require_root();
+    let recording = recording_path("damaged");
+    let leaky = fixture("leaky");
+    Tracer::start([
+        OsStr::new("record"),
+        OsStr::new("--interval"),
+        OsStr::new("50ms"),
+        OsStr::new("-o"),
+        recording.as_os_str(),
+        OsStr::new("--"),
+        leaky.as_os_str(),
+        OsStr::new("--auto-count"),
+        OsStr::new("20"),
+        OsStr::new("--then-exit"),
+    ])
+    .wait_exit(EXIT_TIMEOUT)
+    .assert_success();
+    let bytes = std::fs::read(&recording).expect("recording written");
+    let write = |name: &str, bytes: &[u8]| -> PathBuf {
+        let path = recording.with_extension(name);
+        std::fs::write(&path, bytes).expect("temporary file");
+        path
+    };
+
+    let missing = Path::new("/nonexistent/trace.tracer");
+    assert_bad_recording(
+        &report(&[missing.as_os_str()]),
+        "cannot read /nonexistent/trace.tracer: No such file or directory (os error 2)",
+    );
+
+    let not_a_recording = write("txt", b"hello\n");
+    assert_bad_recording(
+        &report(&[not_a_recording.as_os_str()]),
+        &format!(
+            "{} is not a tracer recording (wrong magic bytes)",
+            not_a_recording.display()
+        ),
+    );
+
+    let mut newer = bytes.clone();
+    newer[8..12].copy_from_slice(&99u32.to_le_bytes());
+    let newer = write("newer", &newer);
+    assert_bad_recording(
+        &report(&[newer.as_os_str()]),
+        &format!(
+            "{} was written by a newer tracer (recording format 99; this tracer reads \
+             format 1): upgrade tracer to read it",
+            newer.display()
+        ),
+    );
+
+    // The last 9 bytes are the end mark's record: this byte is its CRC.
+    let mut corrupt = bytes.clone();
+    let damaged_at = corrupt.len() - 5;
+    corrupt[damaged_at] ^= 0xff;
+    let corrupt = write("corrupt", &corrupt);
+    let output = report(&[corrupt.as_os_str()]);
+    assert_eq!(output.status.code(), Some(EXIT_BAD_RECORDING), "{output}");
+    let prefix = format!(
+        "tracer: error: {} is corrupt: the record at byte ",
+        corrupt.display()
+    );
+    assert!(
+        output.stderr.starts_with(&prefix) && output.stderr.ends_with(" fails its checksum"),
+        "{output}"
+    );
+
+    let header_only = write("header", &bytes[..10]);
+    assert_bad_recording(
+        &report(&[header_only.as_os_str()]),
+        &format!("{} is truncated inside its header", header_only.display()),
+    );
+
+    // Cut in the middle of its last records: what comes before still reads.
+    let cut = write("cut", &bytes[..bytes.len() - 3]);
+    let output = report(&[cut.as_os_str(), OsStr::new("--format"), OsStr::new("json")]);
+    output.assert_success();
+    assert!(
+        output.stderr.starts_with(&format!(
+            "tracer: warning: {} is truncated at byte ",
+            cut.display()
+        )),
+        "{output}"
+    );
+    let replayed: Value = serde_json::from_str(&output.stdout).expect("report is JSON");
+    assert!(replayed["snapshots"].as_u64().unwrap() >= 1, "{output}");
+
+    for path in [not_a_recording, newer, corrupt, header_only, cut, recording] {
+        let _ = std::fs::remove_file(path);
+    }
+}

@@ -1,0 +1,81 @@
+//! `tracer report FILE`: a recording turned into any view, later and
+//! elsewhere, without the target. The model is rebuilt from the recorded
+//! snapshots and the report from the same `output::Report` code as a live
+//! run, so the two agree number for number.
+
+use std::{io::Write as _, path::Path};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    cli::{ReportConfig, ReportFormat},
+    output::{self, Report, ReportInput},
+    recording::{self, Filter},
+};
+
+/// Stacks in a text or JSON report unless --top says otherwise: the live
+/// run's default.
+const DEFAULT_TOP: usize = 10;
+
+/// Reads the recording, builds the report and writes it in the chosen
+/// format.
+pub fn report(config: &ReportConfig) -> Result<()> {
+    let recording = recording::read(&config.recording_path)?;
+    if let Some(warning) = recording.warning() {
+        eprintln!("tracer: warning: {warning}");
+    }
+    let filter = Filter {
+        pid: config.pid,
+        kind: config.kind,
+        from_s: config.from_s,
+        to_s: config.to_s,
+    };
+    let top = config.top.unwrap_or(match config.format {
+        ReportFormat::Text | ReportFormat::Json => DEFAULT_TOP,
+        ReportFormat::Folded | ReportFormat::Pprof | ReportFormat::Flamegraph => usize::MAX,
+    });
+    let model = recording.model(&filter);
+    let frames = recording.frames_by_key();
+    let probes = recording
+        .metadata
+        .probes
+        .iter()
+        .filter(|probe| filter.pid.is_none_or(|pid| pid == probe.pid))
+        .cloned()
+        .collect();
+    let report = Report::build(ReportInput {
+        model: &model,
+        targets: &recording.targets(&filter),
+        probes,
+        interval_ms: recording.metadata.interval_ms,
+        top,
+        frames: &|key| frames.get(key).cloned().unwrap_or_default(),
+    });
+    let bytes = render(&report, config)?;
+    match &config.output_path {
+        Some(path) => write_file(path, &bytes),
+        None => std::io::stdout()
+            .write_all(&bytes)
+            .context("could not write to standard output"),
+    }
+}
+
+fn render(report: &Report, config: &ReportConfig) -> Result<Vec<u8>> {
+    Ok(match config.format {
+        ReportFormat::Text => output::text::render(report).into_bytes(),
+        ReportFormat::Json => {
+            let mut json = output::json::to_json(report);
+            json.push('\n');
+            json.into_bytes()
+        }
+        ReportFormat::Folded => output::folded::render(report, config.value).into_bytes(),
+        ReportFormat::Pprof => output::pprof::render(report),
+        ReportFormat::Flamegraph => output::flamegraph::render(report, config.value)?,
+    })
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).with_context(|| format!("could not write {}", path.display()))?;
+    eprintln!("tracer: wrote {}", path.display());
+    Ok(())
+}

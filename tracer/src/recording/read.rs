@@ -1,0 +1,353 @@
+//! Reads a recording back into what every report is made from: a
+//! [`Model`], the frames of each stack and the metadata.
+//!
+//! A file cut short (tracer killed, copy interrupted) is read up to its last
+//! complete record and says so in [`Recording::warning`]; a missing, damaged
+//! or newer-version file is an error whose one line names the problem.
+
+use std::{collections::HashMap, path::Path};
+
+use anyhow::Result;
+
+use super::{
+    FORMAT_VERSION, MAGIC, MAX_RECORD_BYTES, Metadata, PREAMBLE_BYTES, RECORD_HEADER_BYTES, Record,
+    SnapshotRecord, StackRecord, record_crc,
+};
+use crate::{
+    error::{ExitCode, fatal},
+    model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
+};
+
+/// A stack of the recording; `key` is `None` for a memory kind this build
+/// does not know (written by a newer tracer).
+#[derive(Clone, Debug)]
+struct RecordedStack {
+    key: Option<StackKey>,
+    frames: Vec<Frame>,
+}
+
+/// How the file ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Ending {
+    /// With the end mark: tracing stopped cleanly.
+    Complete,
+    /// After a complete record, without the end mark.
+    Unfinished,
+    /// Inside a record that starts at this byte.
+    CutAt(usize),
+}
+
+/// A recording, read.
+#[derive(Clone, Debug)]
+pub struct Recording {
+    pub metadata: Metadata,
+    stacks: Vec<RecordedStack>,
+    snapshots: Vec<SnapshotRecord>,
+    /// (pid, seconds after attach) of each target exit.
+    exits: Vec<(u32, f64)>,
+    ending: Ending,
+    /// Name of the file, for messages.
+    name: String,
+}
+
+/// Which part of a recording a report covers.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Filter {
+    pub pid: Option<u32>,
+    pub kind: Option<Kind>,
+    /// Count only what happened after this many seconds after attach: the
+    /// counters of the last snapshot at or before it become zero, and time
+    /// starts at that snapshot.
+    pub from_s: Option<f64>,
+    /// Leave out snapshots taken after this many seconds after attach.
+    pub to_s: Option<f64>,
+}
+
+/// Reads the recording at `path`.
+pub fn read(path: &Path) -> Result<Recording> {
+    let name = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|error| {
+        fatal(
+            ExitCode::BadRecording,
+            format!("cannot read {name}: {error}"),
+        )
+    })?;
+    parse(&bytes, &name)
+}
+
+/// Parses the bytes of a recording; `name` is what messages call it.
+pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
+    let bad = |problem: String| fatal(ExitCode::BadRecording, format!("{name} {problem}"));
+    if bytes.is_empty() {
+        return Err(bad(
+            "is empty: not a tracer recording, or one killed before it began".to_owned(),
+        ));
+    }
+    let magic_bytes = bytes.len().min(MAGIC.len());
+    if bytes[..magic_bytes] != MAGIC[..magic_bytes] {
+        return Err(bad(
+            "is not a tracer recording (wrong magic bytes)".to_owned()
+        ));
+    }
+    if bytes.len() < PREAMBLE_BYTES {
+        return Err(bad("is truncated inside its header".to_owned()));
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    if version > FORMAT_VERSION {
+        return Err(bad(format!(
+            "was written by a newer tracer (recording format {version}; this tracer reads \
+             format {FORMAT_VERSION}): upgrade tracer to read it"
+        )));
+    }
+    if version == 0 {
+        return Err(bad("is corrupt: its format version is 0".to_owned()));
+    }
+
+    let mut builder = Builder::default();
+    let mut offset = PREAMBLE_BYTES;
+    let ending = loop {
+        if offset == bytes.len() {
+            break Ending::Unfinished;
+        }
+        if builder.ended {
+            return Err(bad(format!(
+                "is corrupt: data follows its end mark at byte {offset}"
+            )));
+        }
+        let Some(header) = bytes.get(offset..offset + RECORD_HEADER_BYTES) else {
+            break Ending::CutAt(offset);
+        };
+        let length_bytes: [u8; 4] = header[..4].try_into().expect("4 bytes");
+        let length = u32::from_le_bytes(length_bytes);
+        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+        if length > MAX_RECORD_BYTES {
+            return Err(bad(format!(
+                "is corrupt: the record at byte {offset} claims {length} bytes"
+            )));
+        }
+        let start = offset + RECORD_HEADER_BYTES;
+        let Some(payload) = bytes.get(start..start + length as usize) else {
+            break Ending::CutAt(offset);
+        };
+        if record_crc(length_bytes, payload) != crc {
+            return Err(bad(format!(
+                "is corrupt: the record at byte {offset} fails its checksum"
+            )));
+        }
+        let record: Record = postcard::from_bytes(payload).map_err(|error| {
+            bad(format!(
+                "is corrupt: the record at byte {offset} does not decode ({error})"
+            ))
+        })?;
+        builder
+            .add(record)
+            .map_err(|problem| bad(format!("is corrupt: the record at byte {offset} {problem}")))?;
+        offset = start + length as usize;
+    };
+    let ending = if builder.ended {
+        Ending::Complete
+    } else {
+        ending
+    };
+    let Some(metadata) = builder.metadata else {
+        return Err(bad(
+            "is truncated before its metadata: tracer stopped before it attached".to_owned(),
+        ));
+    };
+    Ok(Recording {
+        metadata,
+        stacks: builder.stacks,
+        snapshots: builder.snapshots,
+        exits: builder.exits,
+        ending,
+        name: name.to_owned(),
+    })
+}
+
+/// Collects records and checks that they fit together.
+#[derive(Default)]
+struct Builder {
+    metadata: Option<Metadata>,
+    stacks: Vec<RecordedStack>,
+    snapshots: Vec<SnapshotRecord>,
+    exits: Vec<(u32, f64)>,
+    ended: bool,
+}
+
+impl Builder {
+    fn add(&mut self, record: Record) -> Result<(), String> {
+        match (&self.metadata, record) {
+            (None, Record::Metadata(metadata)) => self.metadata = Some(metadata),
+            (None, _) => return Err("comes before the metadata".to_owned()),
+            (Some(_), Record::Metadata(_)) => return Err("repeats the metadata".to_owned()),
+            (Some(_), Record::Stack(stack)) => self.stacks.push(recorded_stack(stack)),
+            (Some(_), Record::Snapshot(snapshot)) => {
+                let last_s = self.snapshots.last().map_or(0.0, |last| last.elapsed_s);
+                if !(snapshot.elapsed_s >= last_s && snapshot.elapsed_s.is_finite()) {
+                    return Err(format!(
+                        "goes back in time ({} s after {last_s} s)",
+                        snapshot.elapsed_s
+                    ));
+                }
+                let stack_count = self.stacks.len();
+                if let Some((number, _)) = snapshot
+                    .changed
+                    .iter()
+                    .find(|(number, _)| *number as usize >= stack_count)
+                {
+                    return Err(format!(
+                        "names stack {number} of {stack_count} recorded so far"
+                    ));
+                }
+                self.snapshots.push(snapshot);
+            }
+            (Some(_), Record::TargetExited { pid, after_s }) => self.exits.push((pid, after_s)),
+            (Some(_), Record::End) => self.ended = true,
+        }
+        Ok(())
+    }
+}
+
+fn recorded_stack(stack: StackRecord) -> RecordedStack {
+    RecordedStack {
+        key: Kind::from_name(&stack.kind).map(|kind| StackKey {
+            pid: stack.pid,
+            stack_id: stack.stack_id,
+            kind,
+        }),
+        frames: stack.frames,
+    }
+}
+
+impl Recording {
+    /// Complete snapshots in the file.
+    pub fn snapshot_count(&self) -> usize {
+        self.snapshots.len()
+    }
+
+    /// Why the report may not show the whole trace, if it may not.
+    pub fn warning(&self) -> Option<String> {
+        let holds = format!(
+            "reporting the {} snapshots it holds ({:.1} s)",
+            self.snapshots.len(),
+            self.snapshots.last().map_or(0.0, |last| last.elapsed_s)
+        );
+        match self.ending {
+            Ending::Complete => None,
+            Ending::Unfinished => Some(format!(
+                "{} has no end mark (tracer was killed, or is still recording): {holds}",
+                self.name
+            )),
+            Ending::CutAt(offset) => Some(format!(
+                "{} is truncated at byte {offset} (tracer was killed, or the copy is \
+                 incomplete): {holds}",
+                self.name
+            )),
+        }
+    }
+
+    /// The traced processes, with their exits, keeping those the filter
+    /// selects.
+    pub fn targets(&self, filter: &Filter) -> Vec<Target> {
+        self.metadata
+            .targets
+            .iter()
+            .filter(|target| filter.pid.is_none_or(|pid| pid == target.pid))
+            .map(|target| Target {
+                exited_after_s: self
+                    .exits
+                    .iter()
+                    .find(|(pid, _)| *pid == target.pid)
+                    .map(|&(_, after_s)| after_s),
+                ..target.clone()
+            })
+            .collect()
+    }
+
+    /// Every stack's recorded frames, innermost first, by key.
+    pub fn frames_by_key(&self) -> HashMap<StackKey, Vec<Frame>> {
+        self.stacks
+            .iter()
+            .filter_map(|stack| Some((stack.key?, stack.frames.clone())))
+            .collect()
+    }
+
+    /// The model of the part of the trace that `filter` selects: fed the
+    /// same snapshots as the live run's model, so with no filter it is the
+    /// same model.
+    pub fn model(&self, filter: &Filter) -> Model {
+        let selected = |stack: &RecordedStack| {
+            stack.key.is_some_and(|key| {
+                filter.pid.is_none_or(|pid| pid == key.pid)
+                    && filter.kind.is_none_or(|kind| kind == key.kind)
+            })
+        };
+        // Time zero of the report: the last snapshot at or before --from,
+        // whose counters are subtracted from every later one.
+        let mut base_s = 0.0;
+        let mut current = vec![Counters::default(); self.stacks.len()];
+        let mut baseline: Option<(Vec<Counters>, Vec<u64>)> = None;
+        let mut model = Model::new();
+        for snapshot in &self.snapshots {
+            if filter.to_s.is_some_and(|to_s| snapshot.elapsed_s > to_s) {
+                break;
+            }
+            for &(number, counters) in &snapshot.changed {
+                current[number as usize] = counters;
+            }
+            if filter
+                .from_s
+                .is_some_and(|from_s| snapshot.elapsed_s <= from_s)
+            {
+                baseline = Some((current.clone(), snapshot.stats.clone()));
+                base_s = snapshot.elapsed_s;
+                continue;
+            }
+            let stacks = snapshot
+                .changed
+                .iter()
+                .filter(|(number, _)| selected(&self.stacks[*number as usize]))
+                .filter_map(|&(number, counters)| {
+                    let key = self.stacks[number as usize].key?;
+                    let since = baseline.as_ref().map(|(base, _)| base[number as usize]);
+                    Some((
+                        key,
+                        since.map_or(counters, |base| difference(counters, base)),
+                    ))
+                })
+                .collect();
+            let stats = match &baseline {
+                Some((_, base_stats)) => snapshot
+                    .stats
+                    .iter()
+                    .enumerate()
+                    .map(|(index, &count)| {
+                        count.saturating_sub(base_stats.get(index).copied().unwrap_or(0))
+                    })
+                    .collect(),
+                None => snapshot.stats.clone(),
+            };
+            model.push(Snapshot {
+                elapsed_s: snapshot.elapsed_s - base_s,
+                stacks,
+                stats,
+                rss_bytes: snapshot.rss_bytes.clone(),
+            });
+        }
+        model
+    }
+}
+
+/// What changed from `base` to `counters`.
+fn difference(counters: Counters, base: Counters) -> Counters {
+    Counters {
+        live_bytes: counters.live_bytes.wrapping_sub(base.live_bytes),
+        live_allocs: counters.live_allocs.wrapping_sub(base.live_allocs),
+        alloc_bytes_total: counters
+            .alloc_bytes_total
+            .saturating_sub(base.alloc_bytes_total),
+        alloc_count_total: counters
+            .alloc_count_total
+            .saturating_sub(base.alloc_count_total),
+    }
+}

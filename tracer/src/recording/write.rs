@@ -1,0 +1,164 @@
+//! Writes a recording while tracing: the metadata when the probes are in
+//! place, then each snapshot as it is taken, flushed at once.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::{BufWriter, Write as _},
+    path::{Path, PathBuf},
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, Result};
+
+use super::{FORMAT_VERSION, MAGIC, Metadata, Record, SnapshotRecord, StackRecord, record_crc};
+use crate::{
+    model::{Counters, Frame, Snapshot, StackKey, Target},
+    output::ProbeReport,
+    procfs,
+};
+
+impl Metadata {
+    /// Metadata of a trace on this machine whose probes were in place at
+    /// `attached_at`.
+    pub fn for_this_host(
+        attached_at: Instant,
+        interval_ms: u64,
+        targets: Vec<Target>,
+        probes: Vec<ProbeReport>,
+    ) -> Metadata {
+        let started_at_unix_ms = (SystemTime::now() - attached_at.elapsed())
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as u64);
+        Metadata {
+            tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
+            host: procfs::host_name(),
+            kernel: procfs::kernel_description(),
+            started_at_unix_ms,
+            interval_ms,
+            targets,
+            probes,
+        }
+    }
+}
+
+/// An open recording.
+pub struct Writer {
+    path: PathBuf,
+    file: BufWriter<File>,
+    /// Number of each stack already written, by key.
+    stack_numbers: HashMap<StackKey, u32>,
+    /// Counters last written, by stack number.
+    written_counters: Vec<Counters>,
+    bytes_written: u64,
+}
+
+impl Writer {
+    /// Creates (or replaces) the file and writes its header and metadata.
+    pub fn create(path: &Path, metadata: Metadata) -> Result<Writer> {
+        let file = File::create(path)
+            .with_context(|| format!("could not create recording {}", path.display()))?;
+        let mut writer = Writer {
+            path: path.to_owned(),
+            file: BufWriter::new(file),
+            stack_numbers: HashMap::new(),
+            written_counters: Vec::new(),
+            bytes_written: 0,
+        };
+        let mut preamble = MAGIC.to_vec();
+        preamble.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        writer.write_bytes(&preamble)?;
+        writer.write_record(&Record::Metadata(metadata))?;
+        writer.flush()?;
+        Ok(writer)
+    }
+
+    /// Appends a snapshot: first the stacks it shows for the first time,
+    /// with their frames from `frames_of`, then the counters that changed.
+    /// Flushed before returning.
+    pub fn append_snapshot(
+        &mut self,
+        snapshot: &Snapshot,
+        frames_of: &mut dyn FnMut(&StackKey) -> Vec<Frame>,
+    ) -> Result<()> {
+        let mut changed = Vec::new();
+        for (key, counters) in &snapshot.stacks {
+            let number = match self.stack_numbers.get(key) {
+                Some(&number) => {
+                    if self.written_counters[number as usize] == *counters {
+                        continue;
+                    }
+                    number
+                }
+                None => {
+                    let number = self.written_counters.len() as u32;
+                    self.write_record(&Record::Stack(StackRecord {
+                        pid: key.pid,
+                        stack_id: key.stack_id,
+                        kind: key.kind.as_str().to_owned(),
+                        frames: frames_of(key),
+                    }))?;
+                    self.stack_numbers.insert(*key, number);
+                    self.written_counters.push(*counters);
+                    number
+                }
+            };
+            self.written_counters[number as usize] = *counters;
+            changed.push((number, *counters));
+        }
+        self.write_record(&Record::Snapshot(SnapshotRecord {
+            elapsed_s: snapshot.elapsed_s,
+            changed,
+            stats: snapshot.stats.clone(),
+            rss_bytes: snapshot.rss_bytes.clone(),
+        }))?;
+        self.flush()
+    }
+
+    /// Notes that a target exited `after_s` seconds after attach.
+    pub fn append_exit(&mut self, pid: u32, after_s: f64) -> Result<()> {
+        self.write_record(&Record::TargetExited { pid, after_s })?;
+        self.flush()
+    }
+
+    /// Marks the recording complete and closes it.
+    pub fn finish(mut self) -> Result<()> {
+        self.write_record(&Record::End)?;
+        self.flush()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes in the file so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    fn write_record(&mut self, record: &Record) -> Result<()> {
+        let payload = postcard::to_stdvec(record).context("could not encode a record")?;
+        let length = (payload.len() as u32).to_le_bytes();
+        let mut framed = Vec::with_capacity(payload.len() + super::RECORD_HEADER_BYTES);
+        framed.extend_from_slice(&length);
+        framed.extend_from_slice(&record_crc(length, &payload).to_le_bytes());
+        framed.extend_from_slice(&payload);
+        self.write_bytes(&framed)
+    }
+
+    fn write_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        self.file
+            .write_all(bytes)
+            .with_context(|| format!("could not write recording {}", self.path.display()))?;
+        self.bytes_written += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Hands what is buffered to the kernel: from then on it survives the
+    /// tracer being killed (not a power cut, which fsync would be for).
+    fn flush(&mut self) -> Result<()> {
+        self.file
+            .flush()
+            .with_context(|| format!("could not write recording {}", self.path.display()))
+    }
+}
