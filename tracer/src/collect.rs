@@ -118,6 +118,24 @@ pub async fn run(
     Ok(reason)
 }
 
+/// Waits for SIGINT, SIGTERM or the exit of `pid`.
+pub async fn wait_for_stop(pid: u32) -> Result<()> {
+    let mut interrupt = signal(SignalKind::interrupt()).context("could not catch SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("could not catch SIGTERM")?;
+    let mut liveness_timer = tokio::time::interval(LIVENESS_EVERY);
+    loop {
+        tokio::select! {
+            _ = liveness_timer.tick() => {
+                if !crate::procfs::is_alive(pid) {
+                    return Ok(());
+                }
+            }
+            _ = interrupt.recv() => return Ok(()),
+            _ = terminate.recv() => return Ok(()),
+        }
+    }
+}
+
 /// Reads BY_STACK and STATS.
 pub fn snapshot(ebpf: &Ebpf, attached_at: Instant) -> Result<Snapshot> {
     let elapsed_s = attached_at.elapsed().as_secs_f64();

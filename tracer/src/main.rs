@@ -9,13 +9,13 @@ use tracer::{
     attach,
     attach::{Probes, spawn},
     cli,
-    cli::{Config, Parsed, Targets},
+    cli::{Config, FloorConfig, Parsed, Targets},
     collect,
     collect::{Schedule, StopReason, Watched},
     error,
     model::{Frame, Model, StackKey, Target},
     output,
-    output::{ProbeReport, Report, ReportInput},
+    output::{ProbeReport, RecordingReport, Report, ReportInput},
     procfs,
     symbolize::Symbols,
 };
@@ -27,6 +27,7 @@ fn main() -> std::process::ExitCode {
             Ok(())
         }
         Parsed::Record(config) => record(&config),
+        Parsed::Floor(config) => floor(&config),
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -49,7 +50,7 @@ fn record(config: &Config) -> Result<()> {
     check_output_path(config)?;
 
     let started_at = Instant::now();
-    let mut probes = Probes::load(config.max_live_allocs)?;
+    let mut probes = Probes::load(config.max_live_allocs, &config.recording)?;
     let mut symbols = Symbols::new();
     let mut watched = Vec::new();
     match &config.targets {
@@ -71,6 +72,7 @@ fn record(config: &Config) -> Result<()> {
         }
     }
     let attached_at = Instant::now();
+    warn_about_probes(&probes, config.verbose);
     eprintln!(
         "tracer: attached {} probes to {} in {} ms; tracing{} (Ctrl-C to stop and report)",
         probes.probe_count(),
@@ -116,6 +118,55 @@ fn record(config: &Config) -> Result<()> {
         eprintln!("tracer: wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Says where each probe went and why (`-v`), and warns once about every
+/// single-stepped probe and about a uprobe session fallback.
+fn warn_about_probes(probes: &Probes, verbose: bool) {
+    for hook in &probes.hooks {
+        let site = &hook.site;
+        let line = format!(
+            "{}+{} in {} (PID {}): {}",
+            site.function.name,
+            site.offset - site.function_offset,
+            site.path.display(),
+            hook.pid,
+            site.reason
+        );
+        if !site.emulated {
+            eprintln!("tracer: warning: probe on {line}");
+        } else if verbose {
+            eprintln!("tracer: probe on {line}");
+        }
+    }
+    if verbose
+        || matches!(
+            probes.return_probes,
+            attach::ReturnProbes::UretprobeFallback(_)
+        )
+    {
+        eprintln!("tracer: return probes: {}", probes.return_probes.describe());
+    }
+}
+
+/// `tracer floor` (for `cargo xtask bench`): empty programs on the
+/// allocator functions of a process, until SIGINT, SIGTERM or its exit.
+fn floor(config: &FloorConfig) -> Result<()> {
+    attach::check_privileges()?;
+    attach::check_kernel()?;
+    attach::check_target(config.pid)?;
+    let mut probes = Probes::load(1, &attach::Recording::EXACT)?;
+    probes.attach_floor(config.pid, config.sites, config.with_return)?;
+    eprintln!(
+        "tracer: attached {} floor probes to PID {}",
+        probes.probe_count(),
+        config.pid
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the tokio runtime")?;
+    runtime.block_on(collect::wait_for_stop(config.pid))
 }
 
 fn watch(pid: u32, spawned: bool) -> Watched {
@@ -168,13 +219,28 @@ fn build_report(
             offset: hook.site.offset,
             offset_in_function: hook.site.offset - hook.site.function_offset,
             single_stepped: !hook.site.emulated,
+            reason: hook.site.reason.clone(),
         })
         .collect();
+    let recording = &config.recording;
+    let recording_report = RecordingReport {
+        mode: if recording.sample_bytes == 0 {
+            "exact"
+        } else {
+            "sampled"
+        }
+        .to_owned(),
+        sample_bytes: (recording.sample_bytes != 0).then_some(recording.sample_bytes),
+        min_size_bytes: recording.min_size_bytes,
+        max_size_bytes: (recording.max_size_bytes != u64::MAX).then_some(recording.max_size_bytes),
+        return_probes: probes.return_probes.describe(),
+    };
     let lookup = |key: &StackKey| frames.get(key).cloned().unwrap_or_default();
     Report::build(ReportInput {
         model,
         targets: &targets,
         probes: probe_reports,
+        recording: recording_report,
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,
         frames: &lookup,
