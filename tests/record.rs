@@ -55,6 +55,21 @@ fn leak_exact() {
         "the text report does not name leak_here: {}",
         session.output
     );
+    for function in ["malloc", "free"] {
+        let probe = report
+            .json
+            .get("probes")
+            .and_then(serde_json::Value::as_array)
+            .and_then(|probes| probes.iter().find(|probe| probe["symbol"] == function))
+            .unwrap_or_else(|| panic!("no {function} probe in the report:\n{}", report.json));
+        assert_eq!(probe["single_stepped"], false, "{probe}");
+        assert!(
+            probe["reason"]
+                .as_str()
+                .is_some_and(|reason| !reason.is_empty()),
+            "{probe}"
+        );
+    }
 }
 
 #[test]

@@ -469,21 +469,30 @@ pub struct Session {
 /// `commands` once attached, stops the tracer with SIGINT and reads its
 /// JSON report.
 pub fn record_while(name: &str, commands: &[&str]) -> Session {
+    record_with(name, &[], commands)
+}
+
+/// [`record_while`] with more `tracer record` arguments.
+pub fn record_with(name: &str, extra_args: &[&str], commands: &[&str]) -> Session {
     require_root();
     let mut fixture = Fixture::start(name, &[]);
     let json = json_path(name);
     let pid = fixture.pid.to_string();
-    let mut tracer = Tracer::start([
-        OsStr::new("record"),
-        OsStr::new("--pid"),
-        OsStr::new(&pid),
-        OsStr::new("--interval"),
-        OsStr::new("200ms"),
-        OsStr::new("--top"),
-        OsStr::new("100"),
-        OsStr::new("--json"),
-        json.as_os_str(),
-    ]);
+    let mut tracer = Tracer::start(
+        [
+            OsStr::new("record"),
+            OsStr::new("--pid"),
+            OsStr::new(&pid),
+            OsStr::new("--interval"),
+            OsStr::new("200ms"),
+            OsStr::new("--top"),
+            OsStr::new("100"),
+            OsStr::new("--json"),
+            json.as_os_str(),
+        ]
+        .into_iter()
+        .chain(extra_args.iter().map(OsStr::new)),
+    );
     tracer.wait_attached(ATTACH_TIMEOUT);
     let answers = commands
         .iter()

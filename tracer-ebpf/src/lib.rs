@@ -68,8 +68,9 @@ pub mod call {
 }
 
 /// Per thread: the outermost allocator call in progress, carried from its
-/// entry probe to its return probe. Calls nested inside it (an allocator
-/// calling another exported allocator function) only move `depth`.
+/// entry probe to its return probe, and the thread's sampling state. Calls
+/// nested inside it (an allocator calling another exported allocator
+/// function) only move `depth`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pending {
@@ -77,6 +78,12 @@ pub struct Pending {
     pub size: u64,
     /// realloc: the old block; posix_memalign: the out-parameter.
     pub pointer: u64,
+    /// What the new block counts for in the live totals: its size in exact
+    /// mode, its sampling weight in sampling mode, 0 when it is not recorded
+    /// (filtered out or not sampled; a realloc still frees its old block).
+    pub recorded_bytes: u64,
+    /// xorshift64* state of the thread's sampling decisions (never 0).
+    pub random_state: u64,
     /// realloc: what the old block held, removed at entry and restored if
     /// the call fails.
     pub old: LiveAlloc,
@@ -86,6 +93,29 @@ pub struct Pending {
     /// realloc: 1 when `old` holds a block that was known.
     pub old_known: u32,
     pub pad: u32,
+}
+
+/// Sampling by bytes: a block of `s` bytes is recorded with probability
+/// `1 - exp(-s / N)` (N = `--sample-bytes`), the chance that a Poisson
+/// process with one point per N bytes puts a point in it, and then counts
+/// for `s / (1 - exp(-s / N))` bytes. The kernel reads `exp(-x)` from a
+/// table set at load time, in steps of 1/[`SAMPLE_STEPS_PER_PERIOD`] of N,
+/// interpolated linearly; it records with exactly the probability it
+/// weights by, so the estimate stays unbiased.
+pub mod sampling {
+    /// Table steps per sampling period N.
+    pub const SAMPLE_STEPS_PER_PERIOD: u64 = 64;
+    /// Blocks of this many periods or more are always recorded.
+    pub const SAMPLE_TABLE_PERIODS: u64 = 16;
+    /// Entries of the skip-chance table (one more than the steps, for the
+    /// interpolation's upper end).
+    pub const SAMPLE_TABLE_LEN: usize =
+        (SAMPLE_STEPS_PER_PERIOD * SAMPLE_TABLE_PERIODS) as usize + 1;
+    /// Probabilities are fixed point, 1.0 = 2^32 (one random u32 draw).
+    pub const PROBABILITY_ONE: u64 = 1 << 32;
+    /// The largest sampling period: keeps `size << 32` within 63 bits for
+    /// every size below `SAMPLE_TABLE_PERIODS` periods.
+    pub const MAX_SAMPLE_BYTES: u64 = 1 << 27;
 }
 
 /// Indices into the per-CPU STATS array. Events count what happened; drops
@@ -103,7 +133,10 @@ pub mod stat {
     pub const DROP_STACK_ERROR: u32 = 9;
     pub const DROP_PENDING_FULL: u32 = 10;
     pub const DROP_READ_OUT_PARAM: u32 = 11;
-    pub const COUNT: u32 = 12;
+    /// Allocations not recorded: outside --min-size/--max-size or not
+    /// sampled.
+    pub const NOT_RECORDED: u32 = 12;
+    pub const COUNT: u32 = 13;
 }
 
 /// Whether a STATS entry is an event count or a drop.
@@ -127,6 +160,7 @@ pub const STAT_NAMES: [(&str, StatClass); stat::COUNT as usize] = [
     ("stack_error", StatClass::Drop),
     ("pending_map_full", StatClass::Drop),
     ("out_param_unreadable", StatClass::Drop),
+    ("allocs_not_recorded", StatClass::Event),
 ];
 
 #[cfg(feature = "user")]

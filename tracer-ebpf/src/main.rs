@@ -1,4 +1,5 @@
-//! The eBPF programs: uprobes and uretprobes on the malloc family.
+//! The eBPF programs: uprobes and uretprobes (or uprobe sessions) on the
+//! malloc family, and the benchmark's empty floor programs.
 //!
 //! Every program here runs once per allocator call of the target, so each
 //! does the least it can: carry arguments from entry to return in PENDING,
@@ -21,17 +22,42 @@ fn main() {
 #[cfg(target_arch = "bpf")]
 mod probes {
     use aya_ebpf::{
+        EbpfContext as _, Global,
         bindings::{BPF_ANY, BPF_F_USER_STACK, BPF_NOEXIST},
         helpers::{
-            bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_send_signal,
+            bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_probe_read_user,
+            bpf_send_signal,
         },
         macros::{map, uprobe, uretprobe},
         maps::{HashMap, LruHashMap, PerCpuArray, StackTrace},
         programs::{ProbeContext, RetProbeContext, tracing::StackIdContext},
     };
     use tracer_ebpf::{
-        LiveAlloc, LiveKey, NO_STACK, Pending, StackKey, StackTotals, call, kind, stat,
+        LiveAlloc, LiveKey, NO_STACK, Pending, StackKey, StackTotals, call, kind,
+        sampling::{
+            PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TABLE_LEN, SAMPLE_TABLE_PERIODS,
+        },
+        stat,
     };
+
+    // Configuration, set by userspace at load time. Read-only, so the
+    // verifier knows the values and drops the branches they rule out.
+
+    /// Sampling period in bytes; 0 records every allocation (exact mode).
+    #[unsafe(no_mangle)]
+    static SAMPLE_BYTES: Global<u64> = Global::new(0);
+    /// Seed of the sampling decisions; 0 draws one per thread.
+    #[unsafe(no_mangle)]
+    static SAMPLE_SEED: Global<u64> = Global::new(0);
+    /// `--min-size` and `--max-size`: blocks outside are not recorded.
+    #[unsafe(no_mangle)]
+    static MIN_SIZE_BYTES: Global<u64> = Global::new(0);
+    #[unsafe(no_mangle)]
+    static MAX_SIZE_BYTES: Global<u64> = Global::new(u64::MAX);
+    /// `exp(-i / SAMPLE_STEPS_PER_PERIOD)` in units of 1/2^32: the chance
+    /// that a block of i steps is not sampled. Read with volatile loads.
+    #[unsafe(no_mangle)]
+    static SAMPLE_SKIP_CHANCE: [u64; SAMPLE_TABLE_LEN] = [0; SAMPLE_TABLE_LEN];
 
     /// Per thread (pid_tgid): the allocator call in progress. LRU, so the
     /// entries of threads that exited make room by themselves.
@@ -125,14 +151,20 @@ mod probes {
             address,
         };
         let block = unsafe { *LIVE.get(&key)? };
-        let _ = LIVE.remove(&key);
+        retire(&key, &block);
+        Some(block)
+    }
+
+    /// Removes a live block and takes it off its stack's totals.
+    #[inline(always)]
+    fn retire(key: &LiveKey, block: &LiveAlloc) {
+        let _ = LIVE.remove(key);
         add_to_stack(
-            &stack_key(tgid, &block),
+            &stack_key(key.tgid, block),
             block.size.wrapping_neg(),
             u64::MAX,
             false,
         );
-        Some(block)
     }
 
     #[inline(always)]
@@ -186,32 +218,39 @@ mod probes {
         }
     }
 
-    /// Entry of an allocator call: remembers its arguments unless another
-    /// allocator call is already in progress on this thread. Returns true
-    /// when this call is the outermost one.
-    #[inline(always)]
-    fn enter(call_kind: u32, size: u64, pointer: u64) -> Option<*mut Pending> {
-        let thread = bpf_get_current_pid_tgid();
-        if let Some(pending) = PENDING.get_ptr_mut(&thread) {
-            unsafe {
-                if (*pending).depth > 0 {
-                    (*pending).depth += 1;
-                    count(stat::NESTED_CALLS);
-                    return None;
-                }
-                (*pending).size = size;
-                (*pending).pointer = pointer;
-                (*pending).call = call_kind;
-                (*pending).depth = 1;
-                (*pending).old_known = 0;
+    /// The result of an entry probe.
+    enum Entered {
+        /// The outermost allocator call of the thread, to be recorded (or,
+        /// for realloc, to free its old block): the return probe must run.
+        Outermost(*mut Pending),
+        /// Inside another allocator call: the return probe must run to move
+        /// the depth back.
+        Nested,
+        /// Nothing to do at return (not recorded, or no room in PENDING).
+        Untracked,
+    }
+
+    impl Entered {
+        /// Whether the return probe must run: what a session program's
+        /// entry tells the kernel (0: run it, 1: skip it).
+        #[inline(always)]
+        fn session_verdict(&self) -> u32 {
+            match self {
+                Entered::Untracked => 1,
+                _ => 0,
             }
+        }
+    }
+
+    /// The thread's pending slot, created with a seeded random state on
+    /// the thread's first allocator call.
+    #[inline(always)]
+    fn pending_slot(thread: u64) -> Option<*mut Pending> {
+        if let Some(pending) = PENDING.get_ptr_mut(&thread) {
             return Some(pending);
         }
         let pending = Pending {
-            size,
-            pointer,
-            call: call_kind,
-            depth: 1,
+            random_state: seed_for(thread),
             ..Pending::default()
         };
         if PENDING.insert(&thread, &pending, BPF_ANY as u64).is_err() {
@@ -221,80 +260,220 @@ mod probes {
         PENDING.get_ptr_mut(&thread)
     }
 
+    /// Entry of an allocator call: remembers its arguments and what its new
+    /// block counts for, unless another allocator call is in progress on
+    /// this thread. A call whose block is not recorded (filtered out, not
+    /// sampled) is `Untracked` unless `keep_unrecorded` (realloc, which
+    /// still frees its old block).
+    #[inline(always)]
+    fn enter(call_kind: u32, size: u64, pointer: u64, keep_unrecorded: bool) -> Entered {
+        let thread = bpf_get_current_pid_tgid();
+        let Some(pending) = pending_slot(thread) else {
+            return Entered::Untracked;
+        };
+        let pending = unsafe { &mut *pending };
+        if pending.depth > 0 {
+            pending.depth += 1;
+            count(stat::NESTED_CALLS);
+            return Entered::Nested;
+        }
+        let recorded_bytes = recorded_bytes(size, &mut pending.random_state);
+        if recorded_bytes == 0 {
+            count(stat::NOT_RECORDED);
+            if !keep_unrecorded {
+                return Entered::Untracked;
+            }
+        }
+        pending.size = size;
+        pending.pointer = pointer;
+        pending.recorded_bytes = recorded_bytes;
+        pending.call = call_kind;
+        pending.depth = 1;
+        pending.old_known = 0;
+        Entered::Outermost(pending)
+    }
+
+    /// What a new block of `size` bytes counts for in the live totals; 0
+    /// when it is not recorded. See `tracer_ebpf::sampling`.
+    #[inline(always)]
+    fn recorded_bytes(size: u64, random_state: &mut u64) -> u64 {
+        if size < MIN_SIZE_BYTES.load() || size > MAX_SIZE_BYTES.load() {
+            return 0;
+        }
+        let period_bytes = SAMPLE_BYTES.load();
+        if period_bytes == 0 {
+            return size;
+        }
+        if size >= period_bytes * SAMPLE_TABLE_PERIODS {
+            return size;
+        }
+        let scaled = size * SAMPLE_STEPS_PER_PERIOD;
+        let index = (scaled / period_bytes) as usize;
+        if index + 1 >= SAMPLE_TABLE_LEN {
+            return size;
+        }
+        let fraction = scaled % period_bytes;
+        // SAFETY: both indices are below SAMPLE_TABLE_LEN; volatile, so the
+        // compiler never folds the table's placeholder values.
+        let (upper, lower) = unsafe {
+            (
+                core::ptr::read_volatile(SAMPLE_SKIP_CHANCE.as_ptr().add(index)),
+                core::ptr::read_volatile(SAMPLE_SKIP_CHANCE.as_ptr().add(index + 1)),
+            )
+        };
+        let skip_chance = upper - (upper - lower) * fraction / period_bytes;
+        if next_random_u32(random_state) < skip_chance {
+            return 0;
+        }
+        (size << 32) / (PROBABILITY_ONE - skip_chance)
+    }
+
+    /// xorshift64*: the upper 32 bits of the next value.
+    #[inline(always)]
+    fn next_random_u32(state: &mut u64) -> u64 {
+        let mut x = *state;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        *state = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32
+    }
+
+    /// A thread's first random state: from the load-time SAMPLE_SEED when
+    /// one is set (reproducible runs), else from the kernel's generator.
+    #[inline(always)]
+    fn seed_for(thread: u64) -> u64 {
+        let seed = match SAMPLE_SEED.load() {
+            0 => unsafe { ((bpf_get_prandom_u32() as u64) << 32) | bpf_get_prandom_u32() as u64 },
+            seed => seed,
+        };
+        // Spread the seed over all bits before mixing in the thread id, so
+        // that nearby seeds and thread ids never cancel out; then the
+        // splitmix64 finalizer: distinct threads get unrelated streams.
+        let mut z = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (thread as u32 as u64);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) | 1
+    }
+
     #[inline(always)]
     fn arg(ctx: &ProbeContext, index: usize) -> u64 {
         ctx.arg::<u64>(index).unwrap_or(0)
     }
 
-    #[uprobe]
-    pub fn malloc_enter(ctx: ProbeContext) -> u32 {
-        enter(call::RETURNS_POINTER, arg(&ctx, 0), 0);
-        0
+    /// `bpf_session_is_return()`: a kfunc, which aya cannot relocate. The
+    /// call is emitted with a placeholder helper id that tracer's session
+    /// loader (`attach/session.rs`) rewrites into a kfunc call; aya never
+    /// loads the `*_session` programs.
+    #[inline(always)]
+    fn session_is_return() -> bool {
+        let result: u64;
+        unsafe {
+            core::arch::asm!(
+                "call 0x7eadbeef",
+                lateout("r0") result,
+                lateout("r1") _,
+                lateout("r2") _,
+                lateout("r3") _,
+                lateout("r4") _,
+                lateout("r5") _,
+            );
+        }
+        result & 0xff != 0
     }
 
-    #[uprobe]
-    pub fn calloc_enter(ctx: ProbeContext) -> u32 {
-        enter(
-            call::RETURNS_POINTER,
-            arg(&ctx, 0).wrapping_mul(arg(&ctx, 1)),
-            0,
-        );
-        0
+    /// One entry shape, two programs: `$entry` (a plain uprobe, with the
+    /// `alloc_return` uretprobe next to it) and `$session` (a uprobe
+    /// session program: the same entry, and at return what `alloc_return`
+    /// does; its entry skips the return when nothing is pending).
+    macro_rules! entry_programs {
+        ($entry:ident, $session:ident, |$ctx:ident| $body:expr) => {
+            #[uprobe]
+            pub fn $entry($ctx: ProbeContext) -> u32 {
+                let _ = $body;
+                0
+            }
+
+            #[uprobe]
+            pub fn $session($ctx: ProbeContext) -> u32 {
+                if session_is_return() {
+                    on_return(&RetProbeContext::new($ctx.as_ptr()));
+                    return 0;
+                }
+                $body.session_verdict()
+            }
+        };
     }
 
-    /// aligned_alloc(alignment, size) and memalign(alignment, size).
-    #[uprobe]
-    pub fn aligned_enter(ctx: ProbeContext) -> u32 {
-        enter(call::RETURNS_POINTER, arg(&ctx, 1), 0);
-        0
-    }
-
-    /// pvalloc rounds the size up to whole pages.
-    #[uprobe]
-    pub fn pvalloc_enter(ctx: ProbeContext) -> u32 {
-        let size = arg(&ctx, 0).max(1).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
-        enter(call::RETURNS_POINTER, size, 0);
-        0
-    }
-
-    #[uprobe]
-    pub fn posix_memalign_enter(ctx: ProbeContext) -> u32 {
-        enter(call::OUT_PARAMETER, arg(&ctx, 2), arg(&ctx, 0));
-        0
-    }
-
-    #[uprobe]
-    pub fn realloc_enter(ctx: ProbeContext) -> u32 {
-        realloc_common(arg(&ctx, 0), arg(&ctx, 1));
-        0
-    }
-
-    #[uprobe]
-    pub fn reallocarray_enter(ctx: ProbeContext) -> u32 {
-        realloc_common(arg(&ctx, 0), arg(&ctx, 1).wrapping_mul(arg(&ctx, 2)));
-        0
-    }
+    entry_programs!(malloc_enter, malloc_session, |ctx| enter(
+        call::RETURNS_POINTER,
+        arg(&ctx, 0),
+        0,
+        false
+    ));
+    entry_programs!(calloc_enter, calloc_session, |ctx| enter(
+        call::RETURNS_POINTER,
+        arg(&ctx, 0).wrapping_mul(arg(&ctx, 1)),
+        0,
+        false
+    ));
+    // aligned_alloc(alignment, size) and memalign(alignment, size).
+    entry_programs!(aligned_enter, aligned_session, |ctx| enter(
+        call::RETURNS_POINTER,
+        arg(&ctx, 1),
+        0,
+        false
+    ));
+    // pvalloc rounds the size up to whole pages.
+    entry_programs!(pvalloc_enter, pvalloc_session, |ctx| enter(
+        call::RETURNS_POINTER,
+        arg(&ctx, 0).max(1).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1),
+        0,
+        false
+    ));
+    entry_programs!(posix_memalign_enter, posix_memalign_session, |ctx| enter(
+        call::OUT_PARAMETER,
+        arg(&ctx, 2),
+        arg(&ctx, 0),
+        false
+    ));
+    entry_programs!(realloc_enter, realloc_session, |ctx| realloc_common(
+        arg(&ctx, 0),
+        arg(&ctx, 1)
+    ));
+    entry_programs!(reallocarray_enter, reallocarray_session, |ctx| {
+        realloc_common(arg(&ctx, 0), arg(&ctx, 1).wrapping_mul(arg(&ctx, 2)))
+    });
 
     /// realloc frees the old block at entry (it may be handed to another
     /// thread before realloc returns) and restores it if the call fails.
     #[inline(always)]
-    fn realloc_common(old: u64, size: u64) {
-        let Some(pending) = enter(call::REALLOC, size, old) else {
-            return;
+    fn realloc_common(old: u64, size: u64) -> Entered {
+        let entered = enter(call::REALLOC, size, old, true);
+        let Entered::Outermost(pending) = entered else {
+            return entered;
         };
-        if old == 0 {
-            return;
+        let pending = unsafe { &mut *pending };
+        if old != 0 {
+            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            match take_live(tgid, old) {
+                Some(block) => {
+                    pending.old = block;
+                    pending.old_known = 1;
+                }
+                None => count(stat::FREES_UNKNOWN),
+            }
         }
-        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        match take_live(tgid, old) {
-            Some(block) => unsafe {
-                (*pending).old = block;
-                (*pending).old_known = 1;
-            },
-            None => count(stat::FREES_UNKNOWN),
+        if pending.old_known == 0 && pending.recorded_bytes == 0 {
+            // Neither a known block to free nor a new one to record.
+            pending.depth = 0;
+            return Entered::Untracked;
         }
+        entered
     }
 
+    /// free: one LIVE lookup for a block that was never recorded (allocated
+    /// before attach, or not sampled).
     #[uprobe]
     pub fn free_enter(ctx: ProbeContext) -> u32 {
         let address = arg(&ctx, 0);
@@ -303,16 +482,23 @@ mod probes {
             return 0;
         }
         let thread = bpf_get_current_pid_tgid();
+        let key = LiveKey {
+            tgid: (thread >> 32) as u32,
+            pad: 0,
+            address,
+        };
+        let Some(block) = (unsafe { LIVE.get(&key) }).copied() else {
+            count(stat::FREES_UNKNOWN);
+            return 0;
+        };
         if let Some(pending) = PENDING.get_ptr(&thread)
             && unsafe { (*pending).depth } > 0
         {
             count(stat::NESTED_CALLS);
             return 0;
         }
-        match take_live((thread >> 32) as u32, address) {
-            Some(_) => count(stat::FREES),
-            None => count(stat::FREES_UNKNOWN),
-        }
+        retire(&key, &block);
+        count(stat::FREES);
         0
     }
 
@@ -320,18 +506,25 @@ mod probes {
     /// pending call.
     #[uretprobe]
     pub fn alloc_return(ctx: RetProbeContext) -> u32 {
+        on_return(&ctx);
+        0
+    }
+
+    #[inline(always)]
+    fn on_return(ctx: &RetProbeContext) {
         let thread = bpf_get_current_pid_tgid();
         let Some(pending) = PENDING.get_ptr_mut(&thread) else {
-            return 0;
+            return;
         };
         let pending = unsafe { &mut *pending };
         if pending.depth == 0 {
-            // The call started before the probes were attached.
-            return 0;
+            // The call started before the probes were attached, or was not
+            // recorded.
+            return;
         }
         pending.depth -= 1;
         if pending.depth > 0 {
-            return 0;
+            return;
         }
         let tgid = (thread >> 32) as u32;
         let result: u64 = ctx.ret();
@@ -339,13 +532,13 @@ mod probes {
             call::OUT_PARAMETER => {
                 if result as u32 != 0 {
                     count(stat::FAILED_ALLOCS);
-                    return 0;
+                    return;
                 }
                 match unsafe { bpf_probe_read_user(pending.pointer as *const u64) } {
                     Ok(address) => address,
                     Err(_) => {
                         count(stat::DROP_READ_OUT_PARAM);
-                        return 0;
+                        return;
                     }
                 }
             }
@@ -360,7 +553,7 @@ mod probes {
                     if pending.size != 0 {
                         count(stat::FAILED_ALLOCS);
                     }
-                    return 0;
+                    return;
                 }
                 if pending.old_known != 0 {
                     count(stat::FREES);
@@ -371,16 +564,30 @@ mod probes {
         };
         if address == 0 {
             count(stat::FAILED_ALLOCS);
-            return 0;
+            return;
+        }
+        if pending.recorded_bytes == 0 {
+            return;
         }
         let block = LiveAlloc {
-            size: pending.size,
-            stack_id: current_stack(&ctx),
+            size: pending.recorded_bytes,
+            stack_id: current_stack(ctx),
             kind: kind::HEAP,
             timestamp_ns: unsafe { bpf_ktime_get_ns() },
         };
         put_live(tgid, address, &block, true);
         count(stat::ALLOCS);
+    }
+
+    /// The benchmark's floors (`tracer floor`): empty programs, to measure
+    /// what a probe hit costs by itself at a given site.
+    #[uprobe]
+    pub fn floor_enter(_ctx: ProbeContext) -> u32 {
+        0
+    }
+
+    #[uretprobe]
+    pub fn floor_return(_ctx: RetProbeContext) -> u32 {
         0
     }
 

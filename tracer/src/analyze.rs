@@ -47,6 +47,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         model: &model,
         targets: &recording.targets(&filter),
         probes,
+        sampling: recording.metadata.sampling.clone(),
         interval_ms: recording.metadata.interval_ms,
         top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),

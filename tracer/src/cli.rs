@@ -6,10 +6,12 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
 use crate::{
+    attach::{FloorSites, Sampling},
     error::{ExitCode, fatal},
     model::Kind,
     output::folded::FoldedValue,
 };
+use tracer_ebpf::sampling::MAX_SAMPLE_BYTES;
 
 const ABOUT: &str =
     "Find the call stacks that hold growing memory in a running process, with eBPF.";
@@ -57,6 +59,41 @@ enum Verb {
     /// views as a live run, and folded stacks, pprof and flame graphs.
     #[command(after_help = EXIT_CODES)]
     Report(ReportArgs),
+    /// Benchmark floor (`cargo xtask bench`): empty eBPF programs on the
+    /// allocator functions of --pid until SIGINT, SIGTERM or its exit.
+    #[command(hide = true)]
+    Floor(FloorArgs),
+}
+
+const SAMPLING_HELP: &str = "\
+Sample allocations by bytes, like tcmalloc and heapprofd: a block of s bytes \
+is recorded with probability p(s) = 1 - exp(-s/N) (a Poisson process with one \
+point per N bytes; the decision is made in the entry probe, and with uprobe \
+sessions an unrecorded call skips its return probe) and counts for s/p(s) \
+bytes, so the live bytes of a stack are estimated without bias: \
+L^ = sum over its sampled live blocks of s/p(s). Variance: \
+Var(L^) = sum over its live blocks of s^2 (1-p(s))/p(s) <= N * L, so the \
+standard deviation is at most sqrt(N * L): with N = 512 KiB, a stack holding \
+1 GiB is within +-2.2 % (3 standard deviations). live_allocs then counts \
+sampled blocks. Default: every allocation is recorded (exact mode).";
+
+#[derive(Debug, Args)]
+struct FloorArgs {
+    #[arg(short, long = "pid", value_name = "PID")]
+    pid: u32,
+    /// Function entries (where other uprobe tools probe) or the sites
+    /// tracer chooses.
+    #[arg(long, value_enum)]
+    sites: FloorSitesArg,
+    /// Only entry programs, no return probes.
+    #[arg(long)]
+    entry_only: bool,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum FloorSitesArg {
+    Entry,
+    Chosen,
 }
 
 /// What to trace, shared by every verb that traces.
@@ -88,6 +125,29 @@ struct TargetArgs {
     /// each); stacks beyond it are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = 1 << 14)]
     max_stacks: u32,
+
+    /// Sampling period in bytes (at most 128 MiB).
+    #[arg(long, value_name = "N", long_help = SAMPLING_HELP)]
+    sample_bytes: Option<u64>,
+
+    /// Seed of the sampling decisions, for reproducible runs (default:
+    /// random).
+    #[arg(long, value_name = "N", requires = "sample_bytes")]
+    sample_seed: Option<u64>,
+
+    /// Record only blocks of at least this many bytes (checked in the
+    /// entry probe).
+    #[arg(long, value_name = "BYTES")]
+    min_size: Option<u64>,
+
+    /// Record only blocks of at most this many bytes (checked in the entry
+    /// probe).
+    #[arg(long, value_name = "BYTES")]
+    max_size: Option<u64>,
+
+    /// Print where each probe went and why.
+    #[arg(short, long)]
+    verbose: bool,
 
     /// Command to start and trace from its first allocation.
     #[arg(last = true, value_name = "COMMAND")]
@@ -149,6 +209,16 @@ pub struct Config {
     pub recording_path: Option<PathBuf>,
     pub max_live_allocs: u32,
     pub max_stacks: u32,
+    pub sampling: Sampling,
+    pub verbose: bool,
+}
+
+/// `tracer floor`: what the benchmark wants measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FloorConfig {
+    pub pid: u32,
+    pub sites: FloorSites,
+    pub with_return: bool,
 }
 
 /// What the user asked for: a run, a report on a recording, or text to
@@ -157,6 +227,7 @@ pub enum Parsed {
     Record(Config),
     Top(Config),
     Report(ReportConfig),
+    Floor(FloorConfig),
     Print(String),
 }
 
@@ -189,6 +260,14 @@ pub fn parse(arguments: impl IntoIterator<Item = OsString>) -> Result<Parsed> {
         }
         Verb::Top(args) => Ok(Parsed::Top(config_of(args.targets)?)),
         Verb::Report(args) => report_config(args).map(Parsed::Report),
+        Verb::Floor(args) => Ok(Parsed::Floor(FloorConfig {
+            pid: args.pid,
+            sites: match args.sites {
+                FloorSitesArg::Entry => FloorSites::FunctionEntry,
+                FloorSitesArg::Chosen => FloorSites::Chosen,
+            },
+            with_return: !args.entry_only,
+        })),
     }
 }
 
@@ -215,6 +294,27 @@ fn config_of(args: TargetArgs) -> Result<Config> {
             "--max-live and --max-stacks must be at least 1",
         ));
     }
+    let sampling = Sampling {
+        sample_bytes: args.sample_bytes.unwrap_or(0),
+        sample_seed: args.sample_seed.unwrap_or(0),
+        min_size_bytes: args.min_size.unwrap_or(0),
+        max_size_bytes: args.max_size.unwrap_or(u64::MAX),
+    };
+    if args
+        .sample_bytes
+        .is_some_and(|bytes| bytes == 0 || bytes > MAX_SAMPLE_BYTES)
+    {
+        return Err(fatal(
+            ExitCode::Usage,
+            format!("--sample-bytes must be 1..={MAX_SAMPLE_BYTES}"),
+        ));
+    }
+    if sampling.min_size_bytes > sampling.max_size_bytes {
+        return Err(fatal(
+            ExitCode::Usage,
+            "--min-size is larger than --max-size: nothing would be recorded",
+        ));
+    }
     Ok(Config {
         targets,
         duration: args.duration,
@@ -227,6 +327,8 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         recording_path: None,
         max_live_allocs: args.max_live_allocs,
         max_stacks: args.max_stacks,
+        sampling,
+        verbose: args.verbose,
     })
 }
 
@@ -422,6 +524,7 @@ mod tests {
         assert_eq!(config.targets, Targets::Pids(vec![1, 2]));
         assert_eq!(config.top, 3);
         assert_eq!(config.interval, Duration::from_secs(1));
+        assert_eq!(config.sampling, Sampling::EXACT);
         let Ok(Parsed::Record(config)) = record(&["--", "./prog", "--flag"]) else {
             panic!("expected a config");
         };
@@ -432,12 +535,67 @@ mod tests {
     }
 
     #[test]
+    fn sampling_and_size_filters() {
+        let Ok(Parsed::Record(config)) = record(&[
+            "-p",
+            "1",
+            "--sample-bytes",
+            "524288",
+            "--sample-seed",
+            "7",
+            "--min-size",
+            "16",
+            "--max-size",
+            "4096",
+        ]) else {
+            panic!("expected a config");
+        };
+        assert_eq!(
+            config.sampling,
+            Sampling {
+                sample_bytes: 524288,
+                sample_seed: 7,
+                min_size_bytes: 16,
+                max_size_bytes: 4096,
+            }
+        );
+        assert!(config.sampling.skips_calls());
+        let Ok(Parsed::Floor(floor)) = parse(
+            [
+                "tracer",
+                "floor",
+                "--pid",
+                "3",
+                "--sites",
+                "chosen",
+                "--entry-only",
+            ]
+            .iter()
+            .map(OsString::from),
+        ) else {
+            panic!("expected a floor config");
+        };
+        assert_eq!(
+            floor,
+            FloorConfig {
+                pid: 3,
+                sites: FloorSites::Chosen,
+                with_return: false
+            }
+        );
+    }
+
+    #[test]
     fn usage_errors_are_one_line_with_code_2() {
         for arguments in [
             &["--pid", "1", "--", "prog"][..],
             &[],
             &["--pid", "x"],
             &["--interval", "0s", "-p", "1"],
+            &["-p", "1", "--sample-bytes", "0"],
+            &["-p", "1", "--sample-bytes", "268435456"],
+            &["-p", "1", "--min-size", "10", "--max-size", "9"],
+            &["-p", "1", "--sample-seed", "1"],
         ] {
             let error = record(arguments).err().expect("an error");
             assert_eq!(

@@ -148,6 +148,24 @@ fn live_pids(targets: &[Watched]) -> Vec<u32> {
         .collect()
 }
 
+/// Waits for SIGINT, SIGTERM or the exit of `pid`.
+pub async fn wait_for_stop(pid: u32) -> Result<()> {
+    let mut interrupt = signal(SignalKind::interrupt()).context("could not catch SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("could not catch SIGTERM")?;
+    let mut liveness_timer = tokio::time::interval(LIVENESS_EVERY);
+    loop {
+        tokio::select! {
+            _ = liveness_timer.tick() => {
+                if !crate::procfs::is_alive(pid) {
+                    return Ok(());
+                }
+            }
+            _ = interrupt.recv() => return Ok(()),
+            _ = terminate.recv() => return Ok(()),
+        }
+    }
+}
+
 /// Reads BY_STACK and STATS, and the RSS of the live targets.
 pub fn snapshot(ebpf: &Ebpf, attached_at: Instant, live_pids: &[u32]) -> Result<Snapshot> {
     let elapsed_s = attached_at.elapsed().as_secs_f64();

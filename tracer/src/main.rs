@@ -7,8 +7,8 @@ use anyhow::{Context as _, Result};
 
 use tracer::{
     analyze,
-    attach::spawn,
-    cli::{self, Config, Parsed},
+    attach::{self, Probes, spawn},
+    cli::{self, Config, FloorConfig, Parsed},
     collect::{self, Schedule, StopReason},
     error,
     model::Model,
@@ -30,6 +30,7 @@ fn main() -> std::process::ExitCode {
         Parsed::Record(config) => record(&config),
         Parsed::Top(config) => top::run(&config),
         Parsed::Report(config) => analyze::report(&config),
+        Parsed::Floor(config) => floor(&config),
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -131,6 +132,26 @@ fn record(config: &Config) -> Result<()> {
     Ok(())
 }
 
+/// `tracer floor` (for `cargo xtask bench`): empty programs on the
+/// allocator functions of a process, until SIGINT, SIGTERM or its exit.
+fn floor(config: &FloorConfig) -> Result<()> {
+    attach::check_privileges()?;
+    attach::check_kernel()?;
+    attach::check_target(config.pid)?;
+    let mut probes = Probes::load(1, 1, &attach::Sampling::EXACT)?;
+    probes.attach_floor(config.pid, config.sites, config.with_return)?;
+    eprintln!(
+        "tracer: attached {} floor probes to PID {}",
+        probes.probe_count(),
+        config.pid
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the tokio runtime")?;
+    runtime.block_on(collect::wait_for_stop(config.pid))
+}
+
 /// Opens the recording (`-o FILE`), if asked for, with the metadata of the
 /// trace whose probes are now in place.
 fn start_recording(config: &Config, session: &Session) -> Result<Option<recording::Writer>> {
@@ -142,6 +163,7 @@ fn start_recording(config: &Config, session: &Session) -> Result<Option<recordin
         config.interval.as_millis() as u64,
         session.targets(),
         session.probe_reports(),
+        session.sampling_report(config),
     );
     recording::Writer::create(path, metadata).map(Some)
 }

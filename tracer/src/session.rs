@@ -10,7 +10,7 @@ use crate::{
     cli::{Config, Targets},
     collect::{self, Watched},
     model::{Frame, Model, StackKey, Target},
-    output::{ProbeReport, Report, ReportInput},
+    output::{ProbeReport, Report, ReportInput, SamplingReport},
     procfs,
     symbolize::Symbols,
 };
@@ -37,7 +37,7 @@ impl Session {
             }
         }
         let started_at = Instant::now();
-        let mut probes = Probes::load(config.max_live_allocs, config.max_stacks)?;
+        let mut probes = Probes::load(config.max_live_allocs, config.max_stacks, &config.sampling)?;
         let mut symbols = Symbols::new();
         let mut watched = Vec::new();
         match &config.targets {
@@ -59,6 +59,7 @@ impl Session {
             }
         }
         let attached_at = Instant::now();
+        warn_about_probes(&probes, config.verbose);
         eprintln!(
             "tracer: attached {} probes to {} in {} ms; tracing{} (Ctrl-C to stop and report)",
             probes.probe_count(),
@@ -86,6 +87,11 @@ impl Session {
 
     pub fn targets(&self) -> Vec<Target> {
         self.watched.iter().map(|w| w.target.clone()).collect()
+    }
+
+    /// How allocations are recorded, as the report describes it.
+    pub fn sampling_report(&self, config: &Config) -> SamplingReport {
+        sampling_report(&self.probes, config)
     }
 
     /// The probes in place, as the report lists them.
@@ -122,10 +128,58 @@ pub fn build_report(
         model,
         targets,
         probes: probe_reports(probes),
+        sampling: sampling_report(probes, config),
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,
         frames: &lookup,
     })
+}
+
+/// How allocations were recorded: exact or sampled, size filters, and how
+/// return probes were placed.
+fn sampling_report(probes: &Probes, config: &Config) -> SamplingReport {
+    let sampling = &config.sampling;
+    SamplingReport {
+        mode: if sampling.sample_bytes == 0 {
+            "exact"
+        } else {
+            "sampled"
+        }
+        .to_owned(),
+        sample_bytes: (sampling.sample_bytes != 0).then_some(sampling.sample_bytes),
+        min_size_bytes: sampling.min_size_bytes,
+        max_size_bytes: (sampling.max_size_bytes != u64::MAX).then_some(sampling.max_size_bytes),
+        return_probes: probes.return_probes.describe(),
+    }
+}
+
+/// Says where each probe went and why (`-v`), and warns once about every
+/// single-stepped probe and about a uprobe session fallback.
+fn warn_about_probes(probes: &Probes, verbose: bool) {
+    for hook in &probes.hooks {
+        let site = &hook.site;
+        let line = format!(
+            "{}+{} in {} (PID {}): {}",
+            site.function.name,
+            site.offset - site.function_offset,
+            site.path.display(),
+            hook.pid,
+            site.reason
+        );
+        if !site.emulated {
+            eprintln!("tracer: warning: probe on {line}");
+        } else if verbose {
+            eprintln!("tracer: probe on {line}");
+        }
+    }
+    if verbose
+        || matches!(
+            probes.return_probes,
+            attach::ReturnProbes::UretprobeFallback(_)
+        )
+    {
+        eprintln!("tracer: return probes: {}", probes.return_probes.describe());
+    }
 }
 
 fn probe_reports(probes: &Probes) -> Vec<ProbeReport> {
@@ -139,6 +193,7 @@ fn probe_reports(probes: &Probes) -> Vec<ProbeReport> {
             offset: hook.site.offset,
             offset_in_function: hook.site.offset - hook.site.function_offset,
             single_stepped: !hook.site.emulated,
+            reason: hook.site.reason.clone(),
         })
         .collect()
 }

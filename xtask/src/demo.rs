@@ -5,93 +5,24 @@
 //! blocks in `leak_here` (and churn memory it frees), so the report shows
 //! `leak_here` on top.
 
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::{BufRead as _, BufReader};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, bail};
 
+use crate::fixture_process::{FixtureProcess, KillOnDrop};
 use crate::shell::{self, is_root};
 
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 const LEAK_ROUNDS: usize = 5;
 const PAUSE_BETWEEN_ROUNDS: Duration = Duration::from_millis(700);
 
-/// A child process that is killed when this value is dropped early.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The running fixture and its command line protocol.
-struct Leaky {
-    child: KillOnDrop,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Leaky {
-    fn start(path: &Path) -> Result<(Self, u32)> {
-        let mut command = Command::new(path);
-        command.stdin(Stdio::piped()).stdout(Stdio::piped());
-        eprintln!("$ {} &", shell::display(&command));
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("could not start {}", path.display()))?;
-        let stdin = child.stdin.take().context("fixture stdin")?;
-        let stdout = BufReader::new(child.stdout.take().context("fixture stdout")?);
-        let mut leaky = Self {
-            child: KillOnDrop(child),
-            stdin,
-            stdout,
-        };
-        let ready = leaky.read_line()?;
-        let pid = ready
-            .strip_prefix("ready pid=")
-            .and_then(|pid| pid.parse().ok())
-            .ok_or_else(|| anyhow!("leaky printed {ready:?} instead of `ready pid=N`"))?;
-        Ok((leaky, pid))
-    }
-
-    fn command(&mut self, line: &str) -> Result<String> {
-        writeln!(self.stdin, "{line}").context("could not write to leaky")?;
-        self.stdin.flush().context("could not write to leaky")?;
-        let answer = self.read_line()?;
-        eprintln!("demo: leaky: {line} -> {answer}");
-        Ok(answer)
-    }
-
-    fn read_line(&mut self) -> Result<String> {
-        let mut line = String::new();
-        if self
-            .stdout
-            .read_line(&mut line)
-            .context("could not read from leaky")?
-            == 0
-        {
-            bail!("leaky exited unexpectedly");
-        }
-        Ok(line.trim_end().to_owned())
-    }
-
-    fn quit(mut self) -> Result<()> {
-        self.command("quit")?;
-        let status = self.child.0.wait().context("could not wait for leaky")?;
-        if !status.success() {
-            bail!("leaky exited with {status}");
-        }
-        Ok(())
-    }
-}
-
 pub fn demo(root: &Path) -> Result<()> {
-    let (mut leaky, pid) = Leaky::start(&root.join("target/fixtures/leaky"))?;
+    let mut leaky = FixtureProcess::start(&root.join("target/fixtures/leaky"), true)?;
+    let pid = leaky.pid;
 
     let tracer_path = root.join("target/release/tracer");
     let mut command = if is_root() {

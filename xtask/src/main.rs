@@ -1,10 +1,12 @@
 //! `cargo xtask`: the project's tasks, so that a fresh machine needs one
-//! command for each: `setup`, `build`, `demo`, `test`, `lint`.
+//! command for each: `setup`, `build`, `demo`, `test`, `bench`, `lint`.
 //!
 //! Every external command is printed before it runs, and a failure ends the
 //! task with one line that names the command.
 
+mod bench;
 mod demo;
+mod fixture_process;
 mod fixtures;
 mod setup;
 mod shell;
@@ -37,11 +39,20 @@ enum Task {
     Build,
     /// Build, then trace a leaking fixture for 5 s and print the report
     Demo,
-    /// Setup, then run every test; arguments go to `cargo test`, and those
-    /// after a second `--` to the test binaries
+    /// Setup, then run every test and the short benchmark; arguments go to
+    /// `cargo test` (the benchmark is then left out), and those after a
+    /// second `--` to the test binaries
     Test {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Build, then measure tracer's overhead next to the naive and site
+    /// floors; print a table, write target/bench/bench.json
+    Bench {
+        /// The CI form (< 2 minutes): fails if exact mode is slower than the
+        /// naive floor or malloc/free probes are single-stepped
+        #[arg(long)]
+        short: bool,
     },
     /// Run clippy (warnings are errors) and check formatting
     Lint,
@@ -72,7 +83,17 @@ fn run(task: Task) -> Result<()> {
         }
         Task::Test { args } => {
             let shell = setup_shell(&root)?;
-            test(&shell, &args)
+            test(&shell, &args)?;
+            if args.is_empty() {
+                build(&shell)?;
+                bench::bench(&root, true)?;
+            }
+            Ok(())
+        }
+        Task::Bench { short } => {
+            let shell = setup_shell(&root)?;
+            build(&shell)?;
+            bench::bench(&root, short)
         }
         Task::Lint => lint(&Shell::new(false)),
     }

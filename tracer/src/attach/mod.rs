@@ -2,7 +2,12 @@
 //! uprobe (and one uretprobe where the result is needed) per allocator
 //! function, in whichever mapped object defines it, scoped to the target's
 //! PID so other processes pay nothing.
+//!
+//! When calls may go unrecorded (sampling, size filters) and the kernel
+//! has uprobe sessions, the entry and return programs of a function are one
+//! session program (`session`), so an unrecorded call skips its return.
 pub mod prologue;
+pub mod session;
 pub mod spawn;
 pub mod symbols;
 
@@ -21,10 +26,75 @@ use crate::{
     error::{ExitCode, fatal},
     procfs,
 };
+use session::SessionPrograms;
 pub use symbols::HookSite;
+use tracer_ebpf::sampling::{PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TABLE_LEN};
 
 /// The return program shared by every allocator function.
 const RETURN_PROGRAM: &str = "alloc_return";
+/// The benchmark's empty programs.
+const FLOOR_ENTRY_PROGRAM: &str = "floor_enter";
+const FLOOR_RETURN_PROGRAM: &str = "floor_return";
+
+/// What the probes record: every allocation or a sample, of which sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sampling {
+    /// Sampling period in bytes (`--sample-bytes`); 0: every allocation.
+    pub sample_bytes: u64,
+    /// Seed of the sampling decisions; 0: a random one per thread.
+    pub sample_seed: u64,
+    /// Blocks smaller than this are not recorded.
+    pub min_size_bytes: u64,
+    /// Blocks larger than this are not recorded.
+    pub max_size_bytes: u64,
+}
+
+impl Sampling {
+    /// Every allocation of every size.
+    pub const EXACT: Sampling = Sampling {
+        sample_bytes: 0,
+        sample_seed: 0,
+        min_size_bytes: 0,
+        max_size_bytes: u64::MAX,
+    };
+
+    /// Whether some calls are not recorded, so may skip their return.
+    pub fn skips_calls(&self) -> bool {
+        self.sample_bytes != 0 || self.min_size_bytes != 0 || self.max_size_bytes != u64::MAX
+    }
+}
+
+/// How return values reach the eBPF programs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReturnProbes {
+    /// A uretprobe on every allocator function that returns a block.
+    Uretprobe,
+    /// uprobe session programs: unrecorded calls skip the return.
+    Session,
+    /// Sessions were wanted but the kernel refused them (the reason).
+    UretprobeFallback(String),
+}
+
+impl ReturnProbes {
+    pub fn describe(&self) -> String {
+        match self {
+            ReturnProbes::Uretprobe => "uretprobe".to_owned(),
+            ReturnProbes::Session => "uprobe session".to_owned(),
+            ReturnProbes::UretprobeFallback(why) => {
+                format!("uretprobe (uprobe sessions unavailable: {why})")
+            }
+        }
+    }
+}
+
+/// Where the benchmark's empty floor programs go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloorSites {
+    /// The function entry, where other uprobe tools probe.
+    FunctionEntry,
+    /// The sites tracer chooses (`prologue`).
+    Chosen,
+}
 
 /// A hook that is in place: where, and in which process.
 #[derive(Clone, Debug)]
@@ -104,24 +174,38 @@ pub fn check_target(pid: u32) -> Result<()> {
 pub struct Probes {
     pub ebpf: Ebpf,
     pub hooks: Vec<AttachedHook>,
+    pub return_probes: ReturnProbes,
     links: Vec<(&'static str, UProbeLinkId)>,
+    session: Option<SessionPrograms>,
 }
 
 impl Probes {
-    /// Loads the embedded eBPF object and every program in it, with the
-    /// tables sized as asked: `max_live_allocs` outstanding blocks,
-    /// `max_stacks` distinct stacks (and four times as many per-stack
-    /// totals: one stack may hold several kinds in several processes).
-    pub fn load(max_live_allocs: u32, max_stacks: u32) -> Result<Probes> {
+    /// Loads the embedded eBPF object and its programs, configured for
+    /// `sampling` (the session programs only when calls may be skipped),
+    /// with the tables sized as asked: `max_live_allocs` outstanding
+    /// blocks, `max_stacks` distinct stacks (and four times as many
+    /// per-stack totals: one stack may hold several kinds in several
+    /// processes).
+    pub fn load(max_live_allocs: u32, max_stacks: u32, sampling: &Sampling) -> Result<Probes> {
         raise_memlock_limit();
         let object = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
+        let skip_chance = skip_chance_table();
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("LIVE", max_live_allocs)
             .map_max_entries("STACKS", max_stacks)
             .map_max_entries("BY_STACK", max_stacks.saturating_mul(4))
+            .override_global("SAMPLE_BYTES", &sampling.sample_bytes, true)
+            .override_global("SAMPLE_SEED", &sampling.sample_seed, true)
+            .override_global("MIN_SIZE_BYTES", &sampling.min_size_bytes, true)
+            .override_global("MAX_SIZE_BYTES", &sampling.max_size_bytes, true)
+            .override_global("SAMPLE_SKIP_CHANCE", &skip_chance, true)
             .load(object)
             .map_err(|error| load_error(error.into()))?;
-        let names: Vec<String> = ebpf.programs().map(|(name, _)| name.to_owned()).collect();
+        let names: Vec<String> = ebpf
+            .programs()
+            .map(|(name, _)| name.to_owned())
+            .filter(|name| !name.ends_with("_session"))
+            .collect();
         for name in names {
             let program: &mut UProbe = program(&mut ebpf, &name)?;
             program
@@ -129,10 +213,20 @@ impl Probes {
                 .map_err(|error| load_error(error.into()))
                 .with_context(|| format!("could not load eBPF program {name}"))?;
         }
+        let (session, return_probes) = if sampling.skips_calls() {
+            match SessionPrograms::load(object, &ebpf) {
+                Ok(session) => (Some(session), ReturnProbes::Session),
+                Err(error) => (None, ReturnProbes::UretprobeFallback(format!("{error:#}"))),
+            }
+        } else {
+            (None, ReturnProbes::Uretprobe)
+        };
         Ok(Probes {
             ebpf,
             hooks: Vec::new(),
+            return_probes,
             links: Vec::new(),
+            session,
         })
     }
 
@@ -140,15 +234,7 @@ impl Probes {
     /// defines allocator functions. Return probes go in first, so that a
     /// call whose entry is seen always has its return seen too.
     pub fn attach_allocators(&mut self, pid: u32) -> Result<usize> {
-        let maps = procfs::read_maps(pid)
-            .map_err(|error| fatal(ExitCode::NoTarget, format!("PID {pid}: {error:#}")))?;
-        let sites = symbols::find_hook_sites(pid, &maps)?;
-        if maps.is_empty() || !procfs::is_alive(pid) {
-            return Err(fatal(
-                ExitCode::NoTarget,
-                format!("PID {pid} exited during attach"),
-            ));
-        }
+        let sites = allocator_sites(pid)?;
         if !sites
             .iter()
             .any(|site| site.function.name == "malloc" || site.function.name == "free")
@@ -162,51 +248,136 @@ impl Probes {
                 ),
             ));
         }
-        let before = self.links.len();
+        let before = self.probe_count();
+        let in_session = |site: &HookSite, session: &Option<SessionPrograms>| {
+            session
+                .as_ref()
+                .is_some_and(|session| session.covers(site.function.entry_program))
+        };
         for site in sites.iter().filter(|site| site.function.has_return) {
-            self.attach_one(RETURN_PROGRAM, site, pid)?;
+            if !in_session(site, &self.session) {
+                self.attach_one(RETURN_PROGRAM, site, site.offset, pid)?;
+            }
         }
         for site in &sites {
-            self.attach_one(site.function.entry_program, site, pid)?;
+            match self.session.as_mut() {
+                Some(session) if session.covers(site.function.entry_program) => session
+                    .attach(
+                        site.function.entry_program,
+                        &site.host_path,
+                        site.offset,
+                        pid,
+                    )
+                    .map_err(|error| attach_error(error, pid))?,
+                _ => self.attach_one(site.function.entry_program, site, site.offset, pid)?,
+            }
             self.hooks.push(AttachedHook {
                 pid,
                 site: site.clone(),
             });
         }
-        Ok(self.links.len() - before)
+        Ok(self.probe_count() - before)
     }
 
-    fn attach_one(&mut self, program_name: &'static str, site: &HookSite, pid: u32) -> Result<()> {
+    /// The benchmark's floor: the empty `floor_enter` on every allocator
+    /// function, and `floor_return` where tracer puts a return probe
+    /// (unless `with_return` is false), at `sites`.
+    pub fn attach_floor(&mut self, pid: u32, sites: FloorSites, with_return: bool) -> Result<()> {
+        for site in allocator_sites(pid)? {
+            let offset = match sites {
+                FloorSites::FunctionEntry => site.function_offset,
+                FloorSites::Chosen => site.offset,
+            };
+            if with_return && site.function.has_return {
+                self.attach_one(FLOOR_RETURN_PROGRAM, &site, offset, pid)?;
+            }
+            self.attach_one(FLOOR_ENTRY_PROGRAM, &site, offset, pid)?;
+            let emulated = match sites {
+                FloorSites::FunctionEntry => site.offset == site.function_offset && site.emulated,
+                FloorSites::Chosen => site.emulated,
+            };
+            self.hooks.push(AttachedHook {
+                pid,
+                site: HookSite {
+                    offset,
+                    emulated,
+                    ..site
+                },
+            });
+        }
+        Ok(())
+    }
+
+    fn attach_one(
+        &mut self,
+        program_name: &'static str,
+        site: &HookSite,
+        offset: u64,
+        pid: u32,
+    ) -> Result<()> {
         let scope = UProbeScope::OneProcess(nonzero_pid(pid)?);
         let program: &mut UProbe = program(&mut self.ebpf, program_name)?;
         let link = program
             .attach(
-                UProbeAttachLocation::AbsoluteOffset(site.offset),
+                UProbeAttachLocation::AbsoluteOffset(offset),
                 &site.host_path,
                 scope,
             )
             .map_err(|error| {
-                if procfs::is_alive(pid) {
+                attach_error(
                     anyhow::Error::new(error).context(format!(
                         "could not attach {program_name} to {} in {}",
                         site.function.name,
                         site.path.display()
-                    ))
-                } else {
-                    fatal(
-                        ExitCode::NoTarget,
-                        format!("PID {pid} exited during attach"),
-                    )
-                }
+                    )),
+                    pid,
+                )
             })?;
         self.links.push((program_name, link));
         Ok(())
     }
 
-    /// Number of uprobes and uretprobes in place.
+    /// Number of uprobes, uretprobes and uprobe sessions in place.
     pub fn probe_count(&self) -> usize {
-        self.links.len()
+        self.links.len() + self.session.as_ref().map_or(0, SessionPrograms::link_count)
     }
+}
+
+/// The allocator functions `pid` maps, with their probe sites.
+fn allocator_sites(pid: u32) -> Result<Vec<HookSite>> {
+    let maps = procfs::read_maps(pid)
+        .map_err(|error| fatal(ExitCode::NoTarget, format!("PID {pid}: {error:#}")))?;
+    let sites = symbols::find_hook_sites(pid, &maps)?;
+    // An exiting process has no mappings left: not a target without an
+    // allocator.
+    if maps.is_empty() || !procfs::is_alive(pid) {
+        return Err(fatal(
+            ExitCode::NoTarget,
+            format!("PID {pid} exited during attach"),
+        ));
+    }
+    Ok(sites)
+}
+
+/// An attach failure, or the target's exit when that is what caused it.
+fn attach_error(error: anyhow::Error, pid: u32) -> anyhow::Error {
+    if procfs::is_alive(pid) {
+        error
+    } else {
+        fatal(
+            ExitCode::NoTarget,
+            format!("PID {pid} exited during attach"),
+        )
+    }
+}
+
+/// `exp(-i / SAMPLE_STEPS_PER_PERIOD)` in units of 2^-32: the chance that
+/// the sampling skips a block of i steps (see `tracer_ebpf::sampling`).
+fn skip_chance_table() -> [u64; SAMPLE_TABLE_LEN] {
+    std::array::from_fn(|step| {
+        let periods = step as f64 / SAMPLE_STEPS_PER_PERIOD as f64;
+        ((-periods).exp() * PROBABILITY_ONE as f64).round() as u64
+    })
 }
 
 /// A program of the object, as a uprobe.

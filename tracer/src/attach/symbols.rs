@@ -72,6 +72,8 @@ pub struct HookSite {
     /// Whether the kernel emulates the probed instruction (else it is
     /// single-stepped: ~16 µs per call on a VM).
     pub emulated: bool,
+    /// Why the probe is where it is (see `prologue`).
+    pub reason: String,
 }
 
 /// The allocator functions defined in the executable files `pid` maps.
@@ -107,17 +109,18 @@ pub fn find_hook_sites(pid: u32, maps: &[Mapping]) -> Result<Vec<HookSite>> {
         };
         let functions = allocator_offsets(&data, search)
             .with_context(|| format!("could not read the symbols of {}", path.display()))?;
-        for (function, function_offset) in functions {
-            let start = usize::try_from(function_offset).unwrap_or(usize::MAX);
+        for found in functions {
+            let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
             let code = data.get(start..).unwrap_or_default();
-            let site = prologue::choose_site(code, function.name == "free");
+            let site = prologue::choose_site(code, found.size_bytes);
             sites.push(HookSite {
-                function,
+                function: found.function,
                 path: path.clone(),
                 host_path: host_path.clone(),
-                function_offset,
-                offset: function_offset + site.offset,
+                function_offset: found.file_offset,
+                offset: found.file_offset + site.offset,
                 emulated: site.emulated,
+                reason: site.reason,
             });
         }
     }
@@ -131,17 +134,24 @@ pub enum SymbolTables {
     DynamicAndFull,
 }
 
-/// File offsets of the allocator functions an ELF file defines. Two names
-/// at one address (glibc 2.36's `aligned_alloc` is `memalign`) are hooked
-/// once, under the first name.
-pub fn allocator_offsets(
-    data: &[u8],
-    search: SymbolTables,
-) -> Result<Vec<(AllocatorFunction, u64)>> {
+/// An allocator function defined in an ELF file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FoundFunction {
+    pub function: AllocatorFunction,
+    /// File offset of its first instruction.
+    pub file_offset: u64,
+    /// Its size from the symbol table; 0 when unknown.
+    pub size_bytes: u64,
+}
+
+/// The allocator functions an ELF file defines. Two names at one address
+/// (glibc 2.36's `aligned_alloc` is `memalign`) are hooked once, under the
+/// first name.
+pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundFunction>> {
     let Ok(file) = object::File::parse(data) else {
         return Ok(Vec::new());
     };
-    let mut addresses: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut addresses: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     let full = (search == SymbolTables::DynamicAndFull).then(|| file.symbols());
     for symbol in file.dynamic_symbols().chain(full.into_iter().flatten()) {
         if !symbol.is_definition() || symbol.kind() != SymbolKind::Text || symbol.address() == 0 {
@@ -149,19 +159,25 @@ pub fn allocator_offsets(
         }
         let Ok(name) = symbol.name() else { continue };
         if let Some(function) = ALLOCATOR_FUNCTIONS.iter().find(|f| f.name == name) {
-            addresses.entry(function.name).or_insert(symbol.address());
+            addresses
+                .entry(function.name)
+                .or_insert((symbol.address(), symbol.size()));
         }
     }
-    let mut found: Vec<(AllocatorFunction, u64)> = Vec::new();
+    let mut found: Vec<FoundFunction> = Vec::new();
     for function in ALLOCATOR_FUNCTIONS {
-        let Some(&address) = addresses.get(function.name) else {
+        let Some(&(address, size_bytes)) = addresses.get(function.name) else {
             continue;
         };
         let Some(offset) = file_offset(&file, address) else {
             continue;
         };
-        if found.iter().all(|(_, seen)| *seen != offset) {
-            found.push((function, offset));
+        if found.iter().all(|seen| seen.file_offset != offset) {
+            found.push(FoundFunction {
+                function,
+                file_offset: offset,
+                size_bytes,
+            });
         }
     }
     Ok(found)
@@ -187,14 +203,28 @@ mod tests {
     fn finds_glibc_allocators() {
         let data = fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("glibc is installed");
         let found = allocator_offsets(&data, SymbolTables::Dynamic).unwrap();
-        let names: Vec<&str> = found.iter().map(|(function, _)| function.name).collect();
+        let names: Vec<&str> = found.iter().map(|found| found.function.name).collect();
         for name in ["malloc", "calloc", "realloc", "free", "posix_memalign"] {
             assert!(names.contains(&name), "{name} missing from {names:?}");
         }
-        let mut offsets: Vec<u64> = found.iter().map(|(_, offset)| *offset).collect();
+        let mut offsets: Vec<u64> = found.iter().map(|found| found.file_offset).collect();
         offsets.sort();
         offsets.dedup();
         assert_eq!(offsets.len(), found.len(), "one hook per address");
+    }
+
+    /// On this machine's glibc, malloc and free get emulated sites.
+    #[test]
+    fn glibc_malloc_and_free_are_not_single_stepped() {
+        let data = fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("glibc is installed");
+        for found in allocator_offsets(&data, SymbolTables::Dynamic).unwrap() {
+            if !matches!(found.function.name, "malloc" | "free") {
+                continue;
+            }
+            let code = &data[found.file_offset as usize..];
+            let site = prologue::choose_site(code, found.size_bytes);
+            assert!(site.emulated, "{}: {}", found.function.name, site.reason);
+        }
     }
 
     #[test]

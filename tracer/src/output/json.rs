@@ -47,6 +47,7 @@ mod tests {
                 "events",
                 "interval_ms",
                 "probes",
+                "sampling",
                 "snapshots",
                 "stacks",
                 "suspected_leaks",
@@ -75,8 +76,19 @@ mod tests {
                 "offset",
                 "offset_in_function",
                 "pid",
+                "reason",
                 "single_stepped",
                 "symbol"
+            ]
+        );
+        assert_eq!(
+            keys(&json["sampling"]),
+            [
+                "max_size_bytes",
+                "min_size_bytes",
+                "mode",
+                "return_probes",
+                "sample_bytes"
             ]
         );
 

@@ -34,6 +34,7 @@ pub struct Report {
     /// Every event counter, by name.
     pub events: BTreeMap<String, u64>,
     pub probes: Vec<ProbeReport>,
+    pub sampling: SamplingReport,
     /// The top stacks by live bytes, rank 1 first.
     pub stacks: Vec<StackReport>,
     /// Stacks that grew steadily until the end, fastest first (rank 1 is
@@ -63,6 +64,37 @@ pub struct ProbeReport {
     pub offset_in_function: u64,
     /// The probed instruction is single-stepped: ~16 µs per call on a VM.
     pub single_stepped: bool,
+    /// Why the probe is at this instruction.
+    pub reason: String,
+}
+
+/// What the probes recorded: every allocation, or a sample.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SamplingReport {
+    /// "exact" or "sampled".
+    pub mode: String,
+    /// Sampling period (`--sample-bytes`); null in exact mode. Live bytes
+    /// are then estimates and `live_allocs` counts sampled blocks.
+    pub sample_bytes: Option<u64>,
+    pub min_size_bytes: u64,
+    /// null: no upper limit.
+    pub max_size_bytes: Option<u64>,
+    /// How return values are read: "uretprobe", "uprobe session", or a
+    /// uretprobe fallback with the reason.
+    pub return_probes: String,
+}
+
+impl SamplingReport {
+    /// Every allocation recorded, results read by uretprobes.
+    pub fn exact() -> SamplingReport {
+        SamplingReport {
+            mode: "exact".to_owned(),
+            sample_bytes: None,
+            min_size_bytes: 0,
+            max_size_bytes: None,
+            return_probes: "uretprobe".to_owned(),
+        }
+    }
 }
 
 /// One ranked stack.
@@ -93,6 +125,7 @@ pub struct ReportInput<'a> {
     pub model: &'a Model,
     pub targets: &'a [Target],
     pub probes: Vec<ProbeReport>,
+    pub sampling: SamplingReport,
     pub interval_ms: u64,
     /// How many stacks to rank.
     pub top: usize,
@@ -133,6 +166,7 @@ impl Report {
             drops: by_name(model.drops()),
             events: by_name(model.events()),
             probes: input.probes,
+            sampling: input.sampling,
             stacks,
             suspected_leaks,
         }
@@ -444,7 +478,9 @@ mod tests {
                 offset: 0xa5120,
                 offset_in_function: 0,
                 single_stepped: false,
+                reason: "entry instruction `push %r12` is emulated".to_owned(),
             }],
+            sampling: SamplingReport::exact(),
             interval_ms: 1000,
             top,
             frames: &sample_frames,

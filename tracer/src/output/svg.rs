@@ -420,6 +420,7 @@ mod tests {
             exited_after_s: None,
         }];
         let report = Report::build(ReportInput {
+            sampling: crate::output::SamplingReport::exact(),
             model: &model,
             targets: &targets,
             probes: Vec::new(),

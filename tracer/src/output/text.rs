@@ -43,6 +43,13 @@ pub fn render(report: &Report) -> String {
          allocations made before attach are not seen",
         report.window_s, report.snapshots, report.interval_ms
     ));
+    if let Some(sample_bytes) = report.sampling.sample_bytes {
+        lines.push(format!(
+            "sampled: one point per {} allocated (--sample-bytes); live bytes are unbiased \
+             estimates, live allocs count sampled blocks",
+            human_bytes(sample_bytes as f64)
+        ));
+    }
     let frees_unknown_name = STAT_NAMES[stat::FREES_UNKNOWN as usize].0;
     let frees_unknown = report.events.get(frees_unknown_name).copied().unwrap_or(0);
     lines.push(format!(
@@ -257,6 +264,13 @@ mod tests {
             drops: BTreeMap::new(),
             events: BTreeMap::new(),
             probes: Vec::new(),
+            sampling: crate::output::SamplingReport {
+                mode: "exact".to_owned(),
+                sample_bytes: None,
+                min_size_bytes: 0,
+                max_size_bytes: None,
+                return_probes: "uretprobe".to_owned(),
+            },
             stacks: Vec::new(),
             suspected_leaks: Vec::new(),
         };

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     model::{Counters, Frame, Target},
-    output::ProbeReport,
+    output::{ProbeReport, SamplingReport},
 };
 
 mod read;
@@ -69,6 +69,8 @@ pub struct Metadata {
     pub targets: Vec<Target>,
     /// Every probe attached, with the library it is in.
     pub probes: Vec<ProbeReport>,
+    /// Exact or sampled, size filters, how return values were read.
+    pub sampling: SamplingReport,
 }
 
 /// One entry of the file.

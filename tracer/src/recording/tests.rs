@@ -9,7 +9,7 @@ use super::*;
 use crate::{
     error::{ExitCode, exit_code},
     model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
-    output::{Report, ReportInput, json::to_json},
+    output::{Report, ReportInput, SamplingReport, json::to_json},
 };
 
 fn key(pid: u32, stack_id: u32) -> StackKey {
@@ -58,6 +58,7 @@ fn metadata() -> Metadata {
             },
         ],
         Vec::new(),
+        SamplingReport::exact(),
     )
 }
 
@@ -117,6 +118,7 @@ fn report_json(
     frames: &dyn Fn(&StackKey) -> Vec<Frame>,
 ) -> String {
     to_json(&Report::build(ReportInput {
+        sampling: SamplingReport::exact(),
         model,
         targets,
         probes: Vec::new(),

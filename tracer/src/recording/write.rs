@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result};
 use super::{FORMAT_VERSION, MAGIC, Metadata, Record, SnapshotRecord, StackRecord, record_crc};
 use crate::{
     model::{Counters, Frame, Snapshot, StackKey, Target},
-    output::ProbeReport,
+    output::{ProbeReport, SamplingReport},
     procfs,
 };
 
@@ -26,6 +26,7 @@ impl Metadata {
         interval_ms: u64,
         targets: Vec<Target>,
         probes: Vec<ProbeReport>,
+        sampling: SamplingReport,
     ) -> Metadata {
         let started_at_unix_ms = (SystemTime::now() - attached_at.elapsed())
             .duration_since(UNIX_EPOCH)
@@ -38,6 +39,7 @@ impl Metadata {
             interval_ms,
             targets,
             probes,
+            sampling,
         }
     }
 }

@@ -1,0 +1,113 @@
+//! Sampling (`--sample-bytes`) and size filters (`--min-size`,
+//! `--max-size`) against tests/fixtures/leaky, whose live bytes are known:
+//! filters are exact, sampled estimates land within the bound stated in
+//! `tracer record --help`.
+
+#[allow(dead_code, reason = "tests/record.rs uses the rest of the harness")]
+mod harness;
+
+use harness::{Live, field, record_with};
+
+/// `malloc` size in leaky.c's `leak_here`.
+const LEAK_SIZE_BYTES: i64 = 1337;
+/// `malloc` size in leaky.c's `thread_leak`.
+const THREAD_LEAK_SIZE_BYTES: i64 = 2048;
+
+/// Blocks the filters keep are counted exactly, the others not at all,
+/// with calls that skip their return probe (uprobe sessions) where the
+/// kernel has them.
+#[test]
+fn size_filters_are_exact() {
+    let session = record_with(
+        "leaky",
+        &["--min-size", "2000"],
+        &["leak 50", "threads 2 100"],
+    );
+    let report = &session.report;
+    assert_eq!(
+        report.heap_live_with("leak_here"),
+        Live::default(),
+        "\n{report}"
+    );
+    assert_eq!(
+        report.heap_live_with("thread_leak"),
+        Live {
+            bytes: 200 * THREAD_LEAK_SIZE_BYTES,
+            allocs: 200
+        },
+        "\n{report}"
+    );
+    assert!(
+        report.int("/events/allocs_not_recorded") >= 50,
+        "{}",
+        report.json
+    );
+
+    let session = record_with(
+        "leaky",
+        &["--max-size", "1500"],
+        &["leak 50", "threads 2 100"],
+    );
+    let report = &session.report;
+    assert_eq!(
+        report.heap_live_with("leak_here"),
+        Live {
+            bytes: 50 * LEAK_SIZE_BYTES,
+            allocs: 50
+        },
+        "\n{report}"
+    );
+    assert_eq!(
+        report.heap_live_with("thread_leak"),
+        Live::default(),
+        "\n{report}"
+    );
+    assert_eq!(
+        report.json.pointer("/sampling/max_size_bytes"),
+        Some(&serde_json::json!(1500))
+    );
+}
+
+/// Sampling period of the accuracy test.
+const SAMPLE_BYTES: f64 = 16384.0;
+/// Blocks leaked per run (sizes 16..32784: about 32 MiB).
+const LEAK_SIZES_COUNT: i64 = 2000;
+
+/// The estimate of a leak of known bytes across many sizes stays within
+/// three standard deviations (sd <= sqrt(N * L), see --help) in at least 9
+/// of 10 seeded runs.
+#[test]
+fn sampled_estimate_is_within_the_stated_bound() {
+    let mut misses = Vec::new();
+    for seed in 1..=10 {
+        let session = record_with(
+            "leaky",
+            &[
+                "--sample-bytes",
+                &(SAMPLE_BYTES as u64).to_string(),
+                "--sample-seed",
+                &seed.to_string(),
+            ],
+            &[&format!("leak_sizes {LEAK_SIZES_COUNT}")],
+        );
+        let report = &session.report;
+        assert_eq!(
+            report.json.pointer("/sampling/mode"),
+            Some(&serde_json::json!("sampled"))
+        );
+        let truth_bytes = field(&session.answers[0], "bytes") as f64;
+        let estimate_bytes = report.heap_live_with("leak_sized").bytes as f64;
+        let bound_bytes = 3.0 * (SAMPLE_BYTES * truth_bytes).sqrt();
+        eprintln!(
+            "seed {seed}: estimate {estimate_bytes} truth {truth_bytes} bound ±{bound_bytes:.0} ({})",
+            report.json["sampling"]["return_probes"]
+        );
+        if (estimate_bytes - truth_bytes).abs() > bound_bytes {
+            misses.push((seed, estimate_bytes, truth_bytes));
+        }
+    }
+    assert!(
+        misses.len() <= 1,
+        "estimates outside ±3 sqrt(N L) in more than 1 of 10 runs: {misses:?}"
+    );
+}

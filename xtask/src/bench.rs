@@ -1,0 +1,512 @@
+//! `cargo xtask bench`: what tracer costs the process it traces, side by
+//! side with what any uprobe tool would pay, in one run.
+//!
+//! The workloads are tests/fixtures/bench.c (2 threads of malloc/free pairs
+//! of random sizes 16..4096 B, and a calloc/realloc/posix_memalign mix).
+//! Each runs without tracer, under `tracer record` in exact and sampling
+//! mode, and under the floors: empty eBPF programs (`tracer floor`) at the
+//! function entries (where every other uprobe tool probes: the *naive
+//! floor*), at the sites tracer chooses (*site floor*), and at those sites
+//! without return probes (*site entry floor*: what a sampled call that
+//! skips its return can cost at least). The runs alternate, each in a fresh
+//! fixture process; the table shows medians. Then tracer's own CPU time and
+//! peak RSS while the fixture allocates at fixed rates.
+//!
+//! `--short` (CI, also run at the end of `cargo xtask test`) fails when
+//! exact mode is slower than the naive floor or when malloc's or free's
+//! probe is single-stepped.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+
+use crate::fixture_process::{FixtureProcess, KillOnDrop};
+use crate::shell::is_root;
+
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
+const THREADS: u32 = 2;
+/// `--sample-bytes` of the sampling mode (the target setting).
+const SAMPLE_BYTES: u64 = 524_288;
+
+/// How a measurement run is traced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Mode {
+    Baseline,
+    Exact,
+    Sampled,
+    NaiveFloor,
+    SiteFloor,
+    SiteEntryFloor,
+}
+
+const MODES: [Mode; 6] = [
+    Mode::Baseline,
+    Mode::Exact,
+    Mode::Sampled,
+    Mode::NaiveFloor,
+    Mode::SiteFloor,
+    Mode::SiteEntryFloor,
+];
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Baseline => "no tracer",
+            Mode::Exact => "tracer exact",
+            Mode::Sampled => "tracer --sample-bytes 524288",
+            Mode::NaiveFloor => "naive floor (entries)",
+            Mode::SiteFloor => "site floor",
+            Mode::SiteEntryFloor => "site floor, entry only",
+        }
+    }
+
+    /// Arguments of the tracer for a target PID; None: no tracer.
+    fn tracer_args(self, pid: u32, json: &Path) -> Option<Vec<String>> {
+        let pid = pid.to_string();
+        let record = |extra: &[&str]| {
+            let mut args: Vec<String> = ["record", "--pid", &pid, "--json"]
+                .map(str::to_owned)
+                .to_vec();
+            args.push(json.display().to_string());
+            args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+            args
+        };
+        let floor = |sites: &str, extra: &[&str]| {
+            let mut args: Vec<String> = ["floor", "--pid", &pid, "--sites", sites]
+                .map(str::to_owned)
+                .to_vec();
+            args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+            args
+        };
+        match self {
+            Mode::Baseline => None,
+            Mode::Exact => Some(record(&[])),
+            Mode::Sampled => Some(record(&["--sample-bytes", &SAMPLE_BYTES.to_string()])),
+            Mode::NaiveFloor => Some(floor("entry", &[])),
+            Mode::SiteFloor => Some(floor("chosen", &[])),
+            Mode::SiteEntryFloor => Some(floor("chosen", &["--entry-only"])),
+        }
+    }
+
+    /// Pairs per thread: enough for a stable time, few where each pair
+    /// traps (the naive floor single-steps free).
+    fn pairs_per_thread(self, short: bool) -> u64 {
+        let full = match self {
+            Mode::Baseline => 1_000_000,
+            Mode::NaiveFloor => 20_000,
+            _ => 100_000,
+        };
+        if short { full / 5 } else { full }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Workload {
+    Pairs,
+    Mixed,
+}
+
+impl Workload {
+    fn command(self, pairs_per_thread: u64) -> String {
+        match self {
+            Workload::Pairs => format!("pairs {THREADS} {pairs_per_thread}"),
+            // Two blocks per round.
+            Workload::Mixed => format!("mixed {THREADS} {}", pairs_per_thread / 2),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Pairs => "malloc/free",
+            Workload::Mixed => "calloc/realloc/posix_memalign",
+        }
+    }
+}
+
+/// A tracer (or floor) attached to a fixture.
+struct Attached {
+    child: KillOnDrop,
+}
+
+impl Attached {
+    fn start(root: &Path, args: &[String]) -> Result<Self> {
+        let mut child = Command::new(root.join("target/release/tracer"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("could not start target/release/tracer")?;
+        let stderr = child.stderr.take().context("tracer stderr")?;
+        let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+        let reader_lines = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                reader_lines.lock().expect("stderr lock").push(line);
+            }
+        });
+        let mut attached = Attached {
+            child: KillOnDrop(child),
+        };
+        let deadline = Instant::now() + ATTACH_TIMEOUT;
+        loop {
+            if lines
+                .lock()
+                .expect("stderr lock")
+                .iter()
+                .any(|l| l.starts_with("tracer: attached"))
+            {
+                return Ok(attached);
+            }
+            if attached.child.0.try_wait()?.is_some() || Instant::now() > deadline {
+                bail!(
+                    "`tracer {}` did not attach:\n{}",
+                    args.join(" "),
+                    lines.lock().expect("stderr lock").join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
+    /// SIGINT, then wait: the tracer writes its report.
+    fn stop(mut self) -> Result<()> {
+        // SAFETY: signals our own child, which has not been reaped.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGINT) };
+        let status = self
+            .child
+            .0
+            .wait()
+            .context("could not wait for the tracer")?;
+        if !status.success() {
+            bail!("the tracer failed: {status}");
+        }
+        Ok(())
+    }
+}
+
+/// One measured run: ns per pair, and the report of a `tracer record`.
+fn measure(
+    root: &Path,
+    mode: Mode,
+    workload: Workload,
+    short: bool,
+) -> Result<(f64, Option<Value>)> {
+    let mut fixture = FixtureProcess::start(&root.join("target/fixtures/bench"), false)?;
+    let json_path = std::env::temp_dir().join(format!("tracer-bench-{}.json", std::process::id()));
+    let attached = match mode.tracer_args(fixture.pid, &json_path) {
+        Some(args) => Some(Attached::start(root, &args)?),
+        None => None,
+    };
+    let answer = fixture.command(&workload.command(mode.pairs_per_thread(short)))?;
+    let ns_per_pair = answer_field(&answer, "ns_per_pair")?;
+    let mut report = None;
+    if let Some(attached) = attached {
+        attached.stop()?;
+        if matches!(mode, Mode::Exact | Mode::Sampled) {
+            let text = std::fs::read_to_string(&json_path)
+                .with_context(|| format!("could not read {}", json_path.display()))?;
+            let _ = std::fs::remove_file(&json_path);
+            report = Some(serde_json::from_str(&text).context("the tracer's JSON")?);
+        }
+    }
+    fixture.quit()?;
+    Ok((ns_per_pair, report))
+}
+
+fn answer_field(answer: &str, key: &str) -> Result<f64> {
+    answer
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|value| value.parse().ok())
+        .with_context(|| format!("no `{key}=` in {answer:?}"))
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[middle]
+    } else {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    }
+}
+
+/// tracer's CPU and peak RSS while the fixture makes `pairs_per_s`
+/// malloc/free pairs per second for `seconds`.
+fn measure_tracer_cpu(root: &Path, pairs_per_s: u64, seconds: u64) -> Result<Value> {
+    let mut fixture = FixtureProcess::start(&root.join("target/fixtures/bench"), false)?;
+    let json_path =
+        std::env::temp_dir().join(format!("tracer-bench-cpu-{}.json", std::process::id()));
+    let args = Mode::Exact
+        .tracer_args(fixture.pid, &json_path)
+        .expect("exact mode runs the tracer");
+    let attached = Attached::start(root, &args)?;
+    let cpu_before_s = cpu_seconds(attached.pid())?;
+    let started = Instant::now();
+    let answer = fixture.command(&format!("rate {pairs_per_s} {seconds}"))?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let cpu_s = cpu_seconds(attached.pid())? - cpu_before_s;
+    let peak_rss_kib = peak_rss_kib(attached.pid())?;
+    attached.stop()?;
+    let _ = std::fs::remove_file(&json_path);
+    fixture.quit()?;
+    let pairs = answer_field(&answer, "pairs")?;
+    Ok(json!({
+        "target_allocs_per_s": pairs_per_s,
+        "achieved_allocs_per_s": (pairs / wall_s).round() as u64,
+        "tracer_cpu_percent_of_one_core": 100.0 * cpu_s / wall_s,
+        "tracer_peak_rss_kib": peak_rss_kib,
+    }))
+}
+
+/// User + system CPU seconds of a process so far.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command (which may contain spaces), from field 3.
+    let after = stat.rsplit_once(')').context("odd /proc/PID/stat")?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / ticks_per_s)
+}
+
+fn peak_rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM in /proc/PID/status")
+}
+
+/// The machine, for the table's heading.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("model name"))
+                .map(|name| name.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} x {cpu}, Linux {}", kernel.trim())
+}
+
+pub fn bench(root: &Path, short: bool) -> Result<()> {
+    if !is_root() {
+        bail!("the benchmark loads eBPF programs: run it as root");
+    }
+    let reps = if short { 3 } else { 5 };
+    let workloads = [Workload::Pairs, Workload::Mixed];
+    let mut samples: BTreeMap<(Workload, Mode), Vec<f64>> = BTreeMap::new();
+    let mut exact_report = None;
+    for rep in 0..reps {
+        for workload in workloads {
+            for mode in MODES {
+                let (ns, report) = measure(root, mode, workload, short)?;
+                eprintln!(
+                    "bench: run {}/{reps} {:<30} {:<28} {ns:>10.1} ns/pair",
+                    rep + 1,
+                    workload.name(),
+                    mode.name()
+                );
+                samples.entry((workload, mode)).or_default().push(ns);
+                if mode == Mode::Exact && report.is_some() {
+                    exact_report = report;
+                }
+            }
+        }
+    }
+    let medians: BTreeMap<(Workload, Mode), f64> = samples
+        .iter()
+        .map(|(key, values)| (*key, median(values)))
+        .collect();
+    let rates: &[(u64, u64)] = if short {
+        &[(100_000, 1)]
+    } else {
+        &[(10_000, 5), (100_000, 5), (1_000_000, 5)]
+    };
+    let cpu: Vec<Value> = rates
+        .iter()
+        .map(|&(rate, seconds)| measure_tracer_cpu(root, rate, seconds))
+        .collect::<Result<_>>()?;
+    let probes = exact_report
+        .as_ref()
+        .and_then(|report| report.get("probes"))
+        .cloned()
+        .unwrap_or(Value::Null);
+
+    let table = render_table(&medians, &cpu, reps, short);
+    print!("{table}");
+    let checks = checks(&medians, &probes);
+    let mut results = Vec::new();
+    for ((workload, mode), median_ns) in &medians {
+        results.push(json!({
+            "workload": workload.name(),
+            "mode": mode.name(),
+            "ns_per_pair_median": median_ns,
+            "ns_per_pair_runs": samples[&(*workload, *mode)],
+            "pairs_per_thread": mode.pairs_per_thread(short),
+        }));
+    }
+    let document = json!({
+        "date": date(),
+        "machine": machine(),
+        "short": short,
+        "threads": THREADS,
+        "runs_per_mode": reps,
+        "results": results,
+        "tracer_cpu": cpu,
+        "probes": probes,
+        "checks": checks.iter().map(|(name, passed, detail)| json!({"name": name, "passed": passed, "detail": detail})).collect::<Vec<_>>(),
+        "table": table,
+    });
+    let path = bench_json_path(root, short);
+    std::fs::create_dir_all(path.parent().expect("a directory"))?;
+    std::fs::write(&path, serde_json::to_string_pretty(&document)? + "\n")
+        .with_context(|| format!("could not write {}", path.display()))?;
+    eprintln!("bench: wrote {}", path.display());
+    for (name, passed, detail) in &checks {
+        eprintln!(
+            "bench: {} {name}: {detail}",
+            if *passed { "ok  " } else { "FAIL" }
+        );
+    }
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|(_, passed, _)| !passed)
+        .map(|(name, _, _)| name.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("benchmark checks failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+fn bench_json_path(root: &Path, short: bool) -> PathBuf {
+    root.join("target/bench").join(if short {
+        "bench-short.json"
+    } else {
+        "bench.json"
+    })
+}
+
+fn date() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .ok()
+        .and_then(|output| String::from_utf8(output.stdout).ok())
+        .map_or_else(String::new, |date| date.trim().to_owned())
+}
+
+/// What CI fails on: (name, passed, detail).
+fn checks(
+    medians: &BTreeMap<(Workload, Mode), f64>,
+    probes: &Value,
+) -> Vec<(String, bool, String)> {
+    let mut checks = Vec::new();
+    for workload in [Workload::Pairs, Workload::Mixed] {
+        let exact = medians[&(workload, Mode::Exact)];
+        let naive = medians[&(workload, Mode::NaiveFloor)];
+        checks.push((
+            format!("exact mode beats the naive floor ({})", workload.name()),
+            exact < naive,
+            format!("{exact:.0} ns/pair vs {naive:.0} ns/pair"),
+        ));
+    }
+    for function in ["malloc", "free"] {
+        let probe = probes.as_array().and_then(|probes| {
+            probes
+                .iter()
+                .find(|probe| probe.get("symbol").and_then(Value::as_str) == Some(function))
+        });
+        let (passed, detail) = match probe {
+            Some(probe) => (
+                probe.get("single_stepped") == Some(&Value::Bool(false)),
+                probe
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_owned(),
+            ),
+            None => (false, "no probe in the report".to_owned()),
+        };
+        checks.push((
+            format!("{function} is probed at an emulated site"),
+            passed,
+            detail,
+        ));
+    }
+    checks
+}
+
+fn render_table(
+    medians: &BTreeMap<(Workload, Mode), f64>,
+    cpu: &[Value],
+    reps: usize,
+    short: bool,
+) -> String {
+    let mut out = format!(
+        "tracer benchmark{}, {} on {}: {THREADS} threads, median of {reps} alternating runs\n\n",
+        if short { " (short)" } else { "" },
+        date(),
+        machine()
+    );
+    out.push_str("| workload | mode | ns/pair | added ns | x no tracer | added / naive floor's | added / site floor's | added / site entry floor's |\n");
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|\n");
+    for workload in [Workload::Pairs, Workload::Mixed] {
+        let base = medians[&(workload, Mode::Baseline)];
+        let added = |mode: Mode| medians[&(workload, mode)] - base;
+        for mode in MODES {
+            let ns = medians[&(workload, mode)];
+            let ratio = |floor: Mode| {
+                if mode == Mode::Baseline {
+                    "".to_owned()
+                } else {
+                    format!("{:.2}", added(mode) / added(floor))
+                }
+            };
+            out.push_str(&format!(
+                "| {} | {} | {ns:.0} | {:.0} | {:.1} | {} | {} | {} |\n",
+                workload.name(),
+                mode.name(),
+                added(mode),
+                ns / base,
+                ratio(Mode::NaiveFloor),
+                ratio(Mode::SiteFloor),
+                ratio(Mode::SiteEntryFloor),
+            ));
+        }
+    }
+    out.push_str(
+        "\n| allocs/s asked | allocs/s done | tracer CPU (% of one core) | tracer peak RSS |\n",
+    );
+    out.push_str("|---:|---:|---:|---:|\n");
+    for row in cpu {
+        out.push_str(&format!(
+            "| {} | {} | {:.2} | {} MiB |\n",
+            row["target_allocs_per_s"],
+            row["achieved_allocs_per_s"],
+            row["tracer_cpu_percent_of_one_core"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+            row["tracer_peak_rss_kib"].as_u64().unwrap_or(0) / 1024,
+        ));
+    }
+    out
+}
