@@ -192,3 +192,63 @@ fn top_shows_the_leak_first_within_5_s() {
         "the leak is not first: {last_table}"
     );
 }
+
+/// The `<text>` contents and the number of data lines of an SVG.
+fn svg_outline(svg: &str) -> (Vec<String>, usize) {
+    let document = roxmltree::Document::parse(svg).expect("the SVG is XML");
+    let texts = document
+        .descendants()
+        .filter(|node| node.has_tag_name("text"))
+        .filter_map(|node| node.text().map(|text| text.trim().to_owned()))
+        .collect();
+    let lines = document
+        .descendants()
+        .filter(|node| node.has_tag_name("polyline") && node.attribute("stroke-width") == Some("2"))
+        .count();
+    (texts, lines)
+}
+
+#[test]
+fn plot_of_a_recording_matches_the_live_svg() {
+    require_root();
+    let mut fixture = Fixture::start("growth", &[]);
+    let svg = svg_path("plot_live");
+    let recording = json_path("plot_recording").with_extension("tracer");
+    let replotted = svg_path("plot_replayed");
+    let pid = fixture.pid.to_string();
+    let mut tracer = Tracer::start([
+        "record",
+        "--pid",
+        &pid,
+        "--duration",
+        "6s",
+        "--interval",
+        "500ms",
+        "--svg",
+        svg.to_str().unwrap(),
+        "-o",
+        recording.to_str().unwrap(),
+    ]);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    assert_eq!(fixture.cmd("start"), "started");
+    tracer.wait_exit(Duration::from_secs(60)).assert_success();
+    let plot = Tracer::start([
+        "plot",
+        recording.to_str().unwrap(),
+        "-o",
+        replotted.to_str().unwrap(),
+    ])
+    .wait_exit(Duration::from_secs(60));
+    plot.assert_success();
+    let live = std::fs::read_to_string(&svg).unwrap();
+    let replayed = std::fs::read_to_string(&replotted).unwrap();
+    for path in [&svg, &recording, &replotted] {
+        let _ = std::fs::remove_file(path);
+    }
+    let (live_texts, live_lines) = svg_outline(&live);
+    assert!(
+        live_texts.iter().any(|text| text.contains("steady_leak")),
+        "{live_texts:?}"
+    );
+    assert_eq!(svg_outline(&replayed), (live_texts, live_lines));
+}

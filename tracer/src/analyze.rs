@@ -1,4 +1,4 @@
-//! `tracer report FILE`: a recording turned into any view, later and
+//! `tracer report FILE` and `tracer plot FILE`: a recording turned into any view, later and
 //! elsewhere, without the target. The model is rebuilt from the recorded
 //! snapshots and the report from the same `output::Report` code as a live
 //! run, so the two agree number for number.
@@ -31,7 +31,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         to_s: config.to_s,
     };
     let top = config.top.unwrap_or(match config.format {
-        ReportFormat::Text | ReportFormat::Json => DEFAULT_TOP,
+        ReportFormat::Text | ReportFormat::Json | ReportFormat::Svg => DEFAULT_TOP,
         ReportFormat::Folded | ReportFormat::Pprof | ReportFormat::Flamegraph => usize::MAX,
     });
     let model = recording.model(&filter);
@@ -52,7 +52,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),
     });
-    let bytes = render(&report, config)?;
+    let bytes = render(&report, &model, config)?;
     match &config.output_path {
         Some(path) => write_file(path, &bytes),
         None => std::io::stdout()
@@ -61,7 +61,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
     }
 }
 
-fn render(report: &Report, config: &ReportConfig) -> Result<Vec<u8>> {
+fn render(report: &Report, model: &crate::model::Model, config: &ReportConfig) -> Result<Vec<u8>> {
     Ok(match config.format {
         ReportFormat::Text => output::text::render(report).into_bytes(),
         ReportFormat::Json => {
@@ -72,11 +72,12 @@ fn render(report: &Report, config: &ReportConfig) -> Result<Vec<u8>> {
         ReportFormat::Folded => output::folded::render(report, config.value).into_bytes(),
         ReportFormat::Pprof => output::pprof::render(report),
         ReportFormat::Flamegraph => output::flamegraph::render(report, config.value)?,
+        ReportFormat::Svg => output::svg::render(report, model, config.plot_stacks)?.into_bytes(),
     })
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    std::fs::write(path, bytes).with_context(|| format!("could not write {}", path.display()))?;
+    output::file::write_private(path, bytes)?;
     eprintln!("tracer: wrote {}", path.display());
     Ok(())
 }

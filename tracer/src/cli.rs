@@ -63,6 +63,41 @@ enum Verb {
     /// allocator functions of --pid until SIGINT, SIGTERM or its exit.
     #[command(hide = true)]
     Floor(FloorArgs),
+    /// Draw the growth plot of a recording (`tracer record -o FILE`), as
+    /// the live run's --svg does.
+    #[command(after_help = EXIT_CODES)]
+    Plot(PlotArgs),
+}
+
+#[derive(Debug, Args)]
+struct PlotArgs {
+    /// The recording (`tracer record -o FILE`).
+    #[arg(value_name = "FILE")]
+    recording: PathBuf,
+
+    /// The SVG file to write.
+    #[arg(short, long = "output", value_name = "PATH")]
+    output: PathBuf,
+
+    /// Only stacks of this memory kind (e.g. heap).
+    #[arg(long, value_name = "KIND", value_parser = parse_kind)]
+    kind: Option<Kind>,
+
+    /// Only this traced process.
+    #[arg(short, long, value_name = "PID")]
+    pid: Option<u32>,
+
+    /// Start the plot at this time since attach (e.g. 30s).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    from: Option<Duration>,
+
+    /// End the plot at this time since attach (e.g. 2m).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    to: Option<Duration>,
+
+    /// Number of stacks drawn.
+    #[arg(long, value_name = "N", default_value_t = crate::output::svg::DEFAULT_STACK_LINES)]
+    plot_stacks: usize,
 }
 
 const SAMPLING_HELP: &str = "\
@@ -260,6 +295,23 @@ pub fn parse(arguments: impl IntoIterator<Item = OsString>) -> Result<Parsed> {
         }
         Verb::Top(args) => Ok(Parsed::Top(config_of(args.targets)?)),
         Verb::Report(args) => report_config(args).map(Parsed::Report),
+        Verb::Plot(args) => report_config(ReportArgs {
+            recording: args.recording,
+            format: ReportFormat::Svg,
+            top: None,
+            kind: args.kind,
+            pid: args.pid,
+            from: args.from,
+            to: args.to,
+            value: FoldedValue::LiveBytes,
+            output: Some(args.output),
+        })
+        .map(|config| {
+            Parsed::Report(ReportConfig {
+                plot_stacks: args.plot_stacks,
+                ..config
+            })
+        }),
         Verb::Floor(args) => Ok(Parsed::Floor(FloorConfig {
             pid: args.pid,
             sites: match args.sites {
@@ -431,6 +483,8 @@ pub enum ReportFormat {
     Pprof,
     /// An interactive SVG flame graph.
     Flamegraph,
+    /// The growth plot a live run writes with --svg.
+    Svg,
 }
 
 /// Everything `tracer report` needs, from the command line.
@@ -445,6 +499,8 @@ pub struct ReportConfig {
     pub to_s: Option<f64>,
     pub value: FoldedValue,
     pub output_path: Option<PathBuf>,
+    /// Stacks drawn in the growth plot.
+    pub plot_stacks: usize,
 }
 
 fn report_config(args: ReportArgs) -> Result<ReportConfig> {
@@ -470,6 +526,7 @@ fn report_config(args: ReportArgs) -> Result<ReportConfig> {
         to_s: args.to.map(|to| to.as_secs_f64()),
         value: args.value,
         output_path: args.output,
+        plot_stacks: crate::output::svg::DEFAULT_STACK_LINES,
     })
 }
 
