@@ -462,3 +462,54 @@ fn eight_threads_storming_for_60_s_stay_exact() {
     );
     assert!(field(&answer, "calls") > 1000, "{answer}");
 }
+
+#[test]
+fn malloc_in_a_signal_handler_interrupting_malloc_is_counted() {
+    let session = harness::record_while("reentrant", &["signal 50"]);
+    let answer = &session.answers[0];
+    let report = &session.report;
+    // The handler's stacks run through outer_alloc too (the signal frame
+    // sits on the interrupted stack): match the innermost frame.
+    let innermost_is = |stack: &serde_json::Value, function: &str| {
+        stack["frames"][0]["function"]
+            .as_str()
+            .is_some_and(|name| name.contains(function))
+    };
+    let outer: i64 = report
+        .stacks()
+        .iter()
+        .filter(|stack| innermost_is(stack, "outer_alloc"))
+        .map(|stack| stack["live_bytes"].as_i64().unwrap())
+        .sum();
+    assert_eq!(outer, field(answer, "outer_bytes"), "{report}");
+    assert_eq!(
+        report.heap_live_with("handler_alloc"),
+        Live {
+            bytes: field(answer, "handler_bytes"),
+            allocs: 50
+        },
+        "{report}"
+    );
+}
+
+#[test]
+fn fork_in_a_multithreaded_process_keeps_the_parent_exact() {
+    let session = harness::record_while("reentrant", &["fork 4 200", "overflow"]);
+    let report = &session.report;
+    assert_eq!(field(&session.answers[0], "child_exit"), 0);
+    assert_eq!(
+        report.heap_live_with("thread_alloc"),
+        Live {
+            bytes: field(&session.answers[0], "thread_bytes"),
+            allocs: 800
+        },
+        "{report}"
+    );
+    assert_eq!(
+        report.heap_live_with("child_alloc"),
+        Live::default(),
+        "children are not traced"
+    );
+    assert_eq!(session.answers[1], "overflow null=1");
+    assert!(report.int("/events/failed_allocs") >= 1, "{}", report.json);
+}

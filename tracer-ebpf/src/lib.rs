@@ -92,6 +92,18 @@ pub struct Pending {
     pub depth: u32,
     /// realloc: 1 when `old` holds a block that was known.
     pub old_known: u32,
+    /// Signal handlers running on this thread whose interrupted allocator
+    /// state is set aside (see `signals.rs`).
+    pub signal_level: u32,
+}
+
+/// Key of the set-aside allocator state of a thread interrupted by a
+/// signal handler.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SignalLevel {
+    pub thread: u64,
+    pub level: u32,
     pub pad: u32,
 }
 

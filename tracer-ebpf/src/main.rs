@@ -20,6 +20,9 @@ fn main() {
 }
 
 #[cfg(target_arch = "bpf")]
+mod signals;
+
+#[cfg(target_arch = "bpf")]
 mod probes {
     use aya_ebpf::{
         EbpfContext as _, Global,
@@ -62,7 +65,7 @@ mod probes {
     /// Per thread (pid_tgid): the allocator call in progress. LRU, so the
     /// entries of threads that exited make room by themselves.
     #[map]
-    static PENDING: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(16384, 0);
+    pub(crate) static PENDING: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(16384, 0);
 
     /// Every outstanding block seen since attach.
     #[map]

@@ -17,7 +17,7 @@ use anyhow::{Context as _, Result};
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
-        UProbe,
+        TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
     },
 };
@@ -205,6 +205,11 @@ impl Probes {
             .programs()
             .map(|(name, _)| name.to_owned())
             .filter(|name| !name.ends_with("_session"))
+            .filter(|name| {
+                SIGNAL_TRACEPOINTS
+                    .iter()
+                    .all(|(program, ..)| program != name)
+            })
             .collect();
         for name in names {
             let program: &mut UProbe = program(&mut ebpf, &name)?;
@@ -213,6 +218,7 @@ impl Probes {
                 .map_err(|error| load_error(error.into()))
                 .with_context(|| format!("could not load eBPF program {name}"))?;
         }
+        attach_signal_tracepoints(&mut ebpf)?;
         let (session, return_probes) = if sampling.skips_calls() {
             match SessionPrograms::load(object, &ebpf) {
                 Ok(session) => (Some(session), ReturnProbes::Session),
@@ -378,6 +384,71 @@ fn skip_chance_table() -> [u64; SAMPLE_TABLE_LEN] {
         let periods = step as f64 / SAMPLE_STEPS_PER_PERIOD as f64;
         ((-periods).exp() * PROBABILITY_ONE as f64).round() as u64
     })
+}
+
+/// The tracepoints that set a thread's allocator state aside while a
+/// signal handler runs on it (tracer-ebpf/src/signals.rs): program,
+/// category, event.
+const SIGNAL_TRACEPOINTS: [(&str, &str, &str); 2] = [
+    ("signal_deliver", "signal", "signal_deliver"),
+    ("signal_return", "syscalls", "sys_enter_rt_sigreturn"),
+];
+
+/// Loads and attaches the signal tracepoints. They stay attached as long as
+/// the object lives and cost other processes one hash lookup per signal.
+fn attach_signal_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
+    ensure_tracefs()?;
+    for (name, category, event) in SIGNAL_TRACEPOINTS {
+        let program: &mut TracePoint = ebpf
+            .program_mut(name)
+            .with_context(|| format!("eBPF object lacks program {name}"))?
+            .try_into()
+            .with_context(|| format!("eBPF program {name} is not a tracepoint"))?;
+        program
+            .load()
+            .map_err(|error| load_error(error.into()))
+            .with_context(|| format!("could not load eBPF program {name}"))?;
+        program
+            .attach(category, event)
+            .with_context(|| format!("could not attach to tracepoint {category}:{event}"))?;
+    }
+    Ok(())
+}
+
+/// Where tracepoints are found. Many hosts mount it at boot; a minimal VM
+/// may not, and root can mount it (it changes nothing for other users).
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Mounts tracefs at /sys/kernel/tracing unless it (or the older
+/// debugfs path) is already there.
+fn ensure_tracefs() -> Result<()> {
+    let mounted = |path: &str| std::path::Path::new(path).join("events").is_dir();
+    if mounted(TRACEFS) || mounted("/sys/kernel/debug/tracing") {
+        return Ok(());
+    }
+    let source = c"tracefs";
+    let target = c"/sys/kernel/tracing";
+    // SAFETY: valid NUL-terminated strings; no mount data.
+    let result = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            source.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if result != 0 {
+        return Err(fatal(
+            ExitCode::KernelUnsupported,
+            format!(
+                "tracefs is not mounted and could not be mounted at {TRACEFS} ({}): \
+                 mount it with `mount -t tracefs tracefs {TRACEFS}`",
+                std::io::Error::last_os_error()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A program of the object, as a uprobe.
