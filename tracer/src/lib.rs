@@ -14,3 +14,4 @@ pub mod procfs;
 pub mod session;
 pub mod symbolize;
 pub mod top;
+pub mod tracefs;

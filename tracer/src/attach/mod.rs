@@ -1,7 +1,10 @@
 //! Loads the eBPF programs and attaches them to the target processes: one
 //! uprobe (and one uretprobe where the result is needed) per allocator
 //! function, in whichever mapped object defines it, scoped to the target's
-//! PID so other processes pay nothing.
+//! PID so other processes pay nothing. Libraries mapped later (dlopen) are
+//! noticed and hooked by `libraries`.
+pub mod cuda;
+pub mod libraries;
 pub mod prologue;
 pub mod spawn;
 pub mod symbols;
@@ -12,19 +15,17 @@ use anyhow::{Context as _, Result};
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
-        UProbe,
-        uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
+        Program, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
 
 use crate::{
     error::{ExitCode, fatal},
-    procfs,
+    procfs, tracefs,
 };
+use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
 pub use symbols::HookSite;
-
-/// The return program shared by every allocator function.
-const RETURN_PROGRAM: &str = "alloc_return";
 
 /// A hook that is in place: where, and in which process.
 #[derive(Clone, Debug)]
@@ -104,36 +105,46 @@ pub fn check_target(pid: u32) -> Result<()> {
 pub struct Probes {
     pub ebpf: Ebpf,
     pub hooks: Vec<AttachedHook>,
+    /// The objects hooks were put in, and when.
+    pub libraries: Vec<HookedLibrary>,
     links: Vec<(&'static str, UProbeLinkId)>,
+    watch: LibraryWatch,
 }
 
 impl Probes {
     /// Loads the embedded eBPF object and every program in it.
     pub fn load(max_live_allocs: u32) -> Result<Probes> {
         raise_memlock_limit();
+        let mmap = tracefs::mmap_offsets()?;
         let object = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("LIVE", max_live_allocs)
+            .override_global("MMAP_PROT_OFFSET", &mmap.prot, true)
+            .override_global("MMAP_FD_OFFSET", &mmap.fd, true)
             .load(object)
             .map_err(|error| load_error(error.into()))?;
-        let names: Vec<String> = ebpf.programs().map(|(name, _)| name.to_owned()).collect();
-        for name in names {
-            let program: &mut UProbe = program(&mut ebpf, &name)?;
-            program
-                .load()
-                .map_err(|error| load_error(error.into()))
-                .with_context(|| format!("could not load eBPF program {name}"))?;
+        for (name, program) in ebpf.programs_mut() {
+            match program {
+                Program::UProbe(program) => program.load(),
+                Program::TracePoint(program) => program.load(),
+                _ => continue,
+            }
+            .map_err(|error| load_error(error.into()))
+            .with_context(|| format!("could not load eBPF program {name}"))?;
         }
+        let watch = LibraryWatch::start(&mut ebpf)?;
         Ok(Probes {
             ebpf,
             hooks: Vec::new(),
+            libraries: Vec::new(),
             links: Vec::new(),
+            watch,
         })
     }
 
-    /// Attaches the allocator probes to every object `pid` maps that
-    /// defines allocator functions. Return probes go in first, so that a
-    /// call whose entry is seen always has its return seen too.
+    /// Attaches the allocator and CUDA probes to every object `pid` maps
+    /// that defines such functions, and watches it for libraries mapped
+    /// later.
     pub fn attach_allocators(&mut self, pid: u32) -> Result<usize> {
         let maps = procfs::read_maps(pid)
             .map_err(|error| fatal(ExitCode::NoTarget, format!("PID {pid}: {error:#}")))?;
@@ -152,28 +163,47 @@ impl Probes {
             ));
         }
         let before = self.links.len();
-        for site in sites.iter().filter(|site| site.function.has_return) {
-            self.attach_one(RETURN_PROGRAM, site, pid)?;
+        self.watch.trace(pid, &maps)?;
+        self.attach_sites(pid, &sites, NoticedBy::Attach)?;
+        Ok(self.links.len() - before)
+    }
+
+    /// Attaches the probes of `sites`, return probes first, so that a
+    /// call whose entry is seen always has its return seen too.
+    fn attach_sites(&mut self, pid: u32, sites: &[HookSite], noticed_by: NoticedBy) -> Result<()> {
+        for site in sites {
+            if let Some(return_program) = site.function.return_program {
+                self.attach_one(return_program, None, site, pid)?;
+            }
         }
-        for site in &sites {
-            self.attach_one(site.function.entry_program, site, pid)?;
+        for site in sites {
+            let cookie = Some(site.function.cookie).filter(|&cookie| cookie != 0);
+            self.attach_one(site.function.entry_program, cookie, site, pid)?;
             self.hooks.push(AttachedHook {
                 pid,
                 site: site.clone(),
             });
         }
-        Ok(self.links.len() - before)
+        self.libraries
+            .extend(HookedLibrary::from_sites(pid, sites, noticed_by));
+        Ok(())
     }
 
-    fn attach_one(&mut self, program_name: &'static str, site: &HookSite, pid: u32) -> Result<()> {
+    fn attach_one(
+        &mut self,
+        program_name: &'static str,
+        cookie: Option<u64>,
+        site: &HookSite,
+        pid: u32,
+    ) -> Result<()> {
         let scope = UProbeScope::OneProcess(nonzero_pid(pid)?);
         let program: &mut UProbe = program(&mut self.ebpf, program_name)?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(site.offset),
+            cookie,
+        };
         let link = program
-            .attach(
-                UProbeAttachLocation::AbsoluteOffset(site.offset),
-                &site.host_path,
-                scope,
-            )
+            .attach(point, &site.host_path, scope)
             .map_err(|error| {
                 if procfs::is_alive(pid) {
                     anyhow::Error::new(error).context(format!(

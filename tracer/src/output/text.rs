@@ -55,6 +55,19 @@ pub fn render(report: &Report) -> String {
             stepped.join(", ")
         ));
     }
+    for library in report.libraries.iter().filter(|l| l.noticed_by != "attach") {
+        let file_name = Path::new(&library.path).file_name().map_or_else(
+            || library.path.clone(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        lines.push(format!(
+            "hooked after attach: {file_name} in PID {} at {:.2} s ({}), {} functions",
+            library.pid,
+            library.hooked_after_s,
+            library.noticed_by,
+            library.functions.len()
+        ));
+    }
     for (kind, totals) in &report.totals {
         lines.push(format!(
             "live {kind} at end: {} in {} allocs",
@@ -101,7 +114,7 @@ fn render_leak(stack: &StackReport, lines: &mut Vec<String>) {
     lines.push(format!(
         "L{}  {}  pid {}  growth +{}/s  live {} in {} allocs",
         stack.rank,
-        stack.kind,
+        kind_and_api(stack),
         stack.pid,
         human_bytes(growth.rate_bytes_per_s),
         human_bytes(stack.live_bytes as f64),
@@ -128,7 +141,7 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
     lines.push(format!(
         "#{}  {}  pid {}  live {} in {} allocs  growth {growth_sign}{}/s{}",
         stack.rank,
-        stack.kind,
+        kind_and_api(stack),
         stack.pid,
         human_bytes(stack.live_bytes as f64),
         stack.live_allocs,
@@ -145,6 +158,14 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
         stack.alloc_count_total
     ));
     render_frames(stack, lines);
+}
+
+/// `gpu-device via cudaMalloc`, or the kind alone.
+fn kind_and_api(stack: &StackReport) -> String {
+    match &stack.api {
+        Some(api) => format!("{} via {api}", stack.kind),
+        None => stack.kind.clone(),
+    }
 }
 
 fn render_frames(stack: &StackReport, lines: &mut Vec<String>) {
@@ -207,7 +228,11 @@ mod tests {
             lines[4],
             "frees of blocks allocated before attach (ignored): 7"
         );
-        assert_eq!(lines[5], "live heap at end: 268.0 KiB in 4288 allocs");
+        assert_eq!(
+            lines[5],
+            "hooked after attach: libcudart.so.12 in PID 10 at 2.50 s (mmap-event), 2 functions"
+        );
+        assert_eq!(lines[6], "live heap at end: 268.0 KiB in 4288 allocs");
         assert!(text.contains("top 2 stacks by live bytes:\n"));
         assert!(text.contains(
             "#1  heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \
@@ -234,6 +259,7 @@ mod tests {
             drops: BTreeMap::new(),
             events: BTreeMap::new(),
             probes: Vec::new(),
+            libraries: Vec::new(),
             stacks: Vec::new(),
             suspected_leaks: Vec::new(),
         };
@@ -273,6 +299,15 @@ mod tests {
             "[libfoo.so.1] 0x7f001234"
         );
         assert_eq!(describe_frame(&with(None, None, None, None)), "0x7f001234");
+    }
+
+    #[test]
+    fn gpu_stacks_name_their_api() {
+        let mut report = sample_report(1);
+        report.stacks[0].kind = "gpu-device".to_owned();
+        report.stacks[0].api = Some("cudaMalloc".to_owned());
+        let text = render(&report);
+        assert!(text.contains("#1  gpu-device via cudaMalloc  pid 10  live 256.0 KiB"));
     }
 
     #[test]
