@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use tracer_ebpf::{STAT_NAMES, stat};
+use tracer_ebpf::{GPU_API_NAMES, STAT_NAMES, stat};
 
 use super::{Report, StackReport, human_bytes};
 use crate::model::Frame;
@@ -46,7 +46,8 @@ pub fn render(report: &Report) -> String {
     let stepped: Vec<&str> = report
         .probes
         .iter()
-        .filter(|probe| probe.single_stepped)
+        // CUDA calls are rare and slow themselves: a trap does not matter.
+        .filter(|probe| probe.single_stepped && !GPU_API_NAMES.contains(&probe.symbol.as_str()))
         .map(|probe| probe.symbol.as_str())
         .collect();
     if !stepped.is_empty() {
