@@ -221,21 +221,27 @@ impl Tracer {
     /// Waits for the `tracer: attached` line on stderr; fails with all of
     /// stderr if the tracer exits first or `timeout` passes.
     pub fn wait_attached(&mut self, timeout: Duration) {
+        self.wait_stderr("tracer: attached", timeout);
+    }
+
+    /// Waits for a stderr line containing `needle`; fails with all of
+    /// stderr if the tracer exits first or `timeout` passes.
+    pub fn wait_stderr(&mut self, needle: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
-            let attached = self
+            let found = self
                 .stderr_lines
                 .lock()
                 .expect("stderr lock")
                 .iter()
-                .any(|line| line.starts_with("tracer: attached"));
-            if attached {
+                .any(|line| line.contains(needle));
+            if found {
                 return;
             }
             let exited = self.child_mut().try_wait().expect("try_wait on the tracer");
             if let Some(status) = exited {
                 panic!(
-                    "the tracer exited ({status}) before attaching: {}",
+                    "the tracer exited ({status}) before printing {needle:?}: {}",
                     self.finish(status)
                 );
             }
@@ -243,12 +249,12 @@ impl Tracer {
                 self.kill();
                 let status = self.child_mut().wait().expect("wait for the tracer");
                 panic!(
-                    "the tracer did not attach within {} s: {}",
-                    timeout.as_secs(),
+                    "the tracer did not print {needle:?} within {:.1} s: {}",
+                    timeout.as_secs_f64(),
                     self.finish(status)
                 );
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 

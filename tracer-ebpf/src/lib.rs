@@ -9,6 +9,15 @@
 pub mod kind {
     /// malloc-family heap memory.
     pub const HEAP: u32 = 0;
+    // 1 is left for mmap memory, the next kind in DESIGN.md's list.
+    /// CUDA device memory: cudaMalloc, cuMemAlloc, pitch and async
+    /// allocations, and the physical memory of cuMemCreate.
+    pub const GPU_DEVICE: u32 = 2;
+    /// CUDA managed (unified) memory: cudaMallocManaged, cuMemAllocManaged.
+    pub const GPU_MANAGED: u32 = 3;
+    /// Page-locked host memory: cudaMallocHost, cudaHostAlloc,
+    /// cuMemAllocHost, cuMemHostAlloc.
+    pub const GPU_HOST_PINNED: u32 = 4;
 }
 
 /// Key of the LIVE map: one outstanding allocation.
@@ -148,7 +157,20 @@ pub mod stat {
     /// Allocations not recorded: outside --min-size/--max-size or not
     /// sampled.
     pub const NOT_RECORDED: u32 = 12;
-    pub const COUNT: u32 = 13;
+    /// CUDA allocations (device, managed, pinned host, VMM physical).
+    pub const GPU_ALLOCS: u32 = 13;
+    pub const GPU_FREES: u32 = 14;
+    /// CUDA calls that returned an error: nothing allocated or freed.
+    pub const GPU_FAILED_CALLS: u32 = 15;
+    /// CUDA calls made inside another one on the same thread (the driver
+    /// under the runtime): not counted again.
+    pub const GPU_NESTED_CALLS: u32 = 16;
+    /// Frees, unmaps and releases of GPU memory allocated before attach.
+    pub const GPU_FREES_UNKNOWN: u32 = 17;
+    /// New executable mappings whose event did not fit in EVENTS (the
+    /// /proc/PID/maps poll still finds them, later).
+    pub const DROP_EVENTS_FULL: u32 = 18;
+    pub const COUNT: u32 = 19;
 }
 
 /// Whether a STATS entry is an event count or a drop.
@@ -173,7 +195,156 @@ pub const STAT_NAMES: [(&str, StatClass); stat::COUNT as usize] = [
     ("pending_map_full", StatClass::Drop),
     ("out_param_unreadable", StatClass::Drop),
     ("allocs_not_recorded", StatClass::Event),
+    ("gpu_allocs", StatClass::Event),
+    ("gpu_frees", StatClass::Event),
+    ("gpu_failed_calls", StatClass::Event),
+    ("gpu_nested_calls", StatClass::Event),
+    ("gpu_frees_unknown", StatClass::Event),
+    ("events_ring_full", StatClass::Drop),
 ];
+
+/// The CUDA entry points tracer hooks, by the id a GPU stack carries in
+/// the STACK_API map; [`GPU_API_NAMES`] names them.
+pub mod gpu_api {
+    pub const CUDA_MALLOC: u32 = 0;
+    pub const CUDA_MALLOC_MANAGED: u32 = 1;
+    pub const CUDA_MALLOC_HOST: u32 = 2;
+    pub const CUDA_HOST_ALLOC: u32 = 3;
+    pub const CUDA_MALLOC_PITCH: u32 = 4;
+    pub const CUDA_MALLOC_ASYNC: u32 = 5;
+    pub const CUDA_MALLOC_FROM_POOL_ASYNC: u32 = 6;
+    pub const CUDA_FREE: u32 = 7;
+    pub const CUDA_FREE_HOST: u32 = 8;
+    pub const CUDA_FREE_ASYNC: u32 = 9;
+    pub const CU_MEM_ALLOC: u32 = 10;
+    pub const CU_MEM_ALLOC_PITCH: u32 = 11;
+    pub const CU_MEM_ALLOC_MANAGED: u32 = 12;
+    pub const CU_MEM_ALLOC_HOST: u32 = 13;
+    pub const CU_MEM_HOST_ALLOC: u32 = 14;
+    pub const CU_MEM_ALLOC_ASYNC: u32 = 15;
+    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC: u32 = 16;
+    pub const CU_MEM_FREE: u32 = 17;
+    pub const CU_MEM_FREE_HOST: u32 = 18;
+    pub const CU_MEM_FREE_ASYNC: u32 = 19;
+    pub const CU_MEM_CREATE: u32 = 20;
+    pub const CU_MEM_RELEASE: u32 = 21;
+    pub const CU_MEM_MAP: u32 = 22;
+    pub const CU_MEM_UNMAP: u32 = 23;
+    pub const COUNT: u32 = 24;
+}
+
+/// The exported symbol of each `gpu_api` id, by index.
+pub const GPU_API_NAMES: [&str; gpu_api::COUNT as usize] = [
+    "cudaMalloc",
+    "cudaMallocManaged",
+    "cudaMallocHost",
+    "cudaHostAlloc",
+    "cudaMallocPitch",
+    "cudaMallocAsync",
+    "cudaMallocFromPoolAsync",
+    "cudaFree",
+    "cudaFreeHost",
+    "cudaFreeAsync",
+    "cuMemAlloc_v2",
+    "cuMemAllocPitch_v2",
+    "cuMemAllocManaged",
+    "cuMemAllocHost_v2",
+    "cuMemHostAlloc",
+    "cuMemAllocAsync",
+    "cuMemAllocFromPoolAsync",
+    "cuMemFree_v2",
+    "cuMemFreeHost",
+    "cuMemFreeAsync",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+];
+
+/// The attach cookie of a CUDA probe: which API it is on and, for an
+/// allocation, which kind of memory it hands out.
+pub const fn gpu_cookie(api: u32, kind: u32) -> u64 {
+    (kind as u64) << 32 | api as u64
+}
+
+/// What the CUDA return probe must do with a pending call.
+pub mod gpu_call {
+    /// The address is written to the out-parameter `pointer`; `size` bytes.
+    pub const ALLOC: u32 = 1;
+    /// cuMemAllocPitch/cudaMallocPitch: `size` rows of the pitch written to
+    /// the out-parameter `pitch_pointer`.
+    pub const PITCH: u32 = 2;
+    /// cuMemCreate: the handle of `size` physical bytes is written to the
+    /// out-parameter `pointer`.
+    pub const CREATE: u32 = 3;
+    /// Frees the block at address `pointer`.
+    pub const FREE: u32 = 4;
+    /// cuMemRelease of handle `handle`.
+    pub const RELEASE: u32 = 5;
+    /// cuMemMap of handle `handle` at address `pointer`.
+    pub const MAP: u32 = 6;
+    /// cuMemUnmap of the mapping at address `pointer`.
+    pub const UNMAP: u32 = 7;
+}
+
+/// Per thread: the outermost CUDA call in progress, from its entry probe to
+/// its return probe. Kept apart from [`Pending`] so that a malloc inside a
+/// CUDA call (or a CUDA call inside a malloc hook) never touches it; calls
+/// nested in it (the driver under the runtime) only move `depth`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuPending {
+    /// Out-parameter (ALLOC, PITCH, CREATE) or address (FREE, MAP, UNMAP).
+    pub pointer: u64,
+    /// Requested bytes; PITCH: the number of rows.
+    pub size: u64,
+    /// PITCH: where the pitch in bytes is written.
+    pub pitch_pointer: u64,
+    /// RELEASE, MAP: the physical memory handle.
+    pub handle: u64,
+    /// A `gpu_call` value.
+    pub call: u32,
+    /// CUDA calls in progress on this thread, the outermost included.
+    pub depth: u32,
+    pub kind: u32,
+    /// A `gpu_api` id.
+    pub api: u32,
+}
+
+/// Value of the VMM_HANDLES map: physical memory made by cuMemCreate. It
+/// stays allocated while its handle is unreleased or any mapping of it
+/// remains, so `holders` counts both; the memory is freed when it drops
+/// to zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmmHandle {
+    pub block: LiveAlloc,
+    pub holders: u64,
+}
+
+/// Rare events for userspace, in the EVENTS ring buffer.
+pub mod event {
+    /// A traced process mapped a file with execute permission (a library
+    /// being loaded): its symbols must be looked up.
+    pub const EXEC_MAPPED: u32 = 1;
+}
+
+/// One message in the EVENTS ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// An `event` value.
+    pub what: u32,
+    pub tgid: u32,
+    pub timestamp_ns: u64,
+}
+
+/// Byte offsets of the `sys_enter_mmap` tracepoint fields the EXEC_MAPPED
+/// watcher reads, from tracefs at start-up (defaults: Linux 6.x).
+pub mod mmap_format {
+    pub const PROT_OFFSET: u32 = 32;
+    pub const FD_OFFSET: u32 = 48;
+}
 
 #[cfg(feature = "user")]
 mod pod {
@@ -183,4 +354,7 @@ mod pod {
     unsafe impl aya::Pod for StackKey {}
     unsafe impl aya::Pod for StackTotals {}
     unsafe impl aya::Pod for Pending {}
+    unsafe impl aya::Pod for GpuPending {}
+    unsafe impl aya::Pod for VmmHandle {}
+    unsafe impl aya::Pod for Event {}
 }

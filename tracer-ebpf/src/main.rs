@@ -11,6 +11,9 @@
 //! calls another exported allocator function (glibc's `reallocarray` calls
 //! `realloc`, `realloc(p, 0)` calls `free`), the inner call only moves the
 //! thread's depth counter, so nothing is counted twice.
+//!
+//! The CUDA probes are in `gpu.rs` (they share LIVE, BY_STACK and the
+//! helpers here), the watcher of libraries loaded later in `libraries.rs`.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
@@ -19,6 +22,10 @@ fn main() {
     eprintln!("tracer-ebpf holds eBPF programs; tracer/build.rs builds it for the bpf target");
 }
 
+#[cfg(target_arch = "bpf")]
+mod gpu;
+#[cfg(target_arch = "bpf")]
+mod libraries;
 #[cfg(target_arch = "bpf")]
 mod signals;
 
@@ -91,7 +98,7 @@ mod probes {
     /// `*target += value` as one atomic instruction, so concurrent threads
     /// of the target never lose an update.
     #[inline(always)]
-    fn atomic_add(target: *mut u64, value: u64) {
+    pub(crate) fn atomic_add(target: *mut u64, value: u64) {
         unsafe {
             core::arch::asm!(
                 "lock *(u64 *)({target} + 0) += {value}",
@@ -102,7 +109,7 @@ mod probes {
     }
 
     #[inline(always)]
-    fn count(index: u32) {
+    pub(crate) fn count(index: u32) {
         if let Some(counter) = STATS.get_ptr_mut(index) {
             atomic_add(counter, 1);
         }
@@ -111,7 +118,7 @@ mod probes {
     /// Adds a signed change to a stack's totals, creating the entry on
     /// first use. `allocated` also counts the call in the running totals.
     #[inline(always)]
-    fn add_to_stack(key: &StackKey, bytes: u64, allocs: u64, allocated: bool) {
+    pub(crate) fn add_to_stack(key: &StackKey, bytes: u64, allocs: u64, allocated: bool) {
         let totals = match BY_STACK.get_ptr_mut(key) {
             Some(totals) => totals,
             None => {
@@ -136,7 +143,7 @@ mod probes {
     }
 
     #[inline(always)]
-    fn stack_key(tgid: u32, block: &LiveAlloc) -> StackKey {
+    pub(crate) fn stack_key(tgid: u32, block: &LiveAlloc) -> StackKey {
         StackKey {
             tgid,
             stack_id: block.stack_id,
@@ -147,7 +154,7 @@ mod probes {
 
     /// Takes a block out of the live set; returns what it held.
     #[inline(always)]
-    fn take_live(tgid: u32, address: u64) -> Option<LiveAlloc> {
+    pub(crate) fn take_live(tgid: u32, address: u64) -> Option<LiveAlloc> {
         let key = LiveKey {
             tgid,
             pad: 0,
@@ -171,7 +178,7 @@ mod probes {
     }
 
     #[inline(always)]
-    fn put_live(tgid: u32, address: u64, block: &LiveAlloc, allocated: bool) {
+    pub(crate) fn put_live(tgid: u32, address: u64, block: &LiveAlloc, allocated: bool) {
         let key = LiveKey {
             tgid,
             pad: 0,
@@ -207,7 +214,7 @@ mod probes {
     }
 
     #[inline(always)]
-    fn current_stack(ctx: &RetProbeContext) -> u32 {
+    pub(crate) fn current_stack(ctx: &RetProbeContext) -> u32 {
         match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
             Ok(id) => id as u32,
             Err(error) => {
@@ -360,7 +367,7 @@ mod probes {
     }
 
     #[inline(always)]
-    fn arg(ctx: &ProbeContext, index: usize) -> u64 {
+    pub(crate) fn arg(ctx: &ProbeContext, index: usize) -> u64 {
         ctx.arg::<u64>(index).unwrap_or(0)
     }
 

@@ -36,6 +36,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
     });
     let model = recording.model(&filter);
     let frames = recording.frames_by_key();
+    let apis = recording.apis_by_key();
     let probes = recording
         .metadata
         .probes
@@ -48,6 +49,8 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         targets: &recording.targets(&filter),
         probes,
         sampling: recording.metadata.sampling.clone(),
+        libraries: recording.libraries(&filter),
+        api: &|key| apis.get(key).cloned(),
         interval_ms: recording.metadata.interval_ms,
         top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),

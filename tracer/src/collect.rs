@@ -1,6 +1,7 @@
 //! The collection loop (tokio): every interval, snapshot the kernel's
-//! per-stack totals and counters into the model; watch the targets; stop on
-//! --duration, Ctrl-C, SIGTERM or when every target has exited.
+//! per-stack totals and counters into the model; watch the targets (and
+//! hook the libraries they load); stop on --duration, Ctrl-C, SIGTERM or
+//! when every target has exited.
 //!
 //! Reading BY_STACK costs one syscall pair per stack, never per allocation,
 //! so tracer's own cost does not grow with the target's allocation rate.
@@ -15,7 +16,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tracer_ebpf::{StackTotals, stat};
 
 use crate::{
-    attach::spawn,
+    attach::{Probes, libraries, spawn},
     model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
     output::human_bytes,
     recording,
@@ -63,13 +64,13 @@ pub struct Schedule {
 
 /// Called after every snapshot, with the model and the symbolizer (for
 /// views that refresh while tracing: the SVG, `tracer top`).
-pub type OnSnapshot<'a> = dyn FnMut(&Model, &mut Symbols, &[Watched]) -> Result<()> + 'a;
+pub type OnSnapshot<'a> = dyn FnMut(&Probes, &Model, &mut Symbols, &[Watched]) -> Result<()> + 'a;
 
 /// Runs until a stop condition; the model holds a final snapshot taken
 /// after it. Every snapshot and target exit also goes to the recording, if
 /// there is one.
 pub async fn run(
-    ebpf: &Ebpf,
+    probes: &mut Probes,
     targets: &mut [Watched],
     model: &mut Model,
     symbols: &mut Symbols,
@@ -82,6 +83,7 @@ pub async fn run(
     let mut snapshot_timer = tokio::time::interval(schedule.interval);
     snapshot_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut liveness_timer = tokio::time::interval(LIVENESS_EVERY);
+    let mut library_timer = tokio::time::interval(libraries::DRAIN_EVERY);
     let deadline = schedule
         .duration
         .map(|duration| schedule.attached_at + duration);
@@ -99,17 +101,18 @@ pub async fn run(
                 for watched in targets.iter().filter(|w| w.target.exited_after_s.is_none()) {
                     symbols.refresh(watched.target.pid);
                 }
-                let snapshot = snapshot(ebpf, schedule.attached_at, &live_pids(targets))?;
+                let snapshot = snapshot(&probes.ebpf, schedule.attached_at, &live_pids(targets))?;
                 if let Some(writer) = recording.as_deref_mut() {
-                    writer.append_snapshot(&snapshot, &mut |key| stack_frames(ebpf, symbols, key))?;
+                    record_snapshot(writer, probes, symbols, &snapshot)?;
                 }
                 model.push(snapshot);
                 if let Some(every) = schedule.status_every && last_status.elapsed() >= every {
                     last_status = Instant::now();
                     eprintln!("{}", status_line(model));
                 }
-                on_snapshot(model, symbols, targets)?;
+                on_snapshot(probes, model, symbols, targets)?;
             }
+            _ = library_timer.tick() => probes.watch_libraries(&live_pids(targets)),
             _ = liveness_timer.tick() => {
                 let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
                 for watched in targets.iter_mut().filter(|w| w.target.exited_after_s.is_none()) {
@@ -132,12 +135,30 @@ pub async fn run(
             _ = terminate.recv() => break StopReason::Terminated,
         }
     };
-    let snapshot = snapshot(ebpf, schedule.attached_at, &live_pids(targets))?;
+    let snapshot = snapshot(&probes.ebpf, schedule.attached_at, &live_pids(targets))?;
     if let Some(writer) = recording {
-        writer.append_snapshot(&snapshot, &mut |key| stack_frames(ebpf, symbols, key))?;
+        record_snapshot(writer, probes, symbols, &snapshot)?;
     }
     model.push(snapshot);
     Ok(reason)
+}
+
+/// Appends a snapshot to the recording, after the libraries hooked since
+/// the last one, with the frames and CUDA API of the stacks it shows first.
+fn record_snapshot(
+    writer: &mut recording::Writer,
+    probes: &Probes,
+    symbols: &mut Symbols,
+    snapshot: &Snapshot,
+) -> Result<()> {
+    writer.append_libraries(&probes.library_reports())?;
+    let apis = stack_apis(&probes.ebpf);
+    writer.append_snapshot(snapshot, &mut |key| {
+        (
+            stack_frames(&probes.ebpf, symbols, key),
+            apis.get(key).map(|api| (*api).to_owned()),
+        )
+    })
 }
 
 fn live_pids(targets: &[Watched]) -> Vec<u32> {
@@ -217,6 +238,27 @@ pub fn stack_frames(ebpf: &Ebpf, symbols: &mut Symbols, key: &StackKey) -> Vec<F
         return Vec::new();
     }
     symbols.stack_frames(key.pid, &stack_addresses(ebpf, key.stack_id))
+}
+
+/// The CUDA function that made each GPU stack's memory, from STACK_API.
+pub fn stack_apis(ebpf: &Ebpf) -> std::collections::HashMap<StackKey, &'static str> {
+    let Some(Ok(apis)) = ebpf
+        .map("STACK_API")
+        .map(HashMap::<&MapData, tracer_ebpf::StackKey, u32>::try_from)
+    else {
+        return Default::default();
+    };
+    apis.iter()
+        .filter_map(Result::ok)
+        .filter_map(|(key, api)| {
+            let key = StackKey {
+                pid: key.tgid,
+                stack_id: key.stack_id,
+                kind: Kind::from_raw(key.kind)?,
+            };
+            Some((key, crate::attach::cuda::api_name(api)?))
+        })
+        .collect()
 }
 
 /// The return addresses of a stored stack, innermost first.

@@ -20,3 +20,4 @@ pub mod recording;
 pub mod session;
 pub mod symbolize;
 pub mod top;
+pub mod tracefs;

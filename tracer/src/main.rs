@@ -74,25 +74,27 @@ fn record(config: &Config) -> Result<()> {
         ..
     } = &mut session;
     let mut svg_written_at = Instant::now();
-    let mut rewrite_svg =
-        |model: &Model, symbols: &mut tracer::symbolize::Symbols, watched: &[collect::Watched]| {
-            let Some(path) = &config.svg_path else {
-                return Ok(());
-            };
-            if svg_written_at.elapsed() < config.svg_every {
-                return Ok(());
-            }
-            svg_written_at = Instant::now();
-            let targets: Vec<_> = watched.iter().map(|w| w.target.clone()).collect();
-            let report = session::build_report(probes, symbols, model, &targets, config);
-            output::svg::write_svg(&report, model, config.plot_stacks, path)
+    let mut rewrite_svg = |probes: &tracer::attach::Probes,
+                           model: &Model,
+                           symbols: &mut tracer::symbolize::Symbols,
+                           watched: &[collect::Watched]| {
+        let Some(path) = &config.svg_path else {
+            return Ok(());
         };
+        if svg_written_at.elapsed() < config.svg_every {
+            return Ok(());
+        }
+        svg_written_at = Instant::now();
+        let targets: Vec<_> = watched.iter().map(|w| w.target.clone()).collect();
+        let report = session::build_report(probes, symbols, model, &targets, config);
+        output::svg::write_svg(&report, model, config.plot_stacks, path)
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("could not start the tokio runtime")?;
     let reason = runtime.block_on(collect::run(
-        &probes.ebpf,
+        probes,
         watched,
         &mut model,
         symbols,

@@ -60,6 +60,7 @@ impl Session {
         }
         let attached_at = Instant::now();
         warn_about_probes(&probes, config.verbose);
+        probes.mark_attached(attached_at);
         eprintln!(
             "tracer: attached {} probes to {} in {} ms; tracing{} (Ctrl-C to stop and report)",
             probes.probe_count(),
@@ -124,14 +125,17 @@ pub fn build_report(
             .or_insert_with(|| collect::stack_frames(&probes.ebpf, symbols, &key));
     }
     let lookup = |key: &StackKey| frames.get(key).cloned().unwrap_or_default();
+    let apis = collect::stack_apis(&probes.ebpf);
     Report::build(ReportInput {
         model,
         targets,
         probes: probe_reports(probes),
         sampling: sampling_report(probes, config),
+        libraries: probes.library_reports(),
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,
         frames: &lookup,
+        api: &|key| apis.get(key).map(|api| (*api).to_owned()),
     })
 }
 

@@ -3,6 +3,10 @@
 //!
 //! Every fixture keeps frame pointers and debug info, so the tracer's stacks
 //! and symbols in the tests are exactly the functions in the source.
+//!
+//! tests/fixtures/cuda holds fixture CUDA libraries (`libcuda.so.1`,
+//! `libcudart.so.12`, with sonames, in target/fixtures/cuda) and the GPU
+//! programs built against them.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -27,6 +31,42 @@ const EXTRA_FLAGS: &[(&str, &[&str])] = &[(
 /// More binaries built from one fixture source: (output name, source file
 /// name, extra flags). A static leaky carries malloc inside the executable.
 const VARIANTS: &[(&str, &str, &[&str])] = &[("leaky_static", "leaky.c", &["-static"])];
+
+/// The fixture CUDA libraries and the programs that use them, built in this
+/// order from tests/fixtures/cuda: (output, source, flags after the
+/// source). gcc runs in target/fixtures, so paths in flags are relative to it.
+const CUDA_BUILDS: &[(&str, &str, &[&str])] = &[
+    (
+        "cuda/libcuda.so.1",
+        "libcuda.c",
+        &["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1"],
+    ),
+    (
+        "cuda/libcudart.so.12",
+        "libcudart.c",
+        &[
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcudart.so.12",
+            "cuda/libcuda.so.1",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+    ),
+    (
+        "gpu_executor",
+        "gpu_executor.c",
+        &[
+            "cuda/libcudart.so.12",
+            "cuda/libcuda.so.1",
+            "-Wl,-rpath,$ORIGIN/cuda",
+        ],
+    ),
+    (
+        "gpu_executor_dlopen",
+        "gpu_executor.c",
+        &["-DLOAD_LATER", "-ldl"],
+    ),
+];
 
 /// One binary to compile.
 struct FixtureBuild {
@@ -55,7 +95,53 @@ pub fn build_all(shell: &Shell, root: &Path) -> Result<()> {
                 .arg(&build.source),
         )?;
     }
+    build_cuda(shell, &source_dir.join("cuda"), &output_dir)
+}
+
+/// Builds [`CUDA_BUILDS`], all of them when any source (a header included)
+/// is newer than any output: the programs link the libraries.
+fn build_cuda(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<()> {
+    shell.create_dir_all(&output_dir.join("cuda"))?;
+    let mut newest_source = SystemTime::UNIX_EPOCH;
+    for entry in std::fs::read_dir(source_dir)
+        .with_context(|| format!("could not list {}", source_dir.display()))?
+    {
+        let path = entry
+            .with_context(|| format!("could not list {}", source_dir.display()))?
+            .path();
+        newest_source = newest_source.max(modified(&path)?);
+    }
+    let mut up_to_date = true;
+    for (output, _, _) in CUDA_BUILDS {
+        let output = output_dir.join(output);
+        up_to_date &= output.exists() && modified(&output)? >= newest_source;
+    }
+    if up_to_date {
+        eprintln!(
+            "xtask: CUDA fixtures in {}: up to date",
+            output_dir.display()
+        );
+        return Ok(());
+    }
+    for (output, source, flags) in CUDA_BUILDS {
+        shell.run(
+            shell
+                .cmd("gcc")
+                .current_dir(output_dir)
+                .args(COMMON_FLAGS)
+                .arg("-o")
+                .arg(output_dir.join(output))
+                .arg(source_dir.join(source))
+                .args(*flags),
+        )?;
+    }
     Ok(())
+}
+
+fn modified(path: &Path) -> Result<SystemTime> {
+    path.metadata()
+        .and_then(|meta| meta.modified())
+        .with_context(|| format!("could not stat {}", path.display()))
 }
 
 fn fixture_builds(source_dir: &Path, output_dir: &Path) -> Result<Vec<FixtureBuild>> {
@@ -97,11 +183,6 @@ fn fixture_builds(source_dir: &Path, output_dir: &Path) -> Result<Vec<FixtureBui
 }
 
 fn is_up_to_date(source: &Path, output: &Path) -> Result<bool> {
-    let modified = |path: &Path| -> Result<SystemTime> {
-        path.metadata()
-            .and_then(|meta| meta.modified())
-            .with_context(|| format!("could not stat {}", path.display()))
-    };
     if !output.exists() {
         return Ok(false);
     }

@@ -1,11 +1,14 @@
 //! Loads the eBPF programs and attaches them to the target processes: one
 //! uprobe (and one uretprobe where the result is needed) per allocator
 //! function, in whichever mapped object defines it, scoped to the target's
-//! PID so other processes pay nothing.
+//! PID so other processes pay nothing. Libraries mapped later (dlopen) are
+//! noticed and hooked by `libraries`.
 //!
 //! When calls may go unrecorded (sampling, size filters) and the kernel
 //! has uprobe sessions, the entry and return programs of a function are one
 //! session program (`session`), so an unrecorded call skips its return.
+pub mod cuda;
+pub mod libraries;
 pub mod prologue;
 pub mod session;
 pub mod spawn;
@@ -17,21 +20,20 @@ use anyhow::{Context as _, Result};
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
-        TracePoint, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
+        Program, TracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
 
 use crate::{
     error::{ExitCode, fatal},
-    procfs,
+    procfs, tracefs,
 };
+use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
 use session::SessionPrograms;
 pub use symbols::HookSite;
 use tracer_ebpf::sampling::{PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TABLE_LEN};
 
-/// The return program shared by every allocator function.
-const RETURN_PROGRAM: &str = "alloc_return";
 /// The benchmark's empty programs.
 const FLOOR_ENTRY_PROGRAM: &str = "floor_enter";
 const FLOOR_RETURN_PROGRAM: &str = "floor_return";
@@ -175,8 +177,11 @@ pub struct Probes {
     pub ebpf: Ebpf,
     pub hooks: Vec<AttachedHook>,
     pub return_probes: ReturnProbes,
+    /// The objects hooks were put in, and when.
+    pub libraries: Vec<HookedLibrary>,
     links: Vec<(&'static str, UProbeLinkId)>,
     session: Option<SessionPrograms>,
+    watch: LibraryWatch,
 }
 
 impl Probes {
@@ -188,6 +193,7 @@ impl Probes {
     /// processes).
     pub fn load(max_live_allocs: u32, max_stacks: u32, sampling: &Sampling) -> Result<Probes> {
         raise_memlock_limit();
+        let mmap = tracefs::mmap_offsets()?;
         let object = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
         let skip_chance = skip_chance_table();
         let mut ebpf = EbpfLoader::new()
@@ -199,26 +205,25 @@ impl Probes {
             .override_global("MIN_SIZE_BYTES", &sampling.min_size_bytes, true)
             .override_global("MAX_SIZE_BYTES", &sampling.max_size_bytes, true)
             .override_global("SAMPLE_SKIP_CHANCE", &skip_chance, true)
+            .override_global("MMAP_PROT_OFFSET", &mmap.prot, true)
+            .override_global("MMAP_FD_OFFSET", &mmap.fd, true)
             .load(object)
             .map_err(|error| load_error(error.into()))?;
-        let names: Vec<String> = ebpf
-            .programs()
-            .map(|(name, _)| name.to_owned())
-            .filter(|name| !name.ends_with("_session"))
-            .filter(|name| {
-                SIGNAL_TRACEPOINTS
-                    .iter()
-                    .all(|(program, ..)| program != name)
-            })
-            .collect();
-        for name in names {
-            let program: &mut UProbe = program(&mut ebpf, &name)?;
-            program
-                .load()
-                .map_err(|error| load_error(error.into()))
-                .with_context(|| format!("could not load eBPF program {name}"))?;
+        // Session programs are loaded apart (`session`), only when used.
+        for (name, program) in ebpf.programs_mut() {
+            if name.ends_with("_session") {
+                continue;
+            }
+            match program {
+                Program::UProbe(program) => program.load(),
+                Program::TracePoint(program) => program.load(),
+                _ => continue,
+            }
+            .map_err(|error| load_error(error.into()))
+            .with_context(|| format!("could not load eBPF program {name}"))?;
         }
         attach_signal_tracepoints(&mut ebpf)?;
+        let watch = LibraryWatch::start(&mut ebpf)?;
         let (session, return_probes) = if sampling.skips_calls() {
             match SessionPrograms::load(object, &ebpf) {
                 Ok(session) => (Some(session), ReturnProbes::Session),
@@ -231,16 +236,18 @@ impl Probes {
             ebpf,
             hooks: Vec::new(),
             return_probes,
+            libraries: Vec::new(),
             links: Vec::new(),
             session,
+            watch,
         })
     }
 
-    /// Attaches the allocator probes to every object `pid` maps that
-    /// defines allocator functions. Return probes go in first, so that a
-    /// call whose entry is seen always has its return seen too.
+    /// Attaches the allocator and CUDA probes to every object `pid` maps
+    /// that defines such functions, and watches it for libraries mapped
+    /// later.
     pub fn attach_allocators(&mut self, pid: u32) -> Result<usize> {
-        let sites = allocator_sites(pid)?;
+        let (maps, sites) = allocator_sites(pid)?;
         if !sites
             .iter()
             .any(|site| site.function.name == "malloc" || site.function.name == "free")
@@ -255,17 +262,29 @@ impl Probes {
             ));
         }
         let before = self.probe_count();
+        self.watch.trace(pid, &maps)?;
+        self.attach_sites(pid, &sites, NoticedBy::Attach)?;
+        Ok(self.probe_count() - before)
+    }
+
+    /// Attaches the probes of `sites`, return probes first, so that a
+    /// call whose entry is seen always has its return seen too. With
+    /// uprobe sessions, a session program is both.
+    fn attach_sites(&mut self, pid: u32, sites: &[HookSite], noticed_by: NoticedBy) -> Result<()> {
         let in_session = |site: &HookSite, session: &Option<SessionPrograms>| {
             session
                 .as_ref()
                 .is_some_and(|session| session.covers(site.function.entry_program))
         };
-        for site in sites.iter().filter(|site| site.function.has_return) {
-            if !in_session(site, &self.session) {
-                self.attach_one(RETURN_PROGRAM, site, site.offset, pid)?;
+        for site in sites {
+            if let Some(return_program) = site.function.return_program
+                && !in_session(site, &self.session)
+            {
+                self.attach_one(return_program, None, site, site.offset, pid)?;
             }
         }
-        for site in &sites {
+        for site in sites {
+            let cookie = Some(site.function.cookie).filter(|&cookie| cookie != 0);
             match self.session.as_mut() {
                 Some(session) if session.covers(site.function.entry_program) => session
                     .attach(
@@ -275,29 +294,33 @@ impl Probes {
                         pid,
                     )
                     .map_err(|error| attach_error(error, pid))?,
-                _ => self.attach_one(site.function.entry_program, site, site.offset, pid)?,
+                _ => {
+                    self.attach_one(site.function.entry_program, cookie, site, site.offset, pid)?
+                }
             }
             self.hooks.push(AttachedHook {
                 pid,
                 site: site.clone(),
             });
         }
-        Ok(self.probe_count() - before)
+        self.libraries
+            .extend(HookedLibrary::from_sites(pid, sites, noticed_by));
+        Ok(())
     }
 
     /// The benchmark's floor: the empty `floor_enter` on every allocator
     /// function, and `floor_return` where tracer puts a return probe
     /// (unless `with_return` is false), at `sites`.
     pub fn attach_floor(&mut self, pid: u32, sites: FloorSites, with_return: bool) -> Result<()> {
-        for site in allocator_sites(pid)? {
+        for site in allocator_sites(pid)?.1 {
             let offset = match sites {
                 FloorSites::FunctionEntry => site.function_offset,
                 FloorSites::Chosen => site.offset,
             };
-            if with_return && site.function.has_return {
-                self.attach_one(FLOOR_RETURN_PROGRAM, &site, offset, pid)?;
+            if with_return && site.function.return_program.is_some() {
+                self.attach_one(FLOOR_RETURN_PROGRAM, None, &site, offset, pid)?;
             }
-            self.attach_one(FLOOR_ENTRY_PROGRAM, &site, offset, pid)?;
+            self.attach_one(FLOOR_ENTRY_PROGRAM, None, &site, offset, pid)?;
             let emulated = match sites {
                 FloorSites::FunctionEntry => site.offset == site.function_offset && site.emulated,
                 FloorSites::Chosen => site.emulated,
@@ -317,18 +340,19 @@ impl Probes {
     fn attach_one(
         &mut self,
         program_name: &'static str,
+        cookie: Option<u64>,
         site: &HookSite,
         offset: u64,
         pid: u32,
     ) -> Result<()> {
         let scope = UProbeScope::OneProcess(nonzero_pid(pid)?);
         let program: &mut UProbe = program(&mut self.ebpf, program_name)?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie,
+        };
         let link = program
-            .attach(
-                UProbeAttachLocation::AbsoluteOffset(offset),
-                &site.host_path,
-                scope,
-            )
+            .attach(point, &site.host_path, scope)
             .map_err(|error| {
                 attach_error(
                     anyhow::Error::new(error).context(format!(
@@ -349,8 +373,9 @@ impl Probes {
     }
 }
 
-/// The allocator functions `pid` maps, with their probe sites.
-fn allocator_sites(pid: u32) -> Result<Vec<HookSite>> {
+/// The mappings of `pid` and the allocator functions in them, with their
+/// probe sites.
+fn allocator_sites(pid: u32) -> Result<(Vec<procfs::Mapping>, Vec<HookSite>)> {
     let maps = procfs::read_maps(pid)
         .map_err(|error| fatal(ExitCode::NoTarget, format!("PID {pid}: {error:#}")))?;
     let sites = symbols::find_hook_sites(pid, &maps)?;
@@ -362,7 +387,7 @@ fn allocator_sites(pid: u32) -> Result<Vec<HookSite>> {
             format!("PID {pid} exited during attach"),
         ));
     }
-    Ok(sites)
+    Ok((maps, sites))
 }
 
 /// An attach failure, or the target's exit when that is what caused it.
@@ -394,10 +419,9 @@ const SIGNAL_TRACEPOINTS: [(&str, &str, &str); 2] = [
     ("signal_return", "syscalls", "sys_enter_rt_sigreturn"),
 ];
 
-/// Loads and attaches the signal tracepoints. They stay attached as long as
+/// Attaches the signal tracepoints (loaded with the other programs). They stay attached as long as
 /// the object lives and cost other processes one hash lookup per signal.
 fn attach_signal_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
-    ensure_tracefs()?;
     for (name, category, event) in SIGNAL_TRACEPOINTS {
         let program: &mut TracePoint = ebpf
             .program_mut(name)
@@ -405,48 +429,8 @@ fn attach_signal_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
             .try_into()
             .with_context(|| format!("eBPF program {name} is not a tracepoint"))?;
         program
-            .load()
-            .map_err(|error| load_error(error.into()))
-            .with_context(|| format!("could not load eBPF program {name}"))?;
-        program
             .attach(category, event)
             .with_context(|| format!("could not attach to tracepoint {category}:{event}"))?;
-    }
-    Ok(())
-}
-
-/// Where tracepoints are found. Many hosts mount it at boot; a minimal VM
-/// may not, and root can mount it (it changes nothing for other users).
-const TRACEFS: &str = "/sys/kernel/tracing";
-
-/// Mounts tracefs at /sys/kernel/tracing unless it (or the older
-/// debugfs path) is already there.
-fn ensure_tracefs() -> Result<()> {
-    let mounted = |path: &str| std::path::Path::new(path).join("events").is_dir();
-    if mounted(TRACEFS) || mounted("/sys/kernel/debug/tracing") {
-        return Ok(());
-    }
-    let source = c"tracefs";
-    let target = c"/sys/kernel/tracing";
-    // SAFETY: valid NUL-terminated strings; no mount data.
-    let result = unsafe {
-        libc::mount(
-            source.as_ptr(),
-            target.as_ptr(),
-            source.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if result != 0 {
-        return Err(fatal(
-            ExitCode::KernelUnsupported,
-            format!(
-                "tracefs is not mounted and could not be mounted at {TRACEFS} ({}): \
-                 mount it with `mount -t tracefs tracefs {TRACEFS}`",
-                std::io::Error::last_os_error()
-            ),
-        ));
     }
     Ok(())
 }

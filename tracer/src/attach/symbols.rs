@@ -7,17 +7,20 @@ use std::{collections::BTreeMap, fs, path::PathBuf};
 use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
-use super::prologue;
+use super::{cuda::CUDA_FUNCTIONS, prologue};
 use crate::procfs::{self, Mapping};
 
-/// An allocator entry point and the eBPF programs that trace it.
+/// An allocator entry point (malloc family or CUDA) and the eBPF programs
+/// that trace it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllocatorFunction {
     pub name: &'static str,
     /// The uprobe program at its entry.
     pub entry_program: &'static str,
-    /// Whether the result is needed (a uretprobe runs `alloc_return`).
-    pub has_return: bool,
+    /// The uretprobe program, where the result is needed.
+    pub return_program: Option<&'static str>,
+    /// Attach cookie of the entry probe (CUDA: API and memory kind).
+    pub cookie: u64,
 }
 
 const fn function(
@@ -28,8 +31,18 @@ const fn function(
     AllocatorFunction {
         name,
         entry_program,
-        has_return,
+        return_program: if has_return {
+            Some("alloc_return")
+        } else {
+            None
+        },
+        cookie: 0,
     }
+}
+
+/// Every function looked up in a mapped object.
+fn hooked_functions() -> impl Iterator<Item = &'static AllocatorFunction> {
+    ALLOCATOR_FUNCTIONS.iter().chain(&CUDA_FUNCTIONS)
 }
 
 /// Every function tracer hooks, with its programs. C++'s `operator new`
@@ -76,16 +89,26 @@ pub struct HookSite {
     pub reason: String,
 }
 
-/// The allocator functions defined in the executable files `pid` maps.
-pub fn find_hook_sites(pid: u32, maps: &[Mapping]) -> Result<Vec<HookSite>> {
-    let mut paths: Vec<&PathBuf> = maps
+/// The files `pid` maps with execute permission, each once.
+pub fn executable_paths(maps: &[Mapping]) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = maps
         .iter()
         .filter(|mapping| mapping.executable)
-        .map(|mapping| &mapping.path)
+        .map(|mapping| mapping.path.clone())
         .collect();
-    paths.dedup();
     paths.sort();
     paths.dedup();
+    paths
+}
+
+/// The allocator and CUDA functions defined in the executable files `pid`
+/// maps.
+pub fn find_hook_sites(pid: u32, maps: &[Mapping]) -> Result<Vec<HookSite>> {
+    hook_sites_in(pid, &executable_paths(maps))
+}
+
+/// The allocator and CUDA functions defined in `paths`, files `pid` maps.
+pub fn hook_sites_in(pid: u32, paths: &[PathBuf]) -> Result<Vec<HookSite>> {
     let executable = fs::read_link(format!("/proc/{pid}/exe")).ok();
     let mut sites = Vec::new();
     for path in paths {
@@ -158,14 +181,14 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
             continue;
         }
         let Ok(name) = symbol.name() else { continue };
-        if let Some(function) = ALLOCATOR_FUNCTIONS.iter().find(|f| f.name == name) {
+        if let Some(function) = hooked_functions().find(|f| f.name == name) {
             addresses
                 .entry(function.name)
                 .or_insert((symbol.address(), symbol.size()));
         }
     }
     let mut found: Vec<FoundFunction> = Vec::new();
-    for function in ALLOCATOR_FUNCTIONS {
+    for &function in hooked_functions() {
         let Some(&(address, size_bytes)) = addresses.get(function.name) else {
             continue;
         };

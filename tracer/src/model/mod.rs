@@ -24,6 +24,12 @@ use tracer_ebpf::{STAT_NAMES, StatClass};
 pub enum Kind {
     /// malloc-family heap memory.
     Heap,
+    /// CUDA device memory (including VMM physical memory).
+    GpuDevice,
+    /// CUDA managed (unified) memory.
+    GpuManaged,
+    /// Page-locked host memory allocated through CUDA.
+    GpuHostPinned,
 }
 
 impl Kind {
@@ -32,6 +38,9 @@ impl Kind {
     pub fn from_raw(raw: u32) -> Option<Kind> {
         match raw {
             tracer_ebpf::kind::HEAP => Some(Kind::Heap),
+            tracer_ebpf::kind::GPU_DEVICE => Some(Kind::GpuDevice),
+            tracer_ebpf::kind::GPU_MANAGED => Some(Kind::GpuManaged),
+            tracer_ebpf::kind::GPU_HOST_PINNED => Some(Kind::GpuHostPinned),
             _ => None,
         }
     }
@@ -40,6 +49,9 @@ impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Heap => "heap",
+            Kind::GpuDevice => "gpu-device",
+            Kind::GpuManaged => "gpu-managed",
+            Kind::GpuHostPinned => "gpu-host-pinned",
         }
     }
 

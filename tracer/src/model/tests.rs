@@ -50,6 +50,50 @@ fn kind_round_trips_and_serializes_as_its_name() {
     assert_eq!(Kind::from_name("heap"), Some(Kind::Heap));
     assert_eq!(Kind::from_name("gpu-lunar"), None);
     assert_eq!(serde_json::to_value(Kind::Heap).unwrap(), "heap");
+    for (raw, kind, name) in [
+        (tracer_ebpf::kind::GPU_DEVICE, Kind::GpuDevice, "gpu-device"),
+        (
+            tracer_ebpf::kind::GPU_MANAGED,
+            Kind::GpuManaged,
+            "gpu-managed",
+        ),
+        (
+            tracer_ebpf::kind::GPU_HOST_PINNED,
+            Kind::GpuHostPinned,
+            "gpu-host-pinned",
+        ),
+    ] {
+        assert_eq!(Kind::from_raw(raw), Some(kind));
+        assert_eq!(kind.as_str(), name);
+        assert_eq!(serde_json::to_value(kind).unwrap(), name);
+    }
+}
+
+#[test]
+fn gpu_kinds_have_their_own_totals() {
+    let device = StackKey {
+        kind: Kind::GpuDevice,
+        ..heap(1, 1)
+    };
+    let pinned = StackKey {
+        kind: Kind::GpuHostPinned,
+        ..heap(1, 1)
+    };
+    let mut model = Model::new();
+    model.push(snapshot(
+        1.0,
+        &[
+            (heap(1, 1), live(100)),
+            (device, live(4096)),
+            (pinned, live(512)),
+        ],
+    ));
+    let totals = model.totals();
+    assert_eq!(totals[&Kind::Heap].live_bytes, 100);
+    assert_eq!(totals[&Kind::GpuDevice].live_bytes, 4096);
+    assert_eq!(totals[&Kind::GpuHostPinned].live_bytes, 512);
+    assert!(!totals.contains_key(&Kind::GpuManaged));
+    assert_eq!(model.kind_totals_series().len(), 3);
 }
 
 #[test]
@@ -249,7 +293,7 @@ fn drops_list_only_nonzero_drop_counters_and_events_list_all() {
     });
     assert_eq!(model.drops(), [("live_map_full", 5), ("stack_error", 2)]);
     let events = model.events();
-    assert_eq!(events.len(), 7);
+    assert_eq!(events.len(), 12);
     assert_eq!(events[0], ("allocs", 10));
     assert!(events.contains(&("frees_unknown", 3)));
     assert!(events.contains(&("failed_allocs", 0)));

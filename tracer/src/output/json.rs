@@ -46,6 +46,7 @@ mod tests {
                 "drops",
                 "events",
                 "interval_ms",
+                "libraries",
                 "probes",
                 "sampling",
                 "snapshots",
@@ -58,6 +59,13 @@ mod tests {
             ]
         );
         assert_eq!(json["window_s"], 4.0);
+        let library = &json["libraries"][1];
+        assert_eq!(
+            keys(library),
+            ["functions", "hooked_after_s", "noticed_by", "path", "pid"]
+        );
+        assert_eq!(library["hooked_after_s"], 2.5);
+        assert_eq!(library["noticed_by"], "mmap-event");
         assert_eq!(
             json["totals"]["heap"]["live_bytes"],
             4 * 65536 + 4096 + 8192

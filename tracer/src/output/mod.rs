@@ -35,6 +35,8 @@ pub struct Report {
     pub events: BTreeMap<String, u64>,
     pub probes: Vec<ProbeReport>,
     pub sampling: SamplingReport,
+    /// The objects that were hooked, and when.
+    pub libraries: Vec<LibraryReport>,
     /// The top stacks by live bytes, rank 1 first.
     pub stacks: Vec<StackReport>,
     /// Stacks that grew steadily until the end, fastest first (rank 1 is
@@ -97,6 +99,20 @@ impl SamplingReport {
     }
 }
 
+/// An object tracer put hooks in.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LibraryReport {
+    pub pid: u32,
+    /// The file as the target sees it.
+    pub path: String,
+    /// Seconds after attach (0 for those mapped when tracer attached).
+    pub hooked_after_s: f64,
+    /// `attach`, `mmap-event` (seen being mapped) or `maps-poll`.
+    pub noticed_by: String,
+    /// The functions hooked in it.
+    pub functions: Vec<String>,
+}
+
 /// One ranked stack.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StackReport {
@@ -104,6 +120,10 @@ pub struct StackReport {
     pub rank: usize,
     pub pid: u32,
     pub kind: String,
+    /// The CUDA function that made a GPU stack's memory (`cudaMalloc`,
+    /// `cuMemAlloc_v2`, ...); absent for heap stacks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api: Option<String>,
     pub stack_id: u32,
     pub live_bytes: i64,
     pub live_allocs: i64,
@@ -126,11 +146,14 @@ pub struct ReportInput<'a> {
     pub targets: &'a [Target],
     pub probes: Vec<ProbeReport>,
     pub sampling: SamplingReport,
+    pub libraries: Vec<LibraryReport>,
     pub interval_ms: u64,
     /// How many stacks to rank.
     pub top: usize,
     /// The raw symbolized frames of a stack, innermost first.
     pub frames: &'a dyn Fn(&StackKey) -> Vec<Frame>,
+    /// The CUDA function that made a stack's memory, if any.
+    pub api: &'a dyn Fn(&StackKey) -> Option<String>,
 }
 
 impl Report {
@@ -148,13 +171,13 @@ impl Report {
             .top_stacks(input.top)
             .into_iter()
             .enumerate()
-            .map(|(index, summary)| stack_report(model, index + 1, summary.key, input.frames))
+            .map(|(index, summary)| stack_report(&input, index + 1, summary.key))
             .collect();
         let suspected_leaks = model
             .suspected_leaks(input.top)
             .into_iter()
             .enumerate()
-            .map(|(index, (key, _))| stack_report(model, index + 1, key, input.frames))
+            .map(|(index, (key, _))| stack_report(&input, index + 1, key))
             .collect();
         Report {
             tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -167,18 +190,15 @@ impl Report {
             events: by_name(model.events()),
             probes: input.probes,
             sampling: input.sampling,
+            libraries: input.libraries,
             stacks,
             suspected_leaks,
         }
     }
 }
 
-fn stack_report(
-    model: &Model,
-    rank: usize,
-    key: StackKey,
-    frames: &dyn Fn(&StackKey) -> Vec<Frame>,
-) -> StackReport {
+fn stack_report(input: &ReportInput<'_>, rank: usize, key: StackKey) -> StackReport {
+    let model = input.model;
     let latest = model
         .series(&key)
         .map(|series| series.latest())
@@ -188,6 +208,7 @@ fn stack_report(
         rank,
         pid: key.pid,
         kind: key.kind.as_str().to_owned(),
+        api: (input.api)(&key),
         stack_id: key.stack_id,
         live_bytes: latest.live_bytes,
         live_allocs: latest.live_allocs,
@@ -197,7 +218,7 @@ fn stack_report(
         suspected_leak: growth.suspected_leak,
         growth,
         series: model.live_bytes_at_every_snapshot(&key),
-        frames: trim_allocator_frames(frames(&key)),
+        frames: trim_allocator_frames((input.frames)(&key)),
     }
 }
 
@@ -481,9 +502,26 @@ mod tests {
                 reason: "entry instruction `push %r12` is emulated".to_owned(),
             }],
             sampling: SamplingReport::exact(),
+            libraries: vec![
+                LibraryReport {
+                    pid: 10,
+                    path: LIBC.to_owned(),
+                    hooked_after_s: 0.0,
+                    noticed_by: "attach".to_owned(),
+                    functions: vec!["malloc".to_owned(), "free".to_owned()],
+                },
+                LibraryReport {
+                    pid: 10,
+                    path: "/opt/venv/nvidia/cuda_runtime/lib/libcudart.so.12".to_owned(),
+                    hooked_after_s: 2.5,
+                    noticed_by: "mmap-event".to_owned(),
+                    functions: vec!["cudaMalloc".to_owned(), "cudaFree".to_owned()],
+                },
+            ],
             interval_ms: 1000,
             top,
             frames: &sample_frames,
+            api: &|_| None,
         })
     }
 

@@ -424,9 +424,11 @@ mod tests {
             model: &model,
             targets: &targets,
             probes: Vec::new(),
+            libraries: Vec::new(),
             interval_ms: 1000,
             top: 10,
             frames: &frames,
+            api: &|_| None,
         });
         (report, model)
     }

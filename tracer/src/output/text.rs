@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use tracer_ebpf::{STAT_NAMES, stat};
+use tracer_ebpf::{GPU_API_NAMES, STAT_NAMES, stat};
 
 use super::{Report, StackReport, human_bytes};
 use crate::model::Frame;
@@ -58,13 +58,27 @@ pub fn render(report: &Report) -> String {
     let stepped: Vec<&str> = report
         .probes
         .iter()
-        .filter(|probe| probe.single_stepped)
+        // CUDA calls are rare and slow themselves: a trap does not matter.
+        .filter(|probe| probe.single_stepped && !GPU_API_NAMES.contains(&probe.symbol.as_str()))
         .map(|probe| probe.symbol.as_str())
         .collect();
     if !stepped.is_empty() {
         lines.push(format!(
             "note: probes on {} are single-stepped by the kernel (~16 µs per call on a VM)",
             stepped.join(", ")
+        ));
+    }
+    for library in report.libraries.iter().filter(|l| l.noticed_by != "attach") {
+        let file_name = Path::new(&library.path).file_name().map_or_else(
+            || library.path.clone(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        lines.push(format!(
+            "hooked after attach: {file_name} in PID {} at {:.2} s ({}), {} functions",
+            library.pid,
+            library.hooked_after_s,
+            library.noticed_by,
+            library.functions.len()
         ));
     }
     for (kind, totals) in &report.totals {
@@ -127,7 +141,7 @@ fn render_leak(stack: &StackReport, lines: &mut Vec<String>) {
     lines.push(format!(
         "L{}  {}  pid {}  growth +{}/s  live {} in {} allocs",
         stack.rank,
-        stack.kind,
+        kind_and_api(stack),
         stack.pid,
         human_bytes(growth.rate_bytes_per_s),
         human_bytes(stack.live_bytes as f64),
@@ -154,7 +168,7 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
     lines.push(format!(
         "#{}  {}  pid {}  live {} in {} allocs  growth {growth_sign}{}/s{}",
         stack.rank,
-        stack.kind,
+        kind_and_api(stack),
         stack.pid,
         human_bytes(stack.live_bytes as f64),
         stack.live_allocs,
@@ -171,6 +185,14 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
         stack.alloc_count_total
     ));
     render_frames(stack, lines);
+}
+
+/// `gpu-device via cudaMalloc`, or the kind alone.
+fn kind_and_api(stack: &StackReport) -> String {
+    match &stack.api {
+        Some(api) => format!("{} via {api}", stack.kind),
+        None => stack.kind.clone(),
+    }
 }
 
 fn render_frames(stack: &StackReport, lines: &mut Vec<String>) {
@@ -237,7 +259,13 @@ mod tests {
             lines[5],
             "frees of blocks allocated before attach (ignored): 7"
         );
-        assert_eq!(lines[6], "live heap at end: 268.0 KiB in 4288 allocs");
+        assert!(
+            lines.contains(
+                &"hooked after attach: libcudart.so.12 in PID 10 at 2.50 s (mmap-event), 2 functions"
+            ),
+            "{text}"
+        );
+        assert_eq!(lines[7], "live heap at end: 268.0 KiB in 4288 allocs");
         assert!(text.contains("top 2 stacks by live bytes:\n"));
         assert!(text.contains(
             "#1  heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \
@@ -264,13 +292,8 @@ mod tests {
             drops: BTreeMap::new(),
             events: BTreeMap::new(),
             probes: Vec::new(),
-            sampling: crate::output::SamplingReport {
-                mode: "exact".to_owned(),
-                sample_bytes: None,
-                min_size_bytes: 0,
-                max_size_bytes: None,
-                return_probes: "uretprobe".to_owned(),
-            },
+            sampling: crate::output::SamplingReport::exact(),
+            libraries: Vec::new(),
             stacks: Vec::new(),
             suspected_leaks: Vec::new(),
         };
@@ -311,6 +334,15 @@ mod tests {
             "[libfoo.so.1] 0x7f001234"
         );
         assert_eq!(describe_frame(&with(None, None, None, None)), "0x7f001234");
+    }
+
+    #[test]
+    fn gpu_stacks_name_their_api() {
+        let mut report = sample_report(1);
+        report.stacks[0].kind = "gpu-device".to_owned();
+        report.stacks[0].api = Some("cudaMalloc".to_owned());
+        let text = render(&report);
+        assert!(text.contains("#1  gpu-device via cudaMalloc  pid 10  live 256.0 KiB"));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     model::{Counters, Frame, Target},
-    output::{ProbeReport, SamplingReport},
+    output::{LibraryReport, ProbeReport, SamplingReport},
 };
 
 mod read;
@@ -79,7 +79,12 @@ enum Record {
     Metadata(Metadata),
     Stack(StackRecord),
     Snapshot(SnapshotRecord),
-    TargetExited { pid: u32, after_s: f64 },
+    TargetExited {
+        pid: u32,
+        after_s: f64,
+    },
+    /// An object hooks were put in (at attach, or when it was mapped).
+    Library(LibraryReport),
     End,
 }
 
@@ -92,6 +97,8 @@ struct StackRecord {
     kind: String,
     /// Innermost first, as symbolized (allocator frames not trimmed).
     frames: Vec<Frame>,
+    /// The CUDA function that made its memory, for GPU stacks.
+    api: Option<String>,
 }
 
 /// The changes of one snapshot.

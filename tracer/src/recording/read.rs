@@ -16,6 +16,7 @@ use super::{
 use crate::{
     error::{ExitCode, fatal},
     model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
+    output::LibraryReport,
 };
 
 /// A stack of the recording; `key` is `None` for a memory kind this build
@@ -24,6 +25,7 @@ use crate::{
 struct RecordedStack {
     key: Option<StackKey>,
     frames: Vec<Frame>,
+    api: Option<String>,
 }
 
 /// How the file ends.
@@ -45,6 +47,7 @@ pub struct Recording {
     snapshots: Vec<SnapshotRecord>,
     /// (pid, seconds after attach) of each target exit.
     exits: Vec<(u32, f64)>,
+    libraries: Vec<LibraryReport>,
     ending: Ending,
     /// Name of the file, for messages.
     name: String,
@@ -159,6 +162,7 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
         stacks: builder.stacks,
         snapshots: builder.snapshots,
         exits: builder.exits,
+        libraries: builder.libraries,
         ending,
         name: name.to_owned(),
     })
@@ -171,6 +175,7 @@ struct Builder {
     stacks: Vec<RecordedStack>,
     snapshots: Vec<SnapshotRecord>,
     exits: Vec<(u32, f64)>,
+    libraries: Vec<LibraryReport>,
     ended: bool,
 }
 
@@ -202,6 +207,7 @@ impl Builder {
                 self.snapshots.push(snapshot);
             }
             (Some(_), Record::TargetExited { pid, after_s }) => self.exits.push((pid, after_s)),
+            (Some(_), Record::Library(library)) => self.libraries.push(library),
             (Some(_), Record::End) => self.ended = true,
         }
         Ok(())
@@ -216,6 +222,7 @@ fn recorded_stack(stack: StackRecord) -> RecordedStack {
             kind,
         }),
         frames: stack.frames,
+        api: stack.api,
     }
 }
 
@@ -261,6 +268,24 @@ impl Recording {
                     .map(|&(_, after_s)| after_s),
                 ..target.clone()
             })
+            .collect()
+    }
+
+    /// The objects hooked, at attach and later, of the processes `filter`
+    /// selects.
+    pub fn libraries(&self, filter: &Filter) -> Vec<LibraryReport> {
+        self.libraries
+            .iter()
+            .filter(|library| filter.pid.is_none_or(|pid| pid == library.pid))
+            .cloned()
+            .collect()
+    }
+
+    /// The CUDA function that made each GPU stack's memory, by key.
+    pub fn apis_by_key(&self) -> HashMap<StackKey, String> {
+        self.stacks
+            .iter()
+            .filter_map(|stack| Some((stack.key?, stack.api.clone()?)))
             .collect()
     }
 

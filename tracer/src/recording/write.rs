@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result};
 use super::{FORMAT_VERSION, MAGIC, Metadata, Record, SnapshotRecord, StackRecord, record_crc};
 use crate::{
     model::{Counters, Frame, Snapshot, StackKey, Target},
-    output::{ProbeReport, SamplingReport},
+    output::{LibraryReport, ProbeReport, SamplingReport},
     procfs,
 };
 
@@ -44,6 +44,10 @@ impl Metadata {
     }
 }
 
+/// What the writer asks of a stack shown for the first time: its frames,
+/// and the CUDA function that made its memory (GPU stacks).
+pub type StackOf<'a> = dyn FnMut(&StackKey) -> (Vec<Frame>, Option<String>) + 'a;
+
 /// An open recording.
 pub struct Writer {
     path: PathBuf,
@@ -52,19 +56,34 @@ pub struct Writer {
     stack_numbers: HashMap<StackKey, u32>,
     /// Counters last written, by stack number.
     written_counters: Vec<Counters>,
+    /// Library records written so far.
+    libraries_written: usize,
     bytes_written: u64,
 }
 
 impl Writer {
-    /// Creates (or replaces) the file and writes its header and metadata.
+    /// Creates (or replaces) the file, mode 0600 and never through a
+    /// symlink, and writes its header and metadata.
     pub fn create(path: &Path, metadata: Metadata) -> Result<Writer> {
-        let file = File::create(path)
+        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .and_then(|file| {
+                file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+                Ok(file)
+            })
             .with_context(|| format!("could not create recording {}", path.display()))?;
         let mut writer = Writer {
             path: path.to_owned(),
             file: BufWriter::new(file),
             stack_numbers: HashMap::new(),
             written_counters: Vec::new(),
+            libraries_written: 0,
             bytes_written: 0,
         };
         let mut preamble = MAGIC.to_vec();
@@ -76,12 +95,12 @@ impl Writer {
     }
 
     /// Appends a snapshot: first the stacks it shows for the first time,
-    /// with their frames from `frames_of`, then the counters that changed.
-    /// Flushed before returning.
+    /// with their frames and CUDA API from `stack_of`, then the counters
+    /// that changed. Flushed before returning.
     pub fn append_snapshot(
         &mut self,
         snapshot: &Snapshot,
-        frames_of: &mut dyn FnMut(&StackKey) -> Vec<Frame>,
+        stack_of: &mut StackOf<'_>,
     ) -> Result<()> {
         let mut changed = Vec::new();
         for (key, counters) in &snapshot.stacks {
@@ -94,11 +113,13 @@ impl Writer {
                 }
                 None => {
                     let number = self.written_counters.len() as u32;
+                    let (frames, api) = stack_of(key);
                     self.write_record(&Record::Stack(StackRecord {
                         pid: key.pid,
                         stack_id: key.stack_id,
                         kind: key.kind.as_str().to_owned(),
-                        frames: frames_of(key),
+                        frames,
+                        api,
                     }))?;
                     self.stack_numbers.insert(*key, number);
                     self.written_counters.push(*counters);
@@ -114,6 +135,16 @@ impl Writer {
             stats: snapshot.stats.clone(),
             rss_bytes: snapshot.rss_bytes.clone(),
         }))?;
+        self.flush()
+    }
+
+    /// Notes the objects hooked since the last call (`libraries` is every
+    /// object hooked so far, in order).
+    pub fn append_libraries(&mut self, libraries: &[LibraryReport]) -> Result<()> {
+        for library in libraries.iter().skip(self.libraries_written) {
+            self.write_record(&Record::Library(library.clone()))?;
+        }
+        self.libraries_written = libraries.len().max(self.libraries_written);
         self.flush()
     }
 

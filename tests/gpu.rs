@@ -1,0 +1,348 @@
+//! GPU memory against tests/fixtures/cuda: the fixture CUDA driver and
+//! runtime hand out fake device addresses, and gpu_executor prints the
+//! exact bytes each named function still holds. Every figure in the report
+//! must match, each allocation counted once although the runtime calls the
+//! driver and both are hooked.
+
+#[allow(dead_code, reason = "other test files use the rest of the harness")]
+mod harness;
+
+use std::ffi::OsStr;
+use std::time::{Duration, Instant};
+
+use harness::{
+    ATTACH_TIMEOUT, EXIT_TIMEOUT, Fixture, Live, Report, Tracer, field, frames_contain, json_path,
+    record_while, require_root, stack_int,
+};
+use serde_json::Value;
+
+/// Buffers each executor instance leaks (SHARED_PARAMS in the fixture).
+const LEAKED_BUFFERS_PER_INSTANCE: i64 = 3;
+/// Device allocations per executor instance: a pool of 8, then 3 shared.
+const ALLOCS_PER_INSTANCE: i64 = 8 + 3;
+/// How soon a library mapped after attach must be hooked.
+const HOOK_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The stacks of `kind` with a frame whose function contains `function`.
+fn stacks_with<'a>(report: &'a Report, kind: &str, function: &str) -> Vec<&'a Value> {
+    report
+        .stacks()
+        .iter()
+        .filter(|stack| stack["kind"] == kind && frames_contain(stack, function))
+        .collect()
+}
+
+/// Live bytes and blocks over the stacks of `kind` containing `function`.
+fn live_with(report: &Report, kind: &str, function: &str) -> Live {
+    stacks_with(report, kind, function)
+        .into_iter()
+        .fold(Live::default(), |sum, stack| Live {
+            bytes: sum.bytes + stack_int(stack, "live_bytes"),
+            allocs: sum.allocs + stack_int(stack, "live_allocs"),
+        })
+}
+
+/// The one stack of `kind` containing `function` and made by `api`.
+fn stack_by_api<'a>(report: &'a Report, kind: &str, function: &str, api: &str) -> &'a Value {
+    let stacks: Vec<&Value> = stacks_with(report, kind, function)
+        .into_iter()
+        .filter(|stack| stack["api"] == api)
+        .collect();
+    assert_eq!(
+        stacks.len(),
+        1,
+        "one {kind} stack in {function} via {api}:\n{report}"
+    );
+    stacks[0]
+}
+
+fn total(report: &Report, kind: &str) -> i64 {
+    report
+        .int_if_present(&format!("/totals/{kind}/live_bytes"))
+        .unwrap_or(0)
+}
+
+/// The executor's leak: the pool buffers replaced by share_params and never
+/// freed, allocated in setup_storage through cudaMalloc.
+fn assert_executor_leak(report: &Report, answer: &str, instances: i64) {
+    let leaked_bytes = field(answer, "leaked_bytes");
+    assert_eq!(
+        field(answer, "leaked_buffers"),
+        instances * LEAKED_BUFFERS_PER_INSTANCE
+    );
+    let top = report
+        .stacks()
+        .iter()
+        .find(|stack| stack["kind"] == "gpu-device")
+        .unwrap_or_else(|| panic!("no gpu-device stack:\n{report}"));
+    assert!(
+        frames_contain(top, "setup_storage"),
+        "setup_storage is not the top gpu-device stack:\n{report}"
+    );
+    assert_eq!(top["api"], "cudaMalloc", "\n{report}");
+    assert_eq!(stack_int(top, "live_bytes"), leaked_bytes, "\n{report}");
+    assert_eq!(
+        stack_int(top, "live_allocs"),
+        instances * LEAKED_BUFFERS_PER_INSTANCE
+    );
+    assert_eq!(
+        live_with(report, "gpu-device", "share_params"),
+        Live::default(),
+        "the shared buffers are freed on destroy:\n{report}"
+    );
+    // Counted once: the driver calls made inside the runtime add nothing.
+    assert_eq!(total(report, "gpu-device"), leaked_bytes, "\n{report}");
+    assert_eq!(
+        report.int("/events/gpu_allocs"),
+        instances * ALLOCS_PER_INSTANCE
+    );
+    assert_eq!(
+        report.int("/events/gpu_frees"),
+        instances * (ALLOCS_PER_INSTANCE - LEAKED_BUFFERS_PER_INSTANCE)
+    );
+    assert!(
+        report
+            .stacks()
+            .iter()
+            .all(|stack| stack["api"] != "cuMemAlloc_v2"),
+        "a driver call under the runtime was counted:\n{report}"
+    );
+}
+
+#[test]
+fn executor_leak_exact() {
+    let session = record_while("gpu_executor", &["executor 6"]);
+    assert_executor_leak(&session.report, &session.answers[0], 6);
+    assert!(
+        session.output.stdout.contains("gpu-device via cudaMalloc"),
+        "the text report does not name the API: {}",
+        session.output
+    );
+}
+
+#[test]
+fn executor_exact_when_cuda_is_loaded_after_attach() {
+    require_root();
+    let mut fixture = Fixture::start("gpu_executor_dlopen", &[]);
+    let json = json_path("gpu_dlopen");
+    let pid = fixture.pid.to_string();
+    let mut tracer = Tracer::start([
+        OsStr::new("record"),
+        OsStr::new("--pid"),
+        OsStr::new(&pid),
+        OsStr::new("--interval"),
+        OsStr::new("200ms"),
+        OsStr::new("--top"),
+        OsStr::new("100"),
+        OsStr::new("--json"),
+        json.as_os_str(),
+    ]);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    assert_eq!(fixture.cmd("load"), "loaded");
+    let loaded_at = Instant::now();
+    tracer.wait_stderr("libcudart.so.12 (PID", HOOK_DEADLINE);
+    tracer.wait_stderr("libcuda.so.1 (PID", HOOK_DEADLINE);
+    assert!(loaded_at.elapsed() <= HOOK_DEADLINE);
+    let answer = fixture.cmd("executor 4");
+    let output = tracer.stop();
+    output.assert_success();
+    let report = Report::read(&json);
+
+    assert_executor_leak(&report, &answer, 4);
+    let libraries = report.json["libraries"].as_array().expect("libraries");
+    for name in ["libcudart.so.12", "libcuda.so.1"] {
+        let library = libraries
+            .iter()
+            .find(|library| library["path"].as_str().unwrap().ends_with(name))
+            .unwrap_or_else(|| panic!("{name} is not listed: {}", report.json["libraries"]));
+        assert_ne!(library["noticed_by"], "attach", "{library}");
+        assert!(library["hooked_after_s"].as_f64().unwrap() > 0.0);
+    }
+    assert!(
+        output
+            .stdout
+            .contains("hooked after attach: libcudart.so.12"),
+        "{output}"
+    );
+}
+
+#[test]
+fn pinned_host_exact() {
+    let session = record_while("gpu_executor", &["pinned 5"]);
+    let (report, answer) = (&session.report, &session.answers[0]);
+    let runtime = stack_by_api(
+        report,
+        "gpu-host-pinned",
+        "pinned_runtime_keep",
+        "cudaMallocHost",
+    );
+    assert_eq!(
+        stack_int(runtime, "live_bytes"),
+        field(answer, "pinned_runtime_keep")
+    );
+    let driver = stack_by_api(
+        report,
+        "gpu-host-pinned",
+        "pinned_driver_keep",
+        "cuMemAllocHost_v2",
+    );
+    assert_eq!(
+        stack_int(driver, "live_bytes"),
+        field(answer, "pinned_driver_keep")
+    );
+    assert_eq!(
+        live_with(report, "gpu-host-pinned", "pinned_churn"),
+        Live::default()
+    );
+    assert_eq!(
+        total(report, "gpu-host-pinned"),
+        field(answer, "pinned_runtime_keep") + field(answer, "pinned_driver_keep")
+    );
+    assert_eq!(total(report, "gpu-device"), 0);
+}
+
+#[test]
+fn managed_exact() {
+    let session = record_while("gpu_executor", &["managed 3"]);
+    let (report, answer) = (&session.report, &session.answers[0]);
+    let keep = stack_by_api(report, "gpu-managed", "managed_keep", "cudaMallocManaged");
+    assert_eq!(
+        (
+            stack_int(keep, "live_bytes"),
+            stack_int(keep, "live_allocs")
+        ),
+        (field(answer, "managed_keep"), 3)
+    );
+    assert_eq!(
+        live_with(report, "gpu-managed", "managed_churn"),
+        Live::default()
+    );
+    assert_eq!(total(report, "gpu-managed"), field(answer, "managed_keep"));
+}
+
+#[test]
+fn pitch_exact() {
+    let session = record_while("gpu_executor", &["pitch 3"]);
+    let (report, answer) = (&session.report, &session.answers[0]);
+    let runtime = stack_by_api(report, "gpu-device", "pitch_keep", "cudaMallocPitch");
+    assert_eq!(
+        stack_int(runtime, "live_bytes"),
+        field(answer, "pitch_keep")
+    );
+    let driver = stack_by_api(
+        report,
+        "gpu-device",
+        "pitch_driver_keep",
+        "cuMemAllocPitch_v2",
+    );
+    assert_eq!(
+        stack_int(driver, "live_bytes"),
+        field(answer, "pitch_driver_keep")
+    );
+    assert_eq!(
+        total(report, "gpu-device"),
+        field(answer, "pitch_keep") + field(answer, "pitch_driver_keep")
+    );
+}
+
+#[test]
+fn async_exact() {
+    let session = record_while("gpu_executor", &["async 4"]);
+    let (report, answer) = (&session.report, &session.answers[0]);
+    let runtime = stack_by_api(report, "gpu-device", "async_keep", "cudaMallocAsync");
+    assert_eq!(stack_int(runtime, "live_bytes"), field(answer, "runtime"));
+    let driver = stack_by_api(report, "gpu-device", "async_keep", "cuMemAllocAsync");
+    assert_eq!(stack_int(driver, "live_bytes"), field(answer, "driver"));
+    assert_eq!(
+        live_with(report, "gpu-device", "async_churn"),
+        Live::default()
+    );
+    assert_eq!(
+        total(report, "gpu-device"),
+        field(answer, "runtime") + field(answer, "driver")
+    );
+}
+
+#[test]
+fn vmm_counts_physical_memory_until_released_and_unmapped() {
+    let session = record_while("gpu_executor", &["vmm 6"]);
+    let (report, answer) = (&session.report, &session.answers[0]);
+    let chunks = stack_by_api(report, "gpu-device", "vmm_map_chunk", "cuMemCreate");
+    assert_eq!(
+        (
+            stack_int(chunks, "live_bytes"),
+            stack_int(chunks, "live_allocs")
+        ),
+        (field(answer, "vmm_map_chunk"), field(answer, "chunks"))
+    );
+    assert_eq!(
+        live_with(report, "gpu-device", "vmm_round_trip"),
+        Live::default()
+    );
+    // The address reservation is not usage.
+    assert_eq!(
+        total(report, "gpu-device"),
+        field(answer, "vmm_map_chunk"),
+        "\n{report}"
+    );
+}
+
+#[test]
+fn failed_calls_count_nothing() {
+    let session = record_while("gpu_executor", &["fail"]);
+    let report = &session.report;
+    assert_eq!(
+        report.int("/events/gpu_failed_calls"),
+        field(&session.answers[0], "failed")
+    );
+    assert_eq!(report.int("/events/gpu_allocs"), 0);
+    assert_eq!(report.int("/events/gpu_frees"), 0);
+    for kind in ["gpu-device", "gpu-managed", "gpu-host-pinned"] {
+        assert_eq!(total(report, kind), 0, "{kind}:\n{report}");
+    }
+}
+
+#[test]
+fn exit_without_freeing_reports_what_was_live() {
+    require_root();
+    let mut fixture = Fixture::start("gpu_executor", &[]);
+    let json = json_path("gpu_exit");
+    let pid = fixture.pid.to_string();
+    let mut tracer = Tracer::start([
+        OsStr::new("record"),
+        OsStr::new("--pid"),
+        OsStr::new(&pid),
+        OsStr::new("--interval"),
+        OsStr::new("200ms"),
+        OsStr::new("--top"),
+        OsStr::new("100"),
+        OsStr::new("--json"),
+        json.as_os_str(),
+    ]);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    let executor = fixture.cmd("executor 2");
+    let driver = fixture.cmd("driver 3");
+    assert_eq!(fixture.cmd("quit"), "bye");
+    let output = tracer.wait_exit(EXIT_TIMEOUT);
+    output.assert_success();
+    let report = Report::read(&json);
+
+    assert!(
+        report.json["targets"][0]["exited_after_s"].is_f64(),
+        "{}",
+        report.json["targets"]
+    );
+    let leak = stack_by_api(&report, "gpu-device", "driver_leak", "cuMemAlloc_v2");
+    assert_eq!(
+        (
+            stack_int(leak, "live_bytes"),
+            stack_int(leak, "live_allocs")
+        ),
+        (field(&driver, "driver_leak"), 3)
+    );
+    assert_eq!(
+        total(&report, "gpu-device"),
+        field(&driver, "driver_leak") + field(&executor, "leaked_bytes"),
+        "\n{report}"
+    );
+}

@@ -1,0 +1,352 @@
+//! The CUDA probes: driver (`libcuda.so.1`) and runtime (`libcudart`)
+//! allocation entry points, in whichever object exports them.
+//!
+//! Every CUDA call returns 0 on success and hands its result back through
+//! an out-parameter, so the entry stashes the arguments in GPU_PENDING and
+//! the one return program reads the out-parameters only when the call
+//! returned 0. The attach cookie says which API a probe is on and which
+//! kind of memory it hands out, so one entry program serves every function
+//! of one call shape.
+//!
+//! Layers are kept apart: only the outermost CUDA call on a thread counts,
+//! so the cuMemAlloc that cudaMalloc makes moves a depth counter and is not
+//! counted again. GPU_PENDING is not the malloc family's PENDING, so a
+//! malloc inside a CUDA call (or around one) is counted as the heap it is.
+//!
+//! Virtual memory management (cuMemCreate/cuMemMap/cuMemUnmap/cuMemRelease)
+//! counts physical memory: it is allocated by cuMemCreate and freed when
+//! its handle is released *and* its last mapping is unmapped.
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::BPF_ANY,
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::{HashMap, LruHashMap},
+    programs::{ProbeContext, RetProbeContext},
+};
+use tracer_ebpf::{GpuPending, LiveAlloc, LiveKey, StackKey, VmmHandle, gpu_call, stat};
+
+use crate::probes::{
+    add_to_stack, arg, atomic_add, count, current_stack, put_live, stack_key, take_live,
+};
+
+/// Per thread (pid_tgid): the CUDA call in progress.
+#[map]
+static GPU_PENDING: LruHashMap<u64, GpuPending> = LruHashMap::with_max_entries(16384, 0);
+
+/// Physical memory of cuMemCreate, by (tgid, handle).
+#[map]
+static VMM_HANDLES: HashMap<LiveKey, VmmHandle> = HashMap::with_max_entries(1 << 16, 0);
+
+/// Mappings of physical memory, by (tgid, device address): the handle.
+#[map]
+static VMM_MAPPINGS: HashMap<LiveKey, u64> = HashMap::with_max_entries(1 << 16, 0);
+
+/// The `gpu_api` id of the call that made each GPU stack's memory.
+#[map]
+static STACK_API: HashMap<StackKey, u32> = HashMap::with_max_entries(1 << 14, 0);
+
+/// Starts a CUDA call unless one is already in progress on this thread.
+#[inline(always)]
+fn enter(ctx: &ProbeContext, call: GpuPending) -> u32 {
+    let thread = bpf_get_current_pid_tgid();
+    if let Some(pending) = GPU_PENDING.get_ptr_mut(&thread)
+        && unsafe { (*pending).depth } > 0
+    {
+        unsafe { (*pending).depth += 1 };
+        count(stat::GPU_NESTED_CALLS);
+        return 0;
+    }
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let pending = GpuPending {
+        depth: 1,
+        kind: (cookie >> 32) as u32,
+        api: cookie as u32,
+        ..call
+    };
+    if GPU_PENDING
+        .insert(&thread, &pending, BPF_ANY as u64)
+        .is_err()
+    {
+        count(stat::DROP_PENDING_FULL);
+    }
+    0
+}
+
+fn call(call: u32, pointer: u64, size: u64) -> GpuPending {
+    GpuPending {
+        call,
+        pointer,
+        size,
+        ..GpuPending::default()
+    }
+}
+
+/// `(void **out, size_t size, ...)`: cudaMalloc, cuMemAlloc_v2, the
+/// managed, pinned host and async variants.
+#[uprobe]
+pub fn gpu_alloc_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, call(gpu_call::ALLOC, arg(&ctx, 0), arg(&ctx, 1)))
+}
+
+/// `(void **out, size_t *pitch, size_t width, size_t height, ...)`.
+#[uprobe]
+pub fn gpu_pitch_enter(ctx: ProbeContext) -> u32 {
+    let pitch_pointer = arg(&ctx, 1);
+    let rows = arg(&ctx, 3);
+    enter(
+        &ctx,
+        GpuPending {
+            pitch_pointer,
+            ..call(gpu_call::PITCH, arg(&ctx, 0), rows)
+        },
+    )
+}
+
+/// `cuMemCreate(handle *out, size_t size, const prop *, u64 flags)`.
+#[uprobe]
+pub fn gpu_create_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, call(gpu_call::CREATE, arg(&ctx, 0), arg(&ctx, 1)))
+}
+
+/// `(void *address, ...)`: cudaFree, cuMemFree_v2, host and async frees.
+#[uprobe]
+pub fn gpu_free_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, call(gpu_call::FREE, arg(&ctx, 0), 0))
+}
+
+/// `cuMemRelease(handle)`.
+#[uprobe]
+pub fn gpu_release_enter(ctx: ProbeContext) -> u32 {
+    let handle = arg(&ctx, 0);
+    enter(
+        &ctx,
+        GpuPending {
+            handle,
+            ..call(gpu_call::RELEASE, 0, 0)
+        },
+    )
+}
+
+/// `cuMemMap(address, size, offset, handle, flags)`.
+#[uprobe]
+pub fn gpu_map_enter(ctx: ProbeContext) -> u32 {
+    let handle = arg(&ctx, 3);
+    enter(
+        &ctx,
+        GpuPending {
+            handle,
+            ..call(gpu_call::MAP, arg(&ctx, 0), 0)
+        },
+    )
+}
+
+/// `cuMemUnmap(address, size)`.
+#[uprobe]
+pub fn gpu_unmap_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, call(gpu_call::UNMAP, arg(&ctx, 0), 0))
+}
+
+/// One return probe for every CUDA function: what to do is in the pending
+/// call, and nothing happens unless the call returned 0.
+#[uretprobe]
+pub fn gpu_return(ctx: RetProbeContext) -> u32 {
+    let thread = bpf_get_current_pid_tgid();
+    let Some(pending) = GPU_PENDING.get_ptr_mut(&thread) else {
+        return 0;
+    };
+    let pending = unsafe { &mut *pending };
+    if pending.depth == 0 {
+        // The call started before the probes were attached.
+        return 0;
+    }
+    pending.depth -= 1;
+    if pending.depth > 0 {
+        return 0;
+    }
+    let result: u64 = ctx.ret();
+    if result as u32 != 0 {
+        count(stat::GPU_FAILED_CALLS);
+        return 0;
+    }
+    let tgid = (thread >> 32) as u32;
+    let pending = *pending;
+    match pending.call {
+        gpu_call::ALLOC => {
+            if let Some(address) = read_out(pending.pointer) {
+                allocated(&ctx, tgid, &pending, address, pending.size);
+            }
+        }
+        gpu_call::PITCH => {
+            if let (Some(address), Some(pitch)) =
+                (read_out(pending.pointer), read_out(pending.pitch_pointer))
+            {
+                allocated(
+                    &ctx,
+                    tgid,
+                    &pending,
+                    address,
+                    pitch.wrapping_mul(pending.size),
+                );
+            }
+        }
+        gpu_call::CREATE => {
+            if let Some(handle) = read_out(pending.pointer) {
+                created(&ctx, tgid, &pending, handle);
+            }
+        }
+        gpu_call::FREE => freed(tgid, pending.pointer),
+        gpu_call::RELEASE => drop_holder(tgid, pending.handle),
+        gpu_call::MAP => mapped(tgid, pending.pointer, pending.handle),
+        gpu_call::UNMAP => unmapped(tgid, pending.pointer),
+        _ => {}
+    }
+    0
+}
+
+#[inline(always)]
+fn read_out(pointer: u64) -> Option<u64> {
+    match unsafe { bpf_probe_read_user(pointer as *const u64) } {
+        Ok(value) => Some(value),
+        Err(_) => {
+            count(stat::DROP_READ_OUT_PARAM);
+            None
+        }
+    }
+}
+
+#[inline(always)]
+fn new_block(ctx: &RetProbeContext, pending: &GpuPending, size: u64) -> LiveAlloc {
+    LiveAlloc {
+        size,
+        stack_id: current_stack(ctx),
+        kind: pending.kind,
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+    }
+}
+
+/// Remembers which API made a stack's memory (a stack is one call site).
+#[inline(always)]
+fn note_api(tgid: u32, block: &LiveAlloc, api: u32) {
+    let _ = STACK_API.insert(&stack_key(tgid, block), &api, BPF_ANY as u64);
+}
+
+#[inline(always)]
+fn allocated(ctx: &RetProbeContext, tgid: u32, pending: &GpuPending, address: u64, size: u64) {
+    let block = new_block(ctx, pending, size);
+    put_live(tgid, address, &block, true);
+    note_api(tgid, &block, pending.api);
+    count(stat::GPU_ALLOCS);
+}
+
+#[inline(always)]
+fn freed(tgid: u32, address: u64) {
+    if address == 0 {
+        count(stat::FREES_NULL);
+    } else if take_live(tgid, address).is_some() {
+        count(stat::GPU_FREES);
+    } else {
+        count(stat::GPU_FREES_UNKNOWN);
+    }
+}
+
+#[inline(always)]
+fn vmm_key(tgid: u32, value: u64) -> LiveKey {
+    LiveKey {
+        tgid,
+        pad: 0,
+        address: value,
+    }
+}
+
+#[inline(always)]
+fn created(ctx: &RetProbeContext, tgid: u32, pending: &GpuPending, handle: u64) {
+    let key = vmm_key(tgid, handle);
+    if let Some(stale) = VMM_HANDLES.get_ptr(&key) {
+        // The handle's release was not seen: retire it before reuse.
+        let stale = unsafe { (*stale).block };
+        add_to_stack(
+            &stack_key(tgid, &stale),
+            stale.size.wrapping_neg(),
+            u64::MAX,
+            false,
+        );
+    }
+    let block = new_block(ctx, pending, pending.size);
+    let value = VmmHandle { block, holders: 1 };
+    if VMM_HANDLES.insert(&key, &value, BPF_ANY as u64).is_err() {
+        count(stat::DROP_LIVE_FULL);
+        return;
+    }
+    add_to_stack(&stack_key(tgid, &block), block.size, 1, true);
+    note_api(tgid, &block, pending.api);
+    count(stat::GPU_ALLOCS);
+}
+
+/// A mapping holds the physical memory of a known handle until unmapped.
+#[inline(always)]
+fn mapped(tgid: u32, address: u64, handle: u64) {
+    let Some(known) = VMM_HANDLES.get_ptr_mut(&vmm_key(tgid, handle)) else {
+        // Made before attach: not counted, so its mappings are not either.
+        return;
+    };
+    if VMM_MAPPINGS
+        .insert(&vmm_key(tgid, address), &handle, BPF_ANY as u64)
+        .is_err()
+    {
+        count(stat::DROP_LIVE_FULL);
+        return;
+    }
+    atomic_add(unsafe { &raw mut (*known).holders }, 1);
+}
+
+#[inline(always)]
+fn unmapped(tgid: u32, address: u64) {
+    let key = vmm_key(tgid, address);
+    let Some(&handle) = (unsafe { VMM_MAPPINGS.get(&key) }) else {
+        count(stat::GPU_FREES_UNKNOWN);
+        return;
+    };
+    let _ = VMM_MAPPINGS.remove(&key);
+    drop_holder(tgid, handle);
+}
+
+/// A release or an unmap: the physical memory is freed with its last
+/// holder.
+#[inline(always)]
+fn drop_holder(tgid: u32, handle: u64) {
+    let key = vmm_key(tgid, handle);
+    let Some(known) = VMM_HANDLES.get_ptr_mut(&key) else {
+        count(stat::GPU_FREES_UNKNOWN);
+        return;
+    };
+    if fetch_sub_one(unsafe { &raw mut (*known).holders }) != 1 {
+        return;
+    }
+    let block = unsafe { (*known).block };
+    let _ = VMM_HANDLES.remove(&key);
+    add_to_stack(
+        &stack_key(tgid, &block),
+        block.size.wrapping_neg(),
+        u64::MAX,
+        false,
+    );
+    count(stat::GPU_FREES);
+}
+
+/// `*target -= 1` as one atomic instruction; returns the value before, so
+/// that of two threads dropping the last holders exactly one frees.
+#[inline(always)]
+fn fetch_sub_one(target: *mut u64) -> u64 {
+    let mut value = u64::MAX;
+    unsafe {
+        core::arch::asm!(
+            "{value} = atomic_fetch_add((u64 *)({target} + 0), {value})",
+            target = in(reg) target,
+            value = inout(reg) value,
+        );
+    }
+    value
+}

@@ -1,0 +1,58 @@
+//! Notices libraries a traced process loads after attach (dlopen): a
+//! tracepoint on mmap sends one EVENTS message when a traced process maps a
+//! file with execute permission, and userspace looks the new object up.
+//!
+//! The message is sent with BPF_RB_NO_WAKEUP (userspace drains EVENTS on a
+//! timer), so a process that maps many files never wakes tracer per call.
+use aya_ebpf::{
+    Global,
+    bindings::BPF_RB_NO_WAKEUP,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{map, tracepoint},
+    maps::{HashMap, RingBuf},
+    programs::TracePointContext,
+};
+use tracer_ebpf::{Event, event, mmap_format, stat};
+
+use crate::probes::count;
+
+const PROT_EXEC: u64 = 4;
+
+/// The processes traced, by tgid (the value is unused).
+#[map]
+static TRACED_TGIDS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
+/// Rare events for userspace.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Field offsets of `syscalls:sys_enter_mmap`, read from tracefs at load.
+#[unsafe(no_mangle)]
+static MMAP_PROT_OFFSET: Global<u32> = Global::new(mmap_format::PROT_OFFSET);
+#[unsafe(no_mangle)]
+static MMAP_FD_OFFSET: Global<u32> = Global::new(mmap_format::FD_OFFSET);
+
+#[tracepoint]
+pub fn exec_mapped(ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if unsafe { TRACED_TGIDS.get(&tgid) }.is_none() {
+        return 0;
+    }
+    let prot: u64 = unsafe { ctx.read_at(MMAP_PROT_OFFSET.load() as usize) }.unwrap_or(0);
+    let fd: u64 = unsafe { ctx.read_at(MMAP_FD_OFFSET.load() as usize) }.unwrap_or(u64::MAX);
+    if prot & PROT_EXEC == 0 || (fd as i32) < 0 {
+        return 0;
+    }
+    let message = Event {
+        what: event::EXEC_MAPPED,
+        tgid,
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+    };
+    if EVENTS
+        .output::<Event>(&message, BPF_RB_NO_WAKEUP as u64)
+        .is_err()
+    {
+        count(stat::DROP_EVENTS_FULL);
+    }
+    0
+}

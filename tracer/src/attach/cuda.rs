@@ -1,0 +1,88 @@
+//! The CUDA driver and runtime functions tracer hooks, each with its eBPF
+//! entry program (one per call shape, see tracer-ebpf's `gpu.rs`) and the
+//! attach cookie that tells that program which API it is on and which kind
+//! of memory the call hands out.
+//!
+//! They are looked up like the allocator functions, in every mapped object:
+//! the runtime may be a system library, a pip wheel's, or linked into a
+//! framework's own shared object. `cuMemAddressReserve` is not hooked: it
+//! reserves address space, not memory.
+use tracer_ebpf::{GPU_API_NAMES, gpu_api as api, gpu_cookie, kind};
+
+use super::symbols::AllocatorFunction;
+
+/// The return program shared by every CUDA function.
+const GPU_RETURN_PROGRAM: &str = "gpu_return";
+
+/// A CUDA function handing out memory of `memory_kind`, or, for frees,
+/// unmaps and releases, taking it back (`memory_kind` is then unused).
+const fn cuda(api_id: u32, entry_program: &'static str, memory_kind: u32) -> AllocatorFunction {
+    AllocatorFunction {
+        name: GPU_API_NAMES[api_id as usize],
+        entry_program,
+        return_program: Some(GPU_RETURN_PROGRAM),
+        cookie: gpu_cookie(api_id, memory_kind),
+    }
+}
+
+const DEVICE: u32 = kind::GPU_DEVICE;
+const MANAGED: u32 = kind::GPU_MANAGED;
+const PINNED: u32 = kind::GPU_HOST_PINNED;
+
+pub const CUDA_FUNCTIONS: [AllocatorFunction; api::COUNT as usize] = [
+    cuda(api::CUDA_MALLOC, "gpu_alloc_enter", DEVICE),
+    cuda(api::CUDA_MALLOC_MANAGED, "gpu_alloc_enter", MANAGED),
+    cuda(api::CUDA_MALLOC_HOST, "gpu_alloc_enter", PINNED),
+    cuda(api::CUDA_HOST_ALLOC, "gpu_alloc_enter", PINNED),
+    cuda(api::CUDA_MALLOC_PITCH, "gpu_pitch_enter", DEVICE),
+    cuda(api::CUDA_MALLOC_ASYNC, "gpu_alloc_enter", DEVICE),
+    cuda(api::CUDA_MALLOC_FROM_POOL_ASYNC, "gpu_alloc_enter", DEVICE),
+    cuda(api::CUDA_FREE, "gpu_free_enter", DEVICE),
+    cuda(api::CUDA_FREE_HOST, "gpu_free_enter", PINNED),
+    cuda(api::CUDA_FREE_ASYNC, "gpu_free_enter", DEVICE),
+    cuda(api::CU_MEM_ALLOC, "gpu_alloc_enter", DEVICE),
+    cuda(api::CU_MEM_ALLOC_PITCH, "gpu_pitch_enter", DEVICE),
+    cuda(api::CU_MEM_ALLOC_MANAGED, "gpu_alloc_enter", MANAGED),
+    cuda(api::CU_MEM_ALLOC_HOST, "gpu_alloc_enter", PINNED),
+    cuda(api::CU_MEM_HOST_ALLOC, "gpu_alloc_enter", PINNED),
+    cuda(api::CU_MEM_ALLOC_ASYNC, "gpu_alloc_enter", DEVICE),
+    cuda(api::CU_MEM_ALLOC_FROM_POOL_ASYNC, "gpu_alloc_enter", DEVICE),
+    cuda(api::CU_MEM_FREE, "gpu_free_enter", DEVICE),
+    cuda(api::CU_MEM_FREE_HOST, "gpu_free_enter", PINNED),
+    cuda(api::CU_MEM_FREE_ASYNC, "gpu_free_enter", DEVICE),
+    cuda(api::CU_MEM_CREATE, "gpu_create_enter", DEVICE),
+    cuda(api::CU_MEM_RELEASE, "gpu_release_enter", DEVICE),
+    cuda(api::CU_MEM_MAP, "gpu_map_enter", DEVICE),
+    cuda(api::CU_MEM_UNMAP, "gpu_unmap_enter", DEVICE),
+];
+
+/// The name of a `gpu_api` id, `None` for one this build does not know.
+pub fn api_name(api_id: u32) -> Option<&'static str> {
+    GPU_API_NAMES.get(api_id as usize).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_api_is_hooked_once_under_its_own_name() {
+        for (index, function) in CUDA_FUNCTIONS.iter().enumerate() {
+            assert_eq!(function.name, GPU_API_NAMES[index]);
+            assert_eq!(function.cookie as u32, index as u32, "{}", function.name);
+        }
+        assert_eq!(api_name(api::CU_MEM_CREATE), Some("cuMemCreate"));
+        assert_eq!(api_name(api::COUNT), None);
+    }
+
+    #[test]
+    fn cookies_carry_the_memory_kind() {
+        let kind_of = |name: &str| {
+            let function = CUDA_FUNCTIONS.iter().find(|f| f.name == name).unwrap();
+            (function.cookie >> 32) as u32
+        };
+        assert_eq!(kind_of("cudaMallocHost"), kind::GPU_HOST_PINNED);
+        assert_eq!(kind_of("cuMemAllocManaged"), kind::GPU_MANAGED);
+        assert_eq!(kind_of("cuMemAllocPitch_v2"), kind::GPU_DEVICE);
+    }
+}

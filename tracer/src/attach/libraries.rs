@@ -1,0 +1,248 @@
+//! Libraries a target maps after attach (PyTorch and others dlopen the CUDA
+//! libraries long after start): noticed through the eBPF `exec_mapped`
+//! tracepoint program, which sends an event when a traced process maps a
+//! file with execute permission, with a ~1 Hz poll of /proc/PID/maps as a
+//! backup. New executable files are looked up for allocator and CUDA
+//! functions and hooked, well within a second.
+//!
+//! Events are sent without waking tracer (BPF_RB_NO_WAKEUP), so the
+//! collect loop drains them on a short timer; a few milliseconds of
+//! settling lets ld.so finish mapping the object (it does so in several
+//! mmap calls) before its mappings are read.
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use aya::{
+    Ebpf,
+    maps::{HashMap as KernelHashMap, MapData, RingBuf},
+    programs::TracePoint,
+};
+use tracer_ebpf::{Event, event};
+
+use super::{
+    HookSite, Probes,
+    symbols::{executable_paths, hook_sites_in},
+};
+use crate::{
+    output::LibraryReport,
+    procfs::{self, Mapping},
+};
+
+/// How often the collect loop should call [`Probes::watch_libraries`].
+pub const DRAIN_EVERY: Duration = Duration::from_millis(20);
+/// Wait after an mmap event before reading the process's mappings.
+const SETTLE: Duration = Duration::from_millis(30);
+/// Backup poll of every target's mappings.
+const POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// How tracer learnt of a library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NoticedBy {
+    /// Mapped when tracer attached.
+    Attach,
+    /// The mmap tracepoint saw it being mapped.
+    MmapEvent,
+    /// The poll of /proc/PID/maps found it.
+    MapsPoll,
+}
+
+impl NoticedBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoticedBy::Attach => "attach",
+            NoticedBy::MmapEvent => "mmap-event",
+            NoticedBy::MapsPoll => "maps-poll",
+        }
+    }
+}
+
+/// An object with hooks in one process.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HookedLibrary {
+    pub pid: u32,
+    /// The file as the target sees it.
+    pub path: PathBuf,
+    /// The functions hooked in it.
+    pub functions: Vec<&'static str>,
+    pub hooked_at: Instant,
+    pub noticed_by: NoticedBy,
+}
+
+impl HookedLibrary {
+    /// One entry per file among `sites`, hooked now.
+    pub fn from_sites(pid: u32, sites: &[HookSite], noticed_by: NoticedBy) -> Vec<HookedLibrary> {
+        let mut by_path: BTreeMap<&PathBuf, Vec<&'static str>> = BTreeMap::new();
+        for site in sites {
+            by_path
+                .entry(&site.path)
+                .or_default()
+                .push(site.function.name);
+        }
+        let hooked_at = Instant::now();
+        by_path
+            .into_iter()
+            .map(|(path, functions)| HookedLibrary {
+                pid,
+                path: path.clone(),
+                functions,
+                hooked_at,
+                noticed_by,
+            })
+            .collect()
+    }
+}
+
+/// The kernel side of the watch (tracepoint, event ring, traced tgids) and
+/// what userspace has already looked at.
+pub struct LibraryWatch {
+    events: RingBuf<MapData>,
+    traced_tgids: KernelHashMap<MapData, u32, u32>,
+    /// Executable files already looked up, per process.
+    seen: HashSet<(u32, PathBuf)>,
+    /// Processes whose mappings are to be read, from when, and why.
+    rescans: HashMap<u32, (Instant, NoticedBy)>,
+    next_poll: Instant,
+    /// When every initial probe was in place: time zero of the report.
+    attached_at: Option<Instant>,
+}
+
+impl LibraryWatch {
+    /// Attaches the mmap tracepoint and takes its maps out of `ebpf`.
+    pub fn start(ebpf: &mut Ebpf) -> Result<LibraryWatch> {
+        let tracepoint: &mut TracePoint = ebpf
+            .program_mut("exec_mapped")
+            .context("eBPF object lacks program exec_mapped")?
+            .try_into()
+            .context("eBPF program exec_mapped is not a tracepoint")?;
+        tracepoint
+            .attach("syscalls", "sys_enter_mmap")
+            .context("could not attach to the syscalls:sys_enter_mmap tracepoint")?;
+        let mut take = |name: &str| {
+            ebpf.take_map(name)
+                .with_context(|| format!("eBPF object lacks map {name}"))
+        };
+        Ok(LibraryWatch {
+            events: RingBuf::try_from(take("EVENTS")?)?,
+            traced_tgids: KernelHashMap::try_from(take("TRACED_TGIDS")?)?,
+            seen: HashSet::new(),
+            rescans: HashMap::new(),
+            next_poll: Instant::now() + POLL_EVERY,
+            attached_at: None,
+        })
+    }
+
+    /// Watches `pid`, whose executable files in `maps` are looked up already.
+    pub fn trace(&mut self, pid: u32, maps: &[Mapping]) -> Result<()> {
+        self.traced_tgids
+            .insert(pid, 0, 0)
+            .with_context(|| format!("could not watch PID {pid} for new libraries"))?;
+        self.seen
+            .extend(executable_paths(maps).into_iter().map(|path| (pid, path)));
+        Ok(())
+    }
+
+    /// Reads the pending events; returns the processes whose mappings are
+    /// due to be read now.
+    fn due(&mut self, pids: &[u32]) -> Vec<(u32, NoticedBy)> {
+        let now = Instant::now();
+        while let Some(item) = self.events.next() {
+            if item.len() < size_of::<Event>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote an `Event` (plain integers) there.
+            let message: Event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            if message.what == event::EXEC_MAPPED && pids.contains(&message.tgid) {
+                self.rescans
+                    .entry(message.tgid)
+                    .or_insert((now + SETTLE, NoticedBy::MmapEvent));
+            }
+        }
+        if now >= self.next_poll {
+            self.next_poll = now + POLL_EVERY;
+            for &pid in pids {
+                self.rescans
+                    .entry(pid)
+                    .or_insert((now, NoticedBy::MapsPoll));
+            }
+        }
+        let due: Vec<(u32, NoticedBy)> = self
+            .rescans
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(&pid, &(_, noticed_by))| (pid, noticed_by))
+            .collect();
+        for (pid, _) in &due {
+            self.rescans.remove(pid);
+        }
+        due
+    }
+}
+
+impl Probes {
+    /// Marks the end of the initial attach: libraries hooked later are
+    /// reported with their delay after it.
+    pub fn mark_attached(&mut self, attached_at: Instant) {
+        self.watch.attached_at = Some(attached_at);
+    }
+
+    /// The hooked objects as the report lists them.
+    pub fn library_reports(&self) -> Vec<LibraryReport> {
+        self.libraries
+            .iter()
+            .map(|library| LibraryReport {
+                pid: library.pid,
+                path: library.path.display().to_string(),
+                hooked_after_s: self.watch.attached_at.map_or(0.0, |attached_at| {
+                    library
+                        .hooked_at
+                        .saturating_duration_since(attached_at)
+                        .as_secs_f64()
+                }),
+                noticed_by: library.noticed_by.as_str().to_owned(),
+                functions: library.functions.iter().map(|&f| f.to_owned()).collect(),
+            })
+            .collect()
+    }
+
+    /// Hooks the libraries the live targets `pids` mapped since the last
+    /// call. Call every [`DRAIN_EVERY`]. A library that cannot be hooked
+    /// is reported on stderr; tracing goes on.
+    pub fn watch_libraries(&mut self, pids: &[u32]) {
+        for (pid, noticed_by) in self.watch.due(pids) {
+            if let Err(error) = self.hook_new_libraries(pid, noticed_by) {
+                eprintln!("tracer: warning: PID {pid}: {error:#}");
+            }
+        }
+    }
+
+    fn hook_new_libraries(&mut self, pid: u32, noticed_by: NoticedBy) -> Result<()> {
+        // A process that is gone has nothing more to hook.
+        let Ok(maps) = procfs::read_maps(pid) else {
+            return Ok(());
+        };
+        let new_paths: Vec<PathBuf> = executable_paths(&maps)
+            .into_iter()
+            .filter(|path| self.watch.seen.insert((pid, path.clone())))
+            .collect();
+        if new_paths.is_empty() {
+            return Ok(());
+        }
+        let sites = hook_sites_in(pid, &new_paths)?;
+        let before = self.libraries.len();
+        self.attach_sites(pid, &sites, noticed_by)?;
+        for library in &self.libraries[before..] {
+            eprintln!(
+                "tracer: hooked {} functions in {} (PID {pid}, mapped after attach, noticed by {})",
+                library.functions.len(),
+                library.path.display(),
+                noticed_by.as_str()
+            );
+        }
+        Ok(())
+    }
+}
