@@ -513,3 +513,46 @@ fn fork_in_a_multithreaded_process_keeps_the_parent_exact() {
     assert_eq!(session.answers[1], "overflow null=1");
     assert!(report.int("/events/failed_allocs") >= 1, "{}", report.json);
 }
+
+#[test]
+fn follow_forks_traces_children_and_without_it_they_cost_nothing() {
+    for follow in [true, false] {
+        require_root();
+        let mut fixture = Fixture::start("reentrant", &[]);
+        let json = json_path("follow_forks");
+        let pid = fixture.pid.to_string();
+        let mut args = record_args(std::slice::from_ref(&pid), json.to_str().unwrap());
+        if follow {
+            args.push("--follow-forks");
+        }
+        let mut tracer = Tracer::start(&args);
+        tracer.wait_attached(ATTACH_TIMEOUT);
+        let child: u32 = field(&fixture.cmd("spawn 300"), "pid").try_into().unwrap();
+        // The child leaks 1.5 s after the fork; give it time to finish.
+        std::thread::sleep(Duration::from_millis(3000));
+        let output = tracer.stop();
+        // SAFETY: the child of our fixture, which sleeps until killed.
+        unsafe { libc::kill(child as i32, libc::SIGKILL) };
+        output.assert_success();
+        let report = Report::read(&json);
+        let child_bytes: i64 = report
+            .heap_stacks_with("child_alloc")
+            .iter()
+            .filter(|stack| stack["pid"].as_u64() == Some(child.into()))
+            .map(|stack| stack["live_bytes"].as_i64().unwrap())
+            .sum();
+        let followed = report.json["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|target| target["pid"].as_u64() == Some(child.into()));
+        if follow {
+            assert_eq!(child_bytes, 300 * 1000, "{report}");
+            assert!(followed.is_some_and(|target| target["followed_after_s"].as_f64().is_some()));
+            assert!(output.stdout.contains("a child followed from"), "{output}");
+        } else {
+            assert_eq!(child_bytes, 0, "{report}");
+            assert!(followed.is_none(), "{}", report.json["targets"]);
+        }
+    }
+}

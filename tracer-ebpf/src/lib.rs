@@ -170,7 +170,9 @@ pub mod stat {
     /// New executable mappings whose event did not fit in EVENTS (the
     /// /proc/PID/maps poll still finds them, later).
     pub const DROP_EVENTS_FULL: u32 = 18;
-    pub const COUNT: u32 = 19;
+    /// New processes of followed targets that could not be announced.
+    pub const DROP_FORK_QUEUE_FULL: u32 = 19;
+    pub const COUNT: u32 = 20;
 }
 
 /// Whether a STATS entry is an event count or a drop.
@@ -201,6 +203,7 @@ pub const STAT_NAMES: [(&str, StatClass); stat::COUNT as usize] = [
     ("gpu_nested_calls", StatClass::Event),
     ("gpu_frees_unknown", StatClass::Event),
     ("events_ring_full", StatClass::Drop),
+    ("fork_queue_full", StatClass::Drop),
 ];
 
 /// The CUDA entry points tracer hooks, by the id a GPU stack carries in

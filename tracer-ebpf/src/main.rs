@@ -23,6 +23,8 @@ fn main() {
 }
 
 #[cfg(target_arch = "bpf")]
+mod forks;
+#[cfg(target_arch = "bpf")]
 mod gpu;
 #[cfg(target_arch = "bpf")]
 mod libraries;

@@ -184,6 +184,12 @@ struct TargetArgs {
     #[arg(short, long)]
     verbose: bool,
 
+    /// Also trace the child processes the targets fork from now on (as
+    /// PyTorch DataLoader workers are), from the moment each is seen;
+    /// without it children are not traced and cost nothing.
+    #[arg(long)]
+    follow_forks: bool,
+
     /// Command to start and trace from its first allocation.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -246,6 +252,7 @@ pub struct Config {
     pub max_stacks: u32,
     pub sampling: Sampling,
     pub verbose: bool,
+    pub follow_forks: bool,
 }
 
 /// `tracer floor`: what the benchmark wants measured.
@@ -381,6 +388,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         max_stacks: args.max_stacks,
         sampling,
         verbose: args.verbose,
+        follow_forks: args.follow_forks,
     })
 }
 

@@ -60,6 +60,8 @@ pub struct Schedule {
     pub attached_at: Instant,
     /// How often to print a status line on stderr (None: never).
     pub status_every: Option<Duration>,
+    /// Attach to the children the targets fork (`--follow-forks`).
+    pub follow_forks: bool,
 }
 
 /// Called after every snapshot, with the model and the symbolizer (for
@@ -71,7 +73,7 @@ pub type OnSnapshot<'a> = dyn FnMut(&Probes, &Model, &mut Symbols, &[Watched]) -
 /// there is one.
 pub async fn run(
     probes: &mut Probes,
-    targets: &mut [Watched],
+    targets: &mut Vec<Watched>,
     model: &mut Model,
     symbols: &mut Symbols,
     schedule: &Schedule,
@@ -115,6 +117,9 @@ pub async fn run(
             _ = library_timer.tick() => probes.watch_libraries(&live_pids(targets)),
             _ = liveness_timer.tick() => {
                 let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
+                if schedule.follow_forks {
+                    follow_children(probes, targets, symbols, elapsed_s, schedule.status_every.is_some());
+                }
                 for watched in targets.iter_mut().filter(|w| w.target.exited_after_s.is_none()) {
                     if watched.has_exited() {
                         watched.target.exited_after_s = Some(elapsed_s);
@@ -159,6 +164,48 @@ fn record_snapshot(
             apis.get(key).map(|api| (*api).to_owned()),
         )
     })
+}
+
+/// Attaches to the processes the followed targets forked since the last
+/// call, and follows their children in turn. New threads are announced
+/// too and skipped here; a child that exits before the probes are in
+/// place is skipped.
+fn follow_children(
+    probes: &mut Probes,
+    targets: &mut Vec<Watched>,
+    symbols: &mut Symbols,
+    elapsed_s: f64,
+    verbose: bool,
+) {
+    for child in probes.take_forks() {
+        let is_process = crate::procfs::tgid(child) == Some(child);
+        if !is_process || targets.iter().any(|watched| watched.target.pid == child) {
+            continue;
+        }
+        if let Err(error) = probes.attach_allocators(child) {
+            if verbose && crate::procfs::is_alive(child) {
+                eprintln!("tracer: warning: could not follow child PID {child}: {error:#}");
+            }
+            continue;
+        }
+        if probes.follow(child).is_err() && verbose {
+            eprintln!("tracer: warning: the children of PID {child} will not be followed");
+        }
+        symbols.refresh(child);
+        let command = crate::procfs::command_line(child);
+        if verbose {
+            eprintln!("tracer: following child PID {child} ({command}) after {elapsed_s:.1} s");
+        }
+        targets.push(Watched {
+            target: Target {
+                pid: child,
+                command,
+                exited_after_s: None,
+                followed_after_s: Some(elapsed_s),
+            },
+            spawned: false,
+        });
+    }
 }
 
 fn live_pids(targets: &[Watched]) -> Vec<u32> {

@@ -66,6 +66,7 @@ fn record(config: &Config) -> Result<()> {
         duration: config.duration,
         attached_at: session.attached_at,
         status_every: Some(STATUS_EVERY),
+        follow_forks: config.follow_forks,
     };
     let Session {
         probes,

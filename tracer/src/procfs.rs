@@ -129,6 +129,17 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The process (thread group) a task belongs to, from /proc/TID/status.
+pub fn tgid(task: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{task}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// True while the process exists and is not a zombie.
 pub fn is_alive(pid: u32) -> bool {
     matches!(state(pid), Some(state) if state != 'Z' && state != 'X')

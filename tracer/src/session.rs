@@ -58,6 +58,12 @@ impl Session {
                 watched.push(watch(child.pid, true));
             }
         }
+        if config.follow_forks {
+            probes.watch_forks()?;
+            for watched in &watched {
+                probes.follow(watched.target.pid)?;
+            }
+        }
         let attached_at = Instant::now();
         warn_about_probes(&probes, config.verbose);
         probes.mark_attached(attached_at);
@@ -208,6 +214,7 @@ fn watch(pid: u32, spawned: bool) -> Watched {
             pid,
             command: procfs::command_line(pid),
             exited_after_s: None,
+            followed_after_s: None,
         },
         spawned,
     }

@@ -36,6 +36,7 @@ pub fn run(config: &Config) -> Result<()> {
         duration: config.duration,
         attached_at: session.attached_at,
         status_every: None,
+        follow_forks: config.follow_forks,
     };
     let mut model = Model::new();
     let Session {
@@ -243,6 +244,7 @@ mod tests {
                 pid: 7,
                 command: "leaky".into(),
                 exited_after_s: None,
+                followed_after_s: None,
             },
             spawned: false,
         }];

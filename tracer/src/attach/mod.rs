@@ -19,6 +19,7 @@ use std::{fs, num::NonZeroU32};
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, Queue},
     programs::{
         Program, TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
@@ -196,6 +197,9 @@ impl Probes {
         let mmap = tracefs::mmap_offsets()?;
         let object = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
         let skip_chance = skip_chance_table();
+        tracefs::ensure_mounted()?;
+        let fork_child_offset =
+            tracefs::event_field_offset("sched", "sched_process_fork", "child_pid");
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("LIVE", max_live_allocs)
             .map_max_entries("STACKS", max_stacks)
@@ -207,11 +211,17 @@ impl Probes {
             .override_global("SAMPLE_SKIP_CHANCE", &skip_chance, true)
             .override_global("MMAP_PROT_OFFSET", &mmap.prot, true)
             .override_global("MMAP_FD_OFFSET", &mmap.fd, true)
+            .override_global(
+                "FORK_CHILD_PID_OFFSET",
+                &fork_child_offset.unwrap_or(0),
+                true,
+            )
             .load(object)
             .map_err(|error| load_error(error.into()))?;
-        // Session programs are loaded apart (`session`), only when used.
+        // Session programs are loaded apart (`session`), only when used;
+        // the fork tracepoint only with --follow-forks (`watch_forks`).
         for (name, program) in ebpf.programs_mut() {
-            if name.ends_with("_session") {
+            if name.ends_with("_session") || name == FORK_PROGRAM {
                 continue;
             }
             match program {
@@ -409,6 +419,62 @@ fn skip_chance_table() -> [u64; SAMPLE_TABLE_LEN] {
         let periods = step as f64 / SAMPLE_STEPS_PER_PERIOD as f64;
         ((-periods).exp() * PROBABILITY_ONE as f64).round() as u64
     })
+}
+
+/// The program that announces new tasks of followed processes
+/// (tracer-ebpf/src/forks.rs).
+const FORK_PROGRAM: &str = "process_fork";
+
+impl Probes {
+    /// Starts announcing the children of followed processes (`follow`):
+    /// attaches the sched_process_fork tracepoint.
+    pub fn watch_forks(&mut self) -> Result<()> {
+        if tracefs::event_field_offset("sched", "sched_process_fork", "child_pid").is_none() {
+            return Err(fatal(
+                ExitCode::KernelUnsupported,
+                "this kernel's sched:sched_process_fork tracepoint has no child_pid field: \
+                 --follow-forks cannot work here",
+            ));
+        }
+        let program: &mut TracePoint = self
+            .ebpf
+            .program_mut(FORK_PROGRAM)
+            .with_context(|| format!("eBPF object lacks program {FORK_PROGRAM}"))?
+            .try_into()
+            .with_context(|| format!("eBPF program {FORK_PROGRAM} is not a tracepoint"))?;
+        program
+            .load()
+            .map_err(|error| load_error(error.into()))
+            .with_context(|| format!("could not load eBPF program {FORK_PROGRAM}"))?;
+        program
+            .attach("sched", "sched_process_fork")
+            .context("could not attach to tracepoint sched:sched_process_fork")?;
+        Ok(())
+    }
+
+    /// Announces the children of `pid` from now on (see `watch_forks`).
+    pub fn follow(&mut self, pid: u32) -> Result<()> {
+        let mut followed: HashMap<&mut MapData, u32, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("FOLLOWED")
+                .context("eBPF object lacks FOLLOWED")?,
+        )?;
+        followed
+            .insert(pid, 1, 0)
+            .with_context(|| format!("could not follow the children of PID {pid}"))
+    }
+
+    /// New tasks of followed processes since the last call: processes and
+    /// threads alike.
+    pub fn take_forks(&mut self) -> Vec<u32> {
+        let Some(map) = self.ebpf.map_mut("FORKS") else {
+            return Vec::new();
+        };
+        let Ok(mut forks) = Queue::<&mut MapData, u32>::try_from(map) else {
+            return Vec::new();
+        };
+        std::iter::from_fn(|| forks.pop(0).ok()).collect()
+    }
 }
 
 /// The tracepoints that set a thread's allocator state aside while a

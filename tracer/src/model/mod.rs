@@ -122,6 +122,9 @@ pub struct Target {
     pub command: String,
     /// Seconds after attach at which the process exited, if it did.
     pub exited_after_s: Option<f64>,
+    /// Seconds after attach at which tracing began for a child followed
+    /// with --follow-forks (its earlier allocations are not seen).
+    pub followed_after_s: Option<f64>,
 }
 
 /// The counters of one stack over time, from the snapshot where it first

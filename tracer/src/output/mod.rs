@@ -482,11 +482,13 @@ mod tests {
                 pid: 10,
                 command: "./leak --fast".to_owned(),
                 exited_after_s: None,
+                followed_after_s: None,
             },
             Target {
                 pid: 20,
                 command: "python3 export.py".to_owned(),
                 exited_after_s: Some(3.2),
+                followed_after_s: None,
             },
         ];
         Report::build(ReportInput {

@@ -418,6 +418,7 @@ mod tests {
             pid: 42,
             command: "leaky --serve".into(),
             exited_after_s: None,
+            followed_after_s: None,
         }];
         let report = Report::build(ReportInput {
             sampling: crate::output::SamplingReport::exact(),

@@ -36,6 +36,11 @@ pub fn render(report: &Report) -> String {
         if let Some(exited_after_s) = target.exited_after_s {
             line.push_str(&format!(", exited after {exited_after_s:.1} s"));
         }
+        if let Some(followed_after_s) = target.followed_after_s {
+            line.push_str(&format!(
+                ", a child followed from {followed_after_s:.1} s (earlier allocations not seen)"
+            ));
+        }
         lines.push(line);
     }
     lines.push(format!(

@@ -50,11 +50,13 @@ fn metadata() -> Metadata {
                 pid: 10,
                 command: "./leak --fast".to_owned(),
                 exited_after_s: None,
+                followed_after_s: None,
             },
             Target {
                 pid: 20,
                 command: "python3 export.py".to_owned(),
                 exited_after_s: None,
+                followed_after_s: None,
             },
         ],
         Vec::new(),
