@@ -556,3 +556,57 @@ fn follow_forks_traces_children_and_without_it_they_cost_nothing() {
         }
     }
 }
+
+#[test]
+fn exec_marks_the_boundary_and_the_new_image_is_traced() {
+    require_root();
+    let mut fixture = Fixture::start("reentrant", &[]);
+    let json = json_path("exec");
+    let pid = fixture.pid.to_string();
+    let mut tracer = Tracer::start(record_args(
+        std::slice::from_ref(&pid),
+        json.to_str().unwrap(),
+    ));
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    fixture.cmd("signal 20");
+    let leaky = harness::fixture("leaky");
+    let ready = fixture.cmd(&format!("exec {}", leaky.display()));
+    assert_eq!(
+        ready,
+        format!("ready pid={pid}"),
+        "the same process runs leaky now"
+    );
+    // Let the tracer see the exec and the new image's files.
+    std::thread::sleep(Duration::from_millis(1500));
+    fixture.cmd("leak 10");
+    let output = tracer.stop();
+    output.assert_success();
+    let report = Report::read(&json);
+    assert_eq!(
+        report.heap_live_with("leak_here"),
+        Live {
+            bytes: 10 * LEAK_SIZE_BYTES,
+            allocs: 10
+        },
+        "{report}"
+    );
+    // What the old image held is gone.
+    assert_eq!(
+        report.heap_live_with("outer_alloc"),
+        Live::default(),
+        "{report}"
+    );
+    assert_eq!(
+        report.heap_live_with("handler_alloc"),
+        Live::default(),
+        "{report}"
+    );
+    let execs = report.json["targets"][0]["execs_after_s"]
+        .as_array()
+        .unwrap();
+    assert_eq!(execs.len(), 1, "{}", report.json["targets"]);
+    assert!(
+        output.stdout.contains("replaced its image (exec)"),
+        "{output}"
+    );
+}

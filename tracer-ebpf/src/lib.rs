@@ -330,6 +330,8 @@ pub mod event {
     /// A traced process mapped a file with execute permission (a library
     /// being loaded): its symbols must be looked up.
     pub const EXEC_MAPPED: u32 = 1;
+    /// A traced process replaced its image (execve).
+    pub const EXEC: u32 = 2;
 }
 
 /// One message in the EVENTS ring buffer.

@@ -14,7 +14,7 @@ use aya_ebpf::{
 };
 use tracer_ebpf::{Event, event, mmap_format, stat};
 
-use crate::probes::count;
+use crate::probes::{EXEC_TIME, count};
 
 const PROT_EXEC: u64 = 4;
 
@@ -31,6 +31,29 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 static MMAP_PROT_OFFSET: Global<u32> = Global::new(mmap_format::PROT_OFFSET);
 #[unsafe(no_mangle)]
 static MMAP_FD_OFFSET: Global<u32> = Global::new(mmap_format::FD_OFFSET);
+
+/// A traced process replaced its image (execve): its old blocks are gone.
+#[tracepoint]
+pub fn process_exec(_ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if unsafe { TRACED_TGIDS.get(&tgid) }.is_none() {
+        return 0;
+    }
+    let now_ns = unsafe { bpf_ktime_get_ns() };
+    let _ = EXEC_TIME.insert(&tgid, &now_ns, 0);
+    let message = Event {
+        what: event::EXEC,
+        tgid,
+        timestamp_ns: now_ns,
+    };
+    if EVENTS
+        .output::<Event>(&message, BPF_RB_NO_WAKEUP as u64)
+        .is_err()
+    {
+        count(stat::DROP_EVENTS_FULL);
+    }
+    0
+}
 
 #[tracepoint]
 pub fn exec_mapped(ctx: TracePointContext) -> u32 {

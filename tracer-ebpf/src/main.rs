@@ -163,8 +163,23 @@ mod probes {
             address,
         };
         let block = unsafe { *LIVE.get(&key)? };
+        if predates_exec(tgid, &block) {
+            // Its image is gone; userspace took it off the totals at exec.
+            let _ = LIVE.remove(&key);
+            return None;
+        }
         retire(&key, &block);
         Some(block)
+    }
+
+    /// When each traced process last exec'ed (ktime ns, set by
+    /// `libraries.rs`): older blocks belonged to an image that is gone.
+    #[map]
+    pub(crate) static EXEC_TIME: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+    #[inline(always)]
+    fn predates_exec(tgid: u32, block: &LiveAlloc) -> bool {
+        unsafe { EXEC_TIME.get(&tgid) }.is_some_and(|&exec_ns| block.timestamp_ns < exec_ns)
     }
 
     /// Removes a live block and takes it off its stack's totals.
@@ -188,7 +203,13 @@ mod probes {
         };
         if let Some(stale) = LIVE.get_ptr_mut(&key) {
             // The block's free was not seen (made inside another allocator
-            // call): retire it before reusing the address.
+            // call, or its image is gone after exec): retire it before
+            // reusing the address.
+            if predates_exec(tgid, unsafe { &*stale }) {
+                unsafe { *stale = *block };
+                add_to_stack(&stack_key(tgid, block), block.size, 1, allocated);
+                return;
+            }
             unsafe {
                 add_to_stack(
                     &stack_key(tgid, &*stale),

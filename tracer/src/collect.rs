@@ -90,6 +90,10 @@ pub async fn run(
         .duration
         .map(|duration| schedule.attached_at + duration);
     let mut last_status = Instant::now();
+    // Live counters of the stacks of images replaced by exec, subtracted
+    // from every later snapshot: that memory is gone.
+    let mut exec_baselines: std::collections::HashMap<StackKey, Counters> =
+        std::collections::HashMap::new();
 
     let reason = loop {
         let until_deadline = async {
@@ -103,7 +107,7 @@ pub async fn run(
                 for watched in targets.iter().filter(|w| w.target.exited_after_s.is_none()) {
                     symbols.refresh(watched.target.pid);
                 }
-                let snapshot = snapshot(&probes.ebpf, schedule.attached_at, &live_pids(targets))?;
+                let snapshot = snapshot(&probes.ebpf, schedule.attached_at, &live_pids(targets), &exec_baselines)?;
                 if let Some(writer) = recording.as_deref_mut() {
                     record_snapshot(writer, probes, symbols, &snapshot)?;
                 }
@@ -114,7 +118,14 @@ pub async fn run(
                 }
                 on_snapshot(probes, model, symbols, targets)?;
             }
-            _ = library_timer.tick() => probes.watch_libraries(&live_pids(targets)),
+            _ = library_timer.tick() => {
+                probes.watch_libraries(&live_pids(targets));
+                let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
+                for pid in probes.take_execs() {
+                    mark_exec(&probes.ebpf, pid, elapsed_s, targets, &mut exec_baselines)?;
+                    symbols.refresh(pid);
+                }
+            }
             _ = liveness_timer.tick() => {
                 let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
                 if schedule.follow_forks {
@@ -140,12 +151,41 @@ pub async fn run(
             _ = terminate.recv() => break StopReason::Terminated,
         }
     };
-    let snapshot = snapshot(&probes.ebpf, schedule.attached_at, &live_pids(targets))?;
+    let snapshot = snapshot(
+        &probes.ebpf,
+        schedule.attached_at,
+        &live_pids(targets),
+        &exec_baselines,
+    )?;
     if let Some(writer) = recording {
         record_snapshot(writer, probes, symbols, &snapshot)?;
     }
     model.push(snapshot);
     Ok(reason)
+}
+
+/// Notes that `pid` replaced its image: marks the boundary in its target
+/// and takes the live counters of its stacks so far off every later
+/// snapshot (the kernel ignores frees of the old image's blocks).
+fn mark_exec(
+    ebpf: &Ebpf,
+    pid: u32,
+    elapsed_s: f64,
+    targets: &mut [Watched],
+    baselines: &mut std::collections::HashMap<StackKey, Counters>,
+) -> Result<()> {
+    for (key, counters) in snapshot(ebpf, Instant::now(), &[], baselines)?.stacks {
+        if key.pid == pid {
+            let baseline = baselines.entry(key).or_default();
+            baseline.live_bytes += counters.live_bytes;
+            baseline.live_allocs += counters.live_allocs;
+        }
+    }
+    if let Some(watched) = targets.iter_mut().find(|watched| watched.target.pid == pid) {
+        watched.target.execs_after_s.push(elapsed_s);
+        watched.target.command = crate::procfs::command_line(pid);
+    }
+    Ok(())
 }
 
 /// Appends a snapshot to the recording, after the libraries hooked since
@@ -202,6 +242,7 @@ fn follow_children(
                 command,
                 exited_after_s: None,
                 followed_after_s: Some(elapsed_s),
+                execs_after_s: Vec::new(),
             },
             spawned: false,
         });
@@ -234,8 +275,14 @@ pub async fn wait_for_stop(pid: u32) -> Result<()> {
     }
 }
 
-/// Reads BY_STACK and STATS, and the RSS of the live targets.
-pub fn snapshot(ebpf: &Ebpf, attached_at: Instant, live_pids: &[u32]) -> Result<Snapshot> {
+/// Reads BY_STACK and STATS, and the RSS of the live targets. The live
+/// counters of `exec_baselines` (images replaced by exec) are taken off.
+pub fn snapshot(
+    ebpf: &Ebpf,
+    attached_at: Instant,
+    live_pids: &[u32],
+    exec_baselines: &std::collections::HashMap<StackKey, Counters>,
+) -> Result<Snapshot> {
     let elapsed_s = attached_at.elapsed().as_secs_f64();
     let by_stack: HashMap<&MapData, tracer_ebpf::StackKey, StackTotals> =
         HashMap::try_from(ebpf.map("BY_STACK").context("eBPF object lacks BY_STACK")?)?;
@@ -259,6 +306,12 @@ pub fn snapshot(ebpf: &Ebpf, attached_at: Instant, live_pids: &[u32]) -> Result<
                 alloc_count_total: totals.alloc_count,
             },
         ));
+        if let Some((key, counters)) = stacks.last_mut()
+            && let Some(gone) = exec_baselines.get(key)
+        {
+            counters.live_bytes -= gone.live_bytes;
+            counters.live_allocs -= gone.live_allocs;
+        }
     }
     let counters: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map("STATS").context("eBPF object lacks STATS")?)?;

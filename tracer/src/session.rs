@@ -215,6 +215,7 @@ fn watch(pid: u32, spawned: bool) -> Watched {
             command: procfs::command_line(pid),
             exited_after_s: None,
             followed_after_s: None,
+            execs_after_s: Vec::new(),
         },
         spawned,
     }

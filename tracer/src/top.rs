@@ -245,6 +245,7 @@ mod tests {
                 command: "leaky".into(),
                 exited_after_s: None,
                 followed_after_s: None,
+                execs_after_s: Vec::new(),
             },
             spawned: false,
         }];

@@ -106,6 +106,8 @@ pub struct LibraryWatch {
     seen: HashSet<(u32, PathBuf)>,
     /// Processes whose mappings are to be read, from when, and why.
     rescans: HashMap<u32, (Instant, NoticedBy)>,
+    /// Processes that replaced their image since the last `take_execs`.
+    execs: Vec<u32>,
     next_poll: Instant,
     /// When every initial probe was in place: time zero of the report.
     attached_at: Option<Instant>,
@@ -122,6 +124,13 @@ impl LibraryWatch {
         tracepoint
             .attach("syscalls", "sys_enter_mmap")
             .context("could not attach to the syscalls:sys_enter_mmap tracepoint")?;
+        let exec: &mut TracePoint = ebpf
+            .program_mut("process_exec")
+            .context("eBPF object lacks program process_exec")?
+            .try_into()
+            .context("eBPF program process_exec is not a tracepoint")?;
+        exec.attach("sched", "sched_process_exec")
+            .context("could not attach to the sched:sched_process_exec tracepoint")?;
         let mut take = |name: &str| {
             ebpf.take_map(name)
                 .with_context(|| format!("eBPF object lacks map {name}"))
@@ -131,6 +140,7 @@ impl LibraryWatch {
             traced_tgids: KernelHashMap::try_from(take("TRACED_TGIDS")?)?,
             seen: HashSet::new(),
             rescans: HashMap::new(),
+            execs: Vec::new(),
             next_poll: Instant::now() + POLL_EVERY,
             attached_at: None,
         })
@@ -156,6 +166,14 @@ impl LibraryWatch {
             }
             // SAFETY: the kernel wrote an `Event` (plain integers) there.
             let message: Event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            if message.what == event::EXEC && pids.contains(&message.tgid) {
+                self.execs.push(message.tgid);
+                // Probes stay on the files already hooked (they are keyed by
+                // file and process, and the process survives exec); the new
+                // image's other files are looked up.
+                self.rescans
+                    .insert(message.tgid, (now + SETTLE, NoticedBy::MmapEvent));
+            }
             if message.what == event::EXEC_MAPPED && pids.contains(&message.tgid) {
                 self.rescans
                     .entry(message.tgid)
@@ -184,6 +202,12 @@ impl LibraryWatch {
 }
 
 impl Probes {
+    /// The processes that replaced their image (execve) since the last
+    /// call, as seen by the last `watch_libraries`.
+    pub fn take_execs(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.watch.execs)
+    }
+
     /// Marks the end of the initial attach: libraries hooked later are
     /// reported with their delay after it.
     pub fn mark_attached(&mut self, attached_at: Instant) {

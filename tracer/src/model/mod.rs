@@ -125,6 +125,9 @@ pub struct Target {
     /// Seconds after attach at which tracing began for a child followed
     /// with --follow-forks (its earlier allocations are not seen).
     pub followed_after_s: Option<f64>,
+    /// Seconds after attach at which the process replaced its image
+    /// (execve): what the old image held was gone from then on.
+    pub execs_after_s: Vec<f64>,
 }
 
 /// The counters of one stack over time, from the snapshot where it first

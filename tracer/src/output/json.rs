@@ -78,6 +78,7 @@ mod tests {
             keys(target),
             [
                 "command",
+                "execs_after_s",
                 "exited_after_s",
                 "followed_after_s",
                 "pid",

@@ -483,12 +483,14 @@ mod tests {
                 command: "./leak --fast".to_owned(),
                 exited_after_s: None,
                 followed_after_s: None,
+                execs_after_s: Vec::new(),
             },
             Target {
                 pid: 20,
                 command: "python3 export.py".to_owned(),
                 exited_after_s: Some(3.2),
                 followed_after_s: None,
+                execs_after_s: Vec::new(),
             },
         ];
         Report::build(ReportInput {

@@ -419,6 +419,7 @@ mod tests {
             command: "leaky --serve".into(),
             exited_after_s: None,
             followed_after_s: None,
+            execs_after_s: Vec::new(),
         }];
         let report = Report::build(ReportInput {
             sampling: crate::output::SamplingReport::exact(),

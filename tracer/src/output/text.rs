@@ -36,6 +36,11 @@ pub fn render(report: &Report) -> String {
         if let Some(exited_after_s) = target.exited_after_s {
             line.push_str(&format!(", exited after {exited_after_s:.1} s"));
         }
+        for exec_after_s in &target.execs_after_s {
+            line.push_str(&format!(
+                ", replaced its image (exec) at {exec_after_s:.1} s (what it held before is gone)"
+            ));
+        }
         if let Some(followed_after_s) = target.followed_after_s {
             line.push_str(&format!(
                 ", a child followed from {followed_after_s:.1} s (earlier allocations not seen)"
