@@ -1,5 +1,6 @@
 //! The eBPF programs: uprobes and uretprobes (or uprobe sessions) on the
-//! malloc family, and the benchmark's empty floor programs.
+//! malloc family, and the benchmark's empty floor programs. The mapping
+//! system calls' tracepoints are in `mappings.rs`.
 //!
 //! Every program here runs once per allocator call of the target, so each
 //! does the least it can: carry arguments from entry to return in PENDING,
@@ -18,6 +19,9 @@
 fn main() {
     eprintln!("tracer-ebpf holds eBPF programs; tracer/build.rs builds it for the bpf target");
 }
+
+#[cfg(target_arch = "bpf")]
+mod mappings;
 
 #[cfg(target_arch = "bpf")]
 mod probes {
@@ -62,7 +66,7 @@ mod probes {
     /// Per thread (pid_tgid): the allocator call in progress. LRU, so the
     /// entries of threads that exited make room by themselves.
     #[map]
-    static PENDING: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(16384, 0);
+    pub(crate) static PENDING: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(16384, 0);
 
     /// Every outstanding block seen since attach.
     #[map]
@@ -75,7 +79,7 @@ mod probes {
     /// User stacks, walked by frame pointers. No BPF_F_REUSE_STACKID: an
     /// overwritten stack would misattribute every live block that uses it.
     #[map]
-    static STACKS: StackTrace = StackTrace::with_max_entries(1 << 14, 0);
+    pub(crate) static STACKS: StackTrace = StackTrace::with_max_entries(1 << 14, 0);
 
     /// Event and drop counters, indexed by `tracer_ebpf::stat`.
     #[map]
@@ -99,7 +103,7 @@ mod probes {
     }
 
     #[inline(always)]
-    fn count(index: u32) {
+    pub(crate) fn count(index: u32) {
         if let Some(counter) = STATS.get_ptr_mut(index) {
             atomic_add(counter, 1);
         }

@@ -92,7 +92,7 @@ fn record(config: &Config) -> Result<()> {
         .build()
         .context("could not start the tokio runtime")?;
     let reason = runtime.block_on(collect::run(
-        &probes.ebpf,
+        probes,
         watched,
         &mut model,
         symbols,

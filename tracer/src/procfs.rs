@@ -129,6 +129,15 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The end of the `[heap]` mapping: the program break, page-aligned. None
+/// before the first brk growth or when the process is gone.
+pub fn program_break(pid: u32) -> Option<u64> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let heap = maps.lines().find(|line| line.ends_with("[heap]"))?;
+    let end = heap.split_whitespace().next()?.split_once('-')?.1;
+    u64::from_str_radix(end, 16).ok()
+}
+
 /// True while the process exists and is not a zombie.
 pub fn is_alive(pid: u32) -> bool {
     matches!(state(pid), Some(state) if state != 'Z' && state != 'X')

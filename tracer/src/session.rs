@@ -44,13 +44,17 @@ impl Session {
             Targets::Pids(pids) => {
                 for &pid in pids {
                     probes.attach_allocators(pid)?;
+                    probes.trace_mappings(pid)?;
                     symbols.refresh(pid);
                     watched.push(watch(pid, false));
                 }
             }
             Targets::Spawn(command) => {
                 let child = spawn::spawn_stopped(&mut probes, command)?;
-                if let Err(error) = probes.attach_allocators(child.pid) {
+                if let Err(error) = probes
+                    .attach_allocators(child.pid)
+                    .and_then(|_| probes.trace_mappings(child.pid))
+                {
                     spawn::kill(child.pid);
                     return Err(error);
                 }
@@ -121,7 +125,7 @@ pub fn build_report(
     for key in top.chain(leaks) {
         frames
             .entry(key)
-            .or_insert_with(|| collect::stack_frames(&probes.ebpf, symbols, &key));
+            .or_insert_with(|| collect::stack_frames(probes, symbols, &key));
     }
     let lookup = |key: &StackKey| frames.get(key).cloned().unwrap_or_default();
     Report::build(ReportInput {

@@ -43,10 +43,10 @@ pub fn run(config: &Config) -> Result<()> {
         watched,
         ..
     } = &mut session;
-    let ebpf = &probes.ebpf;
+    let probes = &*probes;
     let mut draw = |model: &Model, symbols: &mut Symbols, watched: &[Watched]| {
         let table = render_table(model, watched, config.top, |key| {
-            let frames = trim_allocator_frames(collect::stack_frames(ebpf, symbols, key));
+            let frames = trim_allocator_frames(collect::stack_frames(probes, symbols, key));
             frames
                 .into_iter()
                 .find(|frame| frame.function.is_some())
@@ -67,7 +67,7 @@ pub fn run(config: &Config) -> Result<()> {
         .build()
         .context("could not start the tokio runtime")?;
     runtime.block_on(collect::run(
-        ebpf, watched, &mut model, symbols, &schedule, &mut draw, None,
+        probes, watched, &mut model, symbols, &schedule, &mut draw, None,
     ))?;
     Ok(())
 }

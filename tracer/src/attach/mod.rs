@@ -3,26 +3,34 @@
 //! function, in whichever mapped object defines it, scoped to the target's
 //! PID so other processes pay nothing.
 //!
+//! The mapping system calls (mmap, munmap, mremap, brk, mprotect) are
+//! followed by tracepoints (`mappings`), filtered in the kernel to the
+//! targets.
+//!
 //! When calls may go unrecorded (sampling, size filters) and the kernel
 //! has uprobe sessions, the entry and return programs of a function are one
 //! session program (`session`), so an unrecorded call skips its return.
+pub mod mappings;
 pub mod prologue;
 pub mod session;
 pub mod spawn;
 pub mod symbols;
 
-use std::{fs, num::NonZeroU32};
+use std::{cell::RefCell, fs, num::NonZeroU32};
 
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf, EbpfLoader,
+    maps::RingBuf,
     programs::{
         UProbe,
+        trace_point::TracePointLinkId,
         uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
     },
 };
 
 use crate::{
+    collect::mappings::MappingTracker,
     error::{ExitCode, fatal},
     procfs,
 };
@@ -175,7 +183,12 @@ pub struct Probes {
     pub ebpf: Ebpf,
     pub hooks: Vec<AttachedHook>,
     pub return_probes: ReturnProbes,
+    /// The mapping calls of the targets, drained from the kernel's ring
+    /// buffer by collect (a RefCell: the views that read stacks hold the
+    /// probes shared while collect drains).
+    pub mappings: RefCell<MappingTracker>,
     links: Vec<(&'static str, UProbeLinkId)>,
+    mapping_links: Vec<TracePointLinkId>,
     session: Option<SessionPrograms>,
 }
 
@@ -190,6 +203,12 @@ impl Probes {
         raise_memlock_limit();
         let object = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
         let skip_chance = skip_chance_table();
+        let field_offsets = mappings::read_field_offsets().map_err(|error| {
+            fatal(
+                ExitCode::KernelUnsupported,
+                format!("cannot follow mmap, munmap, mremap and brk: {error:#}"),
+            )
+        })?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("LIVE", max_live_allocs)
             .map_max_entries("STACKS", max_stacks)
@@ -199,12 +218,13 @@ impl Probes {
             .override_global("MIN_SIZE_BYTES", &sampling.min_size_bytes, true)
             .override_global("MAX_SIZE_BYTES", &sampling.max_size_bytes, true)
             .override_global("SAMPLE_SKIP_CHANCE", &skip_chance, true)
+            .override_global("SYSCALL_FIELD_OFFSETS", &field_offsets, true)
             .load(object)
             .map_err(|error| load_error(error.into()))?;
         let names: Vec<String> = ebpf
             .programs()
             .map(|(name, _)| name.to_owned())
-            .filter(|name| !name.ends_with("_session"))
+            .filter(|name| !name.ends_with("_session") && !mappings::is_mapping_program(name))
             .collect();
         for name in names {
             let program: &mut UProbe = program(&mut ebpf, &name)?;
@@ -221,11 +241,20 @@ impl Probes {
         } else {
             (None, ReturnProbes::Uretprobe)
         };
+        let mapping_links = mappings::attach_tracepoints(&mut ebpf)
+            .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
+        // After the session loader, which looks up every map of the object.
+        let events = ebpf
+            .take_map("MAPPING_EVENTS")
+            .context("eBPF object lacks MAPPING_EVENTS")?;
+        let events = RingBuf::try_from(events).context("MAPPING_EVENTS is not a ring buffer")?;
         Ok(Probes {
             ebpf,
             hooks: Vec::new(),
             return_probes,
+            mappings: RefCell::new(MappingTracker::new(events)),
             links: Vec::new(),
+            mapping_links,
             session,
         })
     }
@@ -337,9 +366,19 @@ impl Probes {
         Ok(())
     }
 
-    /// Number of uprobes, uretprobes and uprobe sessions in place.
+    /// Follows `pid`'s mapping calls from now on (from its current program
+    /// break on).
+    pub fn trace_mappings(&mut self, pid: u32) -> Result<()> {
+        self.mappings.get_mut().start(pid);
+        mappings::add_target(&mut self.ebpf, pid)
+    }
+
+    /// Number of uprobes, uretprobes, uprobe sessions and tracepoints in
+    /// place.
     pub fn probe_count(&self) -> usize {
-        self.links.len() + self.session.as_ref().map_or(0, SessionPrograms::link_count)
+        self.links.len()
+            + self.mapping_links.len()
+            + self.session.as_ref().map_or(0, SessionPrograms::link_count)
     }
 }
 

@@ -4,6 +4,10 @@
 //!
 //! Reading BY_STACK costs one syscall pair per stack, never per allocation,
 //! so tracer's own cost does not grow with the target's allocation rate.
+//! Mapping calls arrive one by one in a ring buffer (`mappings`), drained
+//! every [`MAPPING_DRAIN_EVERY`] and at every snapshot.
+pub mod mappings;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
@@ -15,7 +19,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tracer_ebpf::{StackTotals, stat};
 
 use crate::{
-    attach::spawn,
+    attach::{Probes, spawn},
     model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
     output::human_bytes,
     recording,
@@ -24,6 +28,9 @@ use crate::{
 
 /// How often targets are checked for exit.
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+/// How often the mapping events are drained: often enough that the 1 MiB
+/// ring buffer holds a burst (~12 k calls) between two drains.
+pub const MAPPING_DRAIN_EVERY: Duration = Duration::from_millis(20);
 
 /// Why collection stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +76,7 @@ pub type OnSnapshot<'a> = dyn FnMut(&Model, &mut Symbols, &[Watched]) -> Result<
 /// after it. Every snapshot and target exit also goes to the recording, if
 /// there is one.
 pub async fn run(
-    ebpf: &Ebpf,
+    probes: &Probes,
     targets: &mut [Watched],
     model: &mut Model,
     symbols: &mut Symbols,
@@ -82,6 +89,7 @@ pub async fn run(
     let mut snapshot_timer = tokio::time::interval(schedule.interval);
     snapshot_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut liveness_timer = tokio::time::interval(LIVENESS_EVERY);
+    let mut drain_timer = tokio::time::interval(MAPPING_DRAIN_EVERY);
     let deadline = schedule
         .duration
         .map(|duration| schedule.attached_at + duration);
@@ -99,9 +107,9 @@ pub async fn run(
                 for watched in targets.iter().filter(|w| w.target.exited_after_s.is_none()) {
                     symbols.refresh(watched.target.pid);
                 }
-                let snapshot = snapshot(ebpf, schedule.attached_at, &live_pids(targets))?;
+                let snapshot = snapshot(probes, schedule.attached_at, &live_pids(targets))?;
                 if let Some(writer) = recording.as_deref_mut() {
-                    writer.append_snapshot(&snapshot, &mut |key| stack_frames(ebpf, symbols, key))?;
+                    writer.append_snapshot(&snapshot, &mut |key| stack_frames(probes, symbols, key))?;
                 }
                 model.push(snapshot);
                 if let Some(every) = schedule.status_every && last_status.elapsed() >= every {
@@ -110,6 +118,7 @@ pub async fn run(
                 }
                 on_snapshot(model, symbols, targets)?;
             }
+            _ = drain_timer.tick() => probes.mappings.borrow_mut().drain(),
             _ = liveness_timer.tick() => {
                 let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
                 for watched in targets.iter_mut().filter(|w| w.target.exited_after_s.is_none()) {
@@ -132,9 +141,9 @@ pub async fn run(
             _ = terminate.recv() => break StopReason::Terminated,
         }
     };
-    let snapshot = snapshot(ebpf, schedule.attached_at, &live_pids(targets))?;
+    let snapshot = snapshot(probes, schedule.attached_at, &live_pids(targets))?;
     if let Some(writer) = recording {
-        writer.append_snapshot(&snapshot, &mut |key| stack_frames(ebpf, symbols, key))?;
+        writer.append_snapshot(&snapshot, &mut |key| stack_frames(probes, symbols, key))?;
     }
     model.push(snapshot);
     Ok(reason)
@@ -166,8 +175,10 @@ pub async fn wait_for_stop(pid: u32) -> Result<()> {
     }
 }
 
-/// Reads BY_STACK and STATS, and the RSS of the live targets.
-pub fn snapshot(ebpf: &Ebpf, attached_at: Instant, live_pids: &[u32]) -> Result<Snapshot> {
+/// Reads BY_STACK and STATS, the mapping kinds' counters and the RSS of
+/// the live targets.
+pub fn snapshot(probes: &Probes, attached_at: Instant, live_pids: &[u32]) -> Result<Snapshot> {
+    let ebpf = &probes.ebpf;
     let elapsed_s = attached_at.elapsed().as_secs_f64();
     let by_stack: HashMap<&MapData, tracer_ebpf::StackKey, StackTotals> =
         HashMap::try_from(ebpf.map("BY_STACK").context("eBPF object lacks BY_STACK")?)?;
@@ -192,6 +203,9 @@ pub fn snapshot(ebpf: &Ebpf, attached_at: Instant, live_pids: &[u32]) -> Result<
             },
         ));
     }
+    let mut mappings = probes.mappings.borrow_mut();
+    mappings.drain();
+    stacks.extend(mappings.counters());
     let counters: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map("STATS").context("eBPF object lacks STATS")?)?;
     let mut stats = Vec::with_capacity(stat::COUNT as usize);
@@ -212,9 +226,17 @@ pub fn snapshot(ebpf: &Ebpf, attached_at: Instant, live_pids: &[u32]) -> Result<
 
 /// The symbolized frames of a stack, innermost first (empty when the
 /// kernel could not store it).
-pub fn stack_frames(ebpf: &Ebpf, symbols: &mut Symbols, key: &StackKey) -> Vec<Frame> {
+pub fn stack_frames(probes: &Probes, symbols: &mut Symbols, key: &StackKey) -> Vec<Frame> {
     if key.stack_id == tracer_ebpf::NO_STACK {
         return Vec::new();
+    }
+    let ebpf = &probes.ebpf;
+    if let Some(frames) = probes
+        .mappings
+        .borrow()
+        .frames(key.stack_id, symbols, |id| stack_addresses(ebpf, id))
+    {
+        return frames;
     }
     symbols.stack_frames(key.pid, &stack_addresses(ebpf, key.stack_id))
 }
