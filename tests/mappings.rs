@@ -46,6 +46,17 @@ fn anonymous_mappings_exact_with_partial_unmaps_and_churn() {
         19 * 256 * KIB,
         "\n{report}"
     );
+    let rss = report.int("/targets/0/memory/rss_bytes");
+    let anon = report.int("/targets/0/memory/rss_anon_bytes");
+    let file = report.int("/targets/0/memory/rss_file_bytes");
+    assert!(
+        anon > 0 && file > 0 && anon + file <= rss,
+        "{}",
+        report.json
+    );
+    let traced = report.int("/targets/0/memory/traced_bytes");
+    assert!(traced >= 19 * 256 * KIB, "{}", report.json);
+    assert_eq!(report.int("/targets/0/memory/gap_bytes"), rss - traced);
 }
 
 #[test]

@@ -1,7 +1,10 @@
 //! A tracing session: the targets of a `Config` with probes attached, the
 //! symbolizer that follows them, and the report of what was collected.
 //! Shared by the verbs that trace (`record`, `top`).
-use std::{collections::HashMap, time::Instant};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Instant,
+};
 
 use anyhow::Result;
 
@@ -9,7 +12,7 @@ use crate::{
     attach::{self, Probes, spawn},
     cli::{Config, Targets},
     collect::{self, Watched},
-    model::{Frame, Model, StackKey, Target},
+    model::{Frame, MemoryStatus, Model, StackKey, Target},
     output::{ProbeReport, Report, ReportInput, SamplingReport},
     procfs,
     symbolize::Symbols,
@@ -105,12 +108,14 @@ impl Session {
 }
 
 /// Symbolizes the stacks a report shows (top stacks by live bytes and
-/// suspected leaks), then builds it.
+/// suspected leaks), then builds it; `memory_status` holds the RSS of the
+/// targets alive at the end (empty while tracing goes on).
 pub fn build_report(
     probes: &Probes,
     symbols: &mut Symbols,
     model: &Model,
     targets: &[Target],
+    memory_status: BTreeMap<u32, MemoryStatus>,
     config: &Config,
 ) -> Report {
     let mut frames: HashMap<StackKey, Vec<Frame>> = HashMap::new();
@@ -136,7 +141,17 @@ pub fn build_report(
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,
         frames: &lookup,
+        memory_status,
     })
+}
+
+/// RSS and its parts of the targets still alive, read now.
+pub fn memory_status(targets: &[Target]) -> BTreeMap<u32, MemoryStatus> {
+    targets
+        .iter()
+        .filter(|target| target.exited_after_s.is_none())
+        .filter_map(|target| Some((target.pid, procfs::memory_status(target.pid)?)))
+        .collect()
 }
 
 /// How allocations were recorded: exact or sampled, size filters, and how

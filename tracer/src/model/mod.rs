@@ -128,6 +128,16 @@ pub struct Frame {
     pub file_offset: Option<u64>,
 }
 
+/// A process's resident memory, from /proc/PID/status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemoryStatus {
+    /// VmRSS: RssAnon + RssFile + RssShmem.
+    pub rss_bytes: u64,
+    pub rss_anon_bytes: u64,
+    pub rss_file_bytes: u64,
+    pub rss_shmem_bytes: u64,
+}
+
 /// A traced process.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Target {

@@ -66,7 +66,10 @@ mod tests {
         assert_eq!(json["drops"]["stack_map_collision"], 3);
 
         let target = &json["targets"][1];
-        assert_eq!(keys(target), ["command", "exited_after_s", "pid", "totals"]);
+        assert_eq!(
+            keys(target),
+            ["command", "exited_after_s", "memory", "pid", "totals"]
+        );
         assert_eq!(target["exited_after_s"], 3.2);
         assert_eq!(json["targets"][0]["exited_after_s"], Value::Null);
         assert_eq!(

@@ -427,6 +427,7 @@ mod tests {
             interval_ms: 1000,
             top: 10,
             frames: &frames,
+            memory_status: std::collections::BTreeMap::new(),
         });
         (report, model)
     }
