@@ -399,7 +399,22 @@ impl Report {
 
     /// Live bytes and blocks over the heap stacks containing `function`.
     pub fn heap_live_with(&self, function: &str) -> Live {
-        self.heap_stacks_with(function)
+        self.live_with("heap", function)
+    }
+
+    /// The stacks of memory kind `kind` (as the report names it) with a
+    /// frame whose function name contains `function`.
+    pub fn stacks_with(&self, kind: &str, function: &str) -> Vec<&Value> {
+        self.stacks()
+            .iter()
+            .filter(|stack| stack["kind"] == kind && frames_contain(stack, function))
+            .collect()
+    }
+
+    /// Live bytes and blocks over the stacks of `kind` containing
+    /// `function`.
+    pub fn live_with(&self, kind: &str, function: &str) -> Live {
+        self.stacks_with(kind, function)
             .into_iter()
             .fold(Live::default(), |sum, stack| Live {
                 bytes: sum.bytes + stack_int(stack, "live_bytes"),

@@ -9,7 +9,9 @@
 pub mod kind {
     /// malloc-family heap memory.
     pub const HEAP: u32 = 0;
-    // 1 is left for mmap memory, the next kind in DESIGN.md's list.
+    /// Anonymous mappings (private or shared) made outside any allocator
+    /// call, usable (readable or writable).
+    pub const MMAP_ANON: u32 = 1;
     /// CUDA device memory: cudaMalloc, cuMemAlloc, pitch and async
     /// allocations, and the physical memory of cuMemCreate.
     pub const GPU_DEVICE: u32 = 2;
@@ -18,6 +20,13 @@ pub mod kind {
     /// Page-locked host memory: cudaMallocHost, cudaHostAlloc,
     /// cuMemAllocHost, cuMemHostAlloc.
     pub const GPU_HOST_PINNED: u32 = 4;
+    /// File-backed mappings made outside any allocator call.
+    pub const MMAP_FILE: u32 = 5;
+    /// Growth of the program break (brk) outside any allocator call.
+    pub const HEAP_BRK: u32 = 6;
+    /// Address space reserved, not memory: PROT_NONE mappings and thread
+    /// stacks (MAP_STACK), which the kernel backs only when touched.
+    pub const MMAP_RESERVED: u32 = 7;
 }
 
 /// Key of the LIVE map: one outstanding allocation.
@@ -172,7 +181,13 @@ pub mod stat {
     pub const DROP_EVENTS_FULL: u32 = 18;
     /// New processes of followed targets that could not be announced.
     pub const DROP_FORK_QUEUE_FULL: u32 = 19;
-    pub const COUNT: u32 = 20;
+    /// Successful mmap, munmap, mremap, brk and mprotect calls of a target.
+    pub const MAPPING_CALLS: u32 = 20;
+    /// Mapping events lost: the MAPPING_EVENTS ring buffer was full.
+    pub const DROP_MAPPING_EVENTS: u32 = 21;
+    /// Mapping calls not followed: too many threads in a mapping call.
+    pub const DROP_MAPPING_PENDING_FULL: u32 = 22;
+    pub const COUNT: u32 = 23;
 }
 
 /// Whether a STATS entry is an event count or a drop.
@@ -204,6 +219,9 @@ pub const STAT_NAMES: [(&str, StatClass); stat::COUNT as usize] = [
     ("gpu_frees_unknown", StatClass::Event),
     ("events_ring_full", StatClass::Drop),
     ("fork_queue_full", StatClass::Drop),
+    ("mapping_calls", StatClass::Event),
+    ("mapping_events_lost", StatClass::Drop),
+    ("mapping_pending_full", StatClass::Drop),
 ];
 
 /// The CUDA entry points tracer hooks, by the id a GPU stack carries in
@@ -351,6 +369,73 @@ pub mod mmap_format {
     pub const FD_OFFSET: u32 = 48;
 }
 
+/// The mapping system calls, as `MappingEvent::call`.
+pub mod mapping_call {
+    pub const MMAP: u32 = 1;
+    pub const MUNMAP: u32 = 2;
+    pub const MREMAP: u32 = 3;
+    pub const BRK: u32 = 4;
+    pub const MPROTECT: u32 = 5;
+}
+
+/// Byte offsets of the tracepoint fields the mapping programs read, from
+/// `/sys/kernel/tracing/events/syscalls/*/format` (set at load time).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallFieldOffsets {
+    pub mmap_addr: u64,
+    pub mmap_len: u64,
+    pub mmap_prot: u64,
+    pub mmap_flags: u64,
+    pub mmap_fd: u64,
+    pub munmap_addr: u64,
+    pub munmap_len: u64,
+    pub mremap_addr: u64,
+    pub mremap_old_len: u64,
+    pub mremap_new_len: u64,
+    pub mprotect_start: u64,
+    pub mprotect_len: u64,
+    pub mprotect_prot: u64,
+    /// `ret` of every `sys_exit_*` tracepoint (one offset for all: userspace
+    /// checks that they agree).
+    pub exit_ret: u64,
+}
+
+/// One successful mapping call of a target, sent to userspace through the
+/// MAPPING_EVENTS ring buffer (without waking it: userspace drains it on a
+/// timer). The arguments are the syscall's, as it was entered.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingEvent {
+    pub tgid: u32,
+    /// `mapping_call`.
+    pub call: u32,
+    /// mmap, munmap, mprotect, mremap: the `addr` argument; brk: unused.
+    pub address: u64,
+    /// mmap, munmap, mprotect: `len`; mremap: `old_len`.
+    pub length: u64,
+    /// mremap: `new_len`.
+    pub new_length: u64,
+    /// mmap, mprotect: `prot`.
+    pub prot: u64,
+    /// mmap: `flags`.
+    pub flags: u64,
+    /// mmap: `fd` (as the kernel got it, so -1 is `u64::MAX`).
+    pub fd: u64,
+    /// The syscall's result: mmap and mremap the mapping's address, brk the
+    /// new program break.
+    pub result: u64,
+    /// The word at the user stack pointer when the call was entered: the
+    /// return address into the caller when a leaf wrapper (glibc's mmap,
+    /// munmap, syscall) made the call, which the frame-pointer walk misses.
+    pub caller_address: u64,
+    /// User stack at entry (`NO_STACK` when not stored).
+    pub stack_id: u32,
+    /// 1 when the thread was inside a traced allocator call: the mapping is
+    /// the allocator's, already counted as heap.
+    pub in_allocator: u32,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
@@ -362,4 +447,6 @@ mod pod {
     unsafe impl aya::Pod for GpuPending {}
     unsafe impl aya::Pod for VmmHandle {}
     unsafe impl aya::Pod for Event {}
+    unsafe impl aya::Pod for SyscallFieldOffsets {}
+    unsafe impl aya::Pod for MappingEvent {}
 }

@@ -1,5 +1,6 @@
 //! The eBPF programs: uprobes and uretprobes (or uprobe sessions) on the
-//! malloc family, and the benchmark's empty floor programs.
+//! malloc family, and the benchmark's empty floor programs. The mapping
+//! system calls' tracepoints are in `mappings.rs`.
 //!
 //! Every program here runs once per allocator call of the target, so each
 //! does the least it can: carry arguments from entry to return in PENDING,
@@ -28,6 +29,8 @@ mod forks;
 mod gpu;
 #[cfg(target_arch = "bpf")]
 mod libraries;
+#[cfg(target_arch = "bpf")]
+mod mappings;
 #[cfg(target_arch = "bpf")]
 mod signals;
 
@@ -87,7 +90,7 @@ mod probes {
     /// User stacks, walked by frame pointers. No BPF_F_REUSE_STACKID: an
     /// overwritten stack would misattribute every live block that uses it.
     #[map]
-    static STACKS: StackTrace = StackTrace::with_max_entries(1 << 14, 0);
+    pub(crate) static STACKS: StackTrace = StackTrace::with_max_entries(1 << 14, 0);
 
     /// Event and drop counters, indexed by `tracer_ebpf::stat`.
     #[map]

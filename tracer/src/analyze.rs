@@ -54,6 +54,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         interval_ms: recording.metadata.interval_ms,
         top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),
+        memory_status: recording.memory_status(&filter),
     });
     let bytes = render(&report, &model, config)?;
     match &config.output_path {

@@ -23,7 +23,18 @@ tracer attaches uprobes to the allocator functions (malloc, calloc, realloc, \
 reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc) \
 of a process that is already running, keeps the outstanding bytes of every \
 call stack in the kernel, and reports the stacks that hold the most memory \
-and how fast it grows. The target is never restarted, stopped or written to.";
+and how fast it grows. The target is never restarted, stopped or written to.
+
+Memory that never passes through malloc is followed at the system calls \
+(tracepoints on mmap, munmap, mremap, brk and mprotect, so raw syscalls are \
+seen too), in kinds of its own: mmap-anon, mmap-file (with the file's name as \
+the innermost frame) and heap-brk. Counted once: a mapping made while the \
+thread is inside a traced allocator call (glibc's malloc mapping a large block \
+or growing an arena) is the allocator's, counted as heap under the caller of \
+malloc, never again as mmap. Reserved address space (PROT_NONE ranges, thread \
+stacks made with MAP_STACK) is reported apart as mmap-reserved and never \
+ranked: stacks rank by what they made usable. The report sets each target's \
+traced live bytes next to its RSS (RssAnon, RssFile) and shows the gap.";
 
 const EXIT_CODES: &str = "\
 Exit codes:

@@ -1,7 +1,10 @@
 //! tracer: finds the call stacks that hold growing memory in running
 //! processes, with eBPF. `main` wires the stages together: cli -> attach ->
 //! collect -> model -> symbolize -> output.
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result};
 
@@ -87,7 +90,8 @@ fn record(config: &Config) -> Result<()> {
         }
         svg_written_at = Instant::now();
         let targets: Vec<_> = watched.iter().map(|w| w.target.clone()).collect();
-        let report = session::build_report(probes, symbols, model, &targets, config);
+        let report =
+            session::build_report(probes, symbols, model, &targets, BTreeMap::new(), config);
         output::svg::write_svg(&report, model, config.plot_stacks, path)
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -109,18 +113,23 @@ fn record(config: &Config) -> Result<()> {
             model.window_s()
         );
     }
-    if let Some(writer) = recording {
+    let targets = session.targets();
+    let memory_status = session::memory_status(&targets);
+    if let Some(mut writer) = recording {
+        for (&pid, &status) in &memory_status {
+            writer.append_memory_status(pid, status)?;
+        }
         let path = writer.path().to_owned();
         writer.finish()?;
         eprintln!("tracer: wrote {}", path.display());
     }
 
-    let targets = session.targets();
     let report = session::build_report(
         &session.probes,
         &mut session.symbols,
         &model,
         &targets,
+        memory_status,
         config,
     );
     print!("{}", output::text::render(&report));

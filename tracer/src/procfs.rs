@@ -5,6 +5,8 @@ use std::{fs, path::PathBuf};
 
 use anyhow::{Context as _, Result};
 
+pub use crate::model::MemoryStatus;
+
 /// One line of /proc/PID/maps that maps a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mapping {
@@ -117,16 +119,39 @@ pub fn state(pid: u32) -> Option<char> {
 /// Resident set size (VmRSS) in bytes, None when the process is gone or
 /// has no memory (a zombie, a kernel thread).
 pub fn rss_bytes(pid: u32) -> Option<u64> {
+    memory_status(pid).map(|status| status.rss_bytes)
+}
+
+/// VmRSS and its parts from /proc/PID/status, None when the process is
+/// gone or has no memory.
+pub fn memory_status(pid: u32) -> Option<MemoryStatus> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
+    let bytes = |name: &str| -> Option<u64> {
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    };
+    Some(MemoryStatus {
+        rss_bytes: bytes("VmRSS")?,
+        rss_anon_bytes: bytes("RssAnon").unwrap_or(0),
+        rss_file_bytes: bytes("RssFile").unwrap_or(0),
+        rss_shmem_bytes: bytes("RssShmem").unwrap_or(0),
+    })
+}
+
+/// The end of the `[heap]` mapping: the program break, page-aligned. None
+/// before the first brk growth or when the process is gone.
+pub fn program_break(pid: u32) -> Option<u64> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let heap = maps.lines().find(|line| line.ends_with("[heap]"))?;
+    let end = heap.split_whitespace().next()?.split_once('-')?.1;
+    u64::from_str_radix(end, 16).ok()
 }
 
 /// The process (thread group) a task belongs to, from /proc/TID/status.
@@ -177,6 +202,9 @@ mod tests {
     #[test]
     fn rss_of_own_process() {
         assert!(rss_bytes(std::process::id()).is_some_and(|rss| rss > 1 << 20));
+        let status = memory_status(std::process::id()).expect("own status");
+        assert!(status.rss_anon_bytes > 0 && status.rss_file_bytes > 0);
+        assert!(status.rss_anon_bytes + status.rss_file_bytes <= status.rss_bytes);
         assert_eq!(rss_bytes(u32::MAX - 1), None);
     }
 

@@ -1,7 +1,10 @@
 //! A tracing session: the targets of a `Config` with probes attached, the
 //! symbolizer that follows them, and the report of what was collected.
 //! Shared by the verbs that trace (`record`, `top`).
-use std::{collections::HashMap, time::Instant};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Instant,
+};
 
 use anyhow::Result;
 
@@ -9,7 +12,7 @@ use crate::{
     attach::{self, Probes, spawn},
     cli::{Config, Targets},
     collect::{self, Watched},
-    model::{Frame, Model, StackKey, Target},
+    model::{Frame, MemoryStatus, Model, StackKey, Target},
     output::{ProbeReport, Report, ReportInput, SamplingReport},
     procfs,
     symbolize::Symbols,
@@ -44,13 +47,17 @@ impl Session {
             Targets::Pids(pids) => {
                 for &pid in pids {
                     probes.attach_allocators(pid)?;
+                    probes.trace_mappings(pid)?;
                     symbols.refresh(pid);
                     watched.push(watch(pid, false));
                 }
             }
             Targets::Spawn(command) => {
                 let child = spawn::spawn_stopped(&mut probes, command)?;
-                if let Err(error) = probes.attach_allocators(child.pid) {
+                if let Err(error) = probes
+                    .attach_allocators(child.pid)
+                    .and_then(|_| probes.trace_mappings(child.pid))
+                {
                     spawn::kill(child.pid);
                     return Err(error);
                 }
@@ -108,12 +115,14 @@ impl Session {
 }
 
 /// Symbolizes the stacks a report shows (top stacks by live bytes and
-/// suspected leaks), then builds it.
+/// suspected leaks), then builds it; `memory_status` holds the RSS of the
+/// targets alive at the end (empty while tracing goes on).
 pub fn build_report(
     probes: &Probes,
     symbols: &mut Symbols,
     model: &Model,
     targets: &[Target],
+    memory_status: BTreeMap<u32, MemoryStatus>,
     config: &Config,
 ) -> Report {
     let mut frames: HashMap<StackKey, Vec<Frame>> = HashMap::new();
@@ -128,7 +137,7 @@ pub fn build_report(
     for key in top.chain(leaks) {
         frames
             .entry(key)
-            .or_insert_with(|| collect::stack_frames(&probes.ebpf, symbols, &key));
+            .or_insert_with(|| collect::stack_frames(probes, symbols, &key));
     }
     let lookup = |key: &StackKey| frames.get(key).cloned().unwrap_or_default();
     let apis = collect::stack_apis(&probes.ebpf);
@@ -142,7 +151,17 @@ pub fn build_report(
         top: config.top,
         frames: &lookup,
         api: &|key| apis.get(key).map(|api| (*api).to_owned()),
+        memory_status,
     })
+}
+
+/// RSS and its parts of the targets still alive, read now.
+pub fn memory_status(targets: &[Target]) -> BTreeMap<u32, MemoryStatus> {
+    targets
+        .iter()
+        .filter(|target| target.exited_after_s.is_none())
+        .filter_map(|target| Some((target.pid, procfs::memory_status(target.pid)?)))
+        .collect()
 }
 
 /// How allocations were recorded: exact or sampled, size filters, and how

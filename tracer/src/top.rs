@@ -47,7 +47,7 @@ pub fn run(config: &Config) -> Result<()> {
     } = &mut session;
     let mut draw = |probes: &Probes, model: &Model, symbols: &mut Symbols, watched: &[Watched]| {
         let table = render_table(model, watched, config.top, |key| {
-            let frames = trim_allocator_frames(collect::stack_frames(&probes.ebpf, symbols, key));
+            let frames = trim_allocator_frames(collect::stack_frames(probes, symbols, key));
             frames
                 .into_iter()
                 .find(|frame| frame.function.is_some())

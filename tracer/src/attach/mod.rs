@@ -4,29 +4,36 @@
 //! PID so other processes pay nothing. Libraries mapped later (dlopen) are
 //! noticed and hooked by `libraries`.
 //!
+//! The mapping system calls (mmap, munmap, mremap, brk, mprotect) are
+//! followed by tracepoints (`mappings`), filtered in the kernel to the
+//! targets.
+//!
 //! When calls may go unrecorded (sampling, size filters) and the kernel
 //! has uprobe sessions, the entry and return programs of a function are one
 //! session program (`session`), so an unrecorded call skips its return.
 pub mod cuda;
 pub mod libraries;
+pub mod mappings;
 pub mod prologue;
 pub mod session;
 pub mod spawn;
 pub mod symbols;
 
-use std::{fs, num::NonZeroU32};
+use std::{cell::RefCell, fs, num::NonZeroU32};
 
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, Queue},
+    maps::{HashMap, MapData, Queue, RingBuf},
     programs::{
         Program, TracePoint, UProbe,
+        trace_point::TracePointLinkId,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
 
 use crate::{
+    collect::mappings::MappingTracker,
     error::{ExitCode, fatal},
     procfs, tracefs,
 };
@@ -180,7 +187,12 @@ pub struct Probes {
     pub return_probes: ReturnProbes,
     /// The objects hooks were put in, and when.
     pub libraries: Vec<HookedLibrary>,
+    /// The mapping calls of the targets, drained from the kernel's ring
+    /// buffer by collect (a RefCell: the views that read stacks hold the
+    /// probes shared while collect drains).
+    pub mappings: RefCell<MappingTracker>,
     links: Vec<(&'static str, UProbeLinkId)>,
+    mapping_links: Vec<TracePointLinkId>,
     session: Option<SessionPrograms>,
     watch: LibraryWatch,
 }
@@ -200,6 +212,12 @@ impl Probes {
         tracefs::ensure_mounted()?;
         let fork_child_offset =
             tracefs::event_field_offset("sched", "sched_process_fork", "child_pid");
+        let field_offsets = mappings::read_field_offsets().map_err(|error| {
+            fatal(
+                ExitCode::KernelUnsupported,
+                format!("cannot follow mmap, munmap, mremap and brk: {error:#}"),
+            )
+        })?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("LIVE", max_live_allocs)
             .map_max_entries("STACKS", max_stacks)
@@ -211,6 +229,7 @@ impl Probes {
             .override_global("SAMPLE_SKIP_CHANCE", &skip_chance, true)
             .override_global("MMAP_PROT_OFFSET", &mmap.prot, true)
             .override_global("MMAP_FD_OFFSET", &mmap.fd, true)
+            .override_global("SYSCALL_FIELD_OFFSETS", &field_offsets, true)
             .override_global(
                 "FORK_CHILD_PID_OFFSET",
                 &fork_child_offset.unwrap_or(0),
@@ -221,7 +240,10 @@ impl Probes {
         // Session programs are loaded apart (`session`), only when used;
         // the fork tracepoint only with --follow-forks (`watch_forks`).
         for (name, program) in ebpf.programs_mut() {
-            if name.ends_with("_session") || name == FORK_PROGRAM {
+            if name.ends_with("_session")
+                || name == FORK_PROGRAM
+                || mappings::is_mapping_program(name)
+            {
                 continue;
             }
             match program {
@@ -242,12 +264,21 @@ impl Probes {
         } else {
             (None, ReturnProbes::Uretprobe)
         };
+        let mapping_links = mappings::attach_tracepoints(&mut ebpf)
+            .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
+        // After the session loader, which looks up every map of the object.
+        let events = ebpf
+            .take_map("MAPPING_EVENTS")
+            .context("eBPF object lacks MAPPING_EVENTS")?;
+        let events = RingBuf::try_from(events).context("MAPPING_EVENTS is not a ring buffer")?;
         Ok(Probes {
             ebpf,
             hooks: Vec::new(),
             return_probes,
             libraries: Vec::new(),
+            mappings: RefCell::new(MappingTracker::new(events)),
             links: Vec::new(),
+            mapping_links,
             session,
             watch,
         })
@@ -377,9 +408,19 @@ impl Probes {
         Ok(())
     }
 
-    /// Number of uprobes, uretprobes and uprobe sessions in place.
+    /// Follows `pid`'s mapping calls from now on (from its current program
+    /// break on).
+    pub fn trace_mappings(&mut self, pid: u32) -> Result<()> {
+        self.mappings.get_mut().start(pid);
+        mappings::add_target(&mut self.ebpf, pid)
+    }
+
+    /// Number of uprobes, uretprobes, uprobe sessions and tracepoints in
+    /// place.
     pub fn probe_count(&self) -> usize {
-        self.links.len() + self.session.as_ref().map_or(0, SessionPrograms::link_count)
+        self.links.len()
+            + self.mapping_links.len()
+            + self.session.as_ref().map_or(0, SessionPrograms::link_count)
     }
 }
 

@@ -10,6 +10,8 @@
 //! kept as running sums instead of being recomputed from the points.
 
 pub mod leak;
+pub mod mappings;
+pub mod ranges;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -30,6 +32,15 @@ pub enum Kind {
     GpuManaged,
     /// Page-locked host memory allocated through CUDA.
     GpuHostPinned,
+    /// Anonymous mappings made outside any allocator call.
+    MmapAnon,
+    /// File-backed mappings made outside any allocator call.
+    MmapFile,
+    /// Program break growth outside any allocator call.
+    HeapBrk,
+    /// Reserved address space (PROT_NONE, thread stacks): not memory, so
+    /// never ranked with the kinds that are.
+    MmapReserved,
 }
 
 impl Kind {
@@ -41,6 +52,10 @@ impl Kind {
             tracer_ebpf::kind::GPU_DEVICE => Some(Kind::GpuDevice),
             tracer_ebpf::kind::GPU_MANAGED => Some(Kind::GpuManaged),
             tracer_ebpf::kind::GPU_HOST_PINNED => Some(Kind::GpuHostPinned),
+            tracer_ebpf::kind::MMAP_ANON => Some(Kind::MmapAnon),
+            tracer_ebpf::kind::MMAP_FILE => Some(Kind::MmapFile),
+            tracer_ebpf::kind::HEAP_BRK => Some(Kind::HeapBrk),
+            tracer_ebpf::kind::MMAP_RESERVED => Some(Kind::MmapReserved),
             _ => None,
         }
     }
@@ -52,7 +67,17 @@ impl Kind {
             Kind::GpuDevice => "gpu-device",
             Kind::GpuManaged => "gpu-managed",
             Kind::GpuHostPinned => "gpu-host-pinned",
+            Kind::MmapAnon => "mmap-anon",
+            Kind::MmapFile => "mmap-file",
+            Kind::HeapBrk => "heap-brk",
+            Kind::MmapReserved => "mmap-reserved",
         }
+    }
+
+    /// Whether the kind is memory (ranked, plotted, suspected of leaking)
+    /// rather than address space.
+    pub fn is_memory(self) -> bool {
+        self != Kind::MmapReserved
     }
 
     /// The kind named `name` (as `as_str` spells it), `None` for a name this
@@ -113,6 +138,16 @@ pub struct Frame {
     pub build_id: Option<String>,
     /// Offset in `module`'s file of the return address.
     pub file_offset: Option<u64>,
+}
+
+/// A process's resident memory, from /proc/PID/status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemoryStatus {
+    /// VmRSS: RssAnon + RssFile + RssShmem.
+    pub rss_bytes: u64,
+    pub rss_anon_bytes: u64,
+    pub rss_file_bytes: u64,
+    pub rss_shmem_bytes: u64,
 }
 
 /// A traced process.
@@ -344,7 +379,9 @@ impl Model {
         let mut leaks: Vec<(StackKey, Growth)> = self
             .stacks
             .iter()
-            .filter(|(_, state)| state.latest.live_bytes > 0 && self.growth_of(state) > 0.0)
+            .filter(|(key, state)| {
+                key.kind.is_memory() && state.latest.live_bytes > 0 && self.growth_of(state) > 0.0
+            })
             .map(|(key, _)| (*key, self.growth(key)))
             .filter(|(_, growth)| growth.suspected_leak)
             .collect();
@@ -406,13 +443,13 @@ impl Model {
     }
 
     /// The `count` stacks holding the most live bytes; ties go to the faster
-    /// growing stack, then to the smaller key. Stacks holding nothing are left
-    /// out.
+    /// growing stack, then to the smaller key. Stacks holding nothing, and
+    /// reserved address space, are left out.
     pub fn top_stacks(&self, count: usize) -> Vec<StackSummary> {
         let mut summaries: Vec<StackSummary> = self
             .stacks
             .iter()
-            .filter(|(_, state)| state.latest.live_bytes > 0)
+            .filter(|(key, state)| key.kind.is_memory() && state.latest.live_bytes > 0)
             .map(|(key, state)| StackSummary {
                 key: *key,
                 latest: state.latest,
@@ -441,7 +478,11 @@ impl Model {
                 latest: state.latest,
                 growth_bytes_per_s: self.growth_of(state),
             })
-            .filter(|summary| summary.growth_bytes_per_s > 0.0 && summary.latest.live_bytes > 0)
+            .filter(|summary| {
+                summary.key.kind.is_memory()
+                    && summary.growth_bytes_per_s > 0.0
+                    && summary.latest.live_bytes > 0
+            })
             .collect();
         summaries.sort_by(|a, b| {
             b.growth_bytes_per_s

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::model::{Frame, Growth, Kind, Model, StackKey, Target, Totals};
+use crate::model::{Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals};
 
 pub mod file;
 pub mod flamegraph;
@@ -50,6 +50,50 @@ pub struct TargetReport {
     #[serde(flatten)]
     pub target: Target,
     pub totals: BTreeMap<String, Totals>,
+    /// Traced memory next to RSS at the end; null when no RSS is known (the
+    /// target exited before the first snapshot).
+    pub memory: Option<MemoryReconciliation>,
+}
+
+/// A target's traced live bytes next to its resident memory.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MemoryReconciliation {
+    /// VmRSS at the end of a live run, else at the target's last snapshot.
+    pub rss_bytes: u64,
+    /// RssAnon, RssFile and RssShmem at the end of a live run (null in a
+    /// report from a recording, which keeps VmRSS only).
+    pub rss_anon_bytes: Option<u64>,
+    pub rss_file_bytes: Option<u64>,
+    pub rss_shmem_bytes: Option<u64>,
+    /// Live bytes of every memory kind (reserved address space left out).
+    pub traced_bytes: i64,
+    /// `rss_bytes - traced_bytes`: memory from before attach, code, stacks,
+    /// allocator overhead; negative when traced memory is not resident yet
+    /// (mapped but never touched).
+    pub gap_bytes: i64,
+}
+
+impl MemoryReconciliation {
+    fn new(model: &Model, pid: u32, status: Option<&MemoryStatus>) -> Option<Self> {
+        let rss_bytes = match status {
+            Some(status) => status.rss_bytes,
+            None => model.rss_series().get(&pid)?.last()?.1,
+        };
+        let traced_bytes: i64 = model
+            .totals_for_pid(pid)
+            .iter()
+            .filter(|(kind, _)| kind.is_memory())
+            .map(|(_, totals)| totals.live_bytes)
+            .sum();
+        Some(MemoryReconciliation {
+            rss_bytes,
+            rss_anon_bytes: status.map(|status| status.rss_anon_bytes),
+            rss_file_bytes: status.map(|status| status.rss_file_bytes),
+            rss_shmem_bytes: status.map(|status| status.rss_shmem_bytes),
+            traced_bytes,
+            gap_bytes: rss_bytes as i64 - traced_bytes,
+        })
+    }
 }
 
 /// One attached probe.
@@ -154,6 +198,8 @@ pub struct ReportInput<'a> {
     pub frames: &'a dyn Fn(&StackKey) -> Vec<Frame>,
     /// The CUDA function that made a stack's memory, if any.
     pub api: &'a dyn Fn(&StackKey) -> Option<String>,
+    /// RSS and its parts of the targets still alive, read at the end.
+    pub memory_status: BTreeMap<u32, MemoryStatus>,
 }
 
 impl Report {
@@ -165,6 +211,11 @@ impl Report {
             .map(|target| TargetReport {
                 target: target.clone(),
                 totals: by_kind_name(model.totals_for_pid(target.pid)),
+                memory: MemoryReconciliation::new(
+                    model,
+                    target.pid,
+                    input.memory_status.get(&target.pid),
+                ),
             })
             .collect();
         let stacks = model
@@ -526,6 +577,15 @@ mod tests {
             top,
             frames: &sample_frames,
             api: &|_| None,
+            memory_status: BTreeMap::from([(
+                10,
+                MemoryStatus {
+                    rss_bytes: 1 << 20,
+                    rss_anon_bytes: 768 << 10,
+                    rss_file_bytes: 256 << 10,
+                    rss_shmem_bytes: 0,
+                },
+            )]),
         })
     }
 
@@ -562,6 +622,12 @@ mod tests {
             4 * 65536 + 4096
         );
         assert_eq!(report.targets[1].totals["heap"].live_allocs, 128);
+        let memory = report.targets[0].memory.as_ref().expect("pid 10's RSS");
+        assert_eq!(memory.rss_bytes, 1 << 20);
+        assert_eq!(memory.rss_anon_bytes, Some(768 << 10));
+        assert_eq!(memory.traced_bytes, 4 * 65536 + 4096);
+        assert_eq!(memory.gap_bytes, (1 << 20) - 4 * 65536 - 4096);
+        assert_eq!(report.targets[1].memory, None, "no RSS known for pid 20");
         assert_eq!(report.drops.len(), 1);
         assert_eq!(report.drops["stack_map_collision"], 3);
         assert_eq!(report.events["frees_unknown"], 7);

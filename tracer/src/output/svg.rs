@@ -122,6 +122,8 @@ fn totals_lines(report: &Report, model: &Model) -> Vec<Line> {
     let mut lines: Vec<Line> = model
         .kind_totals_series()
         .iter()
+        // Reserved address space is not memory: it would dwarf RSS.
+        .filter(|((_, kind), _)| kind.is_memory())
         .map(|((pid, kind), points)| Line {
             label: format!("{} live{}", kind.as_str(), suffix(*pid)),
             detail: format!(
@@ -431,6 +433,7 @@ mod tests {
             top: 10,
             frames: &frames,
             api: &|_| None,
+            memory_status: std::collections::BTreeMap::new(),
         });
         (report, model)
     }

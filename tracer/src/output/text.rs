@@ -7,8 +7,8 @@ use std::path::Path;
 
 use tracer_ebpf::{GPU_API_NAMES, STAT_NAMES, stat};
 
-use super::{Report, StackReport, human_bytes};
-use crate::model::Frame;
+use super::{MemoryReconciliation, Report, StackReport, human_bytes};
+use crate::model::{Frame, Kind};
 
 /// Renders the whole report, one `\n`-terminated line after another.
 pub fn render(report: &Report) -> String {
@@ -92,11 +92,25 @@ pub fn render(report: &Report) -> String {
         ));
     }
     for (kind, totals) in &report.totals {
-        lines.push(format!(
-            "live {kind} at end: {} in {} allocs",
-            human_bytes(totals.live_bytes as f64),
-            totals.live_allocs
-        ));
+        if kind == Kind::MmapReserved.as_str() {
+            lines.push(format!(
+                "reserved address space at end (PROT_NONE, thread stacks; not ranked): \
+                 {} in {} ranges",
+                human_bytes(totals.live_bytes as f64),
+                totals.live_allocs
+            ));
+        } else {
+            lines.push(format!(
+                "live {kind} at end: {} in {} allocs",
+                human_bytes(totals.live_bytes as f64),
+                totals.live_allocs
+            ));
+        }
+    }
+    for target in &report.targets {
+        if let Some(memory) = &target.memory {
+            lines.push(describe_memory(target.target.pid, memory));
+        }
     }
     lines.push(String::new());
     if report.snapshots > 0 && report.snapshots < crate::model::leak::MIN_SNAPSHOTS {
@@ -132,6 +146,24 @@ pub fn render(report: &Report) -> String {
     text
 }
 
+/// One target's traced memory next to its RSS.
+fn describe_memory(pid: u32, memory: &MemoryReconciliation) -> String {
+    let parts = match (memory.rss_anon_bytes, memory.rss_file_bytes) {
+        (Some(anon), Some(file)) => format!(
+            " (anon {}, file {})",
+            human_bytes(anon as f64),
+            human_bytes(file as f64)
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "PID {pid}: RSS {}{parts}, traced live {}, gap {}",
+        human_bytes(memory.rss_bytes as f64),
+        human_bytes(memory.traced_bytes as f64),
+        human_bytes(memory.gap_bytes as f64),
+    )
+}
+
 /// What to do about a kind of drop.
 fn drop_hint(name: &str) -> Option<&'static str> {
     Some(match name {
@@ -141,6 +173,8 @@ fn drop_hint(name: &str) -> Option<&'static str> {
         }
         "stack_error" => "the kernel could not walk some stacks (their blocks count as NO_STACK)",
         "pending_map_full" => "more threads were inside an allocator at once than tracked (16384)",
+        "mapping_events_lost" => "mapping calls came faster than tracer drained them",
+        "mapping_pending_full" => "more threads were inside a mapping call at once than tracked",
         "out_param_unreadable" => "posix_memalign results that could not be read",
         _ => return None,
     })
@@ -275,7 +309,17 @@ mod tests {
             ),
             "{text}"
         );
-        assert_eq!(lines[7], "live heap at end: 268.0 KiB in 4288 allocs");
+        assert!(
+            lines.contains(&"live heap at end: 268.0 KiB in 4288 allocs"),
+            "{text}"
+        );
+        assert!(
+            lines.contains(
+                &"PID 10: RSS 1.0 MiB (anon 768.0 KiB, file 256.0 KiB), traced live 260.0 KiB, \
+                  gap 764.0 KiB"
+            ),
+            "{text}"
+        );
         assert!(text.contains("top 2 stacks by live bytes:\n"));
         assert!(text.contains(
             "#1  heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \

@@ -29,7 +29,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    model::{Counters, Frame, Target},
+    model::{Counters, Frame, MemoryStatus, Target},
     output::{LibraryReport, ProbeReport, SamplingReport},
 };
 
@@ -44,8 +44,9 @@ pub use write::Writer;
 /// The first bytes of every recording. The high first byte and the newline
 /// catch files mangled by a text-mode transfer, as PNG's magic does.
 pub const MAGIC: [u8; 8] = *b"\x89TRACER\n";
-/// The format this build writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this build writes and the newest it reads (2 added
+/// `Record::TargetMemory`).
+pub const FORMAT_VERSION: u32 = 2;
 /// Magic plus version.
 const PREAMBLE_BYTES: usize = 12;
 /// Payload length plus CRC.
@@ -86,6 +87,11 @@ enum Record {
     /// An object hooks were put in (at attach, or when it was mapped).
     Library(LibraryReport),
     End,
+    /// A live target's RSS and its parts when tracing stopped.
+    TargetMemory {
+        pid: u32,
+        status: MemoryStatus,
+    },
 }
 
 /// A stack seen for the first time.

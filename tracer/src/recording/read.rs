@@ -5,7 +5,10 @@
 //! complete record and says so in [`Recording::warning`]; a missing, damaged
 //! or newer-version file is an error whose one line names the problem.
 
-use std::{collections::HashMap, path::Path};
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::Path,
+};
 
 use anyhow::Result;
 
@@ -15,7 +18,7 @@ use super::{
 };
 use crate::{
     error::{ExitCode, fatal},
-    model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
+    model::{Counters, Frame, Kind, MemoryStatus, Model, Snapshot, StackKey, Target},
     output::LibraryReport,
 };
 
@@ -48,6 +51,8 @@ pub struct Recording {
     /// (pid, seconds after attach) of each target exit.
     exits: Vec<(u32, f64)>,
     libraries: Vec<LibraryReport>,
+    /// RSS and its parts of the targets alive when tracing stopped.
+    memory_status: BTreeMap<u32, MemoryStatus>,
     ending: Ending,
     /// Name of the file, for messages.
     name: String,
@@ -163,6 +168,7 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
         snapshots: builder.snapshots,
         exits: builder.exits,
         libraries: builder.libraries,
+        memory_status: builder.memory_status,
         ending,
         name: name.to_owned(),
     })
@@ -176,6 +182,7 @@ struct Builder {
     snapshots: Vec<SnapshotRecord>,
     exits: Vec<(u32, f64)>,
     libraries: Vec<LibraryReport>,
+    memory_status: BTreeMap<u32, MemoryStatus>,
     ended: bool,
 }
 
@@ -209,6 +216,9 @@ impl Builder {
             (Some(_), Record::TargetExited { pid, after_s }) => self.exits.push((pid, after_s)),
             (Some(_), Record::Library(library)) => self.libraries.push(library),
             (Some(_), Record::End) => self.ended = true,
+            (Some(_), Record::TargetMemory { pid, status }) => {
+                self.memory_status.insert(pid, status);
+            }
         }
         Ok(())
     }
@@ -251,6 +261,19 @@ impl Recording {
                 self.name
             )),
         }
+    }
+
+    /// RSS and its parts at the end of tracing, of the targets alive then;
+    /// none when the filter ends the window early (`--to`).
+    pub fn memory_status(&self, filter: &Filter) -> BTreeMap<u32, MemoryStatus> {
+        if filter.to_s.is_some() {
+            return BTreeMap::new();
+        }
+        self.memory_status
+            .iter()
+            .filter(|(pid, _)| filter.pid.is_none_or(|wanted| wanted == **pid))
+            .map(|(pid, status)| (*pid, *status))
+            .collect()
     }
 
     /// The traced processes, with their exits, keeping those the filter

@@ -133,6 +133,7 @@ fn report_json(
         interval_ms: 250,
         top: 100,
         frames,
+        memory_status: std::collections::BTreeMap::new(),
     }))
 }
 

@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result};
 
 use super::{FORMAT_VERSION, MAGIC, Metadata, Record, SnapshotRecord, StackRecord, record_crc};
 use crate::{
-    model::{Counters, Frame, Snapshot, StackKey, Target},
+    model::{Counters, Frame, MemoryStatus, Snapshot, StackKey, Target},
     output::{LibraryReport, ProbeReport, SamplingReport},
     procfs,
 };
@@ -152,6 +152,11 @@ impl Writer {
     pub fn append_exit(&mut self, pid: u32, after_s: f64) -> Result<()> {
         self.write_record(&Record::TargetExited { pid, after_s })?;
         self.flush()
+    }
+
+    /// A live target's RSS and its parts when tracing stopped.
+    pub fn append_memory_status(&mut self, pid: u32, status: MemoryStatus) -> Result<()> {
+        self.write_record(&Record::TargetMemory { pid, status })
     }
 
     /// Marks the recording complete and closes it.

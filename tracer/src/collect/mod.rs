@@ -5,6 +5,10 @@
 //!
 //! Reading BY_STACK costs one syscall pair per stack, never per allocation,
 //! so tracer's own cost does not grow with the target's allocation rate.
+//! Mapping calls arrive one by one in a ring buffer (`mappings`), drained
+//! every [`MAPPING_DRAIN_EVERY`] and at every snapshot.
+pub mod mappings;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
@@ -25,6 +29,9 @@ use crate::{
 
 /// How often targets are checked for exit.
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+/// How often the mapping events are drained: often enough that the 1 MiB
+/// ring buffer holds a burst (~12 k calls) between two drains.
+pub const MAPPING_DRAIN_EVERY: Duration = Duration::from_millis(20);
 
 /// Why collection stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +93,7 @@ pub async fn run(
     snapshot_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut liveness_timer = tokio::time::interval(LIVENESS_EVERY);
     let mut library_timer = tokio::time::interval(libraries::DRAIN_EVERY);
+    let mut drain_timer = tokio::time::interval(MAPPING_DRAIN_EVERY);
     let deadline = schedule
         .duration
         .map(|duration| schedule.attached_at + duration);
@@ -107,7 +115,7 @@ pub async fn run(
                 for watched in targets.iter().filter(|w| w.target.exited_after_s.is_none()) {
                     symbols.refresh(watched.target.pid);
                 }
-                let snapshot = snapshot(&probes.ebpf, schedule.attached_at, &live_pids(targets), &exec_baselines)?;
+                let snapshot = snapshot(probes, schedule.attached_at, &live_pids(targets), &exec_baselines)?;
                 if let Some(writer) = recording.as_deref_mut() {
                     record_snapshot(writer, probes, symbols, &snapshot)?;
                 }
@@ -122,10 +130,11 @@ pub async fn run(
                 probes.watch_libraries(&live_pids(targets));
                 let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
                 for pid in probes.take_execs() {
-                    mark_exec(&probes.ebpf, pid, elapsed_s, targets, &mut exec_baselines)?;
+                    mark_exec(probes, pid, elapsed_s, targets, &mut exec_baselines)?;
                     symbols.refresh(pid);
                 }
             }
+            _ = drain_timer.tick() => probes.mappings.borrow_mut().drain(),
             _ = liveness_timer.tick() => {
                 let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
                 if schedule.follow_forks {
@@ -152,7 +161,7 @@ pub async fn run(
         }
     };
     let snapshot = snapshot(
-        &probes.ebpf,
+        probes,
         schedule.attached_at,
         &live_pids(targets),
         &exec_baselines,
@@ -168,13 +177,13 @@ pub async fn run(
 /// and takes the live counters of its stacks so far off every later
 /// snapshot (the kernel ignores frees of the old image's blocks).
 fn mark_exec(
-    ebpf: &Ebpf,
+    probes: &Probes,
     pid: u32,
     elapsed_s: f64,
     targets: &mut [Watched],
     baselines: &mut std::collections::HashMap<StackKey, Counters>,
 ) -> Result<()> {
-    for (key, counters) in snapshot(ebpf, Instant::now(), &[], baselines)?.stacks {
+    for (key, counters) in snapshot(probes, Instant::now(), &[], baselines)?.stacks {
         if key.pid == pid {
             let baseline = baselines.entry(key).or_default();
             baseline.live_bytes += counters.live_bytes;
@@ -200,7 +209,7 @@ fn record_snapshot(
     let apis = stack_apis(&probes.ebpf);
     writer.append_snapshot(snapshot, &mut |key| {
         (
-            stack_frames(&probes.ebpf, symbols, key),
+            stack_frames(probes, symbols, key),
             apis.get(key).map(|api| (*api).to_owned()),
         )
     })
@@ -227,6 +236,11 @@ fn follow_children(
                 eprintln!("tracer: warning: could not follow child PID {child}: {error:#}");
             }
             continue;
+        }
+        if let Err(error) = probes.trace_mappings(child)
+            && verbose
+        {
+            eprintln!("tracer: warning: mappings of child PID {child} not followed: {error:#}");
         }
         if probes.follow(child).is_err() && verbose {
             eprintln!("tracer: warning: the children of PID {child} will not be followed");
@@ -275,14 +289,16 @@ pub async fn wait_for_stop(pid: u32) -> Result<()> {
     }
 }
 
-/// Reads BY_STACK and STATS, and the RSS of the live targets. The live
-/// counters of `exec_baselines` (images replaced by exec) are taken off.
+/// Reads BY_STACK and STATS, the mapping kinds' counters and the RSS of
+/// the live targets. The live counters of `exec_baselines` (images
+/// replaced by exec) are taken off.
 pub fn snapshot(
-    ebpf: &Ebpf,
+    probes: &Probes,
     attached_at: Instant,
     live_pids: &[u32],
     exec_baselines: &std::collections::HashMap<StackKey, Counters>,
 ) -> Result<Snapshot> {
+    let ebpf = &probes.ebpf;
     let elapsed_s = attached_at.elapsed().as_secs_f64();
     let by_stack: HashMap<&MapData, tracer_ebpf::StackKey, StackTotals> =
         HashMap::try_from(ebpf.map("BY_STACK").context("eBPF object lacks BY_STACK")?)?;
@@ -313,6 +329,9 @@ pub fn snapshot(
             counters.live_allocs -= gone.live_allocs;
         }
     }
+    let mut mappings = probes.mappings.borrow_mut();
+    mappings.drain();
+    stacks.extend(mappings.counters());
     let counters: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map("STATS").context("eBPF object lacks STATS")?)?;
     let mut stats = Vec::with_capacity(stat::COUNT as usize);
@@ -333,9 +352,17 @@ pub fn snapshot(
 
 /// The symbolized frames of a stack, innermost first (empty when the
 /// kernel could not store it).
-pub fn stack_frames(ebpf: &Ebpf, symbols: &mut Symbols, key: &StackKey) -> Vec<Frame> {
+pub fn stack_frames(probes: &Probes, symbols: &mut Symbols, key: &StackKey) -> Vec<Frame> {
     if key.stack_id == tracer_ebpf::NO_STACK {
         return Vec::new();
+    }
+    let ebpf = &probes.ebpf;
+    if let Some(frames) = probes
+        .mappings
+        .borrow()
+        .frames(key.stack_id, symbols, |id| stack_addresses(ebpf, id))
+    {
+        return frames;
     }
     symbols.stack_frames(key.pid, &stack_addresses(ebpf, key.stack_id))
 }

@@ -1,0 +1,218 @@
+//! The mapping programs: tracepoints on the entry and exit of mmap, munmap,
+//! mremap, brk and mprotect, filtered to the traced processes (TARGETS).
+//!
+//! Mapping calls are rare next to malloc calls (each costs the target a
+//! system call and page-table work), so every successful one goes to
+//! userspace as one `MappingEvent`, without waking it. The range
+//! arithmetic (partial unmaps, moves, MAP_FIXED replacing, protection
+//! changes) lives in userspace, where a B-tree handles 100 k mappings in
+//! microseconds; the kernel only carries the arguments from entry to exit,
+//! takes the stack and notes whether the thread was inside an allocator.
+use aya_ebpf::{
+    Global,
+    bindings::{BPF_ANY, BPF_F_USER_STACK, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel,
+        bpf_probe_read_user, bpf_task_pt_regs,
+    },
+    macros::{map, tracepoint},
+    maps::{HashMap, LruHashMap, RingBuf},
+    programs::{TracePointContext, tracing::StackIdContext},
+};
+use tracer_ebpf::{MappingEvent, NO_STACK, SyscallFieldOffsets, mapping_call, stat};
+
+use crate::probes::{PENDING, STACKS, count};
+
+/// Where the tracepoint fields are, read from tracefs by userspace.
+#[unsafe(no_mangle)]
+static SYSCALL_FIELD_OFFSETS: Global<SyscallFieldOffsets> = Global::new(SyscallFieldOffsets {
+    mmap_addr: 0,
+    mmap_len: 0,
+    mmap_prot: 0,
+    mmap_flags: 0,
+    mmap_fd: 0,
+    munmap_addr: 0,
+    munmap_len: 0,
+    mremap_addr: 0,
+    mremap_old_len: 0,
+    mremap_new_len: 0,
+    mprotect_start: 0,
+    mprotect_len: 0,
+    mprotect_prot: 0,
+    exit_ret: 0,
+});
+
+/// The traced processes (tgid -> 1), filled by userspace.
+#[map]
+static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
+/// Per thread (pid_tgid): the mapping call between its entry and exit.
+#[map]
+static MAPPING_PENDING: LruHashMap<u64, MappingEvent> = LruHashMap::with_max_entries(16384, 0);
+
+/// Successful mapping calls, drained by userspace on a timer.
+#[map]
+static MAPPING_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+
+const EEXIST: i64 = 17;
+/// `offsetof(struct pt_regs, sp)` on x86-64 (the ptrace register layout).
+const PT_REGS_SP_OFFSET: usize = 19 * 8;
+/// Results in `[-4095, -1]` are errors.
+const MAX_ERRNO: u64 = 4095;
+
+#[inline(always)]
+fn field(ctx: &TracePointContext, offset: u64) -> u64 {
+    unsafe { ctx.read_at::<u64>(offset as usize) }.unwrap_or(0)
+}
+
+/// Starts following a mapping call of a target thread; `with_stack` takes
+/// its user stack (calls that add mappings).
+#[inline(always)]
+fn enter(ctx: &TracePointContext, mut event: MappingEvent, with_stack: bool) {
+    let thread = bpf_get_current_pid_tgid();
+    let tgid = (thread >> 32) as u32;
+    if unsafe { TARGETS.get(&tgid) }.is_none() {
+        return;
+    }
+    event.tgid = tgid;
+    event.stack_id = NO_STACK;
+    if let Some(pending) = unsafe { PENDING.get(&thread) }
+        && pending.depth > 0
+    {
+        event.in_allocator = 1;
+    } else if with_stack {
+        event.stack_id = user_stack(ctx);
+        event.caller_address = word_at_user_sp();
+    }
+    if MAPPING_PENDING
+        .insert(&thread, &event, BPF_ANY as u64)
+        .is_err()
+    {
+        count(stat::DROP_MAPPING_PENDING_FULL);
+    }
+}
+
+/// Sends the pending call of this thread if it succeeded.
+#[inline(always)]
+fn exit(ctx: &TracePointContext) {
+    let thread = bpf_get_current_pid_tgid();
+    let Some(pending) = (unsafe { MAPPING_PENDING.get(&thread) }) else {
+        return;
+    };
+    let mut event = *pending;
+    let _ = MAPPING_PENDING.remove(&thread);
+    let result = field(ctx, SYSCALL_FIELD_OFFSETS.load().exit_ret);
+    if result >= MAX_ERRNO.wrapping_neg() {
+        return;
+    }
+    event.result = result;
+    count(stat::MAPPING_CALLS);
+    if MAPPING_EVENTS
+        .output::<MappingEvent>(&event, BPF_RB_NO_WAKEUP as u64)
+        .is_err()
+    {
+        count(stat::DROP_MAPPING_EVENTS);
+    }
+}
+
+#[inline(always)]
+fn user_stack(ctx: &TracePointContext) -> u32 {
+    match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+        Ok(id) => id as u32,
+        Err(error) => {
+            count(if -(error as i64) == EEXIST {
+                stat::DROP_STACK_COLLISION
+            } else {
+                stat::DROP_STACK_ERROR
+            });
+            NO_STACK
+        }
+    }
+}
+
+/// The word at the user stack pointer: a leaf syscall wrapper's return
+/// address (userspace keeps it only when the innermost frame is one).
+#[inline(always)]
+fn word_at_user_sp() -> u64 {
+    unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8;
+        let Ok(sp) = bpf_probe_read_kernel(regs.add(PT_REGS_SP_OFFSET) as *const u64) else {
+            return 0;
+        };
+        bpf_probe_read_user(sp as *const u64).unwrap_or(0)
+    }
+}
+
+#[tracepoint]
+pub fn mmap_enter(ctx: TracePointContext) -> u32 {
+    let offsets = SYSCALL_FIELD_OFFSETS.load();
+    let event = MappingEvent {
+        call: mapping_call::MMAP,
+        address: field(&ctx, offsets.mmap_addr),
+        length: field(&ctx, offsets.mmap_len),
+        prot: field(&ctx, offsets.mmap_prot),
+        flags: field(&ctx, offsets.mmap_flags),
+        fd: field(&ctx, offsets.mmap_fd),
+        ..MappingEvent::default()
+    };
+    enter(&ctx, event, true);
+    0
+}
+
+#[tracepoint]
+pub fn munmap_enter(ctx: TracePointContext) -> u32 {
+    let offsets = SYSCALL_FIELD_OFFSETS.load();
+    let event = MappingEvent {
+        call: mapping_call::MUNMAP,
+        address: field(&ctx, offsets.munmap_addr),
+        length: field(&ctx, offsets.munmap_len),
+        ..MappingEvent::default()
+    };
+    enter(&ctx, event, false);
+    0
+}
+
+#[tracepoint]
+pub fn mremap_enter(ctx: TracePointContext) -> u32 {
+    let offsets = SYSCALL_FIELD_OFFSETS.load();
+    let event = MappingEvent {
+        call: mapping_call::MREMAP,
+        address: field(&ctx, offsets.mremap_addr),
+        length: field(&ctx, offsets.mremap_old_len),
+        new_length: field(&ctx, offsets.mremap_new_len),
+        ..MappingEvent::default()
+    };
+    enter(&ctx, event, false);
+    0
+}
+
+#[tracepoint]
+pub fn brk_enter(ctx: TracePointContext) -> u32 {
+    let event = MappingEvent {
+        call: mapping_call::BRK,
+        ..MappingEvent::default()
+    };
+    enter(&ctx, event, true);
+    0
+}
+
+#[tracepoint]
+pub fn mprotect_enter(ctx: TracePointContext) -> u32 {
+    let offsets = SYSCALL_FIELD_OFFSETS.load();
+    let event = MappingEvent {
+        call: mapping_call::MPROTECT,
+        address: field(&ctx, offsets.mprotect_start),
+        length: field(&ctx, offsets.mprotect_len),
+        prot: field(&ctx, offsets.mprotect_prot),
+        ..MappingEvent::default()
+    };
+    enter(&ctx, event, false);
+    0
+}
+
+/// One exit program for every mapping call: what to send is pending.
+#[tracepoint]
+pub fn mapping_exit(ctx: TracePointContext) -> u32 {
+    exit(&ctx);
+    0
+}

@@ -1,0 +1,161 @@
+//! The mapping tracepoints: where their fields are (read from tracefs, never
+//! hard-coded), loading and attaching the programs of
+//! `tracer-ebpf/src/mappings.rs`, and the TARGETS filter that keeps them to
+//! the traced processes.
+use std::{collections::HashMap as StdHashMap, fs};
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Ebpf,
+    maps::HashMap,
+    programs::{TracePoint, trace_point::TracePointLinkId},
+};
+use tracer_ebpf::SyscallFieldOffsets;
+
+/// The programs and the `syscalls` tracepoints they go on.
+const TRACEPOINTS: [(&str, &str); 10] = [
+    ("mmap_enter", "sys_enter_mmap"),
+    ("munmap_enter", "sys_enter_munmap"),
+    ("mremap_enter", "sys_enter_mremap"),
+    ("brk_enter", "sys_enter_brk"),
+    ("mprotect_enter", "sys_enter_mprotect"),
+    ("mapping_exit", "sys_exit_mmap"),
+    ("mapping_exit", "sys_exit_munmap"),
+    ("mapping_exit", "sys_exit_mremap"),
+    ("mapping_exit", "sys_exit_brk"),
+    ("mapping_exit", "sys_exit_mprotect"),
+];
+
+/// Where tracefs may be mounted.
+const TRACEFS_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
+/// Whether a program of the object is a mapping tracepoint program.
+pub fn is_mapping_program(name: &str) -> bool {
+    TRACEPOINTS.iter().any(|(program, _)| *program == name)
+}
+
+/// Field offsets by name, from a tracepoint's `format` file.
+pub fn parse_format(text: &str) -> StdHashMap<String, u64> {
+    text.lines()
+        .filter_map(|line| {
+            let declaration = line.trim().strip_prefix("field:")?.split(';').next()?;
+            let name = declaration.split_whitespace().last()?;
+            let offset = line.split("offset:").nth(1)?.split(';').next()?;
+            Some((name.to_owned(), offset.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn read_format(event: &str) -> Result<StdHashMap<String, u64>> {
+    for root in TRACEFS_ROOTS {
+        let path = format!("{root}/events/syscalls/{event}/format");
+        if let Ok(text) = fs::read_to_string(&path) {
+            return Ok(parse_format(&text));
+        }
+    }
+    Err(anyhow!(
+        "could not read the format of tracepoint syscalls:{event} under {}: is tracefs \
+         mounted (mount -t tracefs nodev /sys/kernel/tracing)?",
+        TRACEFS_ROOTS.join(" or ")
+    ))
+}
+
+/// The field offsets the mapping programs read, from tracefs.
+pub fn read_field_offsets() -> Result<SyscallFieldOffsets> {
+    let mut formats = StdHashMap::new();
+    for (_, event) in TRACEPOINTS {
+        formats.insert(event, read_format(event)?);
+    }
+    let field = |event: &str, name: &str| -> Result<u64> {
+        formats[event]
+            .get(name)
+            .copied()
+            .with_context(|| format!("tracepoint syscalls:{event} has no field {name}"))
+    };
+    let exit_ret = field("sys_exit_mmap", "ret")?;
+    for (_, event) in TRACEPOINTS
+        .iter()
+        .filter(|(_, e)| e.starts_with("sys_exit"))
+    {
+        if field(event, "ret")? != exit_ret {
+            return Err(anyhow!(
+                "the syscall exit tracepoints disagree on where `ret` is"
+            ));
+        }
+    }
+    Ok(SyscallFieldOffsets {
+        mmap_addr: field("sys_enter_mmap", "addr")?,
+        mmap_len: field("sys_enter_mmap", "len")?,
+        mmap_prot: field("sys_enter_mmap", "prot")?,
+        mmap_flags: field("sys_enter_mmap", "flags")?,
+        mmap_fd: field("sys_enter_mmap", "fd")?,
+        munmap_addr: field("sys_enter_munmap", "addr")?,
+        munmap_len: field("sys_enter_munmap", "len")?,
+        mremap_addr: field("sys_enter_mremap", "addr")?,
+        mremap_old_len: field("sys_enter_mremap", "old_len")?,
+        mremap_new_len: field("sys_enter_mremap", "new_len")?,
+        mprotect_start: field("sys_enter_mprotect", "start")?,
+        mprotect_len: field("sys_enter_mprotect", "len")?,
+        mprotect_prot: field("sys_enter_mprotect", "prot")?,
+        exit_ret,
+    })
+}
+
+/// Loads the mapping programs and attaches them to their tracepoints;
+/// they do nothing until a process is added to TARGETS.
+pub fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracePointLinkId>> {
+    let mut links = Vec::new();
+    for (program_name, event) in TRACEPOINTS {
+        let program: &mut TracePoint = ebpf
+            .program_mut(program_name)
+            .with_context(|| format!("eBPF object lacks program {program_name}"))?
+            .try_into()
+            .with_context(|| format!("eBPF program {program_name} is not a tracepoint"))?;
+        if program.fd().is_err() {
+            program
+                .load()
+                .with_context(|| format!("could not load eBPF program {program_name}"))?;
+        }
+        links.push(
+            program
+                .attach("syscalls", event)
+                .with_context(|| format!("could not attach {program_name} to syscalls:{event}"))?,
+        );
+    }
+    Ok(links)
+}
+
+/// Makes the mapping programs follow `pid`.
+pub fn add_target(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+    let mut targets: HashMap<_, u32, u32> = HashMap::try_from(
+        ebpf.map_mut("TARGETS")
+            .context("eBPF object lacks TARGETS")?,
+    )?;
+    targets
+        .insert(pid, 1, 0)
+        .with_context(|| format!("could not add PID {pid} to the mapping targets"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_offsets_from_a_format_file() {
+        let text = "name: sys_enter_munmap
+ID: 801
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:int __syscall_nr;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:unsigned long addr;\toffset:16;\tsize:8;\tsigned:0;
+\tfield:size_t len;\toffset:24;\tsize:8;\tsigned:0;
+
+print fmt: \"addr: 0x%08lx, len: 0x%08lx\"
+";
+        let offsets = parse_format(text);
+        assert_eq!(offsets["addr"], 16);
+        assert_eq!(offsets["len"], 24);
+        assert_eq!(offsets["__syscall_nr"], 8);
+        assert_eq!(offsets.len(), 4);
+    }
+}

@@ -1,0 +1,191 @@
+//! The targets' mapping calls: drained from the kernel's MAPPING_EVENTS
+//! ring buffer (the kernel never wakes tracer for them; `collect` drains on
+//! a timer), applied to the model's `MappingLedger`, and the stacks they
+//! were made from.
+//!
+//! A mapping stack is the kernel's user stack plus what the kernel cannot
+//! know: the caller of a leaf syscall wrapper (glibc's `mmap` and `syscall`
+//! keep no frame, so the frame-pointer walk skips the function that called
+//! them; the word at the stack pointer is its return address) and, for a
+//! file mapping, the file. Each distinct one gets an id from
+//! [`MAPPING_STACK_BASE`] up, apart from the kernel's stack ids.
+use std::collections::HashMap;
+
+use aya::maps::{MapData, RingBuf};
+use tracer_ebpf::{MappingEvent, NO_STACK, mapping_call};
+
+use crate::{
+    model::{
+        Counters, Frame, StackKey,
+        mappings::{MappingLedger, maps_file},
+    },
+    procfs,
+    symbolize::Symbols,
+};
+
+/// Mapping stack ids start here; the kernel's are below.
+pub const MAPPING_STACK_BASE: u32 = 1 << 31;
+
+/// Syscall wrappers that keep no frame of their own (glibc's): the word at
+/// the stack pointer in them is the return address into their caller.
+const LEAF_WRAPPERS: [&str; 5] = ["mmap", "mmap64", "syscall", "brk", "munmap"];
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct MappingStack {
+    pid: u32,
+    kernel_stack_id: u32,
+    caller_address: u64,
+    /// The mapped file, for file mappings.
+    file: Option<String>,
+}
+
+pub struct MappingTracker {
+    events: RingBuf<MapData>,
+    ledger: MappingLedger,
+    stacks: Vec<MappingStack>,
+    stack_ids: HashMap<MappingStack, u32>,
+}
+
+impl MappingTracker {
+    pub fn new(events: RingBuf<MapData>) -> Self {
+        MappingTracker {
+            events,
+            ledger: MappingLedger::default(),
+            stacks: Vec::new(),
+            stack_ids: HashMap::new(),
+        }
+    }
+
+    /// Starts following `pid`: growth of its break from now on counts.
+    pub fn start(&mut self, pid: u32) {
+        if let Some(program_break) = procfs::program_break(pid) {
+            self.ledger.set_program_break(pid, program_break);
+        }
+    }
+
+    /// Applies every event the kernel sent since the last drain.
+    pub fn drain(&mut self) {
+        let mut events: Vec<MappingEvent> = Vec::new();
+        while let Some(item) = self.events.next() {
+            if item.len() >= size_of::<MappingEvent>() {
+                // SAFETY: the item holds a whole MappingEvent, plain integers.
+                events.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) });
+            }
+        }
+        for event in events {
+            let adds = matches!(event.call, mapping_call::MMAP | mapping_call::BRK)
+                && event.in_allocator == 0;
+            let stack_id = if adds { self.stack_id(&event) } else { 0 };
+            self.ledger.apply(&event, stack_id);
+        }
+    }
+
+    /// Counters of every stack that held a mapping kind.
+    pub fn counters(&self) -> impl Iterator<Item = (StackKey, Counters)> + '_ {
+        self.ledger.counters()
+    }
+
+    fn stack_id(&mut self, event: &MappingEvent) -> u32 {
+        let file = (event.call == mapping_call::MMAP && maps_file(event))
+            .then(|| mapped_file(event.tgid, event.result, event.fd));
+        let stack = MappingStack {
+            pid: event.tgid,
+            kernel_stack_id: event.stack_id,
+            caller_address: event.caller_address,
+            file,
+        };
+        if let Some(&id) = self.stack_ids.get(&stack) {
+            return id;
+        }
+        let id = MAPPING_STACK_BASE + self.stacks.len() as u32;
+        self.stacks.push(stack.clone());
+        self.stack_ids.insert(stack, id);
+        id
+    }
+
+    /// The frames of a mapping stack, innermost first: the mapped file
+    /// (as a frame named `mmap-file`), then the code. `kernel_stack` reads
+    /// a stack of the kernel's STACKS map. None for other ids.
+    pub fn frames(
+        &self,
+        stack_id: u32,
+        symbols: &mut Symbols,
+        kernel_stack: impl Fn(u32) -> Vec<u64>,
+    ) -> Option<Vec<Frame>> {
+        let index = stack_id.checked_sub(MAPPING_STACK_BASE)?;
+        let stack = self.stacks.get(index as usize)?;
+        let mut frames = Vec::new();
+        if let Some(file) = &stack.file {
+            frames.push(Frame {
+                function: Some("mmap-file".to_owned()),
+                file: Some(file.clone()),
+                ..Frame::default()
+            });
+        }
+        let addresses = if stack.kernel_stack_id == NO_STACK {
+            Vec::new()
+        } else {
+            kernel_stack(stack.kernel_stack_id)
+        };
+        let Some((&innermost, outer)) = addresses.split_first() else {
+            return Some(frames);
+        };
+        let innermost_frames = symbols.stack_frames(stack.pid, &[innermost]);
+        let in_leaf_wrapper = innermost_frames
+            .first()
+            .and_then(|frame| frame.function.as_deref())
+            .is_some_and(is_leaf_wrapper);
+        if in_leaf_wrapper && stack.caller_address != 0 {
+            frames.extend(symbols.stack_frames(stack.pid, &[stack.caller_address]));
+        } else {
+            frames.extend(innermost_frames);
+        }
+        frames.extend(symbols.stack_frames(stack.pid, outer));
+        Some(frames)
+    }
+}
+
+fn is_leaf_wrapper(function: &str) -> bool {
+    let name = function.strip_prefix("__GI_").unwrap_or(function);
+    LEAF_WRAPPERS.contains(&name.trim_start_matches('_'))
+}
+
+/// The file mapped at `address`: from /proc/PID/maps while the mapping
+/// lives, else from the descriptor while it is open.
+fn mapped_file(pid: u32, address: u64, fd: u64) -> String {
+    procfs::read_maps(pid)
+        .ok()
+        .and_then(|maps| {
+            maps.into_iter()
+                .find(|mapping| mapping.contains(address))
+                .map(|mapping| mapping.path.display().to_string())
+        })
+        .or_else(|| {
+            std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+                .ok()
+                .map(|path| path.display().to_string())
+        })
+        .unwrap_or_else(|| "(unknown file)".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognizes_glibc_leaf_wrappers() {
+        for name in [
+            "mmap64",
+            "__GI___mmap64",
+            "__mmap",
+            "syscall",
+            "__brk",
+            "munmap",
+        ] {
+            assert!(is_leaf_wrapper(name), "{name}");
+        }
+        for name in ["mremap", "leak_mapping", "mmap_region"] {
+            assert!(!is_leaf_wrapper(name), "{name}");
+        }
+    }
+}
