@@ -10,6 +10,7 @@ mod fixture_process;
 mod fixtures;
 mod setup;
 mod shell;
+mod soak;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -54,6 +55,14 @@ enum Task {
         #[arg(long)]
         short: bool,
     },
+    /// Build, then trace a fixture at a steady allocation rate with a steady
+    /// leak for a long time (not in CI); print the tracer's RSS and CPU over
+    /// time and check the report is still exact
+    Soak {
+        /// How long, in seconds
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+    },
     /// Run clippy (warnings are errors) and check formatting
     Lint,
 }
@@ -89,6 +98,11 @@ fn run(task: Task) -> Result<()> {
                 bench::bench(&root, true)?;
             }
             Ok(())
+        }
+        Task::Soak { seconds } => {
+            let shell = setup_shell(&root)?;
+            build(&shell)?;
+            soak::soak(&root, seconds)
         }
         Task::Bench { short } => {
             let shell = setup_shell(&root)?;
