@@ -92,18 +92,7 @@ pub fn render_table(
             format!("PID {} ({}{exited})", w.target.pid, w.target.command)
         })
         .collect();
-    let totals: Vec<String> = model
-        .totals()
-        .iter()
-        .map(|(kind, totals)| {
-            format!(
-                "{} {} live in {} allocs",
-                kind.as_str(),
-                human_bytes(totals.live_bytes as f64),
-                totals.live_allocs
-            )
-        })
-        .collect();
+    let totals = crate::output::live_totals(model);
     let dropped: u64 = model.drops().iter().map(|(_, count)| count).sum();
     let mut lines = vec![
         format!(

@@ -22,7 +22,6 @@ use tracer_ebpf::{StackTotals, stat};
 use crate::{
     attach::{Probes, libraries, spawn},
     model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
-    output::human_bytes,
     recording,
     symbolize::Symbols,
 };
@@ -403,18 +402,7 @@ fn stack_addresses(ebpf: &Ebpf, stack_id: u32) -> Vec<u64> {
 }
 
 fn status_line(model: &Model) -> String {
-    let totals: Vec<String> = model
-        .totals()
-        .iter()
-        .map(|(kind, totals)| {
-            format!(
-                "{} {} live in {} allocs",
-                kind.as_str(),
-                human_bytes(totals.live_bytes as f64),
-                totals.live_allocs
-            )
-        })
-        .collect();
+    let totals = crate::output::live_totals(model);
     let drops: u64 = model.drops().iter().map(|(_, count)| count).sum();
     format!(
         "tracer: {:.0} s, {}, {drops} dropped",

@@ -304,6 +304,23 @@ const ALLOCATOR_FUNCTIONS: [&str; 10] = [
 /// Allocator libraries whose every frame is noise at the top of a stack.
 const ALLOCATOR_LIBRARIES: [&str; 3] = ["libjemalloc", "libtcmalloc", "libmimalloc"];
 
+/// The live totals of every kind, one "heap 1.2 MiB live in 300 allocs"
+/// phrase each, for status lines.
+pub fn live_totals(model: &Model) -> Vec<String> {
+    model
+        .totals()
+        .iter()
+        .map(|(kind, totals)| {
+            format!(
+                "{} {} live in {} allocs",
+                kind.as_str(),
+                human_bytes(totals.live_bytes as f64),
+                totals.live_allocs
+            )
+        })
+        .collect()
+}
+
 /// Drops leading allocator frames so the first frame shown is the caller:
 /// frames whose function is one of malloc calloc realloc reallocarray free
 /// posix_memalign aligned_alloc memalign valloc pvalloc, their `__libc_` /
