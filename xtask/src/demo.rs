@@ -17,8 +17,10 @@ use crate::fixture_process::{FixtureProcess, KillOnDrop};
 use crate::shell::{self, is_root};
 
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
-const LEAK_ROUNDS: usize = 5;
-const PAUSE_BETWEEN_ROUNDS: Duration = Duration::from_millis(700);
+/// Rounds of leaking and churning, spread over the 5 s trace so the leak
+/// keeps growing until the end (and is flagged as a suspected leak).
+const LEAK_ROUNDS: usize = 18;
+const PAUSE_BETWEEN_ROUNDS: Duration = Duration::from_millis(250);
 
 pub fn demo(root: &Path) -> Result<()> {
     let mut leaky = FixtureProcess::start(&root.join("target/fixtures/leaky"), true)?;
@@ -39,6 +41,8 @@ pub fn demo(root: &Path) -> Result<()> {
             &pid.to_string(),
             "--duration",
             "5s",
+            "--interval",
+            "250ms",
             "--top",
             "5",
         ])
@@ -70,8 +74,8 @@ pub fn demo(root: &Path) -> Result<()> {
     }
 
     for _ in 0..LEAK_ROUNDS {
-        leaky.command("leak 200")?;
-        leaky.command("churn 100")?;
+        leaky.command("leak 50")?;
+        leaky.command("churn 25")?;
         std::thread::sleep(PAUSE_BETWEEN_ROUNDS);
     }
 
