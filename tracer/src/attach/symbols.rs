@@ -236,6 +236,30 @@ mod tests {
         assert_eq!(offsets.len(), found.len(), "one hook per address");
     }
 
+    /// Distribution libcs are stripped: only the dynamic symbol table is
+    /// left, and it is enough. (A copy stripped here makes sure of it on
+    /// any distribution.)
+    #[test]
+    fn finds_allocators_in_a_stripped_libc() {
+        let stripped = std::env::temp_dir().join(format!("libc-stripped-{}", std::process::id()));
+        let status = std::process::Command::new("strip")
+            .args(["--strip-all", "-o"])
+            .arg(&stripped)
+            .arg("/lib/x86_64-linux-gnu/libc.so.6")
+            .status()
+            .expect("strip (binutils) is installed with gcc");
+        assert!(status.success());
+        let data = fs::read(&stripped).unwrap();
+        let _ = fs::remove_file(&stripped);
+        let file = object::File::parse(&*data).unwrap();
+        assert!(file.symbols().next().is_none(), "no full symbol table left");
+        let found = allocator_offsets(&data, SymbolTables::DynamicAndFull).unwrap();
+        let names: Vec<&str> = found.iter().map(|found| found.function.name).collect();
+        for name in ["malloc", "free", "realloc"] {
+            assert!(names.contains(&name), "{name} missing from {names:?}");
+        }
+    }
+
     /// On this machine's glibc, malloc and free get emulated sites.
     #[test]
     fn glibc_malloc_and_free_are_not_single_stepped() {
