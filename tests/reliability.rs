@@ -610,3 +610,29 @@ fn exec_marks_the_boundary_and_the_new_image_is_traced() {
         "{output}"
     );
 }
+
+#[test]
+fn full_ring_buffer_is_reported_with_the_flag_to_raise() {
+    require_root();
+    let mut fixture = Fixture::start("mappings", &[]);
+    let json = json_path("ring_full");
+    let pid = fixture.pid.to_string();
+    let mut args = record_args(std::slice::from_ref(&pid), json.to_str().unwrap());
+    args.extend(["--ring-buffer-kib", "4"]);
+    let mut tracer = Tracer::start(&args);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    fixture.cmd("churn 3000");
+    let output = tracer.stop();
+    output.assert_success();
+    let report = Report::read(&json);
+    assert!(
+        report.int("/drops/mapping_events_lost") > 0,
+        "{}",
+        report.json["drops"]
+    );
+    assert!(output.stdout.starts_with("WARNING: "), "{output}");
+    assert!(
+        output.stdout.contains("raise --ring-buffer-kib"),
+        "{output}"
+    );
+}

@@ -172,6 +172,12 @@ struct TargetArgs {
     #[arg(long, value_name = "N", default_value_t = 1 << 14)]
     max_stacks: u32,
 
+    /// Size of the ring buffer that carries mmap/munmap/mremap/brk calls to
+    /// tracer, in KiB (a power of two, at least 4); calls beyond it between
+    /// two drains (every 20 ms) are counted as dropped.
+    #[arg(long, value_name = "KIB", default_value_t = 1024, value_parser = parse_ring_kib)]
+    ring_buffer_kib: u32,
+
     /// Sampling period in bytes (at most 128 MiB).
     #[arg(long, value_name = "N", long_help = SAMPLING_HELP)]
     sample_bytes: Option<u64>,
@@ -261,6 +267,7 @@ pub struct Config {
     pub recording_path: Option<PathBuf>,
     pub max_live_allocs: u32,
     pub max_stacks: u32,
+    pub ring_buffer_kib: u32,
     pub sampling: Sampling,
     pub verbose: bool,
     pub follow_forks: bool,
@@ -397,6 +404,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         recording_path: None,
         max_live_allocs: args.max_live_allocs,
         max_stacks: args.max_stacks,
+        ring_buffer_kib: args.ring_buffer_kib,
         sampling,
         verbose: args.verbose,
         follow_forks: args.follow_forks,
@@ -436,6 +444,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err(format!("'{text}' must be more than zero"));
     }
     Ok(Duration::from_secs_f64(seconds))
+}
+
+fn parse_ring_kib(text: &str) -> Result<u32, String> {
+    let kib: u32 = text
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number of KiB"))?;
+    if kib < 4 || !kib.is_power_of_two() || kib > 1 << 20 {
+        return Err(format!("'{text}' must be a power of two from 4 to 1048576"));
+    }
+    Ok(kib)
 }
 
 fn parse_interval(text: &str) -> Result<Duration, String> {

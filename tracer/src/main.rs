@@ -150,7 +150,7 @@ fn floor(config: &FloorConfig) -> Result<()> {
     attach::check_privileges()?;
     attach::check_kernel()?;
     attach::check_target(config.pid)?;
-    let mut probes = Probes::load(1, 1, &attach::Sampling::EXACT)?;
+    let mut probes = Probes::load(attach::Capacity::DEFAULT, &attach::Sampling::EXACT)?;
     probes.attach_floor(config.pid, config.sites, config.with_return)?;
     eprintln!(
         "tracer: attached {} floor probes to PID {}",

@@ -40,7 +40,12 @@ impl Session {
             }
         }
         let started_at = Instant::now();
-        let mut probes = Probes::load(config.max_live_allocs, config.max_stacks, &config.sampling)?;
+        let capacity = attach::Capacity {
+            live_allocs: config.max_live_allocs,
+            stacks: config.max_stacks,
+            mapping_ring_bytes: config.ring_buffer_kib * 1024,
+        };
+        let mut probes = Probes::load(capacity, &config.sampling)?;
         let mut symbols = Symbols::new();
         let mut watched = Vec::new();
         match &config.targets {

@@ -180,6 +180,28 @@ pub fn check_target(pid: u32) -> Result<()> {
     }
 }
 
+/// How big the kernel tables are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Outstanding blocks (LIVE).
+    pub live_allocs: u32,
+    /// Distinct stacks (STACKS; BY_STACK holds four times as many per-stack
+    /// totals: one stack may hold several kinds in several processes).
+    pub stacks: u32,
+    /// Bytes of the ring buffer of mapping calls (a power of two, whole
+    /// pages).
+    pub mapping_ring_bytes: u32,
+}
+
+impl Capacity {
+    /// The defaults of `tracer record`.
+    pub const DEFAULT: Capacity = Capacity {
+        live_allocs: 1 << 20,
+        stacks: 1 << 14,
+        mapping_ring_bytes: 1 << 20,
+    };
+}
+
 /// The loaded eBPF object: programs and maps.
 pub struct Probes {
     pub ebpf: Ebpf,
@@ -200,11 +222,13 @@ pub struct Probes {
 impl Probes {
     /// Loads the embedded eBPF object and its programs, configured for
     /// `sampling` (the session programs only when calls may be skipped),
-    /// with the tables sized as asked: `max_live_allocs` outstanding
-    /// blocks, `max_stacks` distinct stacks (and four times as many
-    /// per-stack totals: one stack may hold several kinds in several
-    /// processes).
-    pub fn load(max_live_allocs: u32, max_stacks: u32, sampling: &Sampling) -> Result<Probes> {
+    /// with the tables sized as `capacity` asks.
+    pub fn load(capacity: Capacity, sampling: &Sampling) -> Result<Probes> {
+        let Capacity {
+            live_allocs: max_live_allocs,
+            stacks: max_stacks,
+            mapping_ring_bytes,
+        } = capacity;
         raise_memlock_limit();
         let mmap = tracefs::mmap_offsets()?;
         let object = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
@@ -222,6 +246,7 @@ impl Probes {
             .map_max_entries("LIVE", max_live_allocs)
             .map_max_entries("STACKS", max_stacks)
             .map_max_entries("BY_STACK", max_stacks.saturating_mul(4))
+            .map_max_entries("MAPPING_EVENTS", mapping_ring_bytes)
             .override_global("SAMPLE_BYTES", &sampling.sample_bytes, true)
             .override_global("SAMPLE_SEED", &sampling.sample_seed, true)
             .override_global("MIN_SIZE_BYTES", &sampling.min_size_bytes, true)

@@ -173,7 +173,9 @@ fn drop_hint(name: &str) -> Option<&'static str> {
         }
         "stack_error" => "the kernel could not walk some stacks (their blocks count as NO_STACK)",
         "pending_map_full" => "more threads were inside an allocator at once than tracked (16384)",
-        "mapping_events_lost" => "mapping calls came faster than tracer drained them",
+        "mapping_events_lost" => {
+            "mapping calls came faster than tracer drained them: raise --ring-buffer-kib"
+        }
         "mapping_pending_full" => "more threads were inside a mapping call at once than tracked",
         "out_param_unreadable" => "posix_memalign results that could not be read",
         _ => return None,
