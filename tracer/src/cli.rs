@@ -25,6 +25,11 @@ of a process that is already running, keeps the outstanding bytes of every \
 call stack in the kernel, and reports the stacks that hold the most memory \
 and how fast it grows. The target is never restarted, stopped or written to.
 
+GPU memory is followed at the CUDA driver and runtime allocation functions \
+(libcuda, libcudart, also when loaded later with dlopen) in kinds \
+gpu-device, gpu-managed and gpu-host-pinned, each counted once although the \
+runtime calls the driver.
+
 Memory that never passes through malloc is followed at the system calls \
 (tracepoints on mmap, munmap, mremap, brk and mprotect, so raw syscalls are \
 seen too), in kinds of its own: mmap-anon, mmap-file (with the file's name as \
