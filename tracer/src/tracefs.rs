@@ -4,12 +4,13 @@
 //! its usual place.
 use std::{fs, path::Path};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result, anyhow};
 
 use crate::error::{ExitCode, fatal};
 
 const TRACEFS_DIR: &str = "/sys/kernel/tracing";
-const MMAP_FORMAT: &str = "events/syscalls/sys_enter_mmap/format";
+/// Where older systems mount it (with debugfs).
+const DEBUGFS_TRACING_DIR: &str = "/sys/kernel/debug/tracing";
 
 /// Offsets of the `syscalls:sys_enter_mmap` fields tracer reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,23 +21,15 @@ pub struct MmapOffsets {
 
 /// Reads the `sys_enter_mmap` format, mounting tracefs first if needed.
 pub fn mmap_offsets() -> Result<MmapOffsets> {
-    let path = Path::new(TRACEFS_DIR).join(MMAP_FORMAT);
     ensure_mounted()?;
-    let format = fs::read_to_string(&path).map_err(|error| {
-        fatal(
-            ExitCode::KernelUnsupported,
-            format!(
-                "could not read {} ({error}): tracer needs the syscalls:sys_enter_mmap \
-                 tracepoint (CONFIG_FTRACE_SYSCALLS)",
-                path.display()
-            ),
-        )
-    })?;
     let offset = |field: &str| {
-        field_offset(&format, field).ok_or_else(|| {
+        required_field_offset("syscalls", "sys_enter_mmap", field).map_err(|error| {
             fatal(
                 ExitCode::KernelUnsupported,
-                format!("{} has no field `{field}`", path.display()),
+                format!(
+                    "{error:#}: tracer needs the syscalls:sys_enter_mmap tracepoint \
+                     (CONFIG_FTRACE_SYSCALLS)"
+                ),
             )
         })
     };
@@ -46,12 +39,19 @@ pub fn mmap_offsets() -> Result<MmapOffsets> {
     })
 }
 
+/// Where tracefs is mounted: its usual place, or under debugfs.
+fn mount_point() -> Option<&'static Path> {
+    [TRACEFS_DIR, DEBUGFS_TRACING_DIR]
+        .into_iter()
+        .map(Path::new)
+        .find(|path| path.join("events").is_dir())
+}
+
 /// Mounts tracefs at /sys/kernel/tracing unless it (or the older debugfs
 /// path) is there. Many hosts mount it at boot; a minimal VM may not, and
 /// root can mount it (nothing changes for other users).
 pub fn ensure_mounted() -> Result<()> {
-    let mounted = |path: &str| Path::new(path).join("events").is_dir();
-    if mounted(TRACEFS_DIR) || mounted("/sys/kernel/debug/tracing") {
+    if mount_point().is_some() {
         return Ok(());
     }
     let source = c"tracefs";
@@ -79,13 +79,25 @@ pub fn ensure_mounted() -> Result<()> {
     ))
 }
 
+/// The `format` file of tracepoint `category:event`.
+fn read_format(category: &str, event: &str) -> Result<String> {
+    let root = mount_point().ok_or_else(|| {
+        anyhow!("tracefs is not mounted (mount -t tracefs tracefs {TRACEFS_DIR})")
+    })?;
+    let path = root.join(format!("events/{category}/{event}/format"));
+    fs::read_to_string(&path).with_context(|| format!("could not read {}", path.display()))
+}
+
 /// The offset of `field` in the record of tracepoint `category:event`.
 pub fn event_field_offset(category: &str, event: &str, field: &str) -> Option<u32> {
-    let format = fs::read_to_string(
-        Path::new(TRACEFS_DIR).join(format!("events/{category}/{event}/format")),
-    )
-    .ok()?;
+    field_offset(&read_format(category, event).ok()?, field)
+}
+
+/// Like `event_field_offset`, with an error that names what is missing.
+pub fn required_field_offset(category: &str, event: &str, field: &str) -> Result<u32> {
+    let format = read_format(category, event)?;
     field_offset(&format, field)
+        .with_context(|| format!("tracepoint {category}:{event} has no field `{field}`"))
 }
 
 /// The offset of `field` in a tracepoint format file:
@@ -124,5 +136,31 @@ format:
         assert_eq!(field_offset(FORMAT, "fd"), Some(48));
         assert_eq!(field_offset(FORMAT, "common_pid"), Some(4));
         assert_eq!(field_offset(FORMAT, "flags"), None);
+    }
+
+    #[test]
+    fn reads_the_offsets_of_a_syscall_with_typedef_fields() {
+        let format = "name: sys_enter_munmap
+ID: 801
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:int __syscall_nr;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:unsigned long addr;\toffset:16;\tsize:8;\tsigned:0;
+\tfield:size_t len;\toffset:24;\tsize:8;\tsigned:0;
+
+print fmt: \"addr: 0x%08lx, len: 0x%08lx\"
+";
+        assert_eq!(field_offset(format, "addr"), Some(16));
+        assert_eq!(field_offset(format, "len"), Some(24));
+        assert_eq!(field_offset(format, "__syscall_nr"), Some(8));
+        assert_eq!(field_offset(format, "common_type"), Some(0));
+    }
+
+    #[test]
+    fn reads_this_kernels_mapping_tracepoints() {
+        ensure_mounted().expect("tracefs can be mounted (tests run as root)");
+        assert!(required_field_offset("syscalls", "sys_enter_munmap", "len").is_ok());
+        let missing = required_field_offset("syscalls", "sys_enter_munmap", "nope");
+        assert!(format!("{:#}", missing.unwrap_err()).contains("has no field `nope`"));
     }
 }

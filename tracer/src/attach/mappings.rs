@@ -2,8 +2,6 @@
 //! hard-coded), loading and attaching the programs of
 //! `tracer-ebpf/src/mappings.rs`, and the TARGETS filter that keeps them to
 //! the traced processes.
-use std::{collections::HashMap as StdHashMap, fs};
-
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
@@ -11,6 +9,8 @@ use aya::{
     programs::{TracePoint, trace_point::TracePointLinkId},
 };
 use tracer_ebpf::SyscallFieldOffsets;
+
+use crate::tracefs;
 
 /// The programs and the `syscalls` tracepoints they go on.
 const TRACEPOINTS: [(&str, &str); 10] = [
@@ -26,51 +26,15 @@ const TRACEPOINTS: [(&str, &str); 10] = [
     ("mapping_exit", "sys_exit_mprotect"),
 ];
 
-/// Where tracefs may be mounted.
-const TRACEFS_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
-
 /// Whether a program of the object is a mapping tracepoint program.
 pub fn is_mapping_program(name: &str) -> bool {
     TRACEPOINTS.iter().any(|(program, _)| *program == name)
 }
 
-/// Field offsets by name, from a tracepoint's `format` file.
-pub fn parse_format(text: &str) -> StdHashMap<String, u64> {
-    text.lines()
-        .filter_map(|line| {
-            let declaration = line.trim().strip_prefix("field:")?.split(';').next()?;
-            let name = declaration.split_whitespace().last()?;
-            let offset = line.split("offset:").nth(1)?.split(';').next()?;
-            Some((name.to_owned(), offset.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-fn read_format(event: &str) -> Result<StdHashMap<String, u64>> {
-    for root in TRACEFS_ROOTS {
-        let path = format!("{root}/events/syscalls/{event}/format");
-        if let Ok(text) = fs::read_to_string(&path) {
-            return Ok(parse_format(&text));
-        }
-    }
-    Err(anyhow!(
-        "could not read the format of tracepoint syscalls:{event} under {}: is tracefs \
-         mounted (mount -t tracefs nodev /sys/kernel/tracing)?",
-        TRACEFS_ROOTS.join(" or ")
-    ))
-}
-
 /// The field offsets the mapping programs read, from tracefs.
 pub fn read_field_offsets() -> Result<SyscallFieldOffsets> {
-    let mut formats = StdHashMap::new();
-    for (_, event) in TRACEPOINTS {
-        formats.insert(event, read_format(event)?);
-    }
     let field = |event: &str, name: &str| -> Result<u64> {
-        formats[event]
-            .get(name)
-            .copied()
-            .with_context(|| format!("tracepoint syscalls:{event} has no field {name}"))
+        tracefs::required_field_offset("syscalls", event, name).map(u64::from)
     };
     let exit_ret = field("sys_exit_mmap", "ret")?;
     for (_, event) in TRACEPOINTS
@@ -134,28 +98,4 @@ pub fn add_target(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
     targets
         .insert(pid, 1, 0)
         .with_context(|| format!("could not add PID {pid} to the mapping targets"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_offsets_from_a_format_file() {
-        let text = "name: sys_enter_munmap
-ID: 801
-format:
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
-\tfield:int __syscall_nr;\toffset:8;\tsize:4;\tsigned:1;
-\tfield:unsigned long addr;\toffset:16;\tsize:8;\tsigned:0;
-\tfield:size_t len;\toffset:24;\tsize:8;\tsigned:0;
-
-print fmt: \"addr: 0x%08lx, len: 0x%08lx\"
-";
-        let offsets = parse_format(text);
-        assert_eq!(offsets["addr"], 16);
-        assert_eq!(offsets["len"], 24);
-        assert_eq!(offsets["__syscall_nr"], 8);
-        assert_eq!(offsets.len(), 4);
-    }
 }
