@@ -141,14 +141,9 @@ pub fn render_table(
 
 fn describe_leaf(frame: &crate::model::Frame) -> String {
     let function = frame.function.as_deref().unwrap_or("?");
-    match (&frame.file, frame.line) {
-        (Some(file), Some(line)) => {
-            let file = std::path::Path::new(file)
-                .file_name()
-                .map_or_else(|| file.clone(), |name| name.to_string_lossy().into_owned());
-            format!("{function} ({file}:{line})")
-        }
-        _ => function.to_owned(),
+    match frame.short_location() {
+        Some(location) => format!("{function} ({location})"),
+        None => function.to_owned(),
     }
 }
 

@@ -140,6 +140,18 @@ pub struct Frame {
     pub file_offset: Option<u64>,
 }
 
+impl Frame {
+    /// `file:line` with the file's name only, when both are known: short
+    /// enough for a legend or a table cell.
+    pub fn short_location(&self) -> Option<String> {
+        let (file, line) = (self.file.as_deref()?, self.line?);
+        let name = std::path::Path::new(file)
+            .file_name()
+            .map_or_else(|| file.into(), |name| name.to_string_lossy());
+        Some(format!("{name}:{line}"))
+    }
+}
+
 /// A process's resident memory, from /proc/PID/status.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemoryStatus {

@@ -221,14 +221,9 @@ fn useful_frame(stack: &StackReport) -> String {
         _ => function,
     };
     let function: String = function.chars().take(32).collect();
-    match (&frame.file, frame.line) {
-        (Some(file), Some(line)) => {
-            let file = Path::new(file)
-                .file_name()
-                .map_or_else(|| file.clone(), |f| f.to_string_lossy().into_owned());
-            format!("{function} ({file}:{line})")
-        }
-        _ => function,
+    match frame.short_location() {
+        Some(location) => format!("{function} ({location})"),
+        None => function,
     }
 }
 
