@@ -28,9 +28,7 @@ use aya_ebpf::{
 };
 use tracer_ebpf::{GpuPending, LiveAlloc, LiveKey, StackKey, VmmHandle, gpu_call, stat};
 
-use crate::probes::{
-    add_to_stack, arg, atomic_add, count, current_stack, put_live, stack_key, take_live,
-};
+use crate::probes::{add_to_stack, arg, atomic_add, count, put_live, stack_key, take_live};
 
 /// Per thread (pid_tgid): the CUDA call in progress.
 #[map]
@@ -221,7 +219,7 @@ fn read_out(pointer: u64) -> Option<u64> {
 fn new_block(ctx: &RetProbeContext, pending: &GpuPending, size: u64) -> LiveAlloc {
     LiveAlloc {
         size,
-        stack_id: current_stack(ctx),
+        stack_id: crate::stacks::capture(ctx, size, pending.kind, pending.api),
         kind: pending.kind,
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
     }
@@ -230,6 +228,10 @@ fn new_block(ctx: &RetProbeContext, pending: &GpuPending, size: u64) -> LiveAllo
 /// Remembers which API made a stack's memory (a stack is one call site).
 #[inline(always)]
 fn note_api(tgid: u32, block: &LiveAlloc, api: u32) {
+    if tracer_ebpf::is_copied_stack(block.stack_id) {
+        // The stack's copy record names the API.
+        return;
+    }
     let _ = STACK_API.insert(&stack_key(tgid, block), &api, BPF_ANY as u64);
 }
 

@@ -63,6 +63,76 @@ pub struct StackKey {
 /// Stack id used when `bpf_get_stackid` failed.
 pub const NO_STACK: u32 = u32::MAX;
 
+/// A stack id with these top bits set is not a STACKS id but a reference
+/// to a stack copied into the STACK_COPIES ring buffer (`--unwind dwarf`):
+/// userspace unwinds it and keeps the totals of such blocks itself, from
+/// the copy and free records of that ring.
+pub const COPIED_STACK: u32 = 1 << 30;
+/// The bits of a copied-stack reference that tell copies apart.
+pub const COPIED_STACK_MASK: u32 = COPIED_STACK - 1;
+
+/// Whether `stack_id` refers to a copied stack (not [`NO_STACK`]).
+pub const fn is_copied_stack(stack_id: u32) -> bool {
+    stack_id & !COPIED_STACK_MASK == COPIED_STACK
+}
+
+/// Record types of the STACK_COPIES ring buffer. Records are read in the
+/// order they were reserved, so a block's copy always comes before its free.
+pub mod stack_record {
+    /// [`super::StackCopy`] followed by `length` bytes of user stack.
+    pub const COPY: u32 = 1;
+    /// [`super::StackFree`]: the block of a copy was freed.
+    pub const FREE: u32 = 2;
+    /// [`super::StackFree`]: a failed realloc gave its old block back.
+    pub const RESTORE: u32 = 3;
+}
+
+/// Largest number of stack pages one copy holds (`--stack-bytes` up to
+/// 64 KiB, from the start of the stack pointer's page).
+pub const MAX_STACK_PAGES: u32 = 16;
+pub const STACK_PAGE_BYTES: u64 = 4096;
+
+/// A new block with its user stack copied at the allocator's return: the
+/// registers the unwinder starts from and the stack pages from the one the
+/// stack pointer is in, upwards. The pages follow this header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackCopy {
+    /// `stack_record::COPY`.
+    pub record: u32,
+    pub tgid: u32,
+    /// The reference the block's LIVE entry carries ([`COPIED_STACK`] set).
+    pub stack_ref: u32,
+    pub kind: u32,
+    /// The CUDA function (`gpu_api`), or `u32::MAX` for the malloc family.
+    pub api: u32,
+    /// 1 when the copy stopped at an unreadable page: the stack's top is in
+    /// the copy, so nothing of the stack is missing.
+    pub reached_top: u32,
+    /// What the block counts for (its size, or its sampling weight).
+    pub size: u64,
+    /// Instruction pointer (the return address into the caller), stack
+    /// pointer and frame pointer at the allocator's return.
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Address of the first copied byte (the start of the stack pointer's
+    /// page) and how many bytes follow the header (whole pages).
+    pub base: u64,
+    pub length: u64,
+}
+
+/// A copied-stack block that left the live set.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackFree {
+    /// `stack_record::FREE` or `stack_record::RESTORE`.
+    pub record: u32,
+    pub tgid: u32,
+    pub stack_ref: u32,
+    pub pad: u32,
+}
+
 /// Value of the BY_STACK map. Updated with atomic adds in the probes; the
 /// live fields are two's-complement sums (frees add the negated size).
 #[repr(C)]
@@ -187,7 +257,16 @@ pub mod stat {
     pub const DROP_MAPPING_EVENTS: u32 = 21;
     /// Mapping calls not followed: too many threads in a mapping call.
     pub const DROP_MAPPING_PENDING_FULL: u32 = 22;
-    pub const COUNT: u32 = 23;
+    /// Allocations whose user stack was copied for unwinding in userspace
+    /// (`--unwind dwarf`).
+    pub const STACK_COPIES: u32 = 23;
+    /// Stack copies that did not fit in the STACK_COPIES ring buffer: the
+    /// block is still counted, with its frame-pointer stack.
+    pub const DROP_STACK_COPY_RING_FULL: u32 = 24;
+    /// Frees of copied-stack blocks that did not fit in the ring buffer:
+    /// userspace keeps counting those blocks as live.
+    pub const DROP_STACK_FREE_LOST: u32 = 25;
+    pub const COUNT: u32 = 26;
 }
 
 /// Whether a STATS entry is an event count or a drop.
@@ -222,6 +301,9 @@ pub const STAT_NAMES: [(&str, StatClass); stat::COUNT as usize] = [
     ("mapping_calls", StatClass::Event),
     ("mapping_events_lost", StatClass::Drop),
     ("mapping_pending_full", StatClass::Drop),
+    ("stack_copies", StatClass::Event),
+    ("stack_copy_ring_full", StatClass::Drop),
+    ("stack_free_lost", StatClass::Drop),
 ];
 
 /// The CUDA entry points tracer hooks, by the id a GPU stack carries in
@@ -449,4 +531,6 @@ mod pod {
     unsafe impl aya::Pod for Event {}
     unsafe impl aya::Pod for SyscallFieldOffsets {}
     unsafe impl aya::Pod for MappingEvent {}
+    unsafe impl aya::Pod for StackCopy {}
+    unsafe impl aya::Pod for StackFree {}
 }

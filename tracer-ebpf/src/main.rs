@@ -33,26 +33,28 @@ mod libraries;
 mod mappings;
 #[cfg(target_arch = "bpf")]
 mod signals;
+#[cfg(target_arch = "bpf")]
+mod stacks;
 
 #[cfg(target_arch = "bpf")]
 mod probes {
     use aya_ebpf::{
         EbpfContext as _, Global,
-        bindings::{BPF_ANY, BPF_F_USER_STACK, BPF_NOEXIST},
+        bindings::{BPF_ANY, BPF_NOEXIST},
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_probe_read_user,
             bpf_send_signal,
         },
         macros::{map, uprobe, uretprobe},
         maps::{HashMap, LruHashMap, PerCpuArray, StackTrace},
-        programs::{ProbeContext, RetProbeContext, tracing::StackIdContext},
+        programs::{ProbeContext, RetProbeContext},
     };
     use tracer_ebpf::{
-        LiveAlloc, LiveKey, NO_STACK, Pending, StackKey, StackTotals, call, kind,
+        LiveAlloc, LiveKey, Pending, StackKey, StackTotals, call, is_copied_stack, kind,
         sampling::{
             PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TABLE_LEN, SAMPLE_TABLE_PERIODS,
         },
-        stat,
+        stack_record, stat,
     };
 
     // Configuration, set by userspace at load time. Read-only, so the
@@ -96,7 +98,6 @@ mod probes {
     #[map]
     static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 
-    const EEXIST: i64 = 17;
     const SIGSTOP: u32 = 19;
     const PAGE_SIZE: u64 = 4096;
 
@@ -122,8 +123,16 @@ mod probes {
 
     /// Adds a signed change to a stack's totals, creating the entry on
     /// first use. `allocated` also counts the call in the running totals.
+    /// A copied stack's totals are kept by userspace: a block leaving the
+    /// live set (`allocs` is -1) is sent to it instead.
     #[inline(always)]
     pub(crate) fn add_to_stack(key: &StackKey, bytes: u64, allocs: u64, allocated: bool) {
+        if is_copied_stack(key.stack_id) {
+            if allocs == u64::MAX {
+                crate::stacks::send_free(key.tgid, key.stack_id, stack_record::FREE);
+            }
+            return;
+        }
         let totals = match BY_STACK.get_ptr_mut(key) {
             Some(totals) => totals,
             None => {
@@ -224,6 +233,11 @@ mod probes {
             }
         } else if LIVE.insert(&key, block, BPF_NOEXIST as u64).is_err() {
             count(stat::DROP_LIVE_FULL);
+            if is_copied_stack(block.stack_id) {
+                // Userspace counted the copy as live: take it off again.
+                crate::stacks::send_free(tgid, block.stack_id, stack_record::FREE);
+                return;
+            }
             // Keep the call in the running totals; the live figures stay
             // exact for every block that is tracked.
             let key = stack_key(tgid, block);
@@ -236,22 +250,11 @@ mod probes {
             }
             return;
         }
-        add_to_stack(&stack_key(tgid, block), block.size, 1, allocated);
-    }
-
-    #[inline(always)]
-    pub(crate) fn current_stack(ctx: &RetProbeContext) -> u32 {
-        match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-            Ok(id) => id as u32,
-            Err(error) => {
-                count(if -(error as i64) == EEXIST {
-                    stat::DROP_STACK_COLLISION
-                } else {
-                    stat::DROP_STACK_ERROR
-                });
-                NO_STACK
-            }
+        if !allocated && is_copied_stack(block.stack_id) {
+            // A failed realloc's old block, taken off at its entry.
+            crate::stacks::send_free(tgid, block.stack_id, stack_record::RESTORE);
         }
+        add_to_stack(&stack_key(tgid, block), block.size, 1, allocated);
     }
 
     /// The result of an entry probe.
@@ -607,7 +610,7 @@ mod probes {
         }
         let block = LiveAlloc {
             size: pending.recorded_bytes,
-            stack_id: current_stack(ctx),
+            stack_id: crate::stacks::capture(ctx, pending.recorded_bytes, kind::HEAP, u32::MAX),
             kind: kind::HEAP,
             timestamp_ns: unsafe { bpf_ktime_get_ns() },
         };

@@ -49,6 +49,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         targets: &recording.targets(&filter),
         probes,
         sampling: recording.metadata.sampling.clone(),
+        unwinding: recording.unwinding.clone(),
         libraries: recording.libraries(&filter),
         api: &|key| apis.get(key).cloned(),
         interval_ms: recording.metadata.interval_ms,

@@ -10,6 +10,7 @@ use crate::{
     error::{ExitCode, fatal},
     model::Kind,
     output::folded::FoldedValue,
+    unwind::{UnwindMode, Unwinding},
 };
 use tracer_ebpf::sampling::MAX_SAMPLE_BYTES;
 
@@ -128,6 +129,27 @@ standard deviation is at most sqrt(N * L): with N = 512 KiB, a stack holding \
 1 GiB is within +-2.2 % (3 standard deviations). live_allocs then counts \
 sampled blocks. Default: every allocation is recorded (exact mode).";
 
+const UNWIND_HELP: &str = "\
+How call stacks are walked. fp: frame pointers, walked in the kernel at \
+every allocation (cheapest; stacks through code built without frame \
+pointers lose frames or show wrong callers). dwarf: the probe copies the top \
+of the user stack (--stack-bytes) and tracer unwinds it from .eh_frame: \
+right stacks through any code, at a cost per recorded allocation (about \
+2-3 us in the probe plus the unwinding in tracer, see the README's \
+Performance section); for targets making more than ~50 000 allocations per \
+second, combine it with --sample-bytes or --min-size, or copies beyond the \
+ring buffer fall back to frame pointers (counted as stack_copy_ring_full). \
+auto: dwarf for each process whose executable or libraries (glibc's own \
+objects aside) lack frame pointers, decided per object at attach; fp for \
+the others.";
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum UnwindArg {
+    Fp,
+    Dwarf,
+    Auto,
+}
+
 #[derive(Debug, Args)]
 struct FloorArgs {
     #[arg(short, long = "pid", value_name = "PID")]
@@ -202,6 +224,23 @@ struct TargetArgs {
     #[arg(long, value_name = "BYTES")]
     max_size: Option<u64>,
 
+    /// How stacks are walked: fp, dwarf or auto.
+    #[arg(long, value_enum, value_name = "MODE", default_value = "auto", long_help = UNWIND_HELP)]
+    unwind: UnwindArg,
+
+    /// With dwarf unwinding: bytes of stack copied at each allocation, from
+    /// the start of the stack pointer's page (4096..=65536, rounded up to
+    /// whole pages); deeper stacks are reported truncated, still
+    /// attributed to their inner frames.
+    #[arg(long, value_name = "BYTES", default_value_t = Unwinding::DEFAULT_STACK_BYTES)]
+    stack_bytes: u32,
+
+    /// With dwarf unwinding: size of the ring buffer of stack copies, in
+    /// MiB (a power of two); copies beyond it between two drains (every
+    /// 20 ms) fall back to frame pointers and are counted.
+    #[arg(long, value_name = "MIB", default_value_t = 16)]
+    stack_ring_mib: u32,
+
     /// Print where each probe went and why.
     #[arg(short, long)]
     verbose: bool,
@@ -274,6 +313,7 @@ pub struct Config {
     pub max_stacks: u32,
     pub ring_buffer_kib: u32,
     pub sampling: Sampling,
+    pub unwinding: Unwinding,
     pub verbose: bool,
     pub follow_forks: bool,
 }
@@ -391,6 +431,30 @@ fn config_of(args: TargetArgs) -> Result<Config> {
             format!("--sample-bytes must be 1..={MAX_SAMPLE_BYTES}"),
         ));
     }
+    if !(4096..=Unwinding::MAX_STACK_BYTES).contains(&args.stack_bytes) {
+        return Err(fatal(
+            ExitCode::Usage,
+            format!(
+                "--stack-bytes must be 4096..={}",
+                Unwinding::MAX_STACK_BYTES
+            ),
+        ));
+    }
+    if !args.stack_ring_mib.is_power_of_two() || args.stack_ring_mib > 1024 {
+        return Err(fatal(
+            ExitCode::Usage,
+            "--stack-ring-mib must be a power of two, at most 1024",
+        ));
+    }
+    let unwinding = Unwinding {
+        mode: match args.unwind {
+            UnwindArg::Fp => UnwindMode::FramePointers,
+            UnwindArg::Dwarf => UnwindMode::Dwarf,
+            UnwindArg::Auto => UnwindMode::Auto,
+        },
+        stack_bytes: args.stack_bytes,
+        ring_bytes: args.stack_ring_mib << 20,
+    };
     if sampling.min_size_bytes > sampling.max_size_bytes {
         return Err(fatal(
             ExitCode::Usage,
@@ -411,6 +475,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         max_stacks: args.max_stacks,
         ring_buffer_kib: args.ring_buffer_kib,
         sampling,
+        unwinding,
         verbose: args.verbose,
         follow_forks: args.follow_forks,
     })

@@ -21,3 +21,4 @@ pub mod session;
 pub mod symbolize;
 pub mod top;
 pub mod tracefs;
+pub mod unwind;

@@ -150,7 +150,11 @@ fn floor(config: &FloorConfig) -> Result<()> {
     attach::check_privileges()?;
     attach::check_kernel()?;
     attach::check_target(config.pid)?;
-    let mut probes = Probes::load(attach::Capacity::DEFAULT, &attach::Sampling::EXACT)?;
+    let mut probes = Probes::load(
+        attach::Capacity::DEFAULT,
+        &attach::Sampling::EXACT,
+        &tracer::unwind::Unwinding::FRAME_POINTERS,
+    )?;
     probes.attach_floor(config.pid, config.sites, config.with_return)?;
     eprintln!(
         "tracer: attached {} floor probes to PID {}",
@@ -177,7 +181,9 @@ fn start_recording(config: &Config, session: &Session) -> Result<Option<recordin
         session.probe_reports(),
         session.sampling_report(config),
     );
-    recording::Writer::create(path, metadata).map(Some)
+    let mut writer = recording::Writer::create(path, metadata)?;
+    writer.append_unwinding(&session.unwinding_report())?;
+    Ok(Some(writer))
 }
 
 /// Fails before attaching when an output file could not be written, so a

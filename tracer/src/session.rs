@@ -13,7 +13,7 @@ use crate::{
     cli::{Config, Targets},
     collect::{self, Watched},
     model::{Frame, MemoryStatus, Model, StackKey, Target},
-    output::{ProbeReport, Report, ReportInput, SamplingReport},
+    output::{DwarfProcess, ProbeReport, Report, ReportInput, SamplingReport, UnwindingReport},
     procfs,
     symbolize::Symbols,
 };
@@ -45,7 +45,7 @@ impl Session {
             stacks: config.max_stacks,
             mapping_ring_bytes: config.ring_buffer_kib * 1024,
         };
-        let mut probes = Probes::load(capacity, &config.sampling)?;
+        let mut probes = Probes::load(capacity, &config.sampling, &config.unwinding)?;
         let mut symbols = Symbols::new();
         let mut watched = Vec::new();
         match &config.targets {
@@ -89,6 +89,13 @@ impl Session {
                 .map(|duration| format!(" for {:.1} s", duration.as_secs_f64()))
                 .unwrap_or_default(),
         );
+        for (pid, objects) in &probes.copying_stacks_of {
+            eprintln!(
+                "tracer: PID {pid}: no frame pointers in {}: its stacks are copied and unwound \
+                 with DWARF (--unwind auto; --unwind fp is cheaper, with shorter stacks)",
+                objects.join(", ")
+            );
+        }
         Ok(Session {
             probes,
             symbols,
@@ -106,6 +113,12 @@ impl Session {
 
     pub fn targets(&self) -> Vec<Target> {
         self.watched.iter().map(|w| w.target.clone()).collect()
+    }
+
+    /// How stacks are walked, as the report describes it.
+    pub fn unwinding_report(&self) -> UnwindingReport {
+        let pids: Vec<u32> = self.watched.iter().map(|w| w.target.pid).collect();
+        unwinding_report(&self.probes, &pids)
     }
 
     /// How allocations are recorded, as the report describes it.
@@ -145,12 +158,16 @@ pub fn build_report(
             .or_insert_with(|| collect::stack_frames(probes, symbols, &key));
     }
     let lookup = |key: &StackKey| frames.get(key).cloned().unwrap_or_default();
-    let apis = collect::stack_apis(&probes.ebpf);
+    let apis = collect::stack_apis(probes);
     Report::build(ReportInput {
         model,
         targets,
         probes: probe_reports(probes),
         sampling: sampling_report(probes, config),
+        unwinding: Some(unwinding_report(
+            probes,
+            &targets.iter().map(|target| target.pid).collect::<Vec<_>>(),
+        )),
         libraries: probes.library_reports(),
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,
@@ -167,6 +184,28 @@ pub fn memory_status(targets: &[Target]) -> BTreeMap<u32, MemoryStatus> {
         .filter(|target| target.exited_after_s.is_none())
         .filter_map(|target| Some((target.pid, procfs::memory_status(target.pid)?)))
         .collect()
+}
+
+fn unwinding_report(probes: &Probes, pids: &[u32]) -> UnwindingReport {
+    let unwinding = &probes.unwinding;
+    UnwindingReport {
+        mode: unwinding.mode.as_str().to_owned(),
+        stack_bytes: unwinding.stack_bytes,
+        dwarf: pids
+            .iter()
+            .copied()
+            .filter(|&pid| probes.copies_stacks_of(pid))
+            .map(|pid| DwarfProcess {
+                pid,
+                objects_without_frame_pointers: probes
+                    .copying_stacks_of
+                    .iter()
+                    .find(|(copied, _)| *copied == pid)
+                    .map(|(_, objects)| objects.clone())
+                    .unwrap_or_default(),
+            })
+            .collect(),
+    }
 }
 
 /// How allocations were recorded: exact or sampled, size filters, and how

@@ -1,8 +1,9 @@
 //! Compiles the C and C++ test fixtures under tests/fixtures into
 //! target/fixtures, rebuilding a binary only when its source is newer.
 //!
-//! Every fixture keeps frame pointers and debug info, so the tracer's stacks
-//! and symbols in the tests are exactly the functions in the source.
+//! Every fixture keeps debug info, and frame pointers except the two built
+//! to test DWARF unwinding (kernel_cache, nested_nofp), so the tracer's
+//! stacks and symbols in the tests are exactly the functions in the source.
 //!
 //! tests/fixtures/cuda holds fixture CUDA libraries (`libcuda.so.1`,
 //! `libcudart.so.12`, with sonames, in target/fixtures/cuda) and the GPU
@@ -17,16 +18,24 @@ use crate::shell::Shell;
 
 const COMMON_FLAGS: &[&str] = &["-O2", "-g", "-fno-omit-frame-pointer", "-pthread"];
 
+/// Built without frame pointers, as most distributed code is (the DWARF
+/// unwinding tests); the flag comes after COMMON_FLAGS' and wins.
+const NO_FRAME_POINTERS: &[&str] = &["-fomit-frame-pointer"];
+
 /// Fixtures that need flags beyond [`COMMON_FLAGS`], by source stem.
-const EXTRA_FLAGS: &[(&str, &[&str])] = &[(
-    "noalloc",
-    &[
-        "-nostdlib",
-        "-static",
-        "-ffreestanding",
-        "-fno-stack-protector",
-    ],
-)];
+const EXTRA_FLAGS: &[(&str, &[&str])] = &[
+    (
+        "noalloc",
+        &[
+            "-nostdlib",
+            "-static",
+            "-ffreestanding",
+            "-fno-stack-protector",
+        ],
+    ),
+    ("kernel_cache", NO_FRAME_POINTERS),
+    ("nested_nofp", NO_FRAME_POINTERS),
+];
 
 /// More binaries built from one fixture source: (output name, source file
 /// name, extra flags). A static leaky carries malloc inside the executable.

@@ -33,9 +33,10 @@ use aya::{
 };
 
 use crate::{
-    collect::mappings::MappingTracker,
+    collect::{copied::CopiedStacks, mappings::MappingTracker},
     error::{ExitCode, fatal},
     procfs, tracefs,
+    unwind::{UnwindMode, Unwinding},
 };
 use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
 use session::SessionPrograms;
@@ -213,6 +214,14 @@ pub struct Probes {
     /// buffer by collect (a RefCell: the views that read stacks hold the
     /// probes shared while collect drains).
     pub mappings: RefCell<MappingTracker>,
+    /// Blocks whose stacks were copied (`--unwind dwarf`), drained and
+    /// unwound by collect.
+    pub copied: RefCell<CopiedStacks>,
+    /// How stacks are taken.
+    pub unwinding: Unwinding,
+    /// `--unwind auto`: the processes unwound with DWARF, and the objects
+    /// without frame pointers that made it so.
+    pub copying_stacks_of: Vec<(u32, Vec<String>)>,
     links: Vec<(&'static str, UProbeLinkId)>,
     mapping_links: Vec<TracePointLinkId>,
     session: Option<SessionPrograms>,
@@ -223,7 +232,7 @@ impl Probes {
     /// Loads the embedded eBPF object and its programs, configured for
     /// `sampling` (the session programs only when calls may be skipped),
     /// with the tables sized as `capacity` asks.
-    pub fn load(capacity: Capacity, sampling: &Sampling) -> Result<Probes> {
+    pub fn load(capacity: Capacity, sampling: &Sampling, unwinding: &Unwinding) -> Result<Probes> {
         let Capacity {
             live_allocs: max_live_allocs,
             stacks: max_stacks,
@@ -247,6 +256,9 @@ impl Probes {
             .map_max_entries("STACKS", max_stacks)
             .map_max_entries("BY_STACK", max_stacks.saturating_mul(4))
             .map_max_entries("MAPPING_EVENTS", mapping_ring_bytes)
+            .map_max_entries("STACK_COPIES", unwinding.ring_bytes)
+            .override_global("STACK_COPY_MODE", &unwinding.copy_mode(), true)
+            .override_global("STACK_PAGES", &unwinding.stack_pages(), true)
             .override_global("SAMPLE_BYTES", &sampling.sample_bytes, true)
             .override_global("SAMPLE_SEED", &sampling.sample_seed, true)
             .override_global("MIN_SIZE_BYTES", &sampling.min_size_bytes, true)
@@ -296,12 +308,19 @@ impl Probes {
             .take_map("MAPPING_EVENTS")
             .context("eBPF object lacks MAPPING_EVENTS")?;
         let events = RingBuf::try_from(events).context("MAPPING_EVENTS is not a ring buffer")?;
+        let copies = ebpf
+            .take_map("STACK_COPIES")
+            .context("eBPF object lacks STACK_COPIES")?;
+        let copies = RingBuf::try_from(copies).context("STACK_COPIES is not a ring buffer")?;
         Ok(Probes {
             ebpf,
             hooks: Vec::new(),
             return_probes,
             libraries: Vec::new(),
             mappings: RefCell::new(MappingTracker::new(events)),
+            copied: RefCell::new(CopiedStacks::new(copies)),
+            unwinding: *unwinding,
+            copying_stacks_of: Vec::new(),
             links: Vec::new(),
             mapping_links,
             session,
@@ -327,10 +346,45 @@ impl Probes {
                 ),
             ));
         }
+        self.choose_unwinding(pid)?;
         let before = self.probe_count();
         self.watch.trace(pid, &maps)?;
         self.attach_sites(pid, &sites, NoticedBy::Attach)?;
         Ok(self.probe_count() - before)
+    }
+
+    /// `--unwind auto`: copies the stacks of `pid` when an object it maps
+    /// (other than glibc's) lacks frame pointers.
+    fn choose_unwinding(&mut self, pid: u32) -> Result<()> {
+        if self.unwinding.mode != UnwindMode::Auto {
+            return Ok(());
+        }
+        let lacking = crate::unwind::frame_pointers::objects_lacking(pid);
+        if lacking.is_empty() {
+            return Ok(());
+        }
+        let mut copy_stacks_of: aya::maps::HashMap<_, u32, u32> = aya::maps::HashMap::try_from(
+            self.ebpf
+                .map_mut("COPY_STACKS_OF")
+                .context("eBPF object lacks COPY_STACKS_OF")?,
+        )?;
+        copy_stacks_of
+            .insert(pid, 1, 0)
+            .with_context(|| format!("could not ask for the stacks of PID {pid} to be copied"))?;
+        self.copying_stacks_of.push((pid, lacking));
+        Ok(())
+    }
+
+    /// Whether the stacks of `pid` are copied and unwound with DWARF.
+    pub fn copies_stacks_of(&self, pid: u32) -> bool {
+        match self.unwinding.mode {
+            UnwindMode::FramePointers => false,
+            UnwindMode::Dwarf => true,
+            UnwindMode::Auto => self
+                .copying_stacks_of
+                .iter()
+                .any(|(copied, _)| *copied == pid),
+        }
     }
 
     /// Attaches the probes of `sites`, return probes first, so that a

@@ -7,6 +7,7 @@
 //! so tracer's own cost does not grow with the target's allocation rate.
 //! Mapping calls arrive one by one in a ring buffer (`mappings`), drained
 //! every [`MAPPING_DRAIN_EVERY`] and at every snapshot.
+pub mod copied;
 pub mod mappings;
 
 use std::time::{Duration, Instant};
@@ -31,6 +32,10 @@ const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// How often the mapping events are drained: often enough that the 1 MiB
 /// ring buffer holds a burst (~12 k calls) between two drains.
 pub const MAPPING_DRAIN_EVERY: Duration = Duration::from_millis(20);
+
+/// How often stack copies are drained and unwound (`--unwind dwarf`): a
+/// 16 MiB ring holds about 1 000 copies of 16 KiB.
+pub const COPIES_DRAIN_EVERY: Duration = Duration::from_millis(5);
 
 /// Why collection stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +98,7 @@ pub async fn run(
     let mut liveness_timer = tokio::time::interval(LIVENESS_EVERY);
     let mut library_timer = tokio::time::interval(libraries::DRAIN_EVERY);
     let mut drain_timer = tokio::time::interval(MAPPING_DRAIN_EVERY);
+    let mut copies_timer = tokio::time::interval(COPIES_DRAIN_EVERY);
     let deadline = schedule
         .duration
         .map(|duration| schedule.attached_at + duration);
@@ -134,6 +140,9 @@ pub async fn run(
                 }
             }
             _ = drain_timer.tick() => probes.mappings.borrow_mut().drain(),
+            _ = copies_timer.tick(), if probes.unwinding.copy_mode() != 0 => {
+                probes.copied.borrow_mut().drain();
+            }
             _ = liveness_timer.tick() => {
                 let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
                 if schedule.follow_forks {
@@ -205,7 +214,7 @@ fn record_snapshot(
     snapshot: &Snapshot,
 ) -> Result<()> {
     writer.append_libraries(&probes.library_reports())?;
-    let apis = stack_apis(&probes.ebpf);
+    let apis = stack_apis(probes);
     writer.append_snapshot(snapshot, &mut |key| {
         (
             stack_frames(probes, symbols, key),
@@ -331,6 +340,15 @@ pub fn snapshot(
     let mut mappings = probes.mappings.borrow_mut();
     mappings.drain();
     stacks.extend(mappings.counters());
+    let mut copied = probes.copied.borrow_mut();
+    copied.drain();
+    stacks.extend(copied.counters().map(|(key, mut counters)| {
+        if let Some(gone) = exec_baselines.get(&key) {
+            counters.live_bytes -= gone.live_bytes;
+            counters.live_allocs -= gone.live_allocs;
+        }
+        (key, counters)
+    }));
     let counters: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map("STATS").context("eBPF object lacks STATS")?)?;
     let mut stats = Vec::with_capacity(stat::COUNT as usize);
@@ -356,6 +374,9 @@ pub fn stack_frames(probes: &Probes, symbols: &mut Symbols, key: &StackKey) -> V
         return Vec::new();
     }
     let ebpf = &probes.ebpf;
+    if let Some(frames) = probes.copied.borrow().frames(key.stack_id, symbols) {
+        return frames;
+    }
     if let Some(frames) = probes
         .mappings
         .borrow()
@@ -366,8 +387,15 @@ pub fn stack_frames(probes: &Probes, symbols: &mut Symbols, key: &StackKey) -> V
     symbols.stack_frames(key.pid, &stack_addresses(ebpf, key.stack_id))
 }
 
-/// The CUDA function that made each GPU stack's memory, from STACK_API.
-pub fn stack_apis(ebpf: &Ebpf) -> std::collections::HashMap<StackKey, &'static str> {
+/// The CUDA function that made each GPU stack's memory, from STACK_API
+/// and the copied stacks.
+pub fn stack_apis(probes: &Probes) -> std::collections::HashMap<StackKey, &'static str> {
+    let mut apis = kernel_stack_apis(&probes.ebpf);
+    apis.extend(probes.copied.borrow().apis());
+    apis
+}
+
+fn kernel_stack_apis(ebpf: &Ebpf) -> std::collections::HashMap<StackKey, &'static str> {
     let Some(Ok(apis)) = ebpf
         .map("STACK_API")
         .map(HashMap::<&MapData, tracer_ebpf::StackKey, u32>::try_from)

@@ -55,6 +55,7 @@ mod tests {
                 "targets",
                 "totals",
                 "tracer_version",
+                "unwinding",
                 "window_s"
             ]
         );

@@ -35,6 +35,9 @@ pub struct Report {
     pub events: BTreeMap<String, u64>,
     pub probes: Vec<ProbeReport>,
     pub sampling: SamplingReport,
+    /// How stacks were walked; null for recordings made before tracer
+    /// could unwind with DWARF.
+    pub unwinding: Option<UnwindingReport>,
     /// The objects that were hooked, and when.
     pub libraries: Vec<LibraryReport>,
     /// The top stacks by live bytes, rank 1 first.
@@ -143,6 +146,25 @@ impl SamplingReport {
     }
 }
 
+/// How stacks were walked (`--unwind`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UnwindingReport {
+    /// "fp", "dwarf" or "auto".
+    pub mode: String,
+    /// Bytes of stack copied above the stack pointer (dwarf).
+    pub stack_bytes: u32,
+    /// The processes whose stacks were copied and unwound with DWARF.
+    pub dwarf: Vec<DwarfProcess>,
+}
+
+/// A process unwound with DWARF.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DwarfProcess {
+    pub pid: u32,
+    /// With `auto`: the objects that lack frame pointers (why DWARF).
+    pub objects_without_frame_pointers: Vec<String>,
+}
+
 /// An object tracer put hooks in.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LibraryReport {
@@ -190,6 +212,7 @@ pub struct ReportInput<'a> {
     pub targets: &'a [Target],
     pub probes: Vec<ProbeReport>,
     pub sampling: SamplingReport,
+    pub unwinding: Option<UnwindingReport>,
     pub libraries: Vec<LibraryReport>,
     pub interval_ms: u64,
     /// How many stacks to rank.
@@ -241,6 +264,7 @@ impl Report {
             events: by_name(model.events()),
             probes: input.probes,
             sampling: input.sampling,
+            unwinding: input.unwinding,
             libraries: input.libraries,
             stacks,
             suspected_leaks,
@@ -574,6 +598,7 @@ mod tests {
                 reason: "entry instruction `push %r12` is emulated".to_owned(),
             }],
             sampling: SamplingReport::exact(),
+            unwinding: None,
             libraries: vec![
                 LibraryReport {
                     pid: 10,

@@ -420,6 +420,7 @@ mod tests {
         }];
         let report = Report::build(ReportInput {
             sampling: crate::output::SamplingReport::exact(),
+            unwinding: None,
             model: &model,
             targets: &targets,
             probes: Vec::new(),

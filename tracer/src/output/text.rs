@@ -60,6 +60,21 @@ pub fn render(report: &Report) -> String {
             human_bytes(sample_bytes as f64)
         ));
     }
+    if let Some(unwinding) = &report.unwinding
+        && !unwinding.dwarf.is_empty()
+    {
+        let pids: Vec<String> = unwinding
+            .dwarf
+            .iter()
+            .map(|process| process.pid.to_string())
+            .collect();
+        lines.push(format!(
+            "stacks unwound with DWARF from {} copied at each allocation (--unwind {}): PID {}",
+            human_bytes(unwinding.stack_bytes as f64),
+            unwinding.mode,
+            pids.join(", ")
+        ));
+    }
     let frees_unknown_name = STAT_NAMES[stat::FREES_UNKNOWN as usize].0;
     let frees_unknown = report.events.get(frees_unknown_name).copied().unwrap_or(0);
     lines.push(format!(
@@ -349,6 +364,7 @@ mod tests {
             events: BTreeMap::new(),
             probes: Vec::new(),
             sampling: crate::output::SamplingReport::exact(),
+            unwinding: None,
             libraries: Vec::new(),
             stacks: Vec::new(),
             suspected_leaks: Vec::new(),

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     model::{Counters, Frame, MemoryStatus, Target},
-    output::{LibraryReport, ProbeReport, SamplingReport},
+    output::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
 };
 
 mod read;
@@ -45,8 +45,8 @@ pub use write::Writer;
 /// catch files mangled by a text-mode transfer, as PNG's magic does.
 pub const MAGIC: [u8; 8] = *b"\x89TRACER\n";
 /// The format this build writes and the newest it reads (2 added
-/// `Record::TargetMemory`).
-pub const FORMAT_VERSION: u32 = 2;
+/// `Record::TargetMemory`, 3 `Record::Unwinding`).
+pub const FORMAT_VERSION: u32 = 3;
 /// Magic plus version.
 const PREAMBLE_BYTES: usize = 12;
 /// Payload length plus CRC.
@@ -92,6 +92,8 @@ enum Record {
         pid: u32,
         status: MemoryStatus,
     },
+    /// How stacks were walked, right after the metadata.
+    Unwinding(UnwindingReport),
 }
 
 /// A stack seen for the first time.

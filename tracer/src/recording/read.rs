@@ -5,6 +5,7 @@
 //! complete record and says so in [`Recording::warning`]; a missing, damaged
 //! or newer-version file is an error whose one line names the problem.
 
+use crate::output::UnwindingReport;
 use std::{
     collections::{BTreeMap, HashMap},
     path::Path,
@@ -46,6 +47,8 @@ enum Ending {
 #[derive(Clone, Debug)]
 pub struct Recording {
     pub metadata: Metadata,
+    /// How stacks were walked (None: written before format 3).
+    pub unwinding: Option<UnwindingReport>,
     stacks: Vec<RecordedStack>,
     snapshots: Vec<SnapshotRecord>,
     /// (pid, seconds after attach) of each target exit.
@@ -169,6 +172,7 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
         exits: builder.exits,
         libraries: builder.libraries,
         memory_status: builder.memory_status,
+        unwinding: builder.unwinding,
         ending,
         name: name.to_owned(),
     })
@@ -183,6 +187,7 @@ struct Builder {
     exits: Vec<(u32, f64)>,
     libraries: Vec<LibraryReport>,
     memory_status: BTreeMap<u32, MemoryStatus>,
+    unwinding: Option<UnwindingReport>,
     ended: bool,
 }
 
@@ -216,6 +221,7 @@ impl Builder {
             (Some(_), Record::TargetExited { pid, after_s }) => self.exits.push((pid, after_s)),
             (Some(_), Record::Library(library)) => self.libraries.push(library),
             (Some(_), Record::End) => self.ended = true,
+            (Some(_), Record::Unwinding(unwinding)) => self.unwinding = Some(unwinding),
             (Some(_), Record::TargetMemory { pid, status }) => {
                 self.memory_status.insert(pid, status);
             }

@@ -125,6 +125,7 @@ fn report_json(
 ) -> String {
     to_json(&Report::build(ReportInput {
         sampling: SamplingReport::exact(),
+        unwinding: None,
         libraries: Vec::new(),
         api: &|_| None,
         model,

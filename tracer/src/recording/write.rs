@@ -1,6 +1,7 @@
 //! Writes a recording while tracing: the metadata when the probes are in
 //! place, then each snapshot as it is taken, flushed at once.
 
+use crate::output::UnwindingReport;
 use std::{
     collections::HashMap,
     fs::File,
@@ -145,6 +146,12 @@ impl Writer {
             self.write_record(&Record::Library(library.clone()))?;
         }
         self.libraries_written = libraries.len().max(self.libraries_written);
+        self.flush()
+    }
+
+    /// Notes how stacks are walked (once, after the metadata).
+    pub fn append_unwinding(&mut self, unwinding: &UnwindingReport) -> Result<()> {
+        self.write_record(&Record::Unwinding(unwinding.clone()))?;
         self.flush()
     }
 

@@ -1,0 +1,267 @@
+//! Stacks through code without frame pointers (`--unwind`): fixtures built
+//! with -O2 -fomit-frame-pointer (tests/fixtures/kernel_cache.cpp,
+//! nested_nofp.c) whose leaking functions and bytes are known exactly.
+
+#[allow(dead_code, reason = "other test files use the rest of the harness")]
+mod harness;
+
+use harness::{Live, Report, field, frames_contain, record_with, stack_int};
+use serde_json::Value;
+
+/// kernel_cache's threads (the main thread and three workers).
+const THREADS: i64 = 4;
+/// Kernels per model in kernel_cache's LoadModel.
+const LAYERS: i64 = 6;
+const NESTED_LEAK_BYTES: i64 = 777;
+const DEEP_LEAK_BYTES: i64 = 999;
+
+fn function_names(stack: &Value) -> Vec<String> {
+    stack["frames"]
+        .as_array()
+        .map(|frames| {
+            frames
+                .iter()
+                .map(|frame| frame["function"].as_str().unwrap_or("?").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Position of the first frame whose function contains `function`.
+fn position(names: &[String], function: &str) -> Option<usize> {
+    names.iter().position(|name| name.contains(function))
+}
+
+/// Asserts that `functions` appear in this order, innermost first.
+fn assert_in_order(stack: &Value, functions: &[&str], report: &Report) {
+    let names = function_names(stack);
+    let positions: Vec<Option<usize>> = functions
+        .iter()
+        .map(|function| position(&names, function))
+        .collect();
+    assert!(
+        positions.iter().all(Option::is_some) && positions.windows(2).all(|pair| pair[0] < pair[1]),
+        "expected {functions:?} innermost first in {names:?}\n{report}"
+    );
+}
+
+fn dwarf_pids(report: &Report) -> Vec<i64> {
+    report.json["unwinding"]["dwarf"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no unwinding.dwarf in the report:\n{}", report.json))
+        .iter()
+        .map(|process| process["pid"].as_i64().expect("a pid"))
+        .collect()
+}
+
+#[test]
+fn cpp_cache_without_frame_pointers_is_unwound_with_dwarf() {
+    // Default --unwind auto: the executable has no frame pointers.
+    let session = record_with("kernel_cache", &[], &["load 25"]);
+    let report = &session.report;
+    let answer = &session.answers[0];
+    let kernels = 25 * LAYERS * THREADS;
+    assert_eq!(field(answer, "kernels"), kernels);
+    assert!(
+        session
+            .output
+            .stderr
+            .contains("no frame pointers in kernel_cache"),
+        "auto did not say why it unwinds with DWARF: {}",
+        session.output
+    );
+    assert_eq!(dwarf_pids(report).len(), 1, "{}", report.json["unwinding"]);
+
+    assert_eq!(
+        report.heap_live_with("GetOrCreate"),
+        Live {
+            bytes: field(answer, "bytes"),
+            allocs: kernels
+        },
+        "\n{report}"
+    );
+    let top = &report.stacks()[0];
+    assert!(frames_contain(top, "GetOrCreate"), "\n{report}");
+    let stacks = report.heap_stacks_with("GetOrCreate");
+    for stack in &stacks {
+        // Allocator frames trimmed: the innermost frame is the caller of
+        // operator new (std::make_unique, inlined into GetOrCreate).
+        let names = function_names(stack);
+        assert!(
+            !names[0].contains("operator new") && !names[0].starts_with("_Znwm"),
+            "allocator frame left in {names:?}"
+        );
+        assert_in_order(stack, &["GetOrCreate", "LoadModel", "ServeModels"], report);
+    }
+    // The main thread's own loads reach main.
+    let from_main: Vec<_> = stacks
+        .iter()
+        .filter(|stack| frames_contain(stack, "main"))
+        .collect();
+    assert_eq!(from_main.len(), 1, "\n{report}");
+    assert_in_order(
+        from_main[0],
+        &["GetOrCreate", "LoadModel", "ServeModels", "main"],
+        report,
+    );
+    assert_eq!(
+        stack_int(from_main[0], "live_allocs"),
+        25 * LAYERS,
+        "\n{report}"
+    );
+    assert!(report.int("/events/stack_copies") >= kernels);
+    assert!(
+        report.json["drops"].as_object().unwrap().is_empty(),
+        "{}",
+        report.json["drops"]
+    );
+}
+
+#[test]
+fn frame_pointer_walk_loses_the_callers_of_code_without_frame_pointers() {
+    // What --unwind fp shows for the same leak: the bytes are exact, but
+    // the walk stops in GetOrCreate, which keeps no frame pointer.
+    let session = record_with("kernel_cache", &["--unwind", "fp"], &["load 25"]);
+    let report = &session.report;
+    let answer = &session.answers[0];
+    assert_eq!(
+        report.heap_live_with("GetOrCreate").bytes,
+        field(answer, "bytes"),
+        "\n{report}"
+    );
+    assert_eq!(
+        report.heap_live_with("LoadModel"),
+        Live::default(),
+        "the frame-pointer walk found LoadModel after all:\n{report}"
+    );
+    assert!(dwarf_pids(report).is_empty());
+    assert_eq!(report.int("/events/stack_copies"), 0);
+}
+
+#[test]
+fn c_leak_through_three_static_functions_shows_all_three() {
+    let session = record_with("nested_nofp", &[], &["leak 300"]);
+    let report = &session.report;
+    assert_eq!(field(&session.answers[0], "bytes"), 300 * NESTED_LEAK_BYTES);
+    assert_eq!(
+        report.heap_live_with("inner_static"),
+        Live {
+            bytes: 300 * NESTED_LEAK_BYTES,
+            allocs: 300
+        },
+        "\n{report}"
+    );
+    let stacks = report.heap_stacks_with("inner_static");
+    assert_eq!(stacks.len(), 1, "\n{report}");
+    assert_in_order(
+        stacks[0],
+        &["inner_static", "middle_static", "outer_static", "main"],
+        report,
+    );
+}
+
+#[test]
+fn stack_deeper_than_the_copy_is_truncated_and_still_attributed() {
+    // 300 levels of ~200 bytes: far deeper than a 4 KiB copy.
+    let session = record_with(
+        "nested_nofp",
+        &["--unwind", "dwarf", "--stack-bytes", "4096"],
+        &["deep 300 7", "leak 5"],
+    );
+    let report = &session.report;
+    assert_eq!(field(&session.answers[0], "bytes"), 7 * DEEP_LEAK_BYTES);
+    let deep = report.heap_stacks_with("deep_recurse");
+    assert_eq!(deep.len(), 1, "\n{report}");
+    let names = function_names(deep[0]);
+    assert!(
+        names
+            .last()
+            .is_some_and(|name| name.starts_with("[truncated")),
+        "the deep stack is not marked truncated: {names:?}"
+    );
+    assert!(names[0].contains("deep_recurse"), "{names:?}");
+    assert_eq!(
+        (
+            stack_int(deep[0], "live_bytes"),
+            stack_int(deep[0], "live_allocs")
+        ),
+        (7 * DEEP_LEAK_BYTES, 7)
+    );
+    // A shallow stack in the same run is whole, and not marked.
+    let shallow = report.heap_stacks_with("outer_static");
+    assert_eq!(shallow.len(), 1, "\n{report}");
+    assert!(!frames_contain(shallow[0], "[truncated"), "\n{report}");
+    assert!(frames_contain(shallow[0], "main"), "\n{report}");
+}
+
+#[test]
+fn dwarf_mode_counts_frees_reallocs_and_threads_exactly() {
+    // leaky keeps frame pointers; --unwind dwarf copies its stacks anyway,
+    // and every free, realloc and memalign must still balance.
+    let session = record_with(
+        "leaky",
+        // A ring that holds the bursts below whole: no copy falls back to
+        // frame pointers, so every free goes through the copy path.
+        &["--unwind", "dwarf", "--stack-ring-mib", "64"],
+        &["churn 20", "threads 4 300", "realloc_chain", "leak 40"],
+    );
+    let report = &session.report;
+    let churn = &session.answers[0];
+    assert_eq!(
+        report.heap_live_with("churn_keep").bytes,
+        field(churn, "churn_keep"),
+        "\n{report}"
+    );
+    for function in [
+        "churn_malloc",
+        "churn_calloc",
+        "churn_realloc",
+        "churn_aligned",
+        "churn_valloc",
+        "churn_memalign_legacy",
+        "realloc_edge",
+    ] {
+        assert_eq!(
+            report.heap_live_with(function),
+            Live::default(),
+            "{function} frees everything it allocates:\n{report}"
+        );
+    }
+    assert_eq!(
+        report.heap_live_with("thread_leak"),
+        Live {
+            bytes: 4 * 300 * 2048,
+            allocs: 1200
+        },
+        "\n{report}"
+    );
+    assert_eq!(report.heap_live_with("grow_buffer").allocs, 1, "\n{report}");
+    assert_eq!(
+        report.heap_live_with("leak_here"),
+        Live {
+            bytes: 40 * 1337,
+            allocs: 40
+        },
+        "\n{report}"
+    );
+    assert!(
+        report.json["drops"].as_object().unwrap().is_empty(),
+        "{}",
+        report.json["drops"]
+    );
+}
+
+#[test]
+fn auto_keeps_frame_pointers_for_code_that_has_them() {
+    // leaky is built with frame pointers and links only glibc: no copies.
+    let session = record_with("leaky", &[], &["leak 20"]);
+    let report = &session.report;
+    assert_eq!(report.json["unwinding"]["mode"], "auto");
+    assert!(
+        dwarf_pids(report).is_empty(),
+        "{}",
+        report.json["unwinding"]
+    );
+    assert_eq!(report.int("/events/stack_copies"), 0);
+    assert_eq!(report.heap_live_with("leak_here").bytes, 20 * 1337);
+}

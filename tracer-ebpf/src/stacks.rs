@@ -1,0 +1,166 @@
+//! Where a new block's stack comes from: the kernel's frame-pointer walk
+//! (STACKS), or, for processes unwound with DWARF (`--unwind dwarf`, or
+//! `auto` for a process with code lacking frame pointers), a copy of the
+//! top of the user stack that userspace unwinds from `.eh_frame`.
+//!
+//! A copied-stack block is counted by userspace, not in BY_STACK: its copy
+//! record carries its size, and when it leaves the live set a free record
+//! follows in the same ring buffer. The ring hands records out in the order
+//! they were reserved, and a block's copy is reserved before its LIVE entry
+//! exists, so its free can never come first.
+use aya_ebpf::{
+    bindings::{BPF_F_USER_STACK, BPF_RB_NO_WAKEUP},
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
+    macros::map,
+    maps::{Array, HashMap, RingBuf},
+    programs::{RetProbeContext, tracing::StackIdContext},
+};
+use tracer_ebpf::{
+    COPIED_STACK, COPIED_STACK_MASK, MAX_STACK_PAGES, NO_STACK, STACK_PAGE_BYTES, StackCopy,
+    StackFree, stack_record, stat,
+};
+
+use crate::probes::{STACKS, count};
+
+/// 0: every stack is walked by frame pointers; 1: every stack is copied;
+/// 2: stacks of the processes in COPY_STACKS_OF are copied.
+#[unsafe(no_mangle)]
+static STACK_COPY_MODE: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
+/// Stack pages per copy (`--stack-bytes`), from the stack pointer's page.
+#[unsafe(no_mangle)]
+static STACK_PAGES: aya_ebpf::Global<u32> = aya_ebpf::Global::new(4);
+
+/// Processes whose stacks are copied (`--unwind auto`), set by userspace.
+#[map]
+static COPY_STACKS_OF: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+
+/// Copy, free and restore records, drained by userspace on a timer.
+#[map]
+static STACK_COPIES: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
+
+/// The next copied-stack reference.
+#[map]
+static NEXT_COPY: Array<u64> = Array::with_max_entries(1, 0);
+
+const EEXIST: i64 = 17;
+const HEADER_BYTES: usize = size_of::<StackCopy>();
+
+/// The stack of a block made by the call returning now, for its LIVE
+/// entry: a STACKS id, a copied-stack reference, or `NO_STACK`.
+#[inline(always)]
+pub(crate) fn capture(ctx: &RetProbeContext, size: u64, kind: u32, api: u32) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let copies = match STACK_COPY_MODE.load() {
+        0 => false,
+        1 => true,
+        _ => unsafe { COPY_STACKS_OF.get(&tgid) }.is_some(),
+    };
+    if copies && let Some(stack_ref) = copy_stack(ctx, tgid, size, kind, api) {
+        return stack_ref;
+    }
+    walk_frame_pointers(ctx)
+}
+
+#[inline(always)]
+fn walk_frame_pointers(ctx: &RetProbeContext) -> u32 {
+    match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+        Ok(id) => id as u32,
+        Err(error) => {
+            count(if -(error as i64) == EEXIST {
+                stat::DROP_STACK_COLLISION
+            } else {
+                stat::DROP_STACK_ERROR
+            });
+            NO_STACK
+        }
+    }
+}
+
+#[inline(always)]
+fn copy_stack(ctx: &RetProbeContext, tgid: u32, size: u64, kind: u32, api: u32) -> Option<u32> {
+    let pages = STACK_PAGES.load().min(MAX_STACK_PAGES);
+    let record_bytes = HEADER_BYTES + pages as usize * STACK_PAGE_BYTES as usize;
+    let Some(mut record) = STACK_COPIES.reserve_bytes(record_bytes, 0) else {
+        count(stat::DROP_STACK_COPY_RING_FULL);
+        return None;
+    };
+    let Some(next) = NEXT_COPY.get_ptr_mut(0) else {
+        record.discard(0);
+        return None;
+    };
+    let sequence = fetch_add_one(next);
+    let stack_ref = COPIED_STACK | (sequence as u32 & COPIED_STACK_MASK);
+    let regs = unsafe { &*ctx.regs };
+    let base = regs.rsp & !(STACK_PAGE_BYTES - 1);
+    let data = record.as_mut_ptr();
+    let mut length = 0u64;
+    let mut reached_top = 0;
+    for page in 0..MAX_STACK_PAGES {
+        if page >= pages {
+            break;
+        }
+        let offset = page as u64 * STACK_PAGE_BYTES;
+        let read = unsafe {
+            bpf_probe_read_user(
+                data.add(HEADER_BYTES + offset as usize).cast(),
+                STACK_PAGE_BYTES as u32,
+                (base + offset) as *const _,
+            )
+        };
+        if read != 0 {
+            reached_top = 1;
+            break;
+        }
+        length += STACK_PAGE_BYTES;
+    }
+    let header = StackCopy {
+        record: stack_record::COPY,
+        tgid,
+        stack_ref,
+        kind,
+        api,
+        reached_top,
+        size,
+        ip: regs.rip,
+        sp: regs.rsp,
+        bp: regs.rbp,
+        base,
+        length,
+    };
+    unsafe { core::ptr::write_unaligned(data.cast::<StackCopy>(), header) };
+    record.submit(BPF_RB_NO_WAKEUP as u64);
+    count(stat::STACK_COPIES);
+    Some(stack_ref)
+}
+
+/// Tells userspace that the copied-stack block `stack_ref` left the live
+/// set (`stack_record::FREE`) or came back (`stack_record::RESTORE`).
+#[inline(always)]
+pub(crate) fn send_free(tgid: u32, stack_ref: u32, record: u32) {
+    let free = StackFree {
+        record,
+        tgid,
+        stack_ref,
+        pad: 0,
+    };
+    if STACK_COPIES
+        .output::<StackFree>(&free, BPF_RB_NO_WAKEUP as u64)
+        .is_err()
+    {
+        count(stat::DROP_STACK_FREE_LOST);
+    }
+}
+
+/// `*target += 1` as one atomic instruction; returns the value before.
+#[inline(always)]
+fn fetch_add_one(target: *mut u64) -> u64 {
+    let mut value = 1u64;
+    unsafe {
+        core::arch::asm!(
+            "{value} = atomic_fetch_add((u64 *)({target} + 0), {value})",
+            target = in(reg) target,
+            value = inout(reg) value,
+        );
+    }
+    value
+}

@@ -1,0 +1,201 @@
+//! Blocks whose stacks the kernel copied (`--unwind dwarf`): their copy,
+//! free and restore records are drained from the STACK_COPIES ring buffer,
+//! each copy is unwound, and the per-stack totals of these blocks are kept
+//! here, as exact as BY_STACK's: a block is counted at its copy and taken
+//! off at its free, both sent by the kernel in the order they happened.
+//!
+//! Each distinct unwound stack gets an id from [`COPIED_STACK_BASE`] up,
+//! apart from the kernel's stack ids and the mapping stacks.
+use std::collections::HashMap;
+
+use aya::maps::{MapData, RingBuf};
+use tracer_ebpf::{StackCopy, StackFree, stack_record};
+
+use crate::{
+    model::{Counters, Frame, Kind, StackKey},
+    symbolize::Symbols,
+    unwind::{Unwinder, Unwound},
+};
+
+/// Copied-stack ids start here (the mapping stacks' are below).
+pub const COPIED_STACK_BASE: u32 = 0xc000_0000;
+
+/// The frame that ends a stack deeper than the copy.
+pub const TRUNCATED_FRAME: &str = "[truncated: stack deeper than --stack-bytes]";
+
+/// Recently freed blocks kept for a failed realloc's restore.
+const RECENTLY_FREED: usize = 1 << 16;
+
+#[derive(Clone, Copy)]
+struct Block {
+    key: StackKey,
+    size: u64,
+}
+
+pub struct CopiedStacks {
+    records: RingBuf<MapData>,
+    unwinder: Unwinder,
+    stacks: Vec<(u32, Unwound)>,
+    stack_ids: HashMap<(u32, Unwound), u32>,
+    /// Live blocks by (tgid, reference).
+    live: HashMap<(u32, u32), Block>,
+    recently_freed: HashMap<(u32, u32), Block>,
+    counters: HashMap<StackKey, Counters>,
+    apis: HashMap<StackKey, &'static str>,
+    /// Copies unwound, and how many of them were truncated.
+    pub unwound: u64,
+    pub truncated: u64,
+}
+
+impl CopiedStacks {
+    pub fn new(records: RingBuf<MapData>) -> Self {
+        CopiedStacks {
+            records,
+            unwinder: Unwinder::new(),
+            stacks: Vec::new(),
+            stack_ids: HashMap::new(),
+            live: HashMap::new(),
+            recently_freed: HashMap::new(),
+            counters: HashMap::new(),
+            apis: HashMap::new(),
+            unwound: 0,
+            truncated: 0,
+        }
+    }
+
+    /// Applies every record the kernel sent since the last drain.
+    pub fn drain(&mut self) {
+        loop {
+            let Some(item) = self.records.next() else {
+                break;
+            };
+            let record = item
+                .get(..4)
+                .map(|bytes| u32::from_ne_bytes(bytes.try_into().expect("4 bytes")));
+            match record {
+                Some(stack_record::COPY) if item.len() >= size_of::<StackCopy>() => {
+                    // SAFETY: the item starts with a whole StackCopy.
+                    let copy: StackCopy = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                    let stack = &item[size_of::<StackCopy>()..];
+                    let length = (copy.length as usize).min(stack.len());
+                    let unwound = self.unwinder.unwind(&copy, &stack[..length]);
+                    drop(item);
+                    self.copied(&copy, unwound);
+                }
+                Some(kind @ (stack_record::FREE | stack_record::RESTORE))
+                    if item.len() >= size_of::<StackFree>() =>
+                {
+                    // SAFETY: the item holds a whole StackFree.
+                    let free: StackFree = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                    drop(item);
+                    if kind == stack_record::FREE {
+                        self.freed(&free);
+                    } else {
+                        self.restored(&free);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn copied(&mut self, copy: &StackCopy, unwound: Unwound) {
+        self.unwound += 1;
+        if unwound.truncated {
+            self.truncated += 1;
+        }
+        let Some(kind) = Kind::from_raw(copy.kind) else {
+            return;
+        };
+        let stack = (copy.tgid, unwound);
+        let stack_id = match self.stack_ids.get(&stack) {
+            Some(&id) => id,
+            None => {
+                let id = COPIED_STACK_BASE + self.stacks.len() as u32;
+                self.stacks.push(stack.clone());
+                self.stack_ids.insert(stack, id);
+                id
+            }
+        };
+        let key = StackKey {
+            pid: copy.tgid,
+            stack_id,
+            kind,
+        };
+        if let Some(api) = crate::attach::cuda::api_name(copy.api) {
+            self.apis.insert(key, api);
+        }
+        let counters = self.counters.entry(key).or_default();
+        counters.alloc_bytes_total += copy.size;
+        counters.alloc_count_total += 1;
+        let block = Block {
+            key,
+            size: copy.size,
+        };
+        if let Some(stale) = self.live.insert((copy.tgid, copy.stack_ref), block) {
+            // A reference reused after 2^30 copies: the old block's free
+            // was never seen.
+            self.take_off(stale);
+        }
+        self.put_on(block);
+    }
+
+    fn freed(&mut self, free: &StackFree) {
+        let Some(block) = self.live.remove(&(free.tgid, free.stack_ref)) else {
+            return;
+        };
+        self.take_off(block);
+        if self.recently_freed.len() >= RECENTLY_FREED {
+            self.recently_freed.clear();
+        }
+        self.recently_freed
+            .insert((free.tgid, free.stack_ref), block);
+    }
+
+    fn restored(&mut self, free: &StackFree) {
+        if let Some(block) = self.recently_freed.remove(&(free.tgid, free.stack_ref)) {
+            self.live.insert((free.tgid, free.stack_ref), block);
+            self.put_on(block);
+        }
+    }
+
+    fn put_on(&mut self, block: Block) {
+        let counters = self.counters.entry(block.key).or_default();
+        counters.live_bytes += block.size as i64;
+        counters.live_allocs += 1;
+    }
+
+    fn take_off(&mut self, block: Block) {
+        let counters = self.counters.entry(block.key).or_default();
+        counters.live_bytes -= block.size as i64;
+        counters.live_allocs -= 1;
+    }
+
+    /// Counters of every copied stack.
+    pub fn counters(&self) -> impl Iterator<Item = (StackKey, Counters)> + '_ {
+        self.counters
+            .iter()
+            .map(|(key, counters)| (*key, *counters))
+    }
+
+    /// The CUDA function of each GPU stack.
+    pub fn apis(&self) -> impl Iterator<Item = (StackKey, &'static str)> + '_ {
+        self.apis.iter().map(|(key, api)| (*key, *api))
+    }
+
+    /// The frames of a copied stack, innermost first, ending with
+    /// [`TRUNCATED_FRAME`] when the stack was deeper than the copy. None
+    /// for other ids.
+    pub fn frames(&self, stack_id: u32, symbols: &mut Symbols) -> Option<Vec<Frame>> {
+        let index = stack_id.checked_sub(COPIED_STACK_BASE)?;
+        let (pid, unwound) = self.stacks.get(index as usize)?;
+        let mut frames = symbols.stack_frames(*pid, &unwound.addresses);
+        if unwound.truncated {
+            frames.push(Frame {
+                function: Some(TRUNCATED_FRAME.to_owned()),
+                ..Frame::default()
+            });
+        }
+        Some(frames)
+    }
+}

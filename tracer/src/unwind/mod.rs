@@ -1,0 +1,235 @@
+//! Stacks through code without frame pointers: the probes copy the top of
+//! the user stack (`--unwind dwarf`), and this module turns a copy into
+//! return addresses with framehop, from the `.eh_frame` (and
+//! `.debug_frame`) of each mapped object.
+//!
+//! Objects are read from the target's own files (through /proc/PID/root, so
+//! containers work), mapped, not copied, and shared between processes that
+//! map the same file. `frame_pointers` decides, for `--unwind auto`, which
+//! processes need copies at all.
+pub mod frame_pointers;
+mod modules;
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use framehop::{
+    Unwinder as _,
+    x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64},
+};
+use tracer_ebpf::{STACK_PAGE_BYTES, StackCopy};
+
+use crate::procfs;
+use modules::{ModuleFiles, Section};
+
+/// How stacks are walked (`--unwind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnwindMode {
+    /// Frame pointers, walked in the kernel: cheapest, wrong through code
+    /// built without them.
+    FramePointers,
+    /// Every stack copied and unwound from `.eh_frame` in userspace.
+    Dwarf,
+    /// DWARF for processes with code that lacks frame pointers (their
+    /// executable or a library other than glibc's own), frame pointers
+    /// for the others.
+    Auto,
+}
+
+impl UnwindMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnwindMode::FramePointers => "fp",
+            UnwindMode::Dwarf => "dwarf",
+            UnwindMode::Auto => "auto",
+        }
+    }
+}
+
+/// How stacks are taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unwinding {
+    pub mode: UnwindMode,
+    /// Bytes of stack copied at each allocation, from the start of the
+    /// stack pointer's page (`--stack-bytes`, whole pages).
+    pub stack_bytes: u32,
+    /// Size of the ring buffer of stack copies.
+    pub ring_bytes: u32,
+}
+
+impl Unwinding {
+    pub const DEFAULT_STACK_BYTES: u32 = 16 << 10;
+    pub const MAX_STACK_BYTES: u32 = 64 << 10;
+    pub const DEFAULT: Unwinding = Unwinding {
+        mode: UnwindMode::Auto,
+        stack_bytes: Self::DEFAULT_STACK_BYTES,
+        ring_bytes: 16 << 20,
+    };
+    /// Frame pointers only (benchmarks, `tracer floor`).
+    pub const FRAME_POINTERS: Unwinding = Unwinding {
+        mode: UnwindMode::FramePointers,
+        ..Self::DEFAULT
+    };
+
+    /// Pages per copy.
+    pub fn stack_pages(&self) -> u32 {
+        (self.stack_bytes as u64).div_ceil(STACK_PAGE_BYTES) as u32
+    }
+
+    /// The kernel's STACK_COPY_MODE.
+    pub fn copy_mode(&self) -> u32 {
+        match self.mode {
+            UnwindMode::FramePointers => 0,
+            UnwindMode::Dwarf => 1,
+            UnwindMode::Auto => 2,
+        }
+    }
+}
+
+/// A stack unwound from a copy: return addresses, innermost first (the
+/// first is the allocator's return address into its caller).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Unwound {
+    pub addresses: Vec<u64>,
+    /// The stack goes on beyond the copy: outer frames are missing.
+    pub truncated: bool,
+}
+
+/// Most frames kept per stack (the kernel's frame-pointer walk keeps 127).
+const MAX_FRAMES: usize = 127;
+/// A process's modules are read again at most this often, when a stack
+/// has an address outside every module known (a library loaded later).
+const REFRESH_AT_MOST_EVERY: Duration = Duration::from_millis(200);
+
+struct Process {
+    unwinder: UnwinderX86_64<Section>,
+    /// Start addresses of the executable mappings given to the unwinder.
+    ranges: Vec<std::ops::Range<u64>>,
+    refreshed_at: Instant,
+}
+
+impl Process {
+    fn covers(&self, address: u64) -> bool {
+        self.ranges.iter().any(|range| range.contains(&address))
+    }
+}
+
+/// framehop unwinders for every traced process, sharing one rule cache and
+/// the sections of files mapped by several processes.
+pub struct Unwinder {
+    processes: HashMap<u32, Process>,
+    files: ModuleFiles,
+    cache: CacheX86_64,
+}
+
+impl Default for Unwinder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Unwinder {
+    pub fn new() -> Unwinder {
+        Unwinder {
+            processes: HashMap::new(),
+            files: ModuleFiles::default(),
+            cache: CacheX86_64::new(),
+        }
+    }
+
+    /// Unwinds one copy; `stack` holds the bytes copied from `copy.base`.
+    pub fn unwind(&mut self, copy: &StackCopy, stack: &[u8]) -> Unwound {
+        let pid = copy.tgid;
+        if !self.processes.contains_key(&pid) {
+            self.refresh(pid);
+        }
+        let mut unwound = self.unwind_known(copy, stack);
+        let uncovered = {
+            let process = &self.processes[&pid];
+            !unwound
+                .addresses
+                .iter()
+                .all(|&address| process.covers(address.saturating_sub(1)))
+                && process.refreshed_at.elapsed() >= REFRESH_AT_MOST_EVERY
+        };
+        if uncovered {
+            self.refresh(pid);
+            unwound = self.unwind_known(copy, stack);
+        }
+        unwound
+    }
+
+    fn unwind_known(&mut self, copy: &StackCopy, stack: &[u8]) -> Unwound {
+        let Some(process) = self.processes.get(&copy.tgid) else {
+            return Unwound::default();
+        };
+        let base = copy.base;
+        let end = base + stack.len() as u64;
+        let mut read_stack = |address: u64| -> Result<u64, ()> {
+            if address < base || address.saturating_add(8) > end {
+                return Err(());
+            }
+            let offset = (address - base) as usize;
+            let bytes = stack.get(offset..offset + 8).ok_or(())?;
+            Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
+        };
+        let mut frames = process.unwinder.iter_frames(
+            copy.ip,
+            UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp),
+            &mut self.cache,
+            &mut read_stack,
+        );
+        let mut unwound = Unwound::default();
+        while unwound.addresses.len() < MAX_FRAMES {
+            match frames.next() {
+                Ok(Some(frame)) => unwound.addresses.push(frame.address()),
+                Ok(None) => break,
+                Err(framehop::Error::CouldNotReadStack(address)) => {
+                    // Beyond a copy that stopped at its size limit (not at
+                    // the stack's top): the stack goes on.
+                    unwound.truncated = copy.reached_top == 0 && address >= end;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if unwound.addresses.len() == MAX_FRAMES {
+            unwound.truncated = true;
+        }
+        unwound
+    }
+
+    /// (Re)reads the executable mappings of `pid` and gives each object's
+    /// unwind sections to a new unwinder.
+    fn refresh(&mut self, pid: u32) {
+        let mut process = Process {
+            unwinder: UnwinderX86_64::new(),
+            ranges: Vec::new(),
+            refreshed_at: Instant::now(),
+        };
+        let mappings = procfs::read_maps(pid).unwrap_or_default();
+        for mapping in mappings.iter().filter(|mapping| mapping.executable) {
+            if let Some(module) = self.files.module(pid, mapping) {
+                process.unwinder.add_module(module);
+                process.ranges.push(mapping.start..mapping.end);
+            }
+        }
+        if mappings.is_empty()
+            && let Some(known) = self.processes.remove(&pid)
+        {
+            // Gone: keep what was known, for copies still in the ring.
+            process = Process {
+                refreshed_at: Instant::now(),
+                ..known
+            };
+        }
+        self.processes.insert(pid, process);
+    }
+
+    /// Forgets a process that exited (its copies were all drained).
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+}

@@ -1,0 +1,182 @@
+//! The unwind sections of mapped objects, for framehop: each file is
+//! mapped once (memmap, nothing copied) and shared by every process that
+//! maps it, whatever path it has in their mount namespaces.
+use std::{collections::HashMap, fs::File, ops::Range, os::unix::fs::MetadataExt as _, sync::Arc};
+
+use framehop::{ExplicitModuleSectionInfo, Module};
+use memmap2::Mmap;
+use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+
+use crate::procfs::{self, Mapping};
+
+/// Bytes of one section of a mapped file.
+#[derive(Clone)]
+pub struct Section {
+    map: Arc<Mmap>,
+    range: Range<usize>,
+}
+
+impl std::ops::Deref for Section {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.map[self.range.clone()]
+    }
+}
+
+/// What framehop needs from one object, and how its file offsets map to
+/// its addresses.
+pub struct ObjectInfo {
+    map: Arc<Mmap>,
+    /// (address, file offset, size in the file) of each loadable segment.
+    segments: Vec<(u64, u64, u64)>,
+    text: Option<Range<u64>>,
+    eh_frame: Option<(Range<u64>, Range<usize>)>,
+    eh_frame_hdr: Option<(Range<u64>, Range<usize>)>,
+    debug_frame: Option<Range<usize>>,
+}
+
+impl ObjectInfo {
+    fn read(file: &File) -> Option<ObjectInfo> {
+        // SAFETY: the map is only read; a file truncated underneath would
+        // fault, as it would for the process that maps it.
+        let map = Arc::new(unsafe { Mmap::map(file) }.ok()?);
+        let elf = object::File::parse(&map[..]).ok()?;
+        let segments = elf
+            .segments()
+            .map(|segment| {
+                let (offset, size) = segment.file_range();
+                (segment.address(), offset, size)
+            })
+            .collect();
+        let section = |name: &str| {
+            let section = elf.section_by_name(name)?;
+            if section.compressed_file_range().ok()?.format != object::CompressionFormat::None {
+                return None;
+            }
+            let (offset, size) = section.file_range()?;
+            let address = section.address();
+            Some((
+                address..address + section.size(),
+                offset as usize..(offset + size) as usize,
+            ))
+        };
+        Some(ObjectInfo {
+            segments,
+            text: section(".text").map(|(addresses, _)| addresses),
+            eh_frame: section(".eh_frame"),
+            eh_frame_hdr: section(".eh_frame_hdr"),
+            debug_frame: section(".debug_frame").map(|(_, bytes)| bytes),
+            map: map.clone(),
+        })
+    }
+
+    /// The object's address of a file offset, from its loadable segments.
+    pub fn address_of_offset(&self, offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|(_, start, size)| (*start..start + size).contains(&offset))
+            .map(|(address, start, _)| address + (offset - start))
+    }
+
+    /// The file offset of an object address.
+    pub fn offset_of_address(&self, address: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|(start, _, size)| (*start..start + size).contains(&address))
+            .map(|(start, offset, _)| offset + (address - start))
+    }
+
+    /// Bytes of the file at an offset.
+    pub fn bytes_at(&self, offset: u64, length: usize) -> Option<&[u8]> {
+        let start = offset as usize;
+        self.map.get(start..(start + length).min(self.map.len()))
+    }
+
+    pub fn eh_frame_hdr(&self) -> Option<(u64, &[u8])> {
+        let (addresses, bytes) = self.eh_frame_hdr.clone()?;
+        Some((addresses.start, self.map.get(bytes)?))
+    }
+
+    fn section(&self, bytes: &Range<usize>) -> Option<Section> {
+        (bytes.end <= self.map.len()).then(|| Section {
+            map: self.map.clone(),
+            range: bytes.clone(),
+        })
+    }
+}
+
+/// Objects by file identity (device, inode, size, modification time).
+#[derive(Default)]
+pub struct ModuleFiles {
+    objects: HashMap<(u64, u64, u64, i64), Option<Arc<ObjectInfo>>>,
+}
+
+impl ModuleFiles {
+    /// The object mapped by `mapping` in `pid`, read once per file.
+    pub fn object(&mut self, pid: u32, mapping: &Mapping) -> Option<Arc<ObjectInfo>> {
+        let file = open_mapped(pid, mapping)?;
+        let metadata = file.metadata().ok()?;
+        let identity = (
+            metadata.dev(),
+            metadata.ino(),
+            metadata.size(),
+            metadata.mtime(),
+        );
+        self.objects
+            .entry(identity)
+            .or_insert_with(|| ObjectInfo::read(&file).map(Arc::new))
+            .clone()
+    }
+
+    /// A framehop module for one executable mapping.
+    pub fn module(&mut self, pid: u32, mapping: &Mapping) -> Option<Module<Section>> {
+        let object = self.object(pid, mapping)?;
+        let base_avma = mapping.start - object.address_of_offset(mapping.file_offset)?;
+        let info = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: object.text.clone(),
+            eh_frame_svma: object.eh_frame.as_ref().map(|(svma, _)| svma.clone()),
+            eh_frame: object
+                .eh_frame
+                .as_ref()
+                .and_then(|(_, bytes)| object.section(bytes)),
+            eh_frame_hdr_svma: object.eh_frame_hdr.as_ref().map(|(svma, _)| svma.clone()),
+            eh_frame_hdr: object
+                .eh_frame_hdr
+                .as_ref()
+                .and_then(|(_, bytes)| object.section(bytes)),
+            debug_frame: object
+                .debug_frame
+                .as_ref()
+                .and_then(|bytes| object.section(bytes)),
+            text: None,
+            stubs_svma: None,
+            stub_helper_svma: None,
+            got_svma: None,
+            unwind_info: None,
+            text_segment_svma: None,
+            text_segment: None,
+        };
+        Some(Module::new(
+            mapping.path.display().to_string(),
+            mapping.start..mapping.end,
+            base_avma,
+            info,
+        ))
+    }
+}
+
+/// Opens a file the target maps: by its path through /proc/PID/root, or,
+/// when that fails (deleted, or a path the host cannot reach), through
+/// /proc/PID/map_files.
+pub fn open_mapped(pid: u32, mapping: &Mapping) -> Option<File> {
+    File::open(procfs::host_path(pid, &mapping.path))
+        .or_else(|_| {
+            File::open(format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                mapping.start, mapping.end
+            ))
+        })
+        .ok()
+}
