@@ -265,3 +265,25 @@ fn auto_keeps_frame_pointers_for_code_that_has_them() {
     assert_eq!(report.int("/events/stack_copies"), 0);
     assert_eq!(report.heap_live_with("leak_here").bytes, 20 * 1337);
 }
+
+#[test]
+fn cuda_allocations_are_unwound_too() {
+    let session = record_with("gpu_executor", &["--unwind", "dwarf"], &["executor 4"]);
+    let report = &session.report;
+    let leaked_bytes = field(&session.answers[0], "leaked_bytes");
+    let top = report
+        .stacks()
+        .iter()
+        .find(|stack| stack["kind"] == "gpu-device")
+        .unwrap_or_else(|| panic!("no gpu-device stack:\n{report}"));
+    assert_in_order(top, &["setup_storage", "main"], report);
+    assert_eq!(top["api"], "cudaMalloc", "\n{report}");
+    assert_eq!(stack_int(top, "live_bytes"), leaked_bytes, "\n{report}");
+    // Counted once, whichever layer: the runtime's driver calls add nothing.
+    assert_eq!(
+        report.int("/totals/gpu-device/live_bytes"),
+        leaked_bytes,
+        "\n{report}"
+    );
+    assert!(report.int("/events/stack_copies") >= report.int("/events/gpu_allocs"));
+}
