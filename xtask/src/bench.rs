@@ -4,7 +4,8 @@
 //! The workloads are tests/fixtures/bench.c (2 threads of malloc/free pairs
 //! of random sizes 16..4096 B, and a calloc/realloc/posix_memalign mix).
 //! Each runs without tracer, under `tracer record` in exact and sampling
-//! mode, and under the floors: empty eBPF programs (`tracer floor`) at the
+//! mode and with DWARF unwinding (`--unwind dwarf`: a stack copy per
+//! block), and under the floors: empty eBPF programs (`tracer floor`) at the
 //! function entries (where every other uprobe tool probes: the *naive
 //! floor*), at the sites tracer chooses (*site floor*), and at those sites
 //! without return probes (*site entry floor*: what a sampled call that
@@ -40,15 +41,18 @@ enum Mode {
     Baseline,
     Exact,
     Sampled,
+    /// Every stack copied and unwound in userspace (`--unwind dwarf`).
+    Dwarf,
     NaiveFloor,
     SiteFloor,
     SiteEntryFloor,
 }
 
-const MODES: [Mode; 6] = [
+const MODES: [Mode; 7] = [
     Mode::Baseline,
     Mode::Exact,
     Mode::Sampled,
+    Mode::Dwarf,
     Mode::NaiveFloor,
     Mode::SiteFloor,
     Mode::SiteEntryFloor,
@@ -60,6 +64,7 @@ impl Mode {
             Mode::Baseline => "no tracer",
             Mode::Exact => "tracer exact",
             Mode::Sampled => "tracer --sample-bytes 524288",
+            Mode::Dwarf => "tracer --unwind dwarf",
             Mode::NaiveFloor => "naive floor (entries)",
             Mode::SiteFloor => "site floor",
             Mode::SiteEntryFloor => "site floor, entry only",
@@ -88,6 +93,9 @@ impl Mode {
             Mode::Baseline => None,
             Mode::Exact => Some(record(&[])),
             Mode::Sampled => Some(record(&["--sample-bytes", &SAMPLE_BYTES.to_string()])),
+            // A ring that holds every copy of the run: each one is unwound,
+            // none falls back to frame pointers (checked).
+            Mode::Dwarf => Some(record(&["--unwind", "dwarf", "--stack-ring-mib", "256"])),
             Mode::NaiveFloor => Some(floor("entry", &[])),
             Mode::SiteFloor => Some(floor("chosen", &[])),
             Mode::SiteEntryFloor => Some(floor("chosen", &["--entry-only"])),
@@ -100,6 +108,8 @@ impl Mode {
         let full = match self {
             Mode::Baseline => 1_000_000,
             Mode::NaiveFloor => 20_000,
+            // 16 KiB copied per block: 2 x 5 000 fit the ring.
+            Mode::Dwarf => 5_000,
             _ => 100_000,
         };
         if short { full / 5 } else { full }
@@ -212,7 +222,7 @@ fn measure(
     let mut report = None;
     if let Some(attached) = attached {
         attached.stop()?;
-        if matches!(mode, Mode::Exact | Mode::Sampled) {
+        if matches!(mode, Mode::Exact | Mode::Sampled | Mode::Dwarf) {
             let text = std::fs::read_to_string(&json_path)
                 .with_context(|| format!("could not read {}", json_path.display()))?;
             let _ = std::fs::remove_file(&json_path);
@@ -244,13 +254,13 @@ fn median(values: &[f64]) -> f64 {
 
 /// tracer's CPU and peak RSS while the fixture makes `pairs_per_s`
 /// malloc/free pairs per second for `seconds`.
-fn measure_tracer_cpu(root: &Path, pairs_per_s: u64, seconds: u64) -> Result<Value> {
+fn measure_tracer_cpu(root: &Path, mode: Mode, pairs_per_s: u64, seconds: u64) -> Result<Value> {
     let mut fixture = FixtureProcess::start(&root.join("target/fixtures/bench"), false)?;
     let json_path =
         std::env::temp_dir().join(format!("tracer-bench-cpu-{}.json", std::process::id()));
-    let args = Mode::Exact
+    let args = mode
         .tracer_args(fixture.pid, &json_path)
-        .expect("exact mode runs the tracer");
+        .expect("the mode runs the tracer");
     let attached = Attached::start(root, &args)?;
     let cpu_before_s = cpu_seconds(attached.pid())?;
     let started = Instant::now();
@@ -263,6 +273,7 @@ fn measure_tracer_cpu(root: &Path, pairs_per_s: u64, seconds: u64) -> Result<Val
     fixture.quit()?;
     let pairs = answer_field(&answer, "pairs")?;
     Ok(json!({
+        "mode": mode.name(),
         "target_allocs_per_s": pairs_per_s,
         "achieved_allocs_per_s": (pairs / wall_s).round() as u64,
         "tracer_cpu_percent_of_one_core": 100.0 * cpu_s / wall_s,
@@ -314,6 +325,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
     let workloads = [Workload::Pairs, Workload::Mixed];
     let mut samples: BTreeMap<(Workload, Mode), Vec<f64>> = BTreeMap::new();
     let mut exact_report = None;
+    let mut dwarf_ring_full = 0;
     for rep in 0..reps {
         for workload in workloads {
             for mode in MODES {
@@ -325,6 +337,14 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
                     mode.name()
                 );
                 samples.entry((workload, mode)).or_default().push(ns);
+                if mode == Mode::Dwarf
+                    && let Some(report) = &report
+                {
+                    dwarf_ring_full += report
+                        .pointer("/drops/stack_copy_ring_full")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0);
+                }
                 if mode == Mode::Exact && report.is_some() {
                     exact_report = report;
                 }
@@ -335,14 +355,20 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         .iter()
         .map(|(key, values)| (*key, median(values)))
         .collect();
-    let rates: &[(u64, u64)] = if short {
-        &[(100_000, 1)]
+    let rates: &[(Mode, u64, u64)] = if short {
+        &[(Mode::Exact, 100_000, 1), (Mode::Dwarf, 10_000, 1)]
     } else {
-        &[(10_000, 5), (100_000, 5), (1_000_000, 5)]
+        &[
+            (Mode::Exact, 10_000, 5),
+            (Mode::Exact, 100_000, 5),
+            (Mode::Exact, 1_000_000, 5),
+            (Mode::Dwarf, 1_000, 5),
+            (Mode::Dwarf, 10_000, 5),
+        ]
     };
     let cpu: Vec<Value> = rates
         .iter()
-        .map(|&(rate, seconds)| measure_tracer_cpu(root, rate, seconds))
+        .map(|&(mode, rate, seconds)| measure_tracer_cpu(root, mode, rate, seconds))
         .collect::<Result<_>>()?;
     let probes = exact_report
         .as_ref()
@@ -352,7 +378,12 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
 
     let table = render_table(&medians, &cpu, reps, short);
     print!("{table}");
-    let checks = checks(&medians, &probes);
+    let mut checks = checks(&medians, &probes);
+    checks.push((
+        "every dwarf-mode copy was unwound".to_owned(),
+        dwarf_ring_full == 0,
+        format!("{dwarf_ring_full} copies fell back to frame pointers (ring full)"),
+    ));
     let mut results = Vec::new();
     for ((workload, mode), median_ns) in &medians {
         results.push(json!({
@@ -493,13 +524,25 @@ fn render_table(
             ));
         }
     }
+    for workload in [Workload::Pairs, Workload::Mixed] {
+        let base = medians[&(workload, Mode::Baseline)];
+        let added = |mode: Mode| medians[&(workload, mode)] - base;
+        out.push_str(&format!(
+            "\n{}: --unwind dwarf adds {:.0} ns per call pair, {:.2}x what frame pointers (exact mode) add",
+            workload.name(),
+            added(Mode::Dwarf),
+            added(Mode::Dwarf) / added(Mode::Exact),
+        ));
+    }
+    out.push('\n');
     out.push_str(
-        "\n| allocs/s asked | allocs/s done | tracer CPU (% of one core) | tracer peak RSS |\n",
+        "\n| mode | allocs/s asked | allocs/s done | tracer CPU (% of one core) | tracer peak RSS |\n",
     );
-    out.push_str("|---:|---:|---:|---:|\n");
+    out.push_str("|---|---:|---:|---:|---:|\n");
     for row in cpu {
         out.push_str(&format!(
-            "| {} | {} | {:.2} | {} MiB |\n",
+            "| {} | {} | {} | {:.2} | {} MiB |\n",
+            row["mode"].as_str().unwrap_or("?"),
             row["target_allocs_per_s"],
             row["achieved_allocs_per_s"],
             row["tracer_cpu_percent_of_one_core"]
