@@ -346,3 +346,169 @@ fn exit_without_freeing_reports_what_was_live() {
         "\n{report}"
     );
 }
+
+/// The CUDA context destructions the report lists for its first target.
+fn contexts_destroyed(report: &Report) -> &[Value] {
+    report.json["targets"][0]["gpu_contexts_destroyed"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no gpu_contexts_destroyed:\n{report}"))
+}
+
+/// What one context destruction released, by kind name.
+fn released(destroyed: &Value) -> Vec<(&str, Live)> {
+    destroyed["released"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no released in {destroyed}"))
+        .iter()
+        .map(|(kind, totals)| {
+            (
+                kind.as_str(),
+                Live {
+                    bytes: totals["live_bytes"].as_i64().unwrap(),
+                    allocs: totals["live_allocs"].as_i64().unwrap(),
+                },
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn device_reset_releases_what_was_live_and_reused_addresses_count_once() {
+    assert_device_reset_exact(&[]);
+}
+
+#[test]
+fn device_reset_is_exact_with_copied_stacks_too() {
+    // --unwind dwarf: the blocks are counted in userspace from the stack
+    // copies, and the reset must release them there as well.
+    assert_device_reset_exact(&["--unwind", "dwarf"]);
+}
+
+fn assert_device_reset_exact(tracer_args: &[&str]) {
+    let session = harness::record_with("gpu_executor", tracer_args, &["reset 6"]);
+    let (report, answer) = (&session.report, &session.answers[0]);
+    assert!(
+        field(answer, "reused") > 0,
+        "the reset handed no address back: {answer}"
+    );
+
+    // Released by the reset, without frees: gone from the live figures,
+    // and the new blocks at the same addresses count once, in full.
+    assert_eq!(
+        live_with(report, "gpu-device", "reset_before"),
+        Live::default(),
+        "\n{report}"
+    );
+    let after = stack_by_api(report, "gpu-device", "reset_after", "cudaMalloc");
+    assert_eq!(
+        (
+            stack_int(after, "live_bytes"),
+            stack_int(after, "live_allocs")
+        ),
+        (
+            field(answer, "reset_after"),
+            field(answer, "reset_after_buffers")
+        ),
+        "\n{report}"
+    );
+    // Stream-ordered memory belongs to no context: the reset left it.
+    let pool = stack_by_api(report, "gpu-device", "reset_pool_keep", "cudaMallocAsync");
+    assert_eq!(
+        stack_int(pool, "live_bytes"),
+        field(answer, "reset_pool_keep")
+    );
+    assert_eq!(
+        total(report, "gpu-device"),
+        field(answer, "reset_after") + field(answer, "reset_pool_keep"),
+        "\n{report}"
+    );
+    assert_eq!(total(report, "gpu-host-pinned"), 0, "\n{report}");
+    assert_eq!(total(report, "gpu-managed"), 0, "\n{report}");
+
+    // What was live at that moment, counted once although cudaDeviceReset
+    // calls cuDevicePrimaryCtxReset_v2.
+    assert_eq!(report.int("/events/gpu_context_destroys"), 1);
+    let destroyed = contexts_destroyed(report);
+    assert_eq!(destroyed.len(), 1, "\n{report}");
+    assert!(destroyed[0]["after_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        released(&destroyed[0]),
+        [
+            (
+                "gpu-device",
+                Live {
+                    bytes: field(answer, "released_device"),
+                    allocs: 6
+                }
+            ),
+            (
+                "gpu-host-pinned",
+                Live {
+                    bytes: field(answer, "released_pinned"),
+                    allocs: 6
+                }
+            ),
+            (
+                "gpu-managed",
+                Live {
+                    bytes: field(answer, "released_managed"),
+                    allocs: 1
+                }
+            ),
+        ]
+    );
+    assert!(
+        session
+            .output
+            .stdout
+            .contains("destroyed or reset a CUDA context at"),
+        "{}",
+        session.output
+    );
+}
+
+#[test]
+fn destroyed_context_releases_its_memory_for_the_next_one() {
+    let session = record_while("gpu_executor", &["ctxdestroy 3"]);
+    let (report, answer) = (&session.report, &session.answers[0]);
+    assert_eq!(field(answer, "reused"), 3, "{answer}");
+
+    let leak = stack_by_api(report, "gpu-device", "driver_leak", "cuMemAlloc_v2");
+    assert_eq!(
+        (
+            stack_int(leak, "live_bytes"),
+            stack_int(leak, "live_allocs")
+        ),
+        (field(answer, "driver_leak"), 3),
+        "\n{report}"
+    );
+    assert_eq!(live_with(report, "gpu-device", "ctx_work"), Live::default());
+    assert_eq!(
+        total(report, "gpu-device"),
+        field(answer, "driver_leak"),
+        "\n{report}"
+    );
+    assert_eq!(total(report, "gpu-host-pinned"), 0, "\n{report}");
+
+    let destroyed = contexts_destroyed(report);
+    assert_eq!(destroyed.len(), 1, "\n{report}");
+    assert_eq!(
+        released(&destroyed[0]),
+        [
+            (
+                "gpu-device",
+                Live {
+                    bytes: field(answer, "released_device"),
+                    allocs: 3
+                }
+            ),
+            (
+                "gpu-host-pinned",
+                Live {
+                    bytes: field(answer, "released_pinned"),
+                    allocs: 1
+                }
+            ),
+        ]
+    );
+}

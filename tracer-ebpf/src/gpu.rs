@@ -16,9 +16,20 @@
 //! Virtual memory management (cuMemCreate/cuMemMap/cuMemUnmap/cuMemRelease)
 //! counts physical memory: it is allocated by cuMemCreate and freed when
 //! its handle is released *and* its last mapping is unmapped.
+//!
+//! Destroying or resetting a CUDA context (cuCtxDestroy_v2,
+//! cuDevicePrimaryCtxReset_v2, cudaDeviceReset) releases the memory the
+//! context owns without a free. Blocks carry the process's context epoch,
+//! and a successful destruction ends it: blocks of older epochs are gone
+//! (their frees are ignored, a new block at their address replaces them
+//! silently), and since each epoch is summed apart in BY_STACK, what the
+//! ended epoch held stays there, frozen, for userspace to read. Which
+//! context a block belongs to is not followed (the runtime switches
+//! contexts through the driver's internal entry points): any destruction
+//! ends the epoch of every context of the process.
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::BPF_ANY,
+    bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
     },
@@ -26,9 +37,15 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_ebpf::{GpuPending, LiveAlloc, LiveKey, StackKey, VmmHandle, gpu_call, stat};
+use tracer_ebpf::{
+    Event, FIRST_CONTEXT_EPOCH, GpuPending, LiveAlloc, LiveKey, StackKey, VmmHandle, event,
+    gpu_api, gpu_call, stat,
+};
 
-use crate::probes::{add_to_stack, arg, atomic_add, count, put_live, stack_key, take_live};
+use crate::{
+    libraries::send_event,
+    probes::{add_to_stack, arg, atomic_add, count, put_live, stack_key, take_live},
+};
 
 /// Per thread (pid_tgid): the CUDA call in progress.
 #[map]
@@ -45,6 +62,37 @@ static VMM_MAPPINGS: HashMap<LiveKey, u64> = HashMap::with_max_entries(1 << 16, 
 /// The `gpu_api` id of the call that made each GPU stack's memory.
 #[map]
 static STACK_API: HashMap<StackKey, u32> = HashMap::with_max_entries(1 << 14, 0);
+
+/// The current CUDA context epoch of each process that ended one (absent:
+/// `FIRST_CONTEXT_EPOCH`).
+#[map]
+static CONTEXT_EPOCH: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+#[inline(always)]
+fn context_epoch(tgid: u32) -> u32 {
+    unsafe { CONTEXT_EPOCH.get(&tgid) }.map_or(FIRST_CONTEXT_EPOCH, |&epoch| epoch as u32)
+}
+
+/// Whether the CUDA context that owned a block was destroyed since it was
+/// allocated.
+#[inline(always)]
+pub(crate) fn context_destroyed(tgid: u32, block: &LiveAlloc) -> bool {
+    block.context_epoch != 0 && block.context_epoch != context_epoch(tgid)
+}
+
+/// Ends the process's context epoch (a context destroyed, or its image
+/// replaced); returns the epoch that ended, 0 when there was no room to
+/// record it.
+#[inline(always)]
+pub(crate) fn end_context_epoch(tgid: u32) -> u32 {
+    let first = FIRST_CONTEXT_EPOCH as u64;
+    let _ = CONTEXT_EPOCH.insert(&tgid, &first, BPF_NOEXIST as u64);
+    let Some(epoch) = CONTEXT_EPOCH.get_ptr_mut(&tgid) else {
+        count(stat::DROP_CONTEXT_EPOCH_FULL);
+        return 0;
+    };
+    fetch_add(epoch, 1) as u32
+}
 
 /// Starts a CUDA call unless one is already in progress on this thread.
 #[inline(always)]
@@ -147,6 +195,13 @@ pub fn gpu_unmap_enter(ctx: ProbeContext) -> u32 {
     enter(&ctx, call(gpu_call::UNMAP, arg(&ctx, 0), 0))
 }
 
+/// `cuCtxDestroy_v2(context)`, `cuDevicePrimaryCtxReset_v2(device)`,
+/// `cudaDeviceReset()`: which context does not matter (see above).
+#[uprobe]
+pub fn gpu_context_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx, call(gpu_call::DESTROY_CONTEXT, 0, 0))
+}
+
 /// One return probe for every CUDA function: what to do is in the pending
 /// call, and nothing happens unless the call returned 0.
 #[uretprobe]
@@ -199,6 +254,19 @@ pub fn gpu_return(ctx: RetProbeContext) -> u32 {
         gpu_call::RELEASE => drop_holder(tgid, pending.handle),
         gpu_call::MAP => mapped(tgid, pending.pointer, pending.handle),
         gpu_call::UNMAP => unmapped(tgid, pending.pointer),
+        gpu_call::DESTROY_CONTEXT => {
+            count(stat::GPU_CONTEXT_DESTROYS);
+            let context_epoch = end_context_epoch(tgid);
+            if context_epoch != 0 {
+                send_event(&Event {
+                    what: event::GPU_CONTEXT_DESTROYED,
+                    tgid,
+                    timestamp_ns: unsafe { bpf_ktime_get_ns() },
+                    context_epoch,
+                    pad: 0,
+                });
+            }
+        }
         _ => {}
     }
     0
@@ -217,11 +285,19 @@ fn read_out(pointer: u64) -> Option<u64> {
 
 #[inline(always)]
 fn new_block(ctx: &RetProbeContext, pending: &GpuPending, size: u64) -> LiveAlloc {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let context_epoch = if gpu_api::owned_by_context(pending.api) {
+        context_epoch(tgid)
+    } else {
+        0
+    };
     LiveAlloc {
         size,
-        stack_id: crate::stacks::capture(ctx, size, pending.kind, pending.api),
+        stack_id: crate::stacks::capture(ctx, size, pending.kind, pending.api, context_epoch),
         kind: pending.kind,
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        context_epoch,
+        pad: 0,
     }
 }
 
@@ -324,7 +400,7 @@ fn drop_holder(tgid: u32, handle: u64) {
         count(stat::GPU_FREES_UNKNOWN);
         return;
     };
-    if fetch_sub_one(unsafe { &raw mut (*known).holders }) != 1 {
+    if fetch_add(unsafe { &raw mut (*known).holders }, u64::MAX) != 1 {
         return;
     }
     let block = unsafe { (*known).block };
@@ -338,11 +414,11 @@ fn drop_holder(tgid: u32, handle: u64) {
     count(stat::GPU_FREES);
 }
 
-/// `*target -= 1` as one atomic instruction; returns the value before, so
-/// that of two threads dropping the last holders exactly one frees.
+/// `*target += value` as one atomic instruction; returns the value
+/// before, so that of two threads dropping the last holders exactly one
+/// frees, and two context destructions end two epochs.
 #[inline(always)]
-fn fetch_sub_one(target: *mut u64) -> u64 {
-    let mut value = u64::MAX;
+fn fetch_add(target: *mut u64, mut value: u64) -> u64 {
     unsafe {
         core::arch::asm!(
             "{value} = atomic_fetch_add((u64 *)({target} + 0), {value})",

@@ -46,7 +46,19 @@ pub struct LiveAlloc {
     pub stack_id: u32,
     pub kind: u32,
     pub timestamp_ns: u64,
+    /// Memory a CUDA context owns: the process's context epoch when it was
+    /// allocated (see [`FIRST_CONTEXT_EPOCH`]); 0 for memory no context
+    /// owns (heap, mappings, stream-ordered and VMM GPU memory).
+    pub context_epoch: u32,
+    pub pad: u32,
 }
+
+/// The CUDA context epoch of a process before any context was destroyed.
+/// Every successful context destruction or reset (and every exec) ends the
+/// epoch: the context-owned GPU blocks of older epochs are gone, without
+/// frees. The kernel sums each epoch's blocks apart in BY_STACK, so
+/// userspace reads what an ended epoch held, exactly, at any later time.
+pub const FIRST_CONTEXT_EPOCH: u32 = 1;
 
 /// Key of the BY_STACK map: the live memory of one call stack, one kind.
 #[repr(C)]
@@ -57,7 +69,9 @@ pub struct StackKey {
     /// stored (the reason is counted in STATS).
     pub stack_id: u32,
     pub kind: u32,
-    pub pad: u32,
+    /// The blocks' `LiveAlloc::context_epoch`: 0, or the CUDA context
+    /// epoch whose context-owned blocks this entry sums.
+    pub context_epoch: u32,
 }
 
 /// Stack id used when `bpf_get_stackid` failed.
@@ -109,6 +123,9 @@ pub struct StackCopy {
     /// 1 when the copy stopped at an unreadable page: the stack's top is in
     /// the copy, so nothing of the stack is missing.
     pub reached_top: u32,
+    /// The block's `LiveAlloc::context_epoch`.
+    pub context_epoch: u32,
+    pub pad: u32,
     /// What the block counts for (its size, or its sampling weight).
     pub size: u64,
     /// Instruction pointer (the return address into the caller), stack
@@ -257,16 +274,22 @@ pub mod stat {
     pub const DROP_MAPPING_EVENTS: u32 = 21;
     /// Mapping calls not followed: too many threads in a mapping call.
     pub const DROP_MAPPING_PENDING_FULL: u32 = 22;
+    /// Successful CUDA context destructions and resets (cuCtxDestroy_v2,
+    /// cuDevicePrimaryCtxReset_v2, cudaDeviceReset).
+    pub const GPU_CONTEXT_DESTROYS: u32 = 23;
+    /// Context destructions not recorded: no room for the process in the
+    /// context epoch table (its released blocks stay live in the report).
+    pub const DROP_CONTEXT_EPOCH_FULL: u32 = 24;
     /// Allocations whose user stack was copied for unwinding in userspace
     /// (`--unwind dwarf`).
-    pub const STACK_COPIES: u32 = 23;
+    pub const STACK_COPIES: u32 = 25;
     /// Stack copies that did not fit in the STACK_COPIES ring buffer: the
     /// block is still counted, with its frame-pointer stack.
-    pub const DROP_STACK_COPY_RING_FULL: u32 = 24;
+    pub const DROP_STACK_COPY_RING_FULL: u32 = 26;
     /// Frees of copied-stack blocks that did not fit in the ring buffer:
     /// userspace keeps counting those blocks as live.
-    pub const DROP_STACK_FREE_LOST: u32 = 25;
-    pub const COUNT: u32 = 26;
+    pub const DROP_STACK_FREE_LOST: u32 = 27;
+    pub const COUNT: u32 = 28;
 }
 
 /// Whether a STATS entry is an event count or a drop.
@@ -301,6 +324,8 @@ pub const STAT_NAMES: [(&str, StatClass); stat::COUNT as usize] = [
     ("mapping_calls", StatClass::Event),
     ("mapping_events_lost", StatClass::Drop),
     ("mapping_pending_full", StatClass::Drop),
+    ("gpu_context_destroys", StatClass::Event),
+    ("context_epoch_table_full", StatClass::Drop),
     ("stack_copies", StatClass::Event),
     ("stack_copy_ring_full", StatClass::Drop),
     ("stack_free_lost", StatClass::Drop),
@@ -333,7 +358,27 @@ pub mod gpu_api {
     pub const CU_MEM_RELEASE: u32 = 21;
     pub const CU_MEM_MAP: u32 = 22;
     pub const CU_MEM_UNMAP: u32 = 23;
-    pub const COUNT: u32 = 24;
+    pub const CU_CTX_DESTROY: u32 = 24;
+    pub const CU_DEVICE_PRIMARY_CTX_RESET: u32 = 25;
+    pub const CUDA_DEVICE_RESET: u32 = 26;
+    pub const COUNT: u32 = 27;
+
+    /// Whether the memory an allocation API hands out belongs to a CUDA
+    /// context, and goes with it when the context is destroyed or reset.
+    /// Stream-ordered allocations (pools) and cuMemCreate's physical memory
+    /// do not: "cuCtxDestroy() will not destroy memory allocations by
+    /// cuMemCreate(), cuMemAllocAsync() and cuMemAllocFromPoolAsync()"
+    /// (CUDA driver API).
+    pub const fn owned_by_context(api: u32) -> bool {
+        !matches!(
+            api,
+            CUDA_MALLOC_ASYNC
+                | CUDA_MALLOC_FROM_POOL_ASYNC
+                | CU_MEM_ALLOC_ASYNC
+                | CU_MEM_ALLOC_FROM_POOL_ASYNC
+                | CU_MEM_CREATE
+        )
+    }
 }
 
 /// The exported symbol of each `gpu_api` id, by index.
@@ -362,6 +407,9 @@ pub const GPU_API_NAMES: [&str; gpu_api::COUNT as usize] = [
     "cuMemRelease",
     "cuMemMap",
     "cuMemUnmap",
+    "cuCtxDestroy_v2",
+    "cuDevicePrimaryCtxReset_v2",
+    "cudaDeviceReset",
 ];
 
 /// The attach cookie of a CUDA probe: which API it is on and, for an
@@ -388,6 +436,8 @@ pub mod gpu_call {
     pub const MAP: u32 = 6;
     /// cuMemUnmap of the mapping at address `pointer`.
     pub const UNMAP: u32 = 7;
+    /// Destroys or resets a CUDA context: the context epoch ends.
+    pub const DESTROY_CONTEXT: u32 = 8;
 }
 
 /// Per thread: the outermost CUDA call in progress, from its entry probe to
@@ -432,6 +482,8 @@ pub mod event {
     pub const EXEC_MAPPED: u32 = 1;
     /// A traced process replaced its image (execve).
     pub const EXEC: u32 = 2;
+    /// A traced process destroyed or reset a CUDA context.
+    pub const GPU_CONTEXT_DESTROYED: u32 = 3;
 }
 
 /// One message in the EVENTS ring buffer.
@@ -442,6 +494,9 @@ pub struct Event {
     pub what: u32,
     pub tgid: u32,
     pub timestamp_ns: u64,
+    /// EXEC and GPU_CONTEXT_DESTROYED: the CUDA context epoch that ended.
+    pub context_epoch: u32,
+    pub pad: u32,
 }
 
 /// Byte offsets of the `sys_enter_mmap` tracepoint fields the EXEC_MAPPED

@@ -1,6 +1,8 @@
 //! Notices libraries a traced process loads after attach (dlopen): a
 //! tracepoint on mmap sends one EVENTS message when a traced process maps a
 //! file with execute permission, and userspace looks the new object up.
+//! EVENTS also carries the other rare events: exec, and CUDA context
+//! destructions (`gpu.rs`).
 //!
 //! The message is sent with BPF_RB_NO_WAKEUP (userspace drains EVENTS on a
 //! timer), so a process that maps many files never wakes tracer per call.
@@ -14,7 +16,10 @@ use aya_ebpf::{
 };
 use tracer_ebpf::{Event, event, mmap_format, stat};
 
-use crate::probes::{EXEC_TIME, count};
+use crate::{
+    gpu::end_context_epoch,
+    probes::{EXEC_TIME, count},
+};
 
 const PROT_EXEC: u64 = 4;
 
@@ -41,18 +46,27 @@ pub fn process_exec(_ctx: TracePointContext) -> u32 {
     }
     let now_ns = unsafe { bpf_ktime_get_ns() };
     let _ = EXEC_TIME.insert(&tgid, &now_ns, 0);
-    let message = Event {
+    // The image's CUDA contexts are gone with it.
+    let context_epoch = end_context_epoch(tgid);
+    send_event(&Event {
         what: event::EXEC,
         tgid,
         timestamp_ns: now_ns,
-    };
+        context_epoch,
+        pad: 0,
+    });
+    0
+}
+
+/// Sends a rare event to userspace, without waking it.
+#[inline(always)]
+pub(crate) fn send_event(message: &Event) {
     if EVENTS
-        .output::<Event>(&message, BPF_RB_NO_WAKEUP as u64)
+        .output::<Event>(message, BPF_RB_NO_WAKEUP as u64)
         .is_err()
     {
         count(stat::DROP_EVENTS_FULL);
     }
-    0
 }
 
 #[tracepoint]
@@ -66,16 +80,11 @@ pub fn exec_mapped(ctx: TracePointContext) -> u32 {
     if prot & PROT_EXEC == 0 || (fd as i32) < 0 {
         return 0;
     }
-    let message = Event {
+    send_event(&Event {
         what: event::EXEC_MAPPED,
         tgid,
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
-    };
-    if EVENTS
-        .output::<Event>(&message, BPF_RB_NO_WAKEUP as u64)
-        .is_err()
-    {
-        count(stat::DROP_EVENTS_FULL);
-    }
+        ..Event::default()
+    });
     0
 }

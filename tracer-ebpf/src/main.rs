@@ -162,7 +162,7 @@ mod probes {
             tgid,
             stack_id: block.stack_id,
             kind: block.kind,
-            pad: 0,
+            context_epoch: block.context_epoch,
         }
     }
 
@@ -175,8 +175,8 @@ mod probes {
             address,
         };
         let block = unsafe { *LIVE.get(&key)? };
-        if predates_exec(tgid, &block) {
-            // Its image is gone; userspace took it off the totals at exec.
+        if released_without_free(tgid, &block) {
+            // Userspace no longer counts it (see `released_without_free`).
             let _ = LIVE.remove(&key);
             return None;
         }
@@ -189,9 +189,14 @@ mod probes {
     #[map]
     pub(crate) static EXEC_TIME: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 
+    /// Whether a block went away without a free: its image was replaced
+    /// (exec; userspace took it off the totals then), or the CUDA context
+    /// that owned it was destroyed (its epoch's totals are frozen, and
+    /// userspace counts them as released).
     #[inline(always)]
-    fn predates_exec(tgid: u32, block: &LiveAlloc) -> bool {
+    fn released_without_free(tgid: u32, block: &LiveAlloc) -> bool {
         unsafe { EXEC_TIME.get(&tgid) }.is_some_and(|&exec_ns| block.timestamp_ns < exec_ns)
+            || crate::gpu::context_destroyed(tgid, block)
     }
 
     /// Removes a live block and takes it off its stack's totals.
@@ -215,9 +220,9 @@ mod probes {
         };
         if let Some(stale) = LIVE.get_ptr_mut(&key) {
             // The block's free was not seen (made inside another allocator
-            // call, or its image is gone after exec): retire it before
+            // call, or its image or CUDA context is gone): retire it before
             // reusing the address.
-            if predates_exec(tgid, unsafe { &*stale }) {
+            if released_without_free(tgid, unsafe { &*stale }) {
                 unsafe { *stale = *block };
                 add_to_stack(&stack_key(tgid, block), block.size, 1, allocated);
                 return;
@@ -610,9 +615,10 @@ mod probes {
         }
         let block = LiveAlloc {
             size: pending.recorded_bytes,
-            stack_id: crate::stacks::capture(ctx, pending.recorded_bytes, kind::HEAP, u32::MAX),
+            stack_id: crate::stacks::capture(ctx, pending.recorded_bytes, kind::HEAP, u32::MAX, 0),
             kind: kind::HEAP,
             timestamp_ns: unsafe { bpf_ktime_get_ns() },
+            ..LiveAlloc::default()
         };
         put_live(tgid, address, &block, true);
         count(stat::ALLOCS);

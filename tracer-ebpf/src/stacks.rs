@@ -48,14 +48,20 @@ const HEADER_BYTES: usize = size_of::<StackCopy>();
 /// The stack of a block made by the call returning now, for its LIVE
 /// entry: a STACKS id, a copied-stack reference, or `NO_STACK`.
 #[inline(always)]
-pub(crate) fn capture(ctx: &RetProbeContext, size: u64, kind: u32, api: u32) -> u32 {
+pub(crate) fn capture(
+    ctx: &RetProbeContext,
+    size: u64,
+    kind: u32,
+    api: u32,
+    context_epoch: u32,
+) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let copies = match STACK_COPY_MODE.load() {
         0 => false,
         1 => true,
         _ => unsafe { COPY_STACKS_OF.get(&tgid) }.is_some(),
     };
-    if copies && let Some(stack_ref) = copy_stack(ctx, tgid, size, kind, api) {
+    if copies && let Some(stack_ref) = copy_stack(ctx, tgid, size, kind, api, context_epoch) {
         return stack_ref;
     }
     walk_frame_pointers(ctx)
@@ -77,7 +83,14 @@ fn walk_frame_pointers(ctx: &RetProbeContext) -> u32 {
 }
 
 #[inline(always)]
-fn copy_stack(ctx: &RetProbeContext, tgid: u32, size: u64, kind: u32, api: u32) -> Option<u32> {
+fn copy_stack(
+    ctx: &RetProbeContext,
+    tgid: u32,
+    size: u64,
+    kind: u32,
+    api: u32,
+    context_epoch: u32,
+) -> Option<u32> {
     let pages = STACK_PAGES.load().min(MAX_STACK_PAGES);
     let record_bytes = HEADER_BYTES + pages as usize * STACK_PAGE_BYTES as usize;
     let Some(mut record) = STACK_COPIES.reserve_bytes(record_bytes, 0) else {
@@ -120,6 +133,8 @@ fn copy_stack(ctx: &RetProbeContext, tgid: u32, size: u64, kind: u32, api: u32) 
         kind,
         api,
         reached_top,
+        context_epoch,
+        pad: 0,
         size,
         ip: regs.rip,
         sp: regs.rsp,

@@ -29,7 +29,10 @@ and how fast it grows. The target is never restarted, stopped or written to.
 GPU memory is followed at the CUDA driver and runtime allocation functions \
 (libcuda, libcudart, also when loaded later with dlopen) in kinds \
 gpu-device, gpu-managed and gpu-host-pinned, each counted once although the \
-runtime calls the driver.
+runtime calls the driver. A CUDA context destroyed or reset (cuCtxDestroy_v2, \
+cuDevicePrimaryCtxReset_v2, cudaDeviceReset) releases the GPU memory that any \
+context of the process owned before it (not stream-ordered or cuMemCreate \
+memory); the report says what it released.
 
 Memory that never passes through malloc is followed at the system calls \
 (tracepoints on mmap, munmap, mremap, brk and mprotect, so raw syscalls are \

@@ -279,6 +279,7 @@ fn watch(pid: u32, spawned: bool) -> Watched {
             exited_after_s: None,
             followed_after_s: None,
             execs_after_s: Vec::new(),
+            gpu_contexts_destroyed: Vec::new(),
         },
         spawned,
     }

@@ -230,6 +230,7 @@ mod tests {
                 exited_after_s: None,
                 followed_after_s: None,
                 execs_after_s: Vec::new(),
+                gpu_contexts_destroyed: Vec::new(),
             },
             spawned: false,
         }];

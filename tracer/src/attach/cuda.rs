@@ -6,7 +6,8 @@
 //! They are looked up like the allocator functions, in every mapped object:
 //! the runtime may be a system library, a pip wheel's, or linked into a
 //! framework's own shared object. `cuMemAddressReserve` is not hooked: it
-//! reserves address space, not memory.
+//! reserves address space, not memory. Context destruction and reset are
+//! hooked too: they release the memory the context owns without a free.
 use tracer_ebpf::{GPU_API_NAMES, gpu_api as api, gpu_cookie, kind};
 
 use super::symbols::AllocatorFunction;
@@ -15,7 +16,8 @@ use super::symbols::AllocatorFunction;
 const GPU_RETURN_PROGRAM: &str = "gpu_return";
 
 /// A CUDA function handing out memory of `memory_kind`, or, for frees,
-/// unmaps and releases, taking it back (`memory_kind` is then unused).
+/// unmaps, releases and context destructions, taking it back
+/// (`memory_kind` is then unused).
 const fn cuda(api_id: u32, entry_program: &'static str, memory_kind: u32) -> AllocatorFunction {
     AllocatorFunction {
         name: GPU_API_NAMES[api_id as usize],
@@ -54,6 +56,13 @@ pub const CUDA_FUNCTIONS: [AllocatorFunction; api::COUNT as usize] = [
     cuda(api::CU_MEM_RELEASE, "gpu_release_enter", DEVICE),
     cuda(api::CU_MEM_MAP, "gpu_map_enter", DEVICE),
     cuda(api::CU_MEM_UNMAP, "gpu_unmap_enter", DEVICE),
+    cuda(api::CU_CTX_DESTROY, "gpu_context_enter", DEVICE),
+    cuda(
+        api::CU_DEVICE_PRIMARY_CTX_RESET,
+        "gpu_context_enter",
+        DEVICE,
+    ),
+    cuda(api::CUDA_DEVICE_RESET, "gpu_context_enter", DEVICE),
 ];
 
 /// The name of a `gpu_api` id, `None` for one this build does not know.
@@ -84,5 +93,25 @@ mod tests {
         assert_eq!(kind_of("cudaMallocHost"), kind::GPU_HOST_PINNED);
         assert_eq!(kind_of("cuMemAllocManaged"), kind::GPU_MANAGED);
         assert_eq!(kind_of("cuMemAllocPitch_v2"), kind::GPU_DEVICE);
+    }
+
+    #[test]
+    fn stream_ordered_and_vmm_memory_outlive_contexts() {
+        let outliving: Vec<&str> = CUDA_FUNCTIONS
+            .iter()
+            .map(|function| function.cookie as u32)
+            .filter(|&api_id| !api::owned_by_context(api_id))
+            .filter_map(api_name)
+            .collect();
+        assert_eq!(
+            outliving,
+            [
+                "cudaMallocAsync",
+                "cudaMallocFromPoolAsync",
+                "cuMemAllocAsync",
+                "cuMemAllocFromPoolAsync",
+                "cuMemCreate"
+            ]
+        );
     }
 }

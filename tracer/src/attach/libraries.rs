@@ -5,6 +5,9 @@
 //! backup. New executable files are looked up for allocator and CUDA
 //! functions and hooked, well within a second.
 //!
+//! The same ring buffer carries the other rare events, exec and CUDA
+//! context destruction, which the collect loop takes from here.
+//!
 //! Events are sent without waking tracer (BPF_RB_NO_WAKEUP), so the
 //! collect loop drains them on a short timer; a few milliseconds of
 //! settling lets ld.so finish mapping the object (it does so in several
@@ -108,6 +111,8 @@ pub struct LibraryWatch {
     rescans: HashMap<u32, (Instant, NoticedBy)>,
     /// Processes that replaced their image since the last `take_execs`.
     execs: Vec<u32>,
+    /// CUDA contexts destroyed since the last `take_context_destroys`.
+    context_destroys: Vec<Event>,
     next_poll: Instant,
     /// When every initial probe was in place: time zero of the report.
     attached_at: Option<Instant>,
@@ -141,6 +146,7 @@ impl LibraryWatch {
             seen: HashSet::new(),
             rescans: HashMap::new(),
             execs: Vec::new(),
+            context_destroys: Vec::new(),
             next_poll: Instant::now() + POLL_EVERY,
             attached_at: None,
         })
@@ -174,6 +180,10 @@ impl LibraryWatch {
                 self.rescans
                     .insert(message.tgid, (now + SETTLE, NoticedBy::MmapEvent));
             }
+            if message.what == event::GPU_CONTEXT_DESTROYED {
+                // Also of a target that exited since: its report says it.
+                self.context_destroys.push(message);
+            }
             if message.what == event::EXEC_MAPPED && pids.contains(&message.tgid) {
                 self.rescans
                     .entry(message.tgid)
@@ -206,6 +216,13 @@ impl Probes {
     /// call, as seen by the last `watch_libraries`.
     pub fn take_execs(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.watch.execs)
+    }
+
+    /// The CUDA context destructions (events with the process, the
+    /// kernel's time and the context epoch that ended) since the last call,
+    /// as seen by the last `watch_libraries`.
+    pub fn take_context_destroys(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.watch.context_destroys)
     }
 
     /// Marks the end of the initial attach: libraries hooked later are

@@ -30,6 +30,8 @@ const RECENTLY_FREED: usize = 1 << 16;
 struct Block {
     key: StackKey,
     size: u64,
+    /// The CUDA context epoch that owned it (0: none), as in LIVE.
+    context_epoch: u32,
 }
 
 pub struct CopiedStacks {
@@ -40,7 +42,9 @@ pub struct CopiedStacks {
     /// Live blocks by (tgid, reference).
     live: HashMap<(u32, u32), Block>,
     recently_freed: HashMap<(u32, u32), Block>,
-    counters: HashMap<StackKey, Counters>,
+    /// Per stack and CUDA context epoch, like the kernel's BY_STACK: the
+    /// live counters of an ended epoch are what its destruction released.
+    counters: HashMap<(StackKey, u32), Counters>,
     apis: HashMap<StackKey, &'static str>,
     /// Copies unwound, and how many of them were truncated.
     pub unwound: u64,
@@ -125,12 +129,13 @@ impl CopiedStacks {
         if let Some(api) = crate::attach::cuda::api_name(copy.api) {
             self.apis.insert(key, api);
         }
-        let counters = self.counters.entry(key).or_default();
+        let counters = self.counters.entry((key, copy.context_epoch)).or_default();
         counters.alloc_bytes_total += copy.size;
         counters.alloc_count_total += 1;
         let block = Block {
             key,
             size: copy.size,
+            context_epoch: copy.context_epoch,
         };
         if let Some(stale) = self.live.insert((copy.tgid, copy.stack_ref), block) {
             // A reference reused after 2^30 copies: the old block's free
@@ -160,22 +165,67 @@ impl CopiedStacks {
     }
 
     fn put_on(&mut self, block: Block) {
-        let counters = self.counters.entry(block.key).or_default();
+        let counters = self
+            .counters
+            .entry((block.key, block.context_epoch))
+            .or_default();
         counters.live_bytes += block.size as i64;
         counters.live_allocs += 1;
     }
 
     fn take_off(&mut self, block: Block) {
-        let counters = self.counters.entry(block.key).or_default();
+        let counters = self
+            .counters
+            .entry((block.key, block.context_epoch))
+            .or_default();
         counters.live_bytes -= block.size as i64;
         counters.live_allocs -= 1;
     }
 
-    /// Counters of every copied stack.
-    pub fn counters(&self) -> impl Iterator<Item = (StackKey, Counters)> + '_ {
+    /// Counters of every copied stack, without the live counters of ended
+    /// CUDA context epochs (`current_epochs`: see `collect::contexts`; the
+    /// kernel sends no free for a block its context released).
+    pub fn counters(&self, current_epochs: &HashMap<u32, u32>) -> Vec<(StackKey, Counters)> {
+        let mut by_key: HashMap<StackKey, Counters> = HashMap::new();
+        for ((key, context_epoch), counters) in &self.counters {
+            let current_epoch = current_epochs
+                .get(&key.pid)
+                .copied()
+                .unwrap_or(tracer_ebpf::FIRST_CONTEXT_EPOCH);
+            let released = *context_epoch != 0 && *context_epoch < current_epoch;
+            let sum = by_key.entry(*key).or_default();
+            if !released {
+                sum.live_bytes += counters.live_bytes;
+                sum.live_allocs += counters.live_allocs;
+            }
+            sum.alloc_bytes_total += counters.alloc_bytes_total;
+            sum.alloc_count_total += counters.alloc_count_total;
+        }
+        by_key.into_iter().collect()
+    }
+
+    /// The totals as the kernel's BY_STACK entries would hold them (per
+    /// stack, kind and CUDA context epoch).
+    pub fn as_kernel_entries(&self) -> Vec<(tracer_ebpf::StackKey, tracer_ebpf::StackTotals)> {
         self.counters
             .iter()
-            .map(|(key, counters)| (*key, *counters))
+            .map(|((key, context_epoch), counters)| {
+                (
+                    tracer_ebpf::StackKey {
+                        tgid: key.pid,
+                        stack_id: key.stack_id,
+                        kind: key.kind.to_raw(),
+                        context_epoch: *context_epoch,
+                    },
+                    tracer_ebpf::StackTotals {
+                        live_bytes: counters.live_bytes as u64,
+                        live_allocs: counters.live_allocs as u64,
+                        alloc_bytes: counters.alloc_bytes_total,
+                        alloc_count: counters.alloc_count_total,
+                    },
+                )
+            })
+            .collect()
     }
 
     /// The CUDA function of each GPU stack.

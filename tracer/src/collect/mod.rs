@@ -7,6 +7,7 @@
 //! so tracer's own cost does not grow with the target's allocation rate.
 //! Mapping calls arrive one by one in a ring buffer (`mappings`), drained
 //! every [`MAPPING_DRAIN_EVERY`] and at every snapshot.
+mod contexts;
 pub mod copied;
 pub mod mappings;
 
@@ -133,11 +134,7 @@ pub async fn run(
             }
             _ = library_timer.tick() => {
                 probes.watch_libraries(&live_pids(targets));
-                let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
-                for pid in probes.take_execs() {
-                    mark_exec(probes, pid, elapsed_s, targets, &mut exec_baselines)?;
-                    symbols.refresh(pid);
-                }
+                mark_rare_events(probes, targets, symbols, schedule, &mut exec_baselines)?;
             }
             _ = drain_timer.tick() => probes.mappings.borrow_mut().drain(),
             _ = copies_timer.tick(), if probes.unwinding.copy_mode() != 0 => {
@@ -168,6 +165,9 @@ pub async fn run(
             _ = terminate.recv() => break StopReason::Terminated,
         }
     };
+    // Events sent since the last drain, before the final snapshot.
+    probes.watch_libraries(&live_pids(targets));
+    mark_rare_events(probes, targets, symbols, schedule, &mut exec_baselines)?;
     let snapshot = snapshot(
         probes,
         schedule.attached_at,
@@ -179,6 +179,34 @@ pub async fn run(
     }
     model.push(snapshot);
     Ok(reason)
+}
+
+/// Marks the execs and CUDA context destructions the last
+/// `watch_libraries` saw.
+fn mark_rare_events(
+    probes: &mut Probes,
+    targets: &mut [Watched],
+    symbols: &mut Symbols,
+    schedule: &Schedule,
+    exec_baselines: &mut std::collections::HashMap<StackKey, Counters>,
+) -> Result<()> {
+    let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
+    for pid in probes.take_execs() {
+        mark_exec(probes, pid, elapsed_s, targets, exec_baselines)?;
+        symbols.refresh(pid);
+    }
+    for destroyed in probes.take_context_destroys() {
+        let marked = contexts::mark_destroyed(probes, &destroyed, schedule.attached_at, targets)?;
+        if let Some(marked) = marked
+            && schedule.status_every.is_some()
+        {
+            eprintln!(
+                "tracer: PID {} destroyed or reset a CUDA context after {:.1} s",
+                destroyed.tgid, marked.after_s
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Notes that `pid` replaced its image: marks the boundary in its target
@@ -203,6 +231,20 @@ fn mark_exec(
         watched.target.command = crate::procfs::command_line(pid);
     }
     Ok(())
+}
+
+/// Every BY_STACK entry, as the kernel keeps it.
+fn kernel_stacks(probes: &Probes) -> Result<Vec<(tracer_ebpf::StackKey, StackTotals)>> {
+    let by_stack: HashMap<&MapData, tracer_ebpf::StackKey, StackTotals> = HashMap::try_from(
+        probes
+            .ebpf
+            .map("BY_STACK")
+            .context("eBPF object lacks BY_STACK")?,
+    )?;
+    by_stack
+        .iter()
+        .map(|entry| entry.context("could not read BY_STACK"))
+        .collect()
 }
 
 /// Appends a snapshot to the recording, after the libraries hooked since
@@ -265,6 +307,7 @@ fn follow_children(
                 exited_after_s: None,
                 followed_after_s: Some(elapsed_s),
                 execs_after_s: Vec::new(),
+                gpu_contexts_destroyed: Vec::new(),
             },
             spawned: false,
         });
@@ -299,7 +342,9 @@ pub async fn wait_for_stop(pid: u32) -> Result<()> {
 
 /// Reads BY_STACK and STATS, the mapping kinds' counters and the RSS of
 /// the live targets. The live counters of `exec_baselines` (images
-/// replaced by exec) are taken off.
+/// replaced by exec) are taken off, and so are those of ended CUDA context
+/// epochs (released by a context destruction); a stack's epochs are summed
+/// into one.
 pub fn snapshot(
     probes: &Probes,
     attached_at: Instant,
@@ -308,31 +353,10 @@ pub fn snapshot(
 ) -> Result<Snapshot> {
     let ebpf = &probes.ebpf;
     let elapsed_s = attached_at.elapsed().as_secs_f64();
-    let by_stack: HashMap<&MapData, tracer_ebpf::StackKey, StackTotals> =
-        HashMap::try_from(ebpf.map("BY_STACK").context("eBPF object lacks BY_STACK")?)?;
-    let mut stacks = Vec::new();
-    for entry in by_stack.iter() {
-        let (key, totals) = entry.context("could not read BY_STACK")?;
-        let Some(kind) = Kind::from_raw(key.kind) else {
-            continue;
-        };
-        stacks.push((
-            StackKey {
-                pid: key.tgid,
-                stack_id: key.stack_id,
-                kind,
-            },
-            Counters {
-                // Two's-complement sums of signed changes.
-                live_bytes: totals.live_bytes as i64,
-                live_allocs: totals.live_allocs as i64,
-                alloc_bytes_total: totals.alloc_bytes,
-                alloc_count_total: totals.alloc_count,
-            },
-        ));
-        if let Some((key, counters)) = stacks.last_mut()
-            && let Some(gone) = exec_baselines.get(key)
-        {
+    let epochs = contexts::epochs(probes)?;
+    let mut stacks = contexts::fold_epochs(kernel_stacks(probes)?, &epochs);
+    for (key, counters) in &mut stacks {
+        if let Some(gone) = exec_baselines.get(key) {
             counters.live_bytes -= gone.live_bytes;
             counters.live_allocs -= gone.live_allocs;
         }
@@ -342,13 +366,18 @@ pub fn snapshot(
     stacks.extend(mappings.counters());
     let mut copied = probes.copied.borrow_mut();
     copied.drain();
-    stacks.extend(copied.counters().map(|(key, mut counters)| {
-        if let Some(gone) = exec_baselines.get(&key) {
-            counters.live_bytes -= gone.live_bytes;
-            counters.live_allocs -= gone.live_allocs;
-        }
-        (key, counters)
-    }));
+    stacks.extend(
+        copied
+            .counters(&epochs)
+            .into_iter()
+            .map(|(key, mut counters)| {
+                if let Some(gone) = exec_baselines.get(&key) {
+                    counters.live_bytes -= gone.live_bytes;
+                    counters.live_allocs -= gone.live_allocs;
+                }
+                (key, counters)
+            }),
+    );
     let counters: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map("STATS").context("eBPF object lacks STATS")?)?;
     let mut stats = Vec::with_capacity(stat::COUNT as usize);

@@ -60,6 +60,20 @@ impl Kind {
         }
     }
 
+    /// The `tracer_ebpf::kind` value of the kind.
+    pub fn to_raw(self) -> u32 {
+        match self {
+            Kind::Heap => tracer_ebpf::kind::HEAP,
+            Kind::GpuDevice => tracer_ebpf::kind::GPU_DEVICE,
+            Kind::GpuManaged => tracer_ebpf::kind::GPU_MANAGED,
+            Kind::GpuHostPinned => tracer_ebpf::kind::GPU_HOST_PINNED,
+            Kind::MmapAnon => tracer_ebpf::kind::MMAP_ANON,
+            Kind::MmapFile => tracer_ebpf::kind::MMAP_FILE,
+            Kind::HeapBrk => tracer_ebpf::kind::HEAP_BRK,
+            Kind::MmapReserved => tracer_ebpf::kind::MMAP_RESERVED,
+        }
+    }
+
     /// The name used in reports; the same as its serialized form.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -175,6 +189,22 @@ pub struct Target {
     /// Seconds after attach at which the process replaced its image
     /// (execve): what the old image held was gone from then on.
     pub execs_after_s: Vec<f64>,
+    /// The CUDA contexts it destroyed or reset, in order. Kept out of the
+    /// recording's metadata, whose layout is fixed: recorded apart.
+    #[serde(skip)]
+    pub gpu_contexts_destroyed: Vec<ContextDestroyed>,
+}
+
+/// A CUDA context a process destroyed or reset (cuCtxDestroy_v2,
+/// cuDevicePrimaryCtxReset_v2, cudaDeviceReset): the GPU memory its
+/// contexts owned was released without frees.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ContextDestroyed {
+    /// Seconds after attach at which the call returned.
+    pub after_s: f64,
+    /// What the context-owned GPU memory held at that moment, released, by
+    /// kind name (kinds that held nothing are left out).
+    pub released: BTreeMap<String, Totals>,
 }
 
 /// The counters of one stack over time, from the snapshot where it first
@@ -214,7 +244,7 @@ impl Series {
 }
 
 /// Live memory of one kind, summed over stacks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Totals {
     pub live_bytes: i64,
     pub live_allocs: i64,

@@ -67,6 +67,11 @@ fn kind_round_trips_and_serializes_as_its_name() {
         assert_eq!(kind.as_str(), name);
         assert_eq!(serde_json::to_value(kind).unwrap(), name);
     }
+    for raw in 0..16 {
+        if let Some(kind) = Kind::from_raw(raw) {
+            assert_eq!(kind.to_raw(), raw, "{kind:?}");
+        }
+    }
 }
 
 #[test]

@@ -82,6 +82,7 @@ mod tests {
                 "execs_after_s",
                 "exited_after_s",
                 "followed_after_s",
+                "gpu_contexts_destroyed",
                 "memory",
                 "pid",
                 "totals"

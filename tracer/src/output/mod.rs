@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::model::{Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals};
+use crate::model::{
+    ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals,
+};
 
 pub mod file;
 pub mod flamegraph;
@@ -52,6 +54,8 @@ pub struct Report {
 pub struct TargetReport {
     #[serde(flatten)]
     pub target: Target,
+    /// The CUDA contexts it destroyed or reset, with what each released.
+    pub gpu_contexts_destroyed: Vec<ContextDestroyed>,
     pub totals: BTreeMap<String, Totals>,
     /// Traced memory next to RSS at the end; null when no RSS is known (the
     /// target exited before the first snapshot).
@@ -233,6 +237,7 @@ impl Report {
             .iter()
             .map(|target| TargetReport {
                 target: target.clone(),
+                gpu_contexts_destroyed: target.gpu_contexts_destroyed.clone(),
                 totals: by_kind_name(model.totals_for_pid(target.pid)),
                 memory: MemoryReconciliation::new(
                     model,
@@ -576,6 +581,7 @@ mod tests {
                 exited_after_s: None,
                 followed_after_s: None,
                 execs_after_s: Vec::new(),
+                gpu_contexts_destroyed: Vec::new(),
             },
             Target {
                 pid: 20,
@@ -583,6 +589,7 @@ mod tests {
                 exited_after_s: Some(3.2),
                 followed_after_s: None,
                 execs_after_s: Vec::new(),
+                gpu_contexts_destroyed: Vec::new(),
             },
         ];
         Report::build(ReportInput {

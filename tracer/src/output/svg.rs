@@ -417,6 +417,7 @@ mod tests {
             exited_after_s: None,
             followed_after_s: None,
             execs_after_s: Vec::new(),
+            gpu_contexts_destroyed: Vec::new(),
         }];
         let report = Report::build(ReportInput {
             sampling: crate::output::SamplingReport::exact(),

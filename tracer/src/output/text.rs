@@ -41,6 +41,28 @@ pub fn render(report: &Report) -> String {
                 ", replaced its image (exec) at {exec_after_s:.1} s (what it held before is gone)"
             ));
         }
+        for destroyed in &target_report.gpu_contexts_destroyed {
+            let released: Vec<String> = destroyed
+                .released
+                .iter()
+                .map(|(kind, totals)| {
+                    format!(
+                        "{kind} {} in {} allocs",
+                        human_bytes(totals.live_bytes as f64),
+                        totals.live_allocs
+                    )
+                })
+                .collect();
+            line.push_str(&format!(
+                ", destroyed or reset a CUDA context at {:.1} s (released {})",
+                destroyed.after_s,
+                if released.is_empty() {
+                    "no traced GPU memory".to_owned()
+                } else {
+                    released.join(", ")
+                }
+            ));
+        }
         if let Some(followed_after_s) = target.followed_after_s {
             line.push_str(&format!(
                 ", a child followed from {followed_after_s:.1} s (earlier allocations not seen)"

@@ -52,6 +52,7 @@ fn metadata() -> Metadata {
                 exited_after_s: None,
                 followed_after_s: None,
                 execs_after_s: Vec::new(),
+                gpu_contexts_destroyed: Vec::new(),
             },
             Target {
                 pid: 20,
@@ -59,6 +60,7 @@ fn metadata() -> Metadata {
                 exited_after_s: None,
                 followed_after_s: None,
                 execs_after_s: Vec::new(),
+                gpu_contexts_destroyed: Vec::new(),
             },
         ],
         Vec::new(),
