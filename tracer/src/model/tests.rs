@@ -298,7 +298,7 @@ fn drops_list_only_nonzero_drop_counters_and_events_list_all() {
     });
     assert_eq!(model.drops(), [("live_map_full", 5), ("stack_error", 2)]);
     let events = model.events();
-    assert_eq!(events.len(), 14);
+    assert_eq!(events.len(), 15);
     assert_eq!(events[0], ("allocs", 10));
     assert!(events.contains(&("frees_unknown", 3)));
     assert!(events.contains(&("failed_allocs", 0)));

@@ -175,9 +175,9 @@ fn a_quiet_stack_costs_nothing_per_snapshot() {
     let (_, lengths) = record("quiet", 12, true);
     let per_snapshot: Vec<u64> = lengths.windows(2).map(|pair| pair[1] - pair[0]).collect();
     // From the fourth snapshot on, two stacks change and one is quiet; the
-    // RSS of the two targets and the 19 event counters add about 20 bytes.
+    // RSS of the two targets and the 28 counters add about 30 bytes.
     assert!(
-        per_snapshot[3..].iter().all(|&bytes| bytes < 80),
+        per_snapshot[3..].iter().all(|&bytes| bytes < 90),
         "{per_snapshot:?}"
     );
 }
