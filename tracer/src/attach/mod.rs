@@ -256,7 +256,15 @@ impl Probes {
             .map_max_entries("STACKS", max_stacks)
             .map_max_entries("BY_STACK", max_stacks.saturating_mul(4))
             .map_max_entries("MAPPING_EVENTS", mapping_ring_bytes)
-            .map_max_entries("STACK_COPIES", unwinding.ring_bytes)
+            .map_max_entries(
+                "STACK_COPIES",
+                if unwinding.mode == UnwindMode::FramePointers {
+                    // Never written: the smallest ring there is.
+                    4096
+                } else {
+                    unwinding.ring_bytes
+                },
+            )
             .override_global("STACK_COPY_MODE", &unwinding.copy_mode(), true)
             .override_global("STACK_PAGES", &unwinding.stack_pages(), true)
             .override_global("SAMPLE_BYTES", &sampling.sample_bytes, true)
@@ -311,14 +319,17 @@ impl Probes {
         let copies = ebpf
             .take_map("STACK_COPIES")
             .context("eBPF object lacks STACK_COPIES")?;
-        let copies = RingBuf::try_from(copies).context("STACK_COPIES is not a ring buffer")?;
+        let mut copied = CopiedStacks::new(copies);
+        if unwinding.mode == UnwindMode::Dwarf {
+            copied.activate()?;
+        }
         Ok(Probes {
             ebpf,
             hooks: Vec::new(),
             return_probes,
             libraries: Vec::new(),
             mappings: RefCell::new(MappingTracker::new(events)),
-            copied: RefCell::new(CopiedStacks::new(copies)),
+            copied: RefCell::new(copied),
             unwinding: *unwinding,
             copying_stacks_of: Vec::new(),
             links: Vec::new(),
@@ -371,6 +382,7 @@ impl Probes {
         copy_stacks_of
             .insert(pid, 1, 0)
             .with_context(|| format!("could not ask for the stacks of PID {pid} to be copied"))?;
+        self.copied.borrow_mut().activate()?;
         self.copying_stacks_of.push((pid, lacking));
         Ok(())
     }

@@ -8,7 +8,8 @@
 //! apart from the kernel's stack ids and the mapping stacks.
 use std::collections::HashMap;
 
-use aya::maps::{MapData, RingBuf};
+use anyhow::{Context as _, Result};
+use aya::maps::{Map, MapData, RingBuf};
 use tracer_ebpf::{StackCopy, StackFree, stack_record};
 
 use crate::{
@@ -35,7 +36,10 @@ struct Block {
 }
 
 pub struct CopiedStacks {
-    records: RingBuf<MapData>,
+    /// The STACK_COPIES map until a process needs copies: mapping the ring
+    /// into tracer costs its size in resident memory.
+    unused: Option<Map>,
+    records: Option<RingBuf<MapData>>,
     unwinder: Unwinder,
     stacks: Vec<(u32, Unwound)>,
     stack_ids: HashMap<(u32, Unwound), u32>,
@@ -52,9 +56,10 @@ pub struct CopiedStacks {
 }
 
 impl CopiedStacks {
-    pub fn new(records: RingBuf<MapData>) -> Self {
+    pub fn new(map: Map) -> Self {
         CopiedStacks {
-            records,
+            unused: Some(map),
+            records: None,
             unwinder: Unwinder::new(),
             stacks: Vec::new(),
             stack_ids: HashMap::new(),
@@ -67,10 +72,19 @@ impl CopiedStacks {
         }
     }
 
+    /// Maps the ring buffer, once a process's stacks are copied.
+    pub fn activate(&mut self) -> Result<()> {
+        if let Some(map) = self.unused.take() {
+            self.records =
+                Some(RingBuf::try_from(map).context("STACK_COPIES is not a ring buffer")?);
+        }
+        Ok(())
+    }
+
     /// Applies every record the kernel sent since the last drain.
     pub fn drain(&mut self) {
         loop {
-            let Some(item) = self.records.next() else {
+            let Some(item) = self.records.as_mut().and_then(RingBuf::next) else {
                 break;
             };
             let record = item
