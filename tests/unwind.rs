@@ -287,3 +287,43 @@ fn cuda_allocations_are_unwound_too() {
     );
     assert!(report.int("/events/stack_copies") >= report.int("/events/gpu_allocs"));
 }
+
+#[test]
+fn mapping_calls_are_unwound_too() {
+    // mmap through glibc's wrapper and a raw syscall(SYS_mmap): the copy is
+    // taken at the system call and unwound through the wrapper.
+    let session = record_with(
+        "mappings",
+        &["--unwind", "dwarf"],
+        &["anon 6", "raw 4", "file 3"],
+    );
+    let report = &session.report;
+    let anon = report.stacks_with("mmap-anon", "leak_anon_mapping");
+    assert_eq!(anon.len(), 1, "\n{report}");
+    assert_eq!(
+        (
+            stack_int(anon[0], "live_bytes"),
+            stack_int(anon[0], "live_allocs")
+        ),
+        (6 * 256 * 1024, 6),
+        "\n{report}"
+    );
+    // The wrapper is not the innermost frame: its caller is.
+    let names = function_names(anon[0]);
+    assert!(names[0].contains("leak_anon_mapping"), "{names:?}");
+    assert_in_order(anon[0], &["leak_anon_mapping", "main"], report);
+    assert_eq!(
+        report.live_with("mmap-anon", "raw_syscall_mapping"),
+        Live {
+            bytes: 4 * 64 * 1024,
+            allocs: 4
+        },
+        "\n{report}"
+    );
+    assert_eq!(
+        report.live_with("mmap-file", "mmap-file").allocs,
+        3,
+        "\n{report}"
+    );
+    assert!(report.int("/events/stack_copies") >= 13);
+}

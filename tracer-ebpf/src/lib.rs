@@ -99,6 +99,10 @@ pub mod stack_record {
     pub const FREE: u32 = 2;
     /// [`super::StackFree`]: a failed realloc gave its old block back.
     pub const RESTORE: u32 = 3;
+    /// [`super::StackCopy`] of a mapping call (mmap, brk) at its entry: a
+    /// stack only, for the MappingEvent that carries its reference; the
+    /// mapping itself is followed from MAPPING_EVENTS.
+    pub const MAPPING_COPY: u32 = 4;
 }
 
 /// Largest number of stack pages one copy holds (`--stack-bytes` up to

@@ -81,8 +81,14 @@ fn enter(ctx: &TracePointContext, mut event: MappingEvent, with_stack: bool) {
     {
         event.in_allocator = 1;
     } else if with_stack {
-        event.stack_id = user_stack(ctx);
-        event.caller_address = word_at_user_sp();
+        // A copied stack is unwound through the syscall wrapper itself.
+        match crate::stacks::copy_at_syscall(tgid) {
+            Some(stack_ref) => event.stack_id = stack_ref,
+            None => {
+                event.stack_id = user_stack(ctx);
+                event.caller_address = word_at_user_sp();
+            }
+        }
     }
     if MAPPING_PENDING
         .insert(&thread, &event, BPF_ANY as u64)

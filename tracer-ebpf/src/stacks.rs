@@ -10,7 +10,10 @@
 //! exists, so its free can never come first.
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel,
+        bpf_task_pt_regs, generated::bpf_probe_read_user,
+    },
     macros::map,
     maps::{Array, HashMap, RingBuf},
     programs::{RetProbeContext, tracing::StackIdContext},
@@ -56,15 +59,74 @@ pub(crate) fn capture(
     context_epoch: u32,
 ) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let copies = match STACK_COPY_MODE.load() {
+    let copies = copies_stacks_of(tgid);
+    if copies {
+        let regs = unsafe { &*ctx.regs };
+        let block = Block {
+            record: stack_record::COPY,
+            tgid,
+            size,
+            kind,
+            api,
+            context_epoch,
+        };
+        if let Some(stack_ref) = copy_stack(&block, regs.rip, regs.rsp, regs.rbp) {
+            return stack_ref;
+        }
+    }
+    walk_frame_pointers(ctx)
+}
+
+/// Whether the stacks of `tgid` are copied.
+#[inline(always)]
+fn copies_stacks_of(tgid: u32) -> bool {
+    match STACK_COPY_MODE.load() {
         0 => false,
         1 => true,
         _ => unsafe { COPY_STACKS_OF.get(&tgid) }.is_some(),
-    };
-    if copies && let Some(stack_ref) = copy_stack(ctx, tgid, size, kind, api, context_epoch) {
-        return stack_ref;
     }
-    walk_frame_pointers(ctx)
+}
+
+/// At a system call of `tgid` (the mapping tracepoints): a copy of the
+/// user stack where the call was made, as a `stack_record::MAPPING_COPY`;
+/// None when this process's stacks are walked by frame pointers or the
+/// ring is full.
+#[inline(always)]
+pub(crate) fn copy_at_syscall(tgid: u32) -> Option<u32> {
+    if !copies_stacks_of(tgid) {
+        return None;
+    }
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u64;
+    let read = |index: usize| unsafe { bpf_probe_read_kernel(regs.add(index)) }.ok();
+    let (ip, sp, bp) = (
+        read(PT_REGS_IP_INDEX)?,
+        read(PT_REGS_SP_INDEX)?,
+        read(PT_REGS_BP_INDEX)?,
+    );
+    let call = Block {
+        record: stack_record::MAPPING_COPY,
+        tgid,
+        size: 0,
+        kind: 0,
+        api: u32::MAX,
+        context_epoch: 0,
+    };
+    copy_stack(&call, ip, sp, bp)
+}
+
+/// Indices of rbp, rip and rsp in the kernel's `struct pt_regs` (x86-64).
+const PT_REGS_BP_INDEX: usize = 4;
+const PT_REGS_IP_INDEX: usize = 16;
+const PT_REGS_SP_INDEX: usize = 19;
+
+/// What a copy record says besides the stack.
+struct Block {
+    record: u32,
+    tgid: u32,
+    size: u64,
+    kind: u32,
+    api: u32,
+    context_epoch: u32,
 }
 
 #[inline(always)]
@@ -83,14 +145,7 @@ fn walk_frame_pointers(ctx: &RetProbeContext) -> u32 {
 }
 
 #[inline(always)]
-fn copy_stack(
-    ctx: &RetProbeContext,
-    tgid: u32,
-    size: u64,
-    kind: u32,
-    api: u32,
-    context_epoch: u32,
-) -> Option<u32> {
+fn copy_stack(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
     let pages = STACK_PAGES.load().min(MAX_STACK_PAGES);
     let record_bytes = HEADER_BYTES + pages as usize * STACK_PAGE_BYTES as usize;
     let Some(mut record) = STACK_COPIES.reserve_bytes(record_bytes, 0) else {
@@ -103,8 +158,7 @@ fn copy_stack(
     };
     let sequence = fetch_add_one(next);
     let stack_ref = COPIED_STACK | (sequence as u32 & COPIED_STACK_MASK);
-    let regs = unsafe { &*ctx.regs };
-    let base = regs.rsp & !(STACK_PAGE_BYTES - 1);
+    let base = sp & !(STACK_PAGE_BYTES - 1);
     let data = record.as_mut_ptr();
     let mut length = 0u64;
     let mut reached_top = 0;
@@ -127,18 +181,18 @@ fn copy_stack(
         length += STACK_PAGE_BYTES;
     }
     let header = StackCopy {
-        record: stack_record::COPY,
-        tgid,
+        record: block.record,
+        tgid: block.tgid,
         stack_ref,
-        kind,
-        api,
+        kind: block.kind,
+        api: block.api,
         reached_top,
-        context_epoch,
+        context_epoch: block.context_epoch,
         pad: 0,
-        size,
-        ip: regs.rip,
-        sp: regs.rsp,
-        bp: regs.rbp,
+        size: block.size,
+        ip,
+        sp,
+        bp,
         base,
         length,
     };

@@ -43,6 +43,9 @@ pub struct CopiedStacks {
     unwinder: Unwinder,
     stacks: Vec<(u32, Unwound)>,
     stack_ids: HashMap<(u32, Unwound), u32>,
+    /// Stacks of mapping calls (mmap, brk), by (tgid, reference), until
+    /// the mapping tracker takes them.
+    mapping_stacks: HashMap<(u32, u32), u32>,
     /// Live blocks by (tgid, reference).
     live: HashMap<(u32, u32), Block>,
     recently_freed: HashMap<(u32, u32), Block>,
@@ -63,6 +66,7 @@ impl CopiedStacks {
             unwinder: Unwinder::new(),
             stacks: Vec::new(),
             stack_ids: HashMap::new(),
+            mapping_stacks: HashMap::new(),
             live: HashMap::new(),
             recently_freed: HashMap::new(),
             counters: HashMap::new(),
@@ -91,14 +95,20 @@ impl CopiedStacks {
                 .get(..4)
                 .map(|bytes| u32::from_ne_bytes(bytes.try_into().expect("4 bytes")));
             match record {
-                Some(stack_record::COPY) if item.len() >= size_of::<StackCopy>() => {
+                Some(record @ (stack_record::COPY | stack_record::MAPPING_COPY))
+                    if item.len() >= size_of::<StackCopy>() =>
+                {
                     // SAFETY: the item starts with a whole StackCopy.
                     let copy: StackCopy = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                     let stack = &item[size_of::<StackCopy>()..];
                     let length = (copy.length as usize).min(stack.len());
                     let unwound = self.unwinder.unwind(&copy, &stack[..length]);
                     drop(item);
-                    self.copied(&copy, unwound);
+                    if record == stack_record::COPY {
+                        self.copied(&copy, unwound);
+                    } else {
+                        self.mapping_copied(&copy, unwound);
+                    }
                 }
                 Some(kind @ (stack_record::FREE | stack_record::RESTORE))
                     if item.len() >= size_of::<StackFree>() =>
@@ -117,16 +127,14 @@ impl CopiedStacks {
         }
     }
 
-    fn copied(&mut self, copy: &StackCopy, unwound: Unwound) {
+    /// The id of an unwound stack, new or seen before.
+    fn stack_id(&mut self, pid: u32, unwound: Unwound) -> u32 {
         self.unwound += 1;
         if unwound.truncated {
             self.truncated += 1;
         }
-        let Some(kind) = Kind::from_raw(copy.kind) else {
-            return;
-        };
-        let stack = (copy.tgid, unwound);
-        let stack_id = match self.stack_ids.get(&stack) {
+        let stack = (pid, unwound);
+        match self.stack_ids.get(&stack) {
             Some(&id) => id,
             None => {
                 let id = COPIED_STACK_BASE + self.stacks.len() as u32;
@@ -134,7 +142,37 @@ impl CopiedStacks {
                 self.stack_ids.insert(stack, id);
                 id
             }
+        }
+    }
+
+    fn mapping_copied(&mut self, copy: &StackCopy, unwound: Unwound) {
+        let stack_id = self.stack_id(copy.tgid, unwound);
+        if self.mapping_stacks.len() >= RECENTLY_FREED {
+            // References of calls that failed, never taken.
+            self.mapping_stacks.clear();
+        }
+        self.mapping_stacks
+            .insert((copy.tgid, copy.stack_ref), stack_id);
+    }
+
+    /// The stack id of the mapping call whose event carries `stack_ref`
+    /// (once: the tracker keeps it).
+    pub fn take_mapping_stack(&mut self, tgid: u32, stack_ref: u32) -> Option<u32> {
+        self.mapping_stacks.remove(&(tgid, stack_ref))
+    }
+
+    /// The return addresses of a copied stack, innermost first.
+    pub fn addresses(&self, stack_id: u32) -> Option<&[u64]> {
+        let index = stack_id.checked_sub(COPIED_STACK_BASE)?;
+        let (_, unwound) = self.stacks.get(index as usize)?;
+        Some(&unwound.addresses)
+    }
+
+    fn copied(&mut self, copy: &StackCopy, unwound: Unwound) {
+        let Some(kind) = Kind::from_raw(copy.kind) else {
+            return;
         };
+        let stack_id = self.stack_id(copy.tgid, unwound);
         let key = StackKey {
             pid: copy.tgid,
             stack_id,

@@ -12,9 +12,10 @@
 use std::collections::HashMap;
 
 use aya::maps::{MapData, RingBuf};
-use tracer_ebpf::{MappingEvent, NO_STACK, mapping_call};
+use tracer_ebpf::{MappingEvent, NO_STACK, is_copied_stack, mapping_call};
 
 use crate::{
+    collect::copied::{COPIED_STACK_BASE, CopiedStacks},
     model::{
         Counters, Frame, StackKey,
         mappings::{MappingLedger, maps_file},
@@ -63,8 +64,9 @@ impl MappingTracker {
         }
     }
 
-    /// Applies every event the kernel sent since the last drain.
-    pub fn drain(&mut self) {
+    /// Applies every event the kernel sent since the last drain; the
+    /// stacks copied at mapping calls come from `copied`.
+    pub fn drain(&mut self, copied: &mut CopiedStacks) {
         let mut events: Vec<MappingEvent> = Vec::new();
         while let Some(item) = self.events.next() {
             if item.len() >= size_of::<MappingEvent>() {
@@ -75,7 +77,11 @@ impl MappingTracker {
         for event in events {
             let adds = matches!(event.call, mapping_call::MMAP | mapping_call::BRK)
                 && event.in_allocator == 0;
-            let stack_id = if adds { self.stack_id(&event) } else { 0 };
+            let stack_id = if adds {
+                self.stack_id(&resolve_copied_stack(event, copied))
+            } else {
+                0
+            };
             self.ledger.apply(&event, stack_id);
         }
     }
@@ -135,14 +141,33 @@ impl MappingTracker {
             .first()
             .and_then(|frame| frame.function.as_deref())
             .is_some_and(is_leaf_wrapper);
+        let unwound = stack.kernel_stack_id >= COPIED_STACK_BASE;
         if in_leaf_wrapper && stack.caller_address != 0 {
             frames.extend(symbols.stack_frames(stack.pid, &[stack.caller_address]));
-        } else {
+        } else if !(in_leaf_wrapper && unwound) {
+            // An unwound stack goes on with the wrapper's caller itself.
             frames.extend(innermost_frames);
         }
         frames.extend(symbols.stack_frames(stack.pid, outer));
         Some(frames)
     }
+}
+
+/// An event whose stack was copied (`--unwind dwarf`) gets the id of its
+/// unwound stack. The copy went into its ring at the call's entry, before
+/// the event at its exit: one more drain finds a copy not read yet.
+fn resolve_copied_stack(mut event: MappingEvent, copied: &mut CopiedStacks) -> MappingEvent {
+    if !is_copied_stack(event.stack_id) {
+        return event;
+    }
+    let stack = copied
+        .take_mapping_stack(event.tgid, event.stack_id)
+        .or_else(|| {
+            copied.drain();
+            copied.take_mapping_stack(event.tgid, event.stack_id)
+        });
+    event.stack_id = stack.unwrap_or(NO_STACK);
+    event
 }
 
 fn is_leaf_wrapper(function: &str) -> bool {

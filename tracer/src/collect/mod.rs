@@ -136,7 +136,9 @@ pub async fn run(
                 probes.watch_libraries(&live_pids(targets));
                 mark_rare_events(probes, targets, symbols, schedule, &mut exec_baselines)?;
             }
-            _ = drain_timer.tick() => probes.mappings.borrow_mut().drain(),
+            _ = drain_timer.tick() => {
+                probes.mappings.borrow_mut().drain(&mut probes.copied.borrow_mut());
+            }
             _ = copies_timer.tick(), if probes.unwinding.copy_mode() != 0 => {
                 probes.copied.borrow_mut().drain();
             }
@@ -362,10 +364,10 @@ pub fn snapshot(
         }
     }
     let mut mappings = probes.mappings.borrow_mut();
-    mappings.drain();
-    stacks.extend(mappings.counters());
     let mut copied = probes.copied.borrow_mut();
     copied.drain();
+    mappings.drain(&mut copied);
+    stacks.extend(mappings.counters());
     stacks.extend(
         copied
             .counters(&epochs)
@@ -403,13 +405,19 @@ pub fn stack_frames(probes: &Probes, symbols: &mut Symbols, key: &StackKey) -> V
         return Vec::new();
     }
     let ebpf = &probes.ebpf;
-    if let Some(frames) = probes.copied.borrow().frames(key.stack_id, symbols) {
+    let copied = probes.copied.borrow();
+    if let Some(frames) = copied.frames(key.stack_id, symbols) {
         return frames;
     }
+    // A mapping stack is the kernel's, or one unwound from a copy.
+    let addresses = |id| match copied.addresses(id) {
+        Some(addresses) => addresses.to_vec(),
+        None => stack_addresses(ebpf, id),
+    };
     if let Some(frames) = probes
         .mappings
         .borrow()
-        .frames(key.stack_id, symbols, |id| stack_addresses(ebpf, id))
+        .frames(key.stack_id, symbols, addresses)
     {
         return frames;
     }
