@@ -338,9 +338,15 @@ struct NamespacedFixture {
 
 impl NamespacedFixture {
     fn start() -> Self {
-        let directory = std::env::temp_dir().join(format!("tracer-ns-{}", std::process::id()));
+        Self::start_named("leaky")
+    }
+
+    /// Fixture `name`, copied into the namespace's tmpfs as `leaky`.
+    fn start_named(name: &str) -> Self {
+        let directory =
+            std::env::temp_dir().join(format!("tracer-ns-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&directory).unwrap();
-        let fixture = harness::fixture("leaky");
+        let fixture = harness::fixture(name);
         let mut child = Command::new("unshare")
             .args([
                 "--mount",
@@ -422,6 +428,34 @@ fn target_in_other_pid_and_mount_namespaces() {
         fixture.cmd("leak 1").starts_with("leaked count=1"),
         "the target runs on"
     );
+}
+
+#[test]
+fn dwarf_unwinding_reads_the_files_of_a_target_in_other_namespaces() {
+    // nested_nofp has no frame pointers: its stacks are unwound from the
+    // .eh_frame of a file that only the target's mount namespace sees
+    // (read through /proc/PID/root).
+    require_root();
+    let mut fixture = NamespacedFixture::start_named("nested_nofp");
+    let json = json_path("namespaces-dwarf");
+    let pid = fixture.host_pid.to_string();
+    let mut args = record_args(std::slice::from_ref(&pid), json.to_str().unwrap());
+    args.extend(["--unwind", "dwarf"]);
+    let mut tracer = Tracer::start(args);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    assert_eq!(fixture.cmd("leak 11"), format!("leaked bytes={}", 11 * 777));
+    let output = tracer.stop();
+    output.assert_success();
+    let report = Report::read(&json);
+    let stacks = report.heap_stacks_with("inner_static");
+    assert_eq!(stacks.len(), 1, "{report}");
+    assert_eq!(harness::stack_int(stacks[0], "live_bytes"), 11 * 777);
+    for function in ["middle_static", "outer_static", "main"] {
+        assert!(
+            harness::frames_contain(stacks[0], function),
+            "{function} missing: {report}"
+        );
+    }
 }
 
 #[test]
