@@ -162,10 +162,10 @@ fn c_leak_through_three_static_functions_shows_all_three() {
 
 #[test]
 fn stack_deeper_than_the_copy_is_truncated_and_still_attributed() {
-    // 300 levels of ~200 bytes: far deeper than a 4 KiB copy.
+    // 300 levels of ~200 bytes: far deeper than an 8 KiB copy.
     let session = record_with(
         "nested_nofp",
-        &["--unwind", "dwarf", "--stack-bytes", "4096"],
+        &["--unwind", "dwarf", "--stack-bytes", "8192"],
         &["deep 300 7", "leak 5"],
     );
     let report = &session.report;
@@ -326,4 +326,52 @@ fn mapping_calls_are_unwound_too() {
         "\n{report}"
     );
     assert!(report.int("/events/stack_copies") >= 13);
+}
+
+#[test]
+fn auto_switches_to_dwarf_when_a_library_without_frame_pointers_is_loaded() {
+    // plugin_host keeps frame pointers; its plugin, loaded after attach,
+    // does not: auto starts copying its stacks when it is mapped.
+    harness::require_root();
+    let mut host = harness::Fixture::start("plugin_host", &[]);
+    let json = harness::json_path("plugin");
+    let pid = host.pid.to_string();
+    let mut tracer = harness::Tracer::start([
+        "record",
+        "--pid",
+        &pid,
+        "--interval",
+        "200ms",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    tracer.wait_attached(harness::ATTACH_TIMEOUT);
+    assert_eq!(host.cmd("load"), "loaded");
+    tracer.wait_stderr(
+        "mapped nofp_plugin without frame pointers",
+        harness::ATTACH_TIMEOUT,
+    );
+    let answer = host.cmd("leak 30");
+    let output = tracer.stop();
+    output.assert_success();
+    let report = Report::read(&json);
+    assert_eq!(field(&answer, "bytes"), 30 * 555);
+    let stacks = report.heap_stacks_with("plugin_inner");
+    assert_eq!(stacks.len(), 1, "\n{report}");
+    assert_eq!(stack_int(stacks[0], "live_bytes"), 30 * 555);
+    assert_in_order(
+        stacks[0],
+        &[
+            "plugin_inner",
+            "plugin_outer",
+            "plugin_leak",
+            "host_calls_plugin",
+            "main",
+        ],
+        &report,
+    );
+    assert_eq!(
+        report.json["unwinding"]["dwarf"][0]["objects_without_frame_pointers"],
+        serde_json::json!(["nofp_plugin"])
+    );
 }

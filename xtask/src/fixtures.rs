@@ -35,6 +35,8 @@ const EXTRA_FLAGS: &[(&str, &[&str])] = &[
     ),
     ("kernel_cache", NO_FRAME_POINTERS),
     ("nested_nofp", NO_FRAME_POINTERS),
+    // A library (dlopen()ed by plugin_host by path), without frame pointers.
+    ("nofp_plugin", &["-fomit-frame-pointer", "-shared", "-fPIC"]),
 ];
 
 /// More binaries built from one fixture source: (output name, source file

@@ -273,6 +273,19 @@ impl Probes {
         if new_paths.is_empty() {
             return Ok(());
         }
+        if self.unwinding.mode == crate::unwind::UnwindMode::Auto && !self.copies_stacks_of(pid) {
+            let lacking = crate::unwind::frame_pointers::objects_lacking_among(pid, |path| {
+                new_paths.iter().any(|new| new == path)
+            });
+            if !lacking.is_empty() {
+                eprintln!(
+                    "tracer: PID {pid} mapped {} without frame pointers: its stacks are copied \
+                     and unwound with DWARF from now on (--unwind auto)",
+                    lacking.join(", ")
+                );
+                self.start_copying(pid, lacking)?;
+            }
+        }
         let sites = hook_sites_in(pid, &new_paths)?;
         let before = self.libraries.len();
         self.attach_sites(pid, &sites, noticed_by)?;

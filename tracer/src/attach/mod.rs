@@ -371,7 +371,13 @@ impl Probes {
             return Ok(());
         }
         let lacking = crate::unwind::frame_pointers::objects_lacking(pid);
-        if lacking.is_empty() {
+        self.start_copying(pid, lacking)
+    }
+
+    /// `--unwind auto`: copies the stacks of `pid` from now on when one of
+    /// its objects in `lacking` has no frame pointers (none: nothing to do).
+    pub(crate) fn start_copying(&mut self, pid: u32, lacking: Vec<String>) -> Result<()> {
+        if lacking.is_empty() || self.copies_stacks_of(pid) {
             return Ok(());
         }
         let mut copy_stacks_of: aya::maps::HashMap<_, u32, u32> = aya::maps::HashMap::try_from(

@@ -167,9 +167,13 @@ pub async fn run(
             _ = terminate.recv() => break StopReason::Terminated,
         }
     };
-    // Events sent since the last drain, before the final snapshot.
+    // Events sent since the last drain, before the final snapshot; and
+    // the libraries mapped since the last snapshot, for the symbolizer.
     probes.watch_libraries(&live_pids(targets));
     mark_rare_events(probes, targets, symbols, schedule, &mut exec_baselines)?;
+    for pid in live_pids(targets) {
+        symbols.refresh(pid);
+    }
     let snapshot = snapshot(
         probes,
         schedule.attached_at,

@@ -10,6 +10,8 @@ use crate::procfs;
 
 /// Functions checked per object.
 const SAMPLE: usize = 256;
+/// Fewer named functions than this: use the `.eh_frame_hdr` table.
+const MIN_NAMED_FUNCTIONS: usize = 2;
 /// Bytes from a function's start searched for its frame-pointer prologue.
 const PROLOGUE_WINDOW: usize = 48;
 /// An object keeps frame pointers when at least this share of its sampled
@@ -36,13 +38,19 @@ const GLIBC_OBJECTS: [&str; 9] = [
 /// What `auto` found for a process: the objects that lack frame pointers
 /// (file names), or nothing when every object keeps them.
 pub fn objects_lacking(pid: u32) -> Vec<String> {
+    objects_lacking_among(pid, |_| true)
+}
+
+/// [`objects_lacking`] among the mapped files that `wanted` selects (the
+/// libraries a process mapped since it was last checked).
+pub fn objects_lacking_among(pid: u32, wanted: impl Fn(&std::path::Path) -> bool) -> Vec<String> {
     let mut files = ModuleFiles::default();
     let mut seen = HashMap::new();
     let mut lacking = Vec::new();
     for mapping in procfs::read_maps(pid)
         .unwrap_or_default()
         .iter()
-        .filter(|mapping| mapping.executable)
+        .filter(|mapping| mapping.executable && wanted(&mapping.path))
     {
         let name = mapping
             .path
@@ -64,11 +72,42 @@ pub fn objects_lacking(pid: u32) -> Vec<String> {
     lacking
 }
 
+/// Functions that the C runtime's start files (crt1.o, crtbegin.o) link
+/// into every program, built without frame pointers: in a small program
+/// they would outnumber its own functions.
+const START_FILE_FUNCTIONS: [&str; 9] = [
+    "_start",
+    "_init",
+    "_fini",
+    "deregister_tm_clones",
+    "register_tm_clones",
+    "__do_global_dtors_aux",
+    "frame_dummy",
+    "__libc_csu_init",
+    "__libc_csu_fini",
+];
+
 /// Some(true) when the object's functions set up frame pointers, None when
-/// it has no search table to find them by.
+/// there are no functions to check: named in its symbol tables (start
+/// files' functions and cold parts aside), else listed in `.eh_frame_hdr`;
+/// only those in `.text`.
 pub fn keeps_frame_pointers(object: &ObjectInfo) -> Option<bool> {
-    let (hdr_address, hdr) = object.eh_frame_hdr()?;
-    let starts = function_starts(hdr_address, hdr)?;
+    let text = object.text()?;
+    let mut starts: Vec<u64> = object
+        .functions
+        .iter()
+        .filter(|(_, name)| {
+            !START_FILE_FUNCTIONS.contains(&name.as_str()) && !name.contains(".cold")
+        })
+        .map(|(address, _)| *address)
+        .collect();
+    if starts.len() < MIN_NAMED_FUNCTIONS {
+        let (hdr_address, hdr) = object.eh_frame_hdr()?;
+        starts = function_starts(hdr_address, hdr)?;
+    }
+    starts.retain(|start| text.contains(start));
+    starts.sort_unstable();
+    starts.dedup();
     if starts.is_empty() {
         return None;
     }

@@ -5,7 +5,7 @@ use std::{collections::HashMap, fs::File, ops::Range, os::unix::fs::MetadataExt 
 
 use framehop::{ExplicitModuleSectionInfo, Module};
 use memmap2::Mmap;
-use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+use object::{Object as _, ObjectSection as _, ObjectSegment as _, ObjectSymbol as _};
 
 use crate::procfs::{self, Mapping};
 
@@ -34,6 +34,9 @@ pub struct ObjectInfo {
     eh_frame: Option<(Range<u64>, Range<usize>)>,
     eh_frame_hdr: Option<(Range<u64>, Range<usize>)>,
     debug_frame: Option<Range<usize>>,
+    /// Functions named in the symbol table (or, without one, the dynamic
+    /// symbol table): (address, name).
+    pub functions: Vec<(u64, String)>,
 }
 
 impl ObjectInfo {
@@ -61,7 +64,18 @@ impl ObjectInfo {
                 offset as usize..(offset + size) as usize,
             ))
         };
+        let functions = |symbols: object::read::SymbolIterator<'_, '_>| -> Vec<(u64, String)> {
+            symbols
+                .filter(|symbol| symbol.kind() == object::SymbolKind::Text && symbol.size() > 0)
+                .filter_map(|symbol| Some((symbol.address(), symbol.name().ok()?.to_owned())))
+                .collect()
+        };
+        let mut named = functions(elf.symbols());
+        if named.is_empty() {
+            named = functions(elf.dynamic_symbols());
+        }
         Some(ObjectInfo {
+            functions: named,
             segments,
             text: section(".text").map(|(addresses, _)| addresses),
             eh_frame: section(".eh_frame"),
@@ -91,6 +105,11 @@ impl ObjectInfo {
     pub fn bytes_at(&self, offset: u64, length: usize) -> Option<&[u8]> {
         let start = offset as usize;
         self.map.get(start..(start + length).min(self.map.len()))
+    }
+
+    /// The address range of `.text`.
+    pub fn text(&self) -> Option<Range<u64>> {
+        self.text.clone()
     }
 
     pub fn eh_frame_hdr(&self) -> Option<(u64, &[u8])> {
