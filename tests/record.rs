@@ -20,16 +20,6 @@ const THREAD_LEAK_SIZE_BYTES: i64 = 2048;
 /// three in churn_realloc, one in each of the other seven functions.
 const CHURN_ALLOCS_PER_ROUND: i64 = 10;
 
-/// The churn functions whose blocks are all freed again.
-const CHURN_FREED: &[&str] = &[
-    "churn_malloc",
-    "churn_calloc",
-    "churn_realloc",
-    "churn_aligned",
-    "churn_valloc",
-    "churn_memalign_legacy",
-];
-
 #[test]
 fn leak_exact() {
     let session = record_while("leaky", &["leak 50"]);
@@ -100,7 +90,7 @@ fn churn_exact() {
         "\n{report}"
     );
 
-    for function in CHURN_FREED {
+    for function in harness::CHURN_FREED {
         assert_eq!(
             report.heap_live_with(function),
             Live::default(),

@@ -212,15 +212,7 @@ fn dwarf_mode_counts_frees_reallocs_and_threads_exactly() {
         field(churn, "churn_keep"),
         "\n{report}"
     );
-    for function in [
-        "churn_malloc",
-        "churn_calloc",
-        "churn_realloc",
-        "churn_aligned",
-        "churn_valloc",
-        "churn_memalign_legacy",
-        "realloc_edge",
-    ] {
+    for &function in harness::CHURN_FREED.iter().chain(&["realloc_edge"]) {
         assert_eq!(
             report.heap_live_with(function),
             Live::default(),

@@ -62,6 +62,16 @@ pub fn json_path(test_name: &str) -> PathBuf {
     ))
 }
 
+/// The functions of leaky.c's `churn` whose blocks are all freed again.
+pub const CHURN_FREED: &[&str] = &[
+    "churn_malloc",
+    "churn_calloc",
+    "churn_realloc",
+    "churn_aligned",
+    "churn_valloc",
+    "churn_memalign_legacy",
+];
+
 /// The value of `key=value` in a fixture's answer line.
 pub fn field(answer: &str, key: &str) -> i64 {
     answer

@@ -416,9 +416,10 @@ fn drop_holder(tgid: u32, handle: u64) {
 
 /// `*target += value` as one atomic instruction; returns the value
 /// before, so that of two threads dropping the last holders exactly one
-/// frees, and two context destructions end two epochs.
+/// frees, two context destructions end two epochs, and two stack copies
+/// get two references.
 #[inline(always)]
-fn fetch_add(target: *mut u64, mut value: u64) -> u64 {
+pub(crate) fn fetch_add(target: *mut u64, mut value: u64) -> u64 {
     unsafe {
         core::arch::asm!(
             "{value} = atomic_fetch_add((u64 *)({target} + 0), {value})",

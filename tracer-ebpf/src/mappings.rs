@@ -10,18 +10,18 @@
 //! takes the stack and notes whether the thread was inside an allocator.
 use aya_ebpf::{
     Global,
-    bindings::{BPF_ANY, BPF_F_USER_STACK, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_ANY, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel,
         bpf_probe_read_user, bpf_task_pt_regs,
     },
     macros::{map, tracepoint},
     maps::{HashMap, LruHashMap, RingBuf},
-    programs::{TracePointContext, tracing::StackIdContext},
+    programs::TracePointContext,
 };
 use tracer_ebpf::{MappingEvent, NO_STACK, SyscallFieldOffsets, mapping_call, stat};
 
-use crate::probes::{PENDING, STACKS, count};
+use crate::probes::{PENDING, count};
 
 /// Where the tracepoint fields are, read from tracefs by userspace.
 #[unsafe(no_mangle)]
@@ -54,9 +54,6 @@ static MAPPING_PENDING: LruHashMap<u64, MappingEvent> = LruHashMap::with_max_ent
 #[map]
 static MAPPING_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
-const EEXIST: i64 = 17;
-/// `offsetof(struct pt_regs, sp)` on x86-64 (the ptrace register layout).
-const PT_REGS_SP_OFFSET: usize = 19 * 8;
 /// Results in `[-4095, -1]` are errors.
 const MAX_ERRNO: u64 = 4095;
 
@@ -85,7 +82,7 @@ fn enter(ctx: &TracePointContext, mut event: MappingEvent, with_stack: bool) {
         match crate::stacks::copy_at_syscall(tgid) {
             Some(stack_ref) => event.stack_id = stack_ref,
             None => {
-                event.stack_id = user_stack(ctx);
+                event.stack_id = crate::stacks::walk_frame_pointers(ctx);
                 event.caller_address = word_at_user_sp();
             }
         }
@@ -121,28 +118,13 @@ fn exit(ctx: &TracePointContext) {
     }
 }
 
-#[inline(always)]
-fn user_stack(ctx: &TracePointContext) -> u32 {
-    match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-        Ok(id) => id as u32,
-        Err(error) => {
-            count(if -(error as i64) == EEXIST {
-                stat::DROP_STACK_COLLISION
-            } else {
-                stat::DROP_STACK_ERROR
-            });
-            NO_STACK
-        }
-    }
-}
-
 /// The word at the user stack pointer: a leaf syscall wrapper's return
 /// address (userspace keeps it only when the innermost frame is one).
 #[inline(always)]
 fn word_at_user_sp() -> u64 {
     unsafe {
-        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u8;
-        let Ok(sp) = bpf_probe_read_kernel(regs.add(PT_REGS_SP_OFFSET) as *const u64) else {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u64;
+        let Ok(sp) = bpf_probe_read_kernel(regs.add(crate::stacks::PT_REGS_SP_INDEX)) else {
             return 0;
         };
         bpf_probe_read_user(sp as *const u64).unwrap_or(0)

@@ -114,10 +114,11 @@ pub(crate) fn copy_at_syscall(tgid: u32) -> Option<u32> {
     copy_stack(&call, ip, sp, bp)
 }
 
-/// Indices of rbp, rip and rsp in the kernel's `struct pt_regs` (x86-64).
+/// Indices of rbp, rip and rsp in the kernel's `struct pt_regs` (x86-64,
+/// the ptrace register layout).
 const PT_REGS_BP_INDEX: usize = 4;
 const PT_REGS_IP_INDEX: usize = 16;
-const PT_REGS_SP_INDEX: usize = 19;
+pub(crate) const PT_REGS_SP_INDEX: usize = 19;
 
 /// What a copy record says besides the stack.
 struct Block {
@@ -129,8 +130,9 @@ struct Block {
     context_epoch: u32,
 }
 
+/// The kernel's frame-pointer walk of the user stack, into STACKS.
 #[inline(always)]
-fn walk_frame_pointers(ctx: &RetProbeContext) -> u32 {
+pub(crate) fn walk_frame_pointers(ctx: &impl StackIdContext) -> u32 {
     match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
         Ok(id) => id as u32,
         Err(error) => {
@@ -156,7 +158,7 @@ fn copy_stack(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
         record.discard(0);
         return None;
     };
-    let sequence = fetch_add_one(next);
+    let sequence = crate::gpu::fetch_add(next, 1);
     let stack_ref = COPIED_STACK | (sequence as u32 & COPIED_STACK_MASK);
     let base = sp & !(STACK_PAGE_BYTES - 1);
     let data = record.as_mut_ptr();
@@ -218,18 +220,4 @@ pub(crate) fn send_free(tgid: u32, stack_ref: u32, record: u32) {
     {
         count(stat::DROP_STACK_FREE_LOST);
     }
-}
-
-/// `*target += 1` as one atomic instruction; returns the value before.
-#[inline(always)]
-fn fetch_add_one(target: *mut u64) -> u64 {
-    let mut value = 1u64;
-    unsafe {
-        core::arch::asm!(
-            "{value} = atomic_fetch_add((u64 *)({target} + 0), {value})",
-            target = in(reg) target,
-            value = inout(reg) value,
-        );
-    }
-    value
 }
