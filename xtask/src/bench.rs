@@ -367,7 +367,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
             (Mode::Exact, 10_000, 5),
             (Mode::Exact, 100_000, 5),
             (Mode::Exact, 1_000_000, 5),
-            (Mode::Dwarf, 1_000, 5),
+            (Mode::Dwarf, 2_000, 5),
             (Mode::Dwarf, 10_000, 5),
         ]
     };

@@ -4,8 +4,8 @@
 //! `.debug_frame`) of each mapped object.
 //!
 //! Objects are read from the target's own files (through /proc/PID/root, so
-//! containers work), mapped, not copied, and shared between processes that
-//! map the same file. `frame_pointers` decides, for `--unwind auto`, which
+//! containers work, or /proc/PID/map_files), mapped, not copied, and shared
+//! between processes that map the same file or the same build (build id). `frame_pointers` decides, for `--unwind auto`, which
 //! processes need copies at all.
 pub mod frame_pointers;
 mod modules;

@@ -37,6 +37,8 @@ pub struct ObjectInfo {
     /// Functions named in the symbol table (or, without one, the dynamic
     /// symbol table): (address, name).
     pub functions: Vec<(u64, String)>,
+    /// The GNU build id, when the object has one.
+    build_id: Option<Vec<u8>>,
 }
 
 impl ObjectInfo {
@@ -75,6 +77,7 @@ impl ObjectInfo {
             named = functions(elf.dynamic_symbols());
         }
         Some(ObjectInfo {
+            build_id: elf.build_id().ok().flatten().map(<[u8]>::to_vec),
             functions: named,
             segments,
             text: section(".text").map(|(addresses, _)| addresses),
@@ -125,10 +128,12 @@ impl ObjectInfo {
     }
 }
 
-/// Objects by file identity (device, inode, size, modification time).
+/// Objects by file identity (device, inode, size, modification time), and
+/// by build id: the same build in two containers is read and indexed once.
 #[derive(Default)]
 pub struct ModuleFiles {
     objects: HashMap<(u64, u64, u64, i64), Option<Arc<ObjectInfo>>>,
+    by_build_id: HashMap<Vec<u8>, Arc<ObjectInfo>>,
 }
 
 impl ModuleFiles {
@@ -142,10 +147,19 @@ impl ModuleFiles {
             metadata.size(),
             metadata.mtime(),
         );
-        self.objects
-            .entry(identity)
-            .or_insert_with(|| ObjectInfo::read(&file).map(Arc::new))
-            .clone()
+        if let Some(known) = self.objects.get(&identity) {
+            return known.clone();
+        }
+        let object = ObjectInfo::read(&file).map(|object| match &object.build_id {
+            Some(build_id) => self
+                .by_build_id
+                .entry(build_id.clone())
+                .or_insert_with(|| Arc::new(object))
+                .clone(),
+            None => Arc::new(object),
+        });
+        self.objects.insert(identity, object.clone());
+        object
     }
 
     /// A framehop module for one executable mapping.
