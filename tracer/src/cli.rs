@@ -138,12 +138,13 @@ every allocation (cheapest; stacks through code built without frame \
 pointers lose frames or show wrong callers). dwarf: the probe copies the top \
 of the user stack (--stack-bytes) and tracer unwinds it from .eh_frame: \
 right stacks through any code, at a cost per recorded allocation (about \
-2-3 us in the probe plus the unwinding in tracer, see the README's \
-Performance section); for targets making more than ~50 000 allocations per \
-second, combine it with --sample-bytes or --min-size, or copies beyond the \
-ring buffer fall back to frame pointers (counted as stack_copy_ring_full). \
-auto: dwarf for each process whose executable or libraries (glibc's own \
-objects aside) lack frame pointers, decided per object at attach; fp for \
+5 us more than fp in the target, about 2.3 us of tracer's CPU to unwind; \
+see the README's Performance section); for targets making more than \
+~50 000 allocations per second, combine it with --sample-bytes or \
+--min-size, or copies beyond the ring buffer fall back to frame pointers \
+(counted as stack_copy_ring_full). auto: dwarf for each process whose \
+executable or libraries (glibc's own objects aside) lack frame pointers, \
+decided per object at attach and for every library mapped later; fp for \
 the others.";
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -240,7 +241,7 @@ struct TargetArgs {
 
     /// With dwarf unwinding: size of the ring buffer of stack copies, in
     /// MiB (a power of two); copies beyond it between two drains (every
-    /// 20 ms) fall back to frame pointers and are counted.
+    /// 5 ms) fall back to frame pointers and are counted.
     #[arg(long, value_name = "MIB", default_value_t = 16)]
     stack_ring_mib: u32,
 
