@@ -293,7 +293,7 @@ fn new_block(ctx: &RetProbeContext, pending: &GpuPending, size: u64) -> LiveAllo
     };
     LiveAlloc {
         size,
-        stack_id: crate::stacks::capture(ctx, size, pending.kind, pending.api, context_epoch),
+        stack_id: crate::stacks::capture(ctx, 0, size, pending.kind, pending.api, context_epoch),
         kind: pending.kind,
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         context_epoch,
@@ -356,6 +356,10 @@ fn created(ctx: &RetProbeContext, tgid: u32, pending: &GpuPending, handle: u64) 
     let value = VmmHandle { block, holders: 1 };
     if VMM_HANDLES.insert(&key, &value, BPF_ANY as u64).is_err() {
         count(stat::DROP_LIVE_FULL);
+        if tracer_ebpf::is_copied_stack(block.stack_id) {
+            // Userspace counted the copy as live: take it off again.
+            crate::stacks::send_free(tgid, block.stack_id, tracer_ebpf::stack_record::FREE);
+        }
         return;
     }
     add_to_stack(&stack_key(tgid, &block), block.size, 1, true);

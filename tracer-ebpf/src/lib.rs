@@ -193,6 +193,18 @@ pub struct Pending {
     pub recorded_bytes: u64,
     /// xorshift64* state of the thread's sampling decisions (never 0).
     pub random_state: u64,
+    /// The call's return address, read at entry when the thread's stacks
+    /// are copied (0 otherwise): at a uprobe session's return the
+    /// registers may still hold the uprobe trampoline's address.
+    pub return_address: u64,
+    /// An outermost call that was not recorded (not sampled, filtered
+    /// out) and skipped its return: its stack pointer at entry and the
+    /// return address there. Calls made inside it (operator new's malloc)
+    /// are not recorded either, instead of getting a second chance; it is
+    /// known to have returned once that word changed or the stack pointer
+    /// is no longer below it. 0: none.
+    pub unrecorded_sp: u64,
+    pub unrecorded_return: u64,
     /// realloc: what the old block held, removed at entry and restored if
     /// the call fails.
     pub old: LiveAlloc,

@@ -291,7 +291,14 @@ mod probes {
     /// sampled) is `Untracked` unless `keep_unrecorded` (realloc, which
     /// still frees its old block).
     #[inline(always)]
-    fn enter(call_kind: u32, size: u64, pointer: u64, keep_unrecorded: bool) -> Entered {
+    fn enter(
+        ctx: &ProbeContext,
+        in_session: bool,
+        call_kind: u32,
+        size: u64,
+        pointer: u64,
+        keep_unrecorded: bool,
+    ) -> Entered {
         let thread = bpf_get_current_pid_tgid();
         let Some(pending) = pending_slot(thread) else {
             return Entered::Untracked;
@@ -302,10 +309,19 @@ mod probes {
             count(stat::NESTED_CALLS);
             return Entered::Nested;
         }
+        if inside_unrecorded_call(ctx, pending) {
+            count(stat::NESTED_CALLS);
+            return Entered::Untracked;
+        }
         let recorded_bytes = crate::sampling::recorded_bytes(size, &mut pending.random_state);
         if recorded_bytes == 0 {
             count(stat::NOT_RECORDED);
-            if !keep_unrecorded {
+            // A session skips the return of a call it does not record and
+            // remembers where the call is; a uretprobe returns anyway, so
+            // the call is tracked, recording nothing. Either way the calls
+            // made inside it (operator new's malloc) are not recorded.
+            if !keep_unrecorded && in_session {
+                mark_unrecorded_call(ctx, pending);
                 return Entered::Untracked;
             }
         }
@@ -314,8 +330,48 @@ mod probes {
         pending.recorded_bytes = recorded_bytes;
         pending.call = call_kind;
         pending.depth = 1;
+        pending.return_address = crate::stacks::return_address_at_entry(ctx);
         pending.old_known = 0;
         Entered::Outermost(pending)
+    }
+
+    /// Whether this call is made inside the thread's last unrecorded
+    /// outermost call, which is still in progress. Forgets that call once
+    /// it has returned.
+    #[inline(always)]
+    fn inside_unrecorded_call(ctx: &ProbeContext, pending: &mut Pending) -> bool {
+        if pending.unrecorded_sp == 0 {
+            return false;
+        }
+        let sp = unsafe { (*ctx.regs).rsp };
+        if sp < pending.unrecorded_sp
+            && unsafe { bpf_probe_read_user(pending.unrecorded_sp as *const u64) }
+                .is_ok_and(|word| word == pending.unrecorded_return || is_uprobe_trampoline(word))
+        {
+            return true;
+        }
+        pending.unrecorded_sp = 0;
+        false
+    }
+
+    /// Whether a return address is the uprobe trampoline's, which the kernel
+    /// writes over the return address of a probed call (a uprobe session
+    /// whose entry skipped the return included, on Linux 6.18): the page
+    /// at the top of the user address space, with 47- or 56-bit addresses.
+    #[inline(always)]
+    fn is_uprobe_trampoline(address: u64) -> bool {
+        address >> 12 == 0x7_ffff_fffe || address >> 12 == 0xff_ffff_ffff_fffe
+    }
+
+    /// Remembers an outermost call that is not recorded and skips its
+    /// return (see `Pending::unrecorded_sp`).
+    #[inline(always)]
+    fn mark_unrecorded_call(ctx: &ProbeContext, pending: &mut Pending) {
+        let sp = unsafe { (*ctx.regs).rsp };
+        if let Ok(return_address) = unsafe { bpf_probe_read_user(sp as *const u64) } {
+            pending.unrecorded_sp = sp;
+            pending.unrecorded_return = return_address;
+        }
     }
 
     #[inline(always)]
@@ -349,15 +405,17 @@ mod probes {
     /// session program: the same entry, and at return what `alloc_return`
     /// does; its entry skips the return when nothing is pending).
     macro_rules! entry_programs {
-        ($entry:ident, $session:ident, |$ctx:ident| $body:expr) => {
+        ($entry:ident, $session:ident, |$ctx:ident, $in_session:ident| $body:expr) => {
             #[uprobe]
             pub fn $entry($ctx: ProbeContext) -> u32 {
+                let $in_session = false;
                 let _ = $body;
                 0
             }
 
             #[uprobe]
             pub fn $session($ctx: ProbeContext) -> u32 {
+                let $in_session = true;
                 if session_is_return() {
                     on_return(&RetProbeContext::new($ctx.as_ptr()));
                     return 0;
@@ -367,51 +425,73 @@ mod probes {
         };
     }
 
-    entry_programs!(malloc_enter, malloc_session, |ctx| enter(
+    entry_programs!(malloc_enter, malloc_session, |ctx, in_session| enter(
+        &ctx,
+        in_session,
         call::RETURNS_POINTER,
         arg(&ctx, 0),
         0,
         false
     ));
-    entry_programs!(calloc_enter, calloc_session, |ctx| enter(
+    entry_programs!(calloc_enter, calloc_session, |ctx, in_session| enter(
+        &ctx,
+        in_session,
         call::RETURNS_POINTER,
         arg(&ctx, 0).wrapping_mul(arg(&ctx, 1)),
         0,
         false
     ));
     // aligned_alloc(alignment, size) and memalign(alignment, size).
-    entry_programs!(aligned_enter, aligned_session, |ctx| enter(
+    entry_programs!(aligned_enter, aligned_session, |ctx, in_session| enter(
+        &ctx,
+        in_session,
         call::RETURNS_POINTER,
         arg(&ctx, 1),
         0,
         false
     ));
     // pvalloc rounds the size up to whole pages.
-    entry_programs!(pvalloc_enter, pvalloc_session, |ctx| enter(
+    entry_programs!(pvalloc_enter, pvalloc_session, |ctx, in_session| enter(
+        &ctx,
+        in_session,
         call::RETURNS_POINTER,
         arg(&ctx, 0).max(1).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1),
         0,
         false
     ));
-    entry_programs!(posix_memalign_enter, posix_memalign_session, |ctx| enter(
-        call::OUT_PARAMETER,
-        arg(&ctx, 2),
-        arg(&ctx, 0),
-        false
-    ));
-    entry_programs!(realloc_enter, realloc_session, |ctx| realloc_common(
-        arg(&ctx, 0),
-        arg(&ctx, 1)
-    ));
-    entry_programs!(reallocarray_enter, reallocarray_session, |ctx| {
-        realloc_common(arg(&ctx, 0), arg(&ctx, 1).wrapping_mul(arg(&ctx, 2)))
+    entry_programs!(
+        posix_memalign_enter,
+        posix_memalign_session,
+        |ctx, in_session| enter(
+            &ctx,
+            in_session,
+            call::OUT_PARAMETER,
+            arg(&ctx, 2),
+            arg(&ctx, 0),
+            false
+        )
+    );
+    entry_programs!(realloc_enter, realloc_session, |ctx, in_session| {
+        realloc_common(&ctx, in_session, arg(&ctx, 0), arg(&ctx, 1))
     });
+    entry_programs!(
+        reallocarray_enter,
+        reallocarray_session,
+        |ctx, in_session| {
+            realloc_common(
+                &ctx,
+                in_session,
+                arg(&ctx, 0),
+                arg(&ctx, 1).wrapping_mul(arg(&ctx, 2)),
+            )
+        }
+    );
 
     /// realloc frees the old block at entry (it may be handed to another
     /// thread before realloc returns) and restores it if the call fails.
     #[inline(always)]
-    fn realloc_common(old: u64, size: u64) -> Entered {
-        let entered = enter(call::REALLOC, size, old, true);
+    fn realloc_common(ctx: &ProbeContext, in_session: bool, old: u64, size: u64) -> Entered {
+        let entered = enter(ctx, in_session, call::REALLOC, size, old, true);
         let Entered::Outermost(pending) = entered else {
             return entered;
         };
@@ -426,9 +506,12 @@ mod probes {
                 None => count(stat::FREES_UNKNOWN),
             }
         }
-        if pending.old_known == 0 && pending.recorded_bytes == 0 {
-            // Neither a known block to free nor a new one to record.
+        if pending.old_known == 0 && pending.recorded_bytes == 0 && in_session {
+            // Neither a known block to free nor a new one to record: the
+            // return is skipped (with a uretprobe, the call stays tracked
+            // so that calls inside it count as nested).
             pending.depth = 0;
+            mark_unrecorded_call(ctx, pending);
             return Entered::Untracked;
         }
         entered
@@ -533,7 +616,14 @@ mod probes {
         }
         let block = LiveAlloc {
             size: pending.recorded_bytes,
-            stack_id: crate::stacks::capture(ctx, pending.recorded_bytes, kind::HEAP, u32::MAX, 0),
+            stack_id: crate::stacks::capture(
+                ctx,
+                pending.return_address,
+                pending.recorded_bytes,
+                kind::HEAP,
+                u32::MAX,
+                0,
+            ),
             kind: kind::HEAP,
             timestamp_ns: unsafe { bpf_ktime_get_ns() },
             ..LiveAlloc::default()

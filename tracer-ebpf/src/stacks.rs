@@ -16,7 +16,7 @@ use aya_ebpf::{
     },
     macros::map,
     maps::{Array, HashMap, RingBuf},
-    programs::{RetProbeContext, tracing::StackIdContext},
+    programs::{ProbeContext, RetProbeContext, tracing::StackIdContext},
 };
 use tracer_ebpf::{
     COPIED_STACK, COPIED_STACK_MASK, MAX_STACK_PAGES, NO_STACK, STACK_PAGE_BYTES, StackCopy,
@@ -53,6 +53,7 @@ const HEADER_BYTES: usize = size_of::<StackCopy>();
 #[inline(always)]
 pub(crate) fn capture(
     ctx: &RetProbeContext,
+    return_address: u64,
     size: u64,
     kind: u32,
     api: u32,
@@ -70,11 +71,31 @@ pub(crate) fn capture(
             api,
             context_epoch,
         };
-        if let Some(stack_ref) = copy_stack(&block, regs.rip, regs.rsp, regs.rbp) {
+        // The return address read at entry, when there is one: the
+        // instruction pointer a uprobe session's return program sees can
+        // be the uprobe trampoline's.
+        let ip = if return_address != 0 {
+            return_address
+        } else {
+            regs.rip
+        };
+        if let Some(stack_ref) = copy_stack(&block, ip, regs.rsp, regs.rbp) {
             return stack_ref;
         }
     }
     walk_frame_pointers(ctx)
+}
+
+/// The return address of the call entered now (the word at the stack
+/// pointer: tracer's entry sites never move it) when the stacks of the
+/// current process are copied; 0 otherwise.
+#[inline(always)]
+pub(crate) fn return_address_at_entry(ctx: &ProbeContext) -> u64 {
+    if STACK_COPY_MODE.load() == 0 || !copies_stacks_of((bpf_get_current_pid_tgid() >> 32) as u32) {
+        return 0;
+    }
+    let sp = unsafe { (*ctx.regs).rsp };
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(sp as *const u64) }.unwrap_or(0)
 }
 
 /// Whether the stacks of `tgid` are copied.

@@ -300,7 +300,6 @@ impl Probes {
             .with_context(|| format!("could not load eBPF program {name}"))?;
         }
         attach_signal_tracepoints(&mut ebpf)?;
-        let watch = LibraryWatch::start(&mut ebpf)?;
         let (session, return_probes) = if sampling.skips_calls() {
             match SessionPrograms::load(object, &ebpf) {
                 Ok(session) => (Some(session), ReturnProbes::Session),
@@ -309,6 +308,9 @@ impl Probes {
         } else {
             (None, ReturnProbes::Uretprobe)
         };
+        // After the session loader, which looks up every map of the object
+        // (the watch takes EVENTS out of it).
+        let watch = LibraryWatch::start(&mut ebpf)?;
         let mapping_links = mappings::attach_tracepoints(&mut ebpf)
             .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
         // After the session loader, which looks up every map of the object.

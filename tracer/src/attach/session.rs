@@ -193,6 +193,7 @@ fn map_fd(map: &Map) -> Result<i32> {
         | Map::LruHashMap(data)
         | Map::PerCpuArray(data)
         | Map::StackTraceMap(data)
+        | Map::Queue(data)
         | Map::RingBuf(data) => data,
         _ => bail!("unexpected map type in the eBPF object"),
     };
