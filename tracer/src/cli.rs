@@ -138,7 +138,7 @@ every allocation (cheapest; stacks through code built without frame \
 pointers lose frames or show wrong callers). dwarf: the probe copies the top \
 of the user stack (--stack-bytes) and tracer unwinds it from .eh_frame: \
 right stacks through any code, at a cost per recorded allocation (about \
-5 us more than fp in the target, about 2.3 us of tracer's CPU to unwind; \
+4-5 us more than fp in the target, about 2 us of tracer's CPU to unwind; \
 see the README's Performance section); for targets making more than \
 ~50 000 allocations per second, combine it with --sample-bytes or \
 --min-size, or copies beyond the ring buffer fall back to frame pointers \
