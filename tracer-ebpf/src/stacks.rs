@@ -91,7 +91,7 @@ pub(crate) fn capture(
 /// current process are copied; 0 otherwise.
 #[inline(always)]
 pub(crate) fn return_address_at_entry(ctx: &ProbeContext) -> u64 {
-    if STACK_COPY_MODE.load() == 0 || !copies_stacks_of((bpf_get_current_pid_tgid() >> 32) as u32) {
+    if !copies_stacks_of((bpf_get_current_pid_tgid() >> 32) as u32) {
         return 0;
     }
     let sp = unsafe { (*ctx.regs).rsp };

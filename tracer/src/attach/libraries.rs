@@ -274,9 +274,11 @@ impl Probes {
             return Ok(());
         }
         if self.unwinding.mode == crate::unwind::UnwindMode::Auto && !self.copies_stacks_of(pid) {
-            let lacking = crate::unwind::frame_pointers::objects_lacking_among(pid, |path| {
-                new_paths.iter().any(|new| new == path)
-            });
+            let lacking = crate::unwind::frame_pointers::objects_lacking(
+                pid,
+                maps.iter()
+                    .filter(|mapping| new_paths.contains(&mapping.path)),
+            );
             if !lacking.is_empty() {
                 eprintln!(
                     "tracer: PID {pid} mapped {} without frame pointers: its stacks are copied \

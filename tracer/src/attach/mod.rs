@@ -359,7 +359,7 @@ impl Probes {
                 ),
             ));
         }
-        self.choose_unwinding(pid)?;
+        self.choose_unwinding(pid, &maps)?;
         let before = self.probe_count();
         self.watch.trace(pid, &maps)?;
         self.attach_sites(pid, &sites, NoticedBy::Attach)?;
@@ -368,11 +368,11 @@ impl Probes {
 
     /// `--unwind auto`: copies the stacks of `pid` when an object it maps
     /// (other than glibc's) lacks frame pointers.
-    fn choose_unwinding(&mut self, pid: u32) -> Result<()> {
+    fn choose_unwinding(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
         if self.unwinding.mode != UnwindMode::Auto {
             return Ok(());
         }
-        let lacking = crate::unwind::frame_pointers::objects_lacking(pid);
+        let lacking = crate::unwind::frame_pointers::objects_lacking(pid, maps);
         self.start_copying(pid, lacking)
     }
 

@@ -21,7 +21,7 @@ use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as KernelHashMap, MapData};
 use tracer_ebpf::{Event, FIRST_CONTEXT_EPOCH, StackTotals};
 
-use super::{Watched, kernel_stacks};
+use super::{Watched, stack_entries};
 use crate::{
     attach::Probes,
     model::{ContextDestroyed, Counters, Kind, StackKey, Totals},
@@ -118,13 +118,13 @@ pub fn mark_destroyed<'a>(
     else {
         return Ok(None);
     };
-    // Blocks with copied stacks (`--unwind dwarf`) are counted in
-    // userspace: every copy sent before the destruction first.
-    let mut entries = kernel_stacks(probes)?;
-    let mut copied = probes.copied.borrow_mut();
-    copied.drain();
-    entries.extend(copied.as_kernel_entries());
-    let released = released_by(&entries, destroyed.tgid, destroyed.context_epoch);
+    // With the blocks of copied stacks, every copy sent before the
+    // destruction drained first.
+    let released = released_by(
+        &stack_entries(probes)?,
+        destroyed.tgid,
+        destroyed.context_epoch,
+    );
     // The kernel's clock says when the call returned, however late the
     // event is read.
     let age_s = monotonic_ns().saturating_sub(destroyed.timestamp_ns) as f64 / 1e9;

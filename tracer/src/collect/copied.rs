@@ -53,9 +53,6 @@ pub struct CopiedStacks {
     /// live counters of an ended epoch are what its destruction released.
     counters: HashMap<(StackKey, u32), Counters>,
     apis: HashMap<StackKey, &'static str>,
-    /// Copies unwound, and how many of them were truncated.
-    pub unwound: u64,
-    pub truncated: u64,
 }
 
 impl CopiedStacks {
@@ -71,8 +68,6 @@ impl CopiedStacks {
             recently_freed: HashMap::new(),
             counters: HashMap::new(),
             apis: HashMap::new(),
-            unwound: 0,
-            truncated: 0,
         }
     }
 
@@ -129,10 +124,6 @@ impl CopiedStacks {
 
     /// The id of an unwound stack, new or seen before.
     fn stack_id(&mut self, pid: u32, unwound: Unwound) -> u32 {
-        self.unwound += 1;
-        if unwound.truncated {
-            self.truncated += 1;
-        }
         let stack = (pid, unwound);
         match self.stack_ids.get(&stack) {
             Some(&id) => id,
@@ -234,30 +225,9 @@ impl CopiedStacks {
         counters.live_allocs -= 1;
     }
 
-    /// Counters of every copied stack, without the live counters of ended
-    /// CUDA context epochs (`current_epochs`: see `collect::contexts`; the
-    /// kernel sends no free for a block its context released).
-    pub fn counters(&self, current_epochs: &HashMap<u32, u32>) -> Vec<(StackKey, Counters)> {
-        let mut by_key: HashMap<StackKey, Counters> = HashMap::new();
-        for ((key, context_epoch), counters) in &self.counters {
-            let current_epoch = current_epochs
-                .get(&key.pid)
-                .copied()
-                .unwrap_or(tracer_ebpf::FIRST_CONTEXT_EPOCH);
-            let released = *context_epoch != 0 && *context_epoch < current_epoch;
-            let sum = by_key.entry(*key).or_default();
-            if !released {
-                sum.live_bytes += counters.live_bytes;
-                sum.live_allocs += counters.live_allocs;
-            }
-            sum.alloc_bytes_total += counters.alloc_bytes_total;
-            sum.alloc_count_total += counters.alloc_count_total;
-        }
-        by_key.into_iter().collect()
-    }
-
     /// The totals as the kernel's BY_STACK entries would hold them (per
-    /// stack, kind and CUDA context epoch).
+    /// stack, kind and CUDA context epoch), for `contexts::fold_epochs`:
+    /// the live counters of an ended epoch are left out the same way.
     pub fn as_kernel_entries(&self) -> Vec<(tracer_ebpf::StackKey, tracer_ebpf::StackTotals)> {
         self.counters
             .iter()

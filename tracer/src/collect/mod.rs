@@ -240,17 +240,24 @@ fn mark_exec(
 }
 
 /// Every BY_STACK entry, as the kernel keeps it.
-fn kernel_stacks(probes: &Probes) -> Result<Vec<(tracer_ebpf::StackKey, StackTotals)>> {
+/// Every per-stack entry in the shape of BY_STACK's: the kernel's, and
+/// those userspace keeps for blocks with copied stacks (`--unwind dwarf`),
+/// after draining every copy sent so far.
+fn stack_entries(probes: &Probes) -> Result<Vec<(tracer_ebpf::StackKey, StackTotals)>> {
     let by_stack: HashMap<&MapData, tracer_ebpf::StackKey, StackTotals> = HashMap::try_from(
         probes
             .ebpf
             .map("BY_STACK")
             .context("eBPF object lacks BY_STACK")?,
     )?;
-    by_stack
+    let mut entries = by_stack
         .iter()
         .map(|entry| entry.context("could not read BY_STACK"))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    let mut copied = probes.copied.borrow_mut();
+    copied.drain();
+    entries.extend(copied.as_kernel_entries());
+    Ok(entries)
 }
 
 /// Appends a snapshot to the recording, after the libraries hooked since
@@ -359,8 +366,7 @@ pub fn snapshot(
 ) -> Result<Snapshot> {
     let ebpf = &probes.ebpf;
     let elapsed_s = attached_at.elapsed().as_secs_f64();
-    let epochs = contexts::epochs(probes)?;
-    let mut stacks = contexts::fold_epochs(kernel_stacks(probes)?, &epochs);
+    let mut stacks = contexts::fold_epochs(stack_entries(probes)?, &contexts::epochs(probes)?);
     for (key, counters) in &mut stacks {
         if let Some(gone) = exec_baselines.get(key) {
             counters.live_bytes -= gone.live_bytes;
@@ -368,22 +374,8 @@ pub fn snapshot(
         }
     }
     let mut mappings = probes.mappings.borrow_mut();
-    let mut copied = probes.copied.borrow_mut();
-    copied.drain();
-    mappings.drain(&mut copied);
+    mappings.drain(&mut probes.copied.borrow_mut());
     stacks.extend(mappings.counters());
-    stacks.extend(
-        copied
-            .counters(&epochs)
-            .into_iter()
-            .map(|(key, mut counters)| {
-                if let Some(gone) = exec_baselines.get(&key) {
-                    counters.live_bytes -= gone.live_bytes;
-                    counters.live_allocs -= gone.live_allocs;
-                }
-                (key, counters)
-            }),
-    );
     let counters: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map("STATS").context("eBPF object lacks STATS")?)?;
     let mut stats = Vec::with_capacity(stat::COUNT as usize);

@@ -3,10 +3,10 @@
 //! objects have it too) and a sample of them is checked for the
 //! `push %rbp; mov %rsp,%rbp` prologue near their start (GCC's
 //! shrink-wrapping may put early-exit checks before it).
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 use super::modules::{ModuleFiles, ObjectInfo};
-use crate::procfs;
+use crate::procfs::Mapping;
 
 /// Functions checked per object.
 const SAMPLE: usize = 256;
@@ -35,30 +35,24 @@ const GLIBC_OBJECTS: [&str; 9] = [
     "libresolv.so",
 ];
 
-/// What `auto` found for a process: the objects that lack frame pointers
-/// (file names), or nothing when every object keeps them.
-pub fn objects_lacking(pid: u32) -> Vec<String> {
-    objects_lacking_among(pid, |_| true)
-}
-
-/// [`objects_lacking`] among the mapped files that `wanted` selects (the
-/// libraries a process mapped since it was last checked).
-pub fn objects_lacking_among(pid: u32, wanted: impl Fn(&std::path::Path) -> bool) -> Vec<String> {
+/// What `auto` found among `mappings` of a process (all of them at attach,
+/// the new ones later): the objects that lack frame pointers (file names),
+/// or nothing when every object keeps them.
+pub fn objects_lacking<'a>(
+    pid: u32,
+    mappings: impl IntoIterator<Item = &'a Mapping>,
+) -> Vec<String> {
     let mut files = ModuleFiles::default();
-    let mut seen = HashMap::new();
+    let mut seen = HashSet::new();
     let mut lacking = Vec::new();
-    for mapping in procfs::read_maps(pid)
-        .unwrap_or_default()
-        .iter()
-        .filter(|mapping| mapping.executable && wanted(&mapping.path))
-    {
+    for mapping in mappings.into_iter().filter(|mapping| mapping.executable) {
         let name = mapping
             .path
             .file_name()
             .map(|name| name.to_string_lossy().into_owned())
             .unwrap_or_default();
         if GLIBC_OBJECTS.iter().any(|glibc| name.starts_with(glibc))
-            || seen.insert(mapping.path.clone(), ()).is_some()
+            || !seen.insert(mapping.path.clone())
         {
             continue;
         }

@@ -227,9 +227,4 @@ impl Unwinder {
         }
         self.processes.insert(pid, process);
     }
-
-    /// Forgets a process that exited (its copies were all drained).
-    pub fn forget(&mut self, pid: u32) {
-        self.processes.remove(&pid);
-    }
 }
