@@ -7,12 +7,11 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
 use harness::{
-    ATTACH_TIMEOUT, EXIT_TIMEOUT, Fixture, Live, Report, Tracer, field, frames_contain, json_path,
-    record_while, require_root, stack_int,
+    EXIT_TIMEOUT, Fixture, Live, Report, field, frames_contain, json_path, record_while,
+    require_root, stack_int,
 };
 use serde_json::Value;
 
@@ -125,19 +124,7 @@ fn executor_exact_when_cuda_is_loaded_after_attach() {
     require_root();
     let mut fixture = Fixture::start("gpu_executor_dlopen", &[]);
     let json = json_path("gpu_dlopen");
-    let pid = fixture.pid.to_string();
-    let mut tracer = Tracer::start([
-        OsStr::new("record"),
-        OsStr::new("--pid"),
-        OsStr::new(&pid),
-        OsStr::new("--interval"),
-        OsStr::new("200ms"),
-        OsStr::new("--top"),
-        OsStr::new("100"),
-        OsStr::new("--json"),
-        json.as_os_str(),
-    ]);
-    tracer.wait_attached(ATTACH_TIMEOUT);
+    let mut tracer = harness::record_attached(fixture.pid, &json, &[]);
     assert_eq!(fixture.cmd("load"), "loaded");
     let loaded_at = Instant::now();
     tracer.wait_stderr("libcudart.so.12 (PID", HOOK_DEADLINE);
@@ -307,19 +294,7 @@ fn exit_without_freeing_reports_what_was_live() {
     require_root();
     let mut fixture = Fixture::start("gpu_executor", &[]);
     let json = json_path("gpu_exit");
-    let pid = fixture.pid.to_string();
-    let mut tracer = Tracer::start([
-        OsStr::new("record"),
-        OsStr::new("--pid"),
-        OsStr::new(&pid),
-        OsStr::new("--interval"),
-        OsStr::new("200ms"),
-        OsStr::new("--top"),
-        OsStr::new("100"),
-        OsStr::new("--json"),
-        json.as_os_str(),
-    ]);
-    tracer.wait_attached(ATTACH_TIMEOUT);
+    let tracer = harness::record_attached(fixture.pid, &json, &[]);
     let executor = fixture.cmd("executor 2");
     let driver = fixture.cmd("driver 3");
     assert_eq!(fixture.cmd("quit"), "bye");

@@ -327,17 +327,7 @@ fn auto_switches_to_dwarf_when_a_library_without_frame_pointers_is_loaded() {
     harness::require_root();
     let mut host = harness::Fixture::start("plugin_host", &[]);
     let json = harness::json_path("plugin");
-    let pid = host.pid.to_string();
-    let mut tracer = harness::Tracer::start([
-        "record",
-        "--pid",
-        &pid,
-        "--interval",
-        "200ms",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    tracer.wait_attached(harness::ATTACH_TIMEOUT);
+    let mut tracer = harness::record_attached(host.pid, &json, &[]);
     assert_eq!(host.cmd("load"), "loaded");
     tracer.wait_stderr(
         "mapped nofp_plugin without frame pointers",

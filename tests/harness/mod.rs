@@ -503,12 +503,10 @@ pub fn record_while(name: &str, commands: &[&str]) -> Session {
     record_with(name, &[], commands)
 }
 
-/// [`record_while`] with more `tracer record` arguments.
-pub fn record_with(name: &str, extra_args: &[&str], commands: &[&str]) -> Session {
-    require_root();
-    let mut fixture = Fixture::start(name, &[]);
-    let json = json_path(name);
-    let pid = fixture.pid.to_string();
+/// `tracer record --pid PID` every 200 ms with the top 100 stacks and a
+/// JSON report at `json`, plus `extra_args`; returns once attached.
+pub fn record_attached(pid: u32, json: &Path, extra_args: &[&str]) -> Tracer {
+    let pid = pid.to_string();
     let mut tracer = Tracer::start(
         [
             OsStr::new("record"),
@@ -525,6 +523,15 @@ pub fn record_with(name: &str, extra_args: &[&str], commands: &[&str]) -> Sessio
         .chain(extra_args.iter().map(OsStr::new)),
     );
     tracer.wait_attached(ATTACH_TIMEOUT);
+    tracer
+}
+
+/// [`record_while`] with more `tracer record` arguments.
+pub fn record_with(name: &str, extra_args: &[&str], commands: &[&str]) -> Session {
+    require_root();
+    let mut fixture = Fixture::start(name, &[]);
+    let json = json_path(name);
+    let tracer = record_attached(fixture.pid, &json, extra_args);
     let answers = commands
         .iter()
         .map(|command| fixture.cmd(command))
