@@ -12,8 +12,11 @@ use crate::{
     attach::{self, Probes, spawn},
     cli::{Config, Targets},
     collect::{self, Watched},
-    model::{Frame, MemoryStatus, Model, StackKey, Target},
-    output::{DwarfProcess, ProbeReport, Report, ReportInput, SamplingReport, UnwindingReport},
+    model::{
+        Frame, MemoryStatus, Model, StackKey, Target,
+        run::{DwarfProcess, ProbeReport, SamplingMode, SamplingReport, UnwindingReport},
+    },
+    output::{Report, ReportInput},
     procfs,
     symbolize::Symbols,
 };
@@ -189,7 +192,7 @@ pub fn memory_status(targets: &[Target]) -> BTreeMap<u32, MemoryStatus> {
 fn unwinding_report(probes: &Probes, pids: &[u32]) -> UnwindingReport {
     let unwinding = &probes.unwinding;
     UnwindingReport {
-        mode: unwinding.mode.as_str().to_owned(),
+        mode: unwinding.mode,
         stack_bytes: unwinding.stack_bytes,
         dwarf: pids
             .iter()
@@ -214,15 +217,14 @@ fn sampling_report(probes: &Probes, config: &Config) -> SamplingReport {
     let sampling = &config.sampling;
     SamplingReport {
         mode: if sampling.sample_bytes == 0 {
-            "exact"
+            SamplingMode::Exact
         } else {
-            "sampled"
-        }
-        .to_owned(),
+            SamplingMode::Sampled
+        },
         sample_bytes: (sampling.sample_bytes != 0).then_some(sampling.sample_bytes),
         min_size_bytes: sampling.min_size_bytes,
         max_size_bytes: (sampling.max_size_bytes != u64::MAX).then_some(sampling.max_size_bytes),
-        return_probes: probes.return_probes.describe(),
+        return_probes: probes.return_probes.clone(),
     }
 }
 

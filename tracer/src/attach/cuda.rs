@@ -10,7 +10,7 @@
 //! hooked too: they release the memory the context owns without a free.
 use tracer_ebpf::{GPU_API_NAMES, gpu_api as api, gpu_cookie, kind};
 
-use super::symbols::AllocatorFunction;
+use super::function::HookedFunction;
 
 /// The return program shared by every CUDA function.
 const GPU_RETURN_PROGRAM: &str = "gpu_return";
@@ -18,8 +18,8 @@ const GPU_RETURN_PROGRAM: &str = "gpu_return";
 /// A CUDA function handing out memory of `memory_kind`, or, for frees,
 /// unmaps, releases and context destructions, taking it back
 /// (`memory_kind` is then unused).
-const fn cuda(api_id: u32, entry_program: &'static str, memory_kind: u32) -> AllocatorFunction {
-    AllocatorFunction {
+const fn cuda(api_id: u32, entry_program: &'static str, memory_kind: u32) -> HookedFunction {
+    HookedFunction {
         name: GPU_API_NAMES[api_id as usize],
         entry_program,
         return_program: Some(GPU_RETURN_PROGRAM),
@@ -31,7 +31,7 @@ const DEVICE: u32 = kind::GPU_DEVICE;
 const MANAGED: u32 = kind::GPU_MANAGED;
 const PINNED: u32 = kind::GPU_HOST_PINNED;
 
-pub const CUDA_FUNCTIONS: [AllocatorFunction; api::COUNT as usize] = [
+pub const CUDA_FUNCTIONS: [HookedFunction; api::COUNT as usize] = [
     cuda(api::CUDA_MALLOC, "gpu_alloc_enter", DEVICE),
     cuda(api::CUDA_MALLOC_MANAGED, "gpu_alloc_enter", MANAGED),
     cuda(api::CUDA_MALLOC_HOST, "gpu_alloc_enter", PINNED),

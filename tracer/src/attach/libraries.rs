@@ -30,8 +30,9 @@ use super::{
     HookSite, Probes,
     symbols::{executable_paths, hook_sites_in},
 };
+pub use crate::model::run::NoticedBy;
 use crate::{
-    output::LibraryReport,
+    model::run::LibraryReport,
     procfs::{self, Mapping},
 };
 
@@ -41,28 +42,6 @@ pub const DRAIN_EVERY: Duration = Duration::from_millis(20);
 const SETTLE: Duration = Duration::from_millis(30);
 /// Backup poll of every target's mappings.
 const POLL_EVERY: Duration = Duration::from_secs(1);
-
-/// How tracer learnt of a library.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum NoticedBy {
-    /// Mapped when tracer attached.
-    Attach,
-    /// The mmap tracepoint saw it being mapped.
-    MmapEvent,
-    /// The poll of /proc/PID/maps found it.
-    MapsPoll,
-}
-
-impl NoticedBy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NoticedBy::Attach => "attach",
-            NoticedBy::MmapEvent => "mmap-event",
-            NoticedBy::MapsPoll => "maps-poll",
-        }
-    }
-}
 
 /// An object with hooks in one process.
 #[derive(Clone, Debug, PartialEq)]
@@ -244,7 +223,7 @@ impl Probes {
                         .saturating_duration_since(attached_at)
                         .as_secs_f64()
                 }),
-                noticed_by: library.noticed_by.as_str().to_owned(),
+                noticed_by: library.noticed_by,
                 functions: library.functions.iter().map(|&f| f.to_owned()).collect(),
             })
             .collect()

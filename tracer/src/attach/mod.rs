@@ -12,6 +12,7 @@
 //! has uprobe sessions, the entry and return programs of a function are one
 //! session program (`session`), so an unrecorded call skips its return.
 pub mod cuda;
+pub mod function;
 pub mod libraries;
 pub mod mappings;
 pub mod prologue;
@@ -32,6 +33,7 @@ use aya::{
     },
 };
 
+pub use crate::model::run::ReturnProbes;
 use crate::{
     collect::{copied::CopiedStacks, mappings::MappingTracker},
     error::{ExitCode, fatal},
@@ -72,29 +74,6 @@ impl Sampling {
     /// Whether some calls are not recorded, so may skip their return.
     pub fn skips_calls(&self) -> bool {
         self.sample_bytes != 0 || self.min_size_bytes != 0 || self.max_size_bytes != u64::MAX
-    }
-}
-
-/// How return values reach the eBPF programs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ReturnProbes {
-    /// A uretprobe on every allocator function that returns a block.
-    Uretprobe,
-    /// uprobe session programs: unrecorded calls skip the return.
-    Session,
-    /// Sessions were wanted but the kernel refused them (the reason).
-    UretprobeFallback(String),
-}
-
-impl ReturnProbes {
-    pub fn describe(&self) -> String {
-        match self {
-            ReturnProbes::Uretprobe => "uretprobe".to_owned(),
-            ReturnProbes::Session => "uprobe session".to_owned(),
-            ReturnProbes::UretprobeFallback(why) => {
-                format!("uretprobe (uprobe sessions unavailable: {why})")
-            }
-        }
     }
 }
 

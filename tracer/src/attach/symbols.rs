@@ -7,73 +7,25 @@ use std::{collections::BTreeMap, fs, path::PathBuf};
 use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
-use super::{cuda::CUDA_FUNCTIONS, prologue};
-use crate::procfs::{self, Mapping};
+use super::{cuda::CUDA_FUNCTIONS, function::HookedFunction, prologue};
+use crate::{
+    model::allocators::ALLOCATORS,
+    procfs::{self, Mapping},
+};
 
-/// An allocator entry point (malloc family or CUDA) and the eBPF programs
-/// that trace it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AllocatorFunction {
-    pub name: &'static str,
-    /// The uprobe program at its entry.
-    pub entry_program: &'static str,
-    /// The uretprobe program, where the result is needed.
-    pub return_program: Option<&'static str>,
-    /// Attach cookie of the entry probe (CUDA: API and memory kind).
-    pub cookie: u64,
+/// Every function looked up in a mapped object: the allocators, then the
+/// CUDA entry points.
+fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
+    ALLOCATORS
+        .iter()
+        .map(HookedFunction::allocator)
+        .chain(CUDA_FUNCTIONS)
 }
-
-const fn function(
-    name: &'static str,
-    entry_program: &'static str,
-    has_return: bool,
-) -> AllocatorFunction {
-    AllocatorFunction {
-        name,
-        entry_program,
-        return_program: if has_return {
-            Some("alloc_return")
-        } else {
-            None
-        },
-        cookie: 0,
-    }
-}
-
-/// Every function looked up in a mapped object.
-fn hooked_functions() -> impl Iterator<Item = &'static AllocatorFunction> {
-    ALLOCATOR_FUNCTIONS.iter().chain(&CUDA_FUNCTIONS)
-}
-
-/// Every function tracer hooks, with its programs. C++'s `operator new`
-/// is hooked itself, not only the malloc it calls: libstdc++ has no frame
-/// pointers, so a stack taken when malloc returns into it loses the caller
-/// of `new`; taken when `new` returns, the stack starts at that caller.
-pub const ALLOCATOR_FUNCTIONS: [AllocatorFunction; 18] = [
-    function("malloc", "malloc_enter", true),
-    function("calloc", "calloc_enter", true),
-    function("realloc", "realloc_enter", true),
-    function("reallocarray", "reallocarray_enter", true),
-    function("free", "free_enter", false),
-    function("posix_memalign", "posix_memalign_enter", true),
-    function("aligned_alloc", "aligned_enter", true),
-    function("memalign", "aligned_enter", true),
-    function("valloc", "malloc_enter", true),
-    function("pvalloc", "pvalloc_enter", true),
-    function("_Znwm", "malloc_enter", true),
-    function("_Znam", "malloc_enter", true),
-    function("_ZnwmRKSt9nothrow_t", "malloc_enter", true),
-    function("_ZnamRKSt9nothrow_t", "malloc_enter", true),
-    function("_ZnwmSt11align_val_t", "malloc_enter", true),
-    function("_ZnamSt11align_val_t", "malloc_enter", true),
-    function("_ZnwmSt11align_val_tRKSt9nothrow_t", "malloc_enter", true),
-    function("_ZnamSt11align_val_tRKSt9nothrow_t", "malloc_enter", true),
-];
 
 /// One place to attach: an allocator function in one mapped file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HookSite {
-    pub function: AllocatorFunction,
+    pub function: HookedFunction,
     /// The file as the target sees it.
     pub path: PathBuf,
     /// The same file, opened from the host (through /proc/PID/root).
@@ -160,7 +112,7 @@ pub enum SymbolTables {
 /// An allocator function defined in an ELF file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FoundFunction {
-    pub function: AllocatorFunction,
+    pub function: HookedFunction,
     /// File offset of its first instruction.
     pub file_offset: u64,
     /// Its size from the symbol table; 0 when unknown.
@@ -188,7 +140,7 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
         }
     }
     let mut found: Vec<FoundFunction> = Vec::new();
-    for &function in hooked_functions() {
+    for function in hooked_functions() {
         let Some(&(address, size_bytes)) = addresses.get(function.name) else {
             continue;
         };

@@ -9,13 +9,16 @@
 //! snapshots: each push costs one step per known stack, and the growth fit is
 //! kept as running sums instead of being recomputed from the points.
 
+pub mod allocators;
 pub mod leak;
 pub mod mappings;
 pub mod ranges;
+pub mod run;
 
 use std::collections::{BTreeMap, HashMap};
 
 pub use leak::Growth;
+pub use run::{ContextDestroyed, MemoryStatus, Target};
 
 use tracer_ebpf::{STAT_NAMES, StatClass};
 
@@ -164,47 +167,6 @@ impl Frame {
             .map_or_else(|| file.into(), |name| name.to_string_lossy());
         Some(format!("{name}:{line}"))
     }
-}
-
-/// A process's resident memory, from /proc/PID/status.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MemoryStatus {
-    /// VmRSS: RssAnon + RssFile + RssShmem.
-    pub rss_bytes: u64,
-    pub rss_anon_bytes: u64,
-    pub rss_file_bytes: u64,
-    pub rss_shmem_bytes: u64,
-}
-
-/// A traced process.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Target {
-    pub pid: u32,
-    pub command: String,
-    /// Seconds after attach at which the process exited, if it did.
-    pub exited_after_s: Option<f64>,
-    /// Seconds after attach at which tracing began for a child followed
-    /// with --follow-forks (its earlier allocations are not seen).
-    pub followed_after_s: Option<f64>,
-    /// Seconds after attach at which the process replaced its image
-    /// (execve): what the old image held was gone from then on.
-    pub execs_after_s: Vec<f64>,
-    /// The CUDA contexts it destroyed or reset, in order. Kept out of the
-    /// recording's metadata, whose layout is fixed: recorded apart.
-    #[serde(skip)]
-    pub gpu_contexts_destroyed: Vec<ContextDestroyed>,
-}
-
-/// A CUDA context a process destroyed or reset (cuCtxDestroy_v2,
-/// cuDevicePrimaryCtxReset_v2, cudaDeviceReset): the GPU memory its
-/// contexts owned was released without frees.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ContextDestroyed {
-    /// Seconds after attach at which the call returned.
-    pub after_s: f64,
-    /// What the context-owned GPU memory held at that moment, released, by
-    /// kind name (kinds that held nothing are left out).
-    pub released: BTreeMap<String, Totals>,
 }
 
 /// The counters of one stack over time, from the snapshot where it first

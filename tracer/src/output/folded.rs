@@ -40,7 +40,7 @@ pub fn lines(report: &Report, value: FoldedValue) -> impl Iterator<Item = String
         }
         let mut names: Vec<String> = Vec::with_capacity(stack.frames.len() + 1);
         if kind_root {
-            names.push(stack.kind.clone());
+            names.push(stack.kind.as_str().to_owned());
         }
         names.extend(stack.frames.iter().rev().map(frame_name));
         if names.is_empty() {
@@ -76,6 +76,7 @@ pub fn frame_name(frame: &Frame) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Kind;
     use crate::output::tests::sample_report;
 
     #[test]
@@ -96,7 +97,7 @@ mod tests {
     #[test]
     fn kinds_become_roots_only_when_mixed() {
         let mut report = sample_report(10);
-        report.stacks[1].kind = "gpu-device".to_owned();
+        report.stacks[1].kind = Kind::GpuDevice;
         let text = render(&report, FoldedValue::LiveBytes);
         assert!(text.starts_with("heap;main;grow_1 "), "{text}");
         assert!(text.contains("\ngpu-device;main;grow_1 8192\n"), "{text}");

@@ -8,8 +8,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+pub use crate::model::run::{
+    DwarfProcess, LibraryReport, ProbeReport, SamplingReport, UnwindingReport,
+};
 use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals,
+    allocators,
 };
 
 pub mod file;
@@ -103,93 +107,13 @@ impl MemoryReconciliation {
     }
 }
 
-/// One attached probe.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ProbeReport {
-    pub pid: u32,
-    /// Path of the object the probe is in.
-    pub module: String,
-    pub symbol: String,
-    /// File offset of the probed instruction in `module`.
-    pub offset: u64,
-    /// Bytes past the function's entry (the probe moves past instructions
-    /// the kernel would have to single-step).
-    pub offset_in_function: u64,
-    /// The probed instruction is single-stepped: ~16 µs per call on a VM.
-    pub single_stepped: bool,
-    /// Why the probe is at this instruction.
-    pub reason: String,
-}
-
-/// What the probes recorded: every allocation, or a sample.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SamplingReport {
-    /// "exact" or "sampled".
-    pub mode: String,
-    /// Sampling period (`--sample-bytes`); null in exact mode. Live bytes
-    /// are then estimates and `live_allocs` counts sampled blocks.
-    pub sample_bytes: Option<u64>,
-    pub min_size_bytes: u64,
-    /// null: no upper limit.
-    pub max_size_bytes: Option<u64>,
-    /// How return values are read: "uretprobe", "uprobe session", or a
-    /// uretprobe fallback with the reason.
-    pub return_probes: String,
-}
-
-impl SamplingReport {
-    /// Every allocation recorded, results read by uretprobes.
-    pub fn exact() -> SamplingReport {
-        SamplingReport {
-            mode: "exact".to_owned(),
-            sample_bytes: None,
-            min_size_bytes: 0,
-            max_size_bytes: None,
-            return_probes: "uretprobe".to_owned(),
-        }
-    }
-}
-
-/// How stacks were walked (`--unwind`).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct UnwindingReport {
-    /// "fp", "dwarf" or "auto".
-    pub mode: String,
-    /// Bytes of stack copied above the stack pointer (dwarf).
-    pub stack_bytes: u32,
-    /// The processes whose stacks were copied and unwound with DWARF.
-    pub dwarf: Vec<DwarfProcess>,
-}
-
-/// A process unwound with DWARF.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DwarfProcess {
-    pub pid: u32,
-    /// With `auto`: the objects that lack frame pointers (why DWARF).
-    pub objects_without_frame_pointers: Vec<String>,
-}
-
-/// An object tracer put hooks in.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct LibraryReport {
-    pub pid: u32,
-    /// The file as the target sees it.
-    pub path: String,
-    /// Seconds after attach (0 for those mapped when tracer attached).
-    pub hooked_after_s: f64,
-    /// `attach`, `mmap-event` (seen being mapped) or `maps-poll`.
-    pub noticed_by: String,
-    /// The functions hooked in it.
-    pub functions: Vec<String>,
-}
-
 /// One ranked stack.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StackReport {
     /// 1-based.
     pub rank: usize,
     pub pid: u32,
-    pub kind: String,
+    pub kind: Kind,
     /// The CUDA function that made a GPU stack's memory (`cudaMalloc`,
     /// `cuMemAlloc_v2`, ...); absent for heap stacks.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -287,7 +211,7 @@ fn stack_report(input: &ReportInput<'_>, rank: usize, key: StackKey) -> StackRep
     StackReport {
         rank,
         pid: key.pid,
-        kind: key.kind.as_str().to_owned(),
+        kind: key.kind,
         api: (input.api)(&key),
         stack_id: key.stack_id,
         live_bytes: latest.live_bytes,
@@ -315,20 +239,6 @@ fn by_name(counters: Vec<(&'static str, u64)>) -> BTreeMap<String, u64> {
         .map(|(name, count)| (name.to_owned(), count))
         .collect()
 }
-
-/// The allocator entry points whose frames are noise at the top of a stack.
-const ALLOCATOR_FUNCTIONS: [&str; 10] = [
-    "malloc",
-    "calloc",
-    "realloc",
-    "reallocarray",
-    "free",
-    "posix_memalign",
-    "aligned_alloc",
-    "memalign",
-    "valloc",
-    "pvalloc",
-];
 
 /// Allocator libraries whose every frame is noise at the top of a stack.
 const ALLOCATOR_LIBRARIES: [&str; 3] = ["libjemalloc", "libtcmalloc", "libmimalloc"];
@@ -376,20 +286,11 @@ fn is_allocator_frame(frame: &Frame) -> bool {
             .iter()
             .any(|library| file_name.starts_with(library))
     });
-    in_allocator_library || frame.function.as_deref().is_some_and(is_allocator_function)
-}
-
-fn is_allocator_function(function: &str) -> bool {
-    if function.starts_with("operator new")
-        || function.starts_with("_Znw")
-        || function.starts_with("_Zna")
-    {
-        return true;
-    }
-    // glibc's internal aliases stack both prefixes: `__GI___libc_malloc`.
-    let name = function.strip_prefix("__GI_").unwrap_or(function);
-    let name = name.strip_prefix("__libc_").unwrap_or(name);
-    ALLOCATOR_FUNCTIONS.contains(&name)
+    in_allocator_library
+        || frame
+            .function
+            .as_deref()
+            .is_some_and(allocators::is_allocator_function)
 }
 
 /// Human units: 1536 -> "1.5 KiB", 512 -> "512 B", then MiB, GiB and TiB.
@@ -414,7 +315,7 @@ pub fn human_bytes(bytes: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Counters, Snapshot};
+    use crate::model::{Counters, Snapshot, run::NoticedBy};
 
     fn frame(function: &str, module: &str) -> Frame {
         Frame {
@@ -611,14 +512,14 @@ mod tests {
                     pid: 10,
                     path: LIBC.to_owned(),
                     hooked_after_s: 0.0,
-                    noticed_by: "attach".to_owned(),
+                    noticed_by: NoticedBy::Attach,
                     functions: vec!["malloc".to_owned(), "free".to_owned()],
                 },
                 LibraryReport {
                     pid: 10,
                     path: "/opt/venv/nvidia/cuda_runtime/lib/libcudart.so.12".to_owned(),
                     hooked_after_s: 2.5,
-                    noticed_by: "mmap-event".to_owned(),
+                    noticed_by: NoticedBy::MmapEvent,
                     functions: vec!["cudaMalloc".to_owned(), "cudaFree".to_owned()],
                 },
             ],
@@ -644,7 +545,7 @@ mod tests {
         assert_eq!(report.stacks.len(), 2);
         let first = &report.stacks[0];
         assert_eq!((first.rank, first.pid, first.stack_id), (1, 10, 1));
-        assert_eq!(first.kind, "heap");
+        assert_eq!(first.kind, Kind::Heap);
         assert_eq!(first.live_bytes, 4 * 65536);
         assert_eq!(first.live_allocs, 4 * 1024);
         assert_eq!(first.alloc_bytes_total, 8 * 65536);

@@ -91,7 +91,7 @@ impl Builder {
                 },
                 Label {
                     key: self.string("kind"),
-                    str: self.string(&stack.kind),
+                    str: self.string(stack.kind.as_str()),
                     ..Label::default()
                 },
             ];

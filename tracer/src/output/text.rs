@@ -8,7 +8,7 @@ use std::path::Path;
 use tracer_ebpf::{GPU_API_NAMES, STAT_NAMES, stat};
 
 use super::{MemoryReconciliation, Report, StackReport, human_bytes};
-use crate::model::{Frame, Kind};
+use crate::model::{Frame, Kind, run::NoticedBy};
 
 /// Renders the whole report, one `\n`-terminated line after another.
 pub fn render(report: &Report) -> String {
@@ -115,7 +115,11 @@ pub fn render(report: &Report) -> String {
             stepped.join(", ")
         ));
     }
-    for library in report.libraries.iter().filter(|l| l.noticed_by != "attach") {
+    for library in report
+        .libraries
+        .iter()
+        .filter(|l| l.noticed_by != NoticedBy::Attach)
+    {
         let file_name = Path::new(&library.path).file_name().map_or_else(
             || library.path.clone(),
             |n| n.to_string_lossy().into_owned(),
@@ -273,8 +277,8 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
 /// `gpu-device via cudaMalloc`, or the kind alone.
 fn kind_and_api(stack: &StackReport) -> String {
     match &stack.api {
-        Some(api) => format!("{} via {api}", stack.kind),
-        None => stack.kind.clone(),
+        Some(api) => format!("{} via {api}", stack.kind.as_str()),
+        None => stack.kind.as_str().to_owned(),
     }
 }
 
@@ -433,7 +437,7 @@ mod tests {
     #[test]
     fn gpu_stacks_name_their_api() {
         let mut report = sample_report(1);
-        report.stacks[0].kind = "gpu-device".to_owned();
+        report.stacks[0].kind = Kind::GpuDevice;
         report.stacks[0].api = Some("cudaMalloc".to_owned());
         let text = render(&report);
         assert!(text.contains("#1  gpu-device via cudaMalloc  pid 10  live 256.0 KiB"));

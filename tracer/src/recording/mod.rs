@@ -28,9 +28,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    model::{Counters, Frame, MemoryStatus, Target},
-    output::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
+use crate::model::{
+    Counters, Frame, MemoryStatus, Target,
+    run::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
 };
 
 mod read;

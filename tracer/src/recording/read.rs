@@ -5,7 +5,6 @@
 //! complete record and says so in [`Recording::warning`]; a missing, damaged
 //! or newer-version file is an error whose one line names the problem.
 
-use crate::output::UnwindingReport;
 use std::{
     collections::{BTreeMap, HashMap},
     path::Path,
@@ -19,8 +18,10 @@ use super::{
 };
 use crate::{
     error::{ExitCode, fatal},
-    model::{Counters, Frame, Kind, MemoryStatus, Model, Snapshot, StackKey, Target},
-    output::LibraryReport,
+    model::{
+        Counters, Frame, Kind, MemoryStatus, Model, Snapshot, StackKey, Target,
+        run::{LibraryReport, UnwindingReport},
+    },
 };
 
 /// A stack of the recording; `key` is `None` for a memory kind this build

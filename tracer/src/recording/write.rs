@@ -1,7 +1,6 @@
 //! Writes a recording while tracing: the metadata when the probes are in
 //! place, then each snapshot as it is taken, flushed at once.
 
-use crate::output::UnwindingReport;
 use std::{
     collections::HashMap,
     fs::File,
@@ -14,8 +13,10 @@ use anyhow::{Context as _, Result};
 
 use super::{FORMAT_VERSION, MAGIC, Metadata, Record, SnapshotRecord, StackRecord, record_crc};
 use crate::{
-    model::{Counters, Frame, MemoryStatus, Snapshot, StackKey, Target},
-    output::{LibraryReport, ProbeReport, SamplingReport},
+    model::{
+        Counters, Frame, MemoryStatus, Snapshot, StackKey, Target,
+        run::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
+    },
     procfs,
 };
 

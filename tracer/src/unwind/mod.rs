@@ -21,32 +21,9 @@ use framehop::{
 };
 use tracer_ebpf::{STACK_PAGE_BYTES, StackCopy};
 
+pub use crate::model::run::UnwindMode;
 use crate::procfs;
 use modules::{ModuleFiles, Section};
-
-/// How stacks are walked (`--unwind`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UnwindMode {
-    /// Frame pointers, walked in the kernel: cheapest, wrong through code
-    /// built without them.
-    FramePointers,
-    /// Every stack copied and unwound from `.eh_frame` in userspace.
-    Dwarf,
-    /// DWARF for processes with code that lacks frame pointers (their
-    /// executable or a library other than glibc's own), frame pointers
-    /// for the others.
-    Auto,
-}
-
-impl UnwindMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UnwindMode::FramePointers => "fp",
-            UnwindMode::Dwarf => "dwarf",
-            UnwindMode::Auto => "auto",
-        }
-    }
-}
 
 /// How stacks are taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,45 @@
+//! A function tracer hooks (an allocator or a CUDA entry point) and the
+//! eBPF programs that trace it.
+use crate::model::allocators::{Allocator, AllocatorCall};
+
+/// The return program shared by the malloc family.
+const ALLOC_RETURN_PROGRAM: &str = "alloc_return";
+
+/// A hooked function and the eBPF programs that trace it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HookedFunction {
+    pub name: &'static str,
+    /// The uprobe program at its entry.
+    pub entry_program: &'static str,
+    /// The uretprobe program, where the result is needed.
+    pub return_program: Option<&'static str>,
+    /// Attach cookie of the entry probe (CUDA: API and memory kind).
+    pub cookie: u64,
+}
+
+impl HookedFunction {
+    /// An allocator function, traced by the entry program of its call's
+    /// shape (tracer-ebpf's malloc programs).
+    pub const fn allocator(allocator: &Allocator) -> HookedFunction {
+        let (entry_program, has_return) = match allocator.call {
+            AllocatorCall::Malloc => ("malloc_enter", true),
+            AllocatorCall::Calloc => ("calloc_enter", true),
+            AllocatorCall::Realloc => ("realloc_enter", true),
+            AllocatorCall::ReallocArray => ("reallocarray_enter", true),
+            AllocatorCall::Free => ("free_enter", false),
+            AllocatorCall::PosixMemalign => ("posix_memalign_enter", true),
+            AllocatorCall::Aligned => ("aligned_enter", true),
+            AllocatorCall::Pvalloc => ("pvalloc_enter", true),
+        };
+        HookedFunction {
+            name: allocator.name,
+            entry_program,
+            return_program: if has_return {
+                Some(ALLOC_RETURN_PROGRAM)
+            } else {
+                None
+            },
+            cookie: 0,
+        }
+    }
+}
