@@ -7,89 +7,86 @@ use std::io::{IsTerminal as _, Write as _};
 use anyhow::{Context as _, Result};
 use crossterm::{
     cursor,
-    event::{self, Event, KeyCode, KeyEvent, KeyModifiers},
+    event::{self, Event as KeyboardEvent, KeyCode, KeyEvent, KeyModifiers},
     execute, terminal,
 };
 
 use crate::{
-    attach::Probes,
     cli::Config,
-    collect::{self, Schedule, Watched},
-    model::Model,
+    collect::{Collector, Event},
+    model::{Model, Target},
     output::{human_bytes, trim_allocator_frames},
-    session::Session,
-    symbolize::Symbols,
+    session,
 };
 
 /// Runs `tracer top` until q, Ctrl-C, --duration or the targets' exit.
 pub fn run(config: &Config) -> Result<()> {
-    let mut session = Session::attach(config)?;
+    let mut collector = session::attach(config)?;
     let interactive = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
     let _screen = if interactive {
         Some(Screen::enter()?)
     } else {
         None
     };
-    session.resume();
-    let schedule = Schedule {
-        interval: config.interval,
-        duration: config.duration,
-        attached_at: session.attached_at,
-        status_every: None,
-        follow_forks: config.follow_forks,
-    };
+    session::resume(&collector);
     let mut model = Model::new();
-    let Session {
-        probes,
-        symbols,
-        watched,
-        ..
-    } = &mut session;
-    let mut draw = |probes: &Probes, model: &Model, symbols: &mut Symbols, watched: &[Watched]| {
-        let table = render_table(model, watched, config.top, |key| {
-            let frames = trim_allocator_frames(collect::stack_frames(probes, symbols, key));
-            frames
-                .into_iter()
-                .find(|frame| frame.function.is_some())
-                .map(|frame| describe_leaf(&frame))
-                .unwrap_or_else(|| format!("stack {}", key.stack_id))
-        });
-        let mut stdout = std::io::stdout().lock();
-        if interactive {
-            // Raw mode: lines need a carriage return.
-            write!(stdout, "\x1b[H\x1b[2J{}", table.replace('\n', "\r\n"))?;
-        } else {
-            writeln!(stdout, "{table}")?;
-        }
-        stdout.flush().context("could not write to stdout")
-    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("could not start the tokio runtime")?;
-    runtime.block_on(collect::run(
-        probes, watched, &mut model, symbols, &schedule, &mut draw, None,
-    ))?;
-    Ok(())
+    runtime.block_on(async {
+        loop {
+            match collector.next().await? {
+                Event::Snapshot(snapshot) => {
+                    model.push(snapshot);
+                    draw(&mut collector, &model, config.top, interactive)?;
+                }
+                Event::Stopped(_) => return Ok(()),
+                // The screen is the report: the rest shows in its header.
+                _ => {}
+            }
+        }
+    })
+}
+
+/// Draws the table of `model` (a new screen when `interactive`).
+fn draw(collector: &mut Collector, model: &Model, rows: usize, interactive: bool) -> Result<()> {
+    let watched = collector.targets();
+    let table = render_table(model, &watched, rows, |key| {
+        let frames = trim_allocator_frames(collector.frames(key));
+        frames
+            .into_iter()
+            .find(|frame| frame.function.is_some())
+            .map(|frame| describe_leaf(&frame))
+            .unwrap_or_else(|| format!("stack {}", key.stack_id.to_raw()))
+    });
+    let mut stdout = std::io::stdout().lock();
+    if interactive {
+        // Raw mode: lines need a carriage return.
+        write!(stdout, "\x1b[H\x1b[2J{}", table.replace('\n', "\r\n"))?;
+    } else {
+        writeln!(stdout, "{table}")?;
+    }
+    stdout.flush().context("could not write to stdout")
 }
 
 /// The table: a header line with the window and totals, then one row per
 /// stack growing fastest.
 pub fn render_table(
     model: &Model,
-    watched: &[Watched],
+    targets: &[Target],
     rows: usize,
     mut leaf: impl FnMut(&crate::model::StackKey) -> String,
 ) -> String {
-    let targets: Vec<String> = watched
+    let targets: Vec<String> = targets
         .iter()
-        .map(|w| {
-            let exited = if w.target.exited_after_s.is_some() {
+        .map(|target| {
+            let exited = if target.exited_after_s.is_some() {
                 ", exited"
             } else {
                 ""
             };
-            format!("PID {} ({}{exited})", w.target.pid, w.target.command)
+            format!("PID {} ({}{exited})", target.pid, target.command)
         })
         .collect();
     let totals = crate::output::live_totals(model);
@@ -163,7 +160,7 @@ impl Screen {
         .context("could not set up the terminal")?;
         std::thread::spawn(|| {
             loop {
-                let Ok(Event::Key(KeyEvent {
+                let Ok(KeyboardEvent::Key(KeyEvent {
                     code, modifiers, ..
                 })) = event::read()
                 else {
@@ -196,18 +193,18 @@ impl Drop for Screen {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Counters, Kind, Snapshot, StackKey, Target};
+    use crate::model::{Counters, Kind, Snapshot, StackId, StackKey};
 
     #[test]
     fn table_lists_the_fastest_first_and_flags_leaks() {
         let leak = StackKey {
             pid: 7,
-            stack_id: 1,
+            stack_id: StackId::Kernel(1),
             kind: Kind::Heap,
         };
         let slow = StackKey {
             pid: 7,
-            stack_id: 2,
+            stack_id: StackId::Kernel(2),
             kind: Kind::Heap,
         };
         let mut model = Model::new();
@@ -223,18 +220,17 @@ mod tests {
                 ..Snapshot::default()
             });
         }
-        let watched = [Watched {
-            target: Target {
-                pid: 7,
-                command: "leaky".into(),
-                exited_after_s: None,
-                followed_after_s: None,
-                execs_after_s: Vec::new(),
-                gpu_contexts_destroyed: Vec::new(),
-            },
-            spawned: false,
+        let targets = [Target {
+            pid: 7,
+            command: "leaky".into(),
+            exited_after_s: None,
+            followed_after_s: None,
+            execs_after_s: Vec::new(),
+            gpu_contexts_destroyed: Vec::new(),
         }];
-        let table = render_table(&model, &watched, 5, |key| format!("frame{}", key.stack_id));
+        let table = render_table(&model, &targets, 5, |key| {
+            format!("frame{}", key.stack_id.to_raw())
+        });
         let rows: Vec<&str> = table.lines().skip(4).collect();
         assert_eq!(rows.len(), 2, "{table}");
         assert!(

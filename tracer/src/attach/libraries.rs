@@ -230,17 +230,24 @@ impl Probes {
     }
 
     /// Hooks the libraries the live targets `pids` mapped since the last
-    /// call. Call every [`DRAIN_EVERY`]. A library that cannot be hooked
-    /// is reported on stderr; tracing goes on.
-    pub fn watch_libraries(&mut self, pids: &[u32]) {
+    /// call. Call every [`DRAIN_EVERY`]. Returns lines for stderr: what was
+    /// hooked, and the libraries that could not be (tracing goes on).
+    pub fn watch_libraries(&mut self, pids: &[u32]) -> Vec<String> {
+        let mut notes = Vec::new();
         for (pid, noticed_by) in self.watch.due(pids) {
-            if let Err(error) = self.hook_new_libraries(pid, noticed_by) {
-                eprintln!("tracer: warning: PID {pid}: {error:#}");
+            if let Err(error) = self.hook_new_libraries(pid, noticed_by, &mut notes) {
+                notes.push(format!("warning: PID {pid}: {error:#}"));
             }
         }
+        notes
     }
 
-    fn hook_new_libraries(&mut self, pid: u32, noticed_by: NoticedBy) -> Result<()> {
+    fn hook_new_libraries(
+        &mut self,
+        pid: u32,
+        noticed_by: NoticedBy,
+        notes: &mut Vec<String>,
+    ) -> Result<()> {
         // A process that is gone has nothing more to hook.
         let Ok(maps) = procfs::read_maps(pid) else {
             return Ok(());
@@ -259,11 +266,11 @@ impl Probes {
                     .filter(|mapping| new_paths.contains(&mapping.path)),
             );
             if !lacking.is_empty() {
-                eprintln!(
-                    "tracer: PID {pid} mapped {} without frame pointers: its stacks are copied \
+                notes.push(format!(
+                    "PID {pid} mapped {} without frame pointers: its stacks are copied \
                      and unwound with DWARF from now on (--unwind auto)",
                     lacking.join(", ")
-                );
+                ));
                 self.start_copying(pid, lacking)?;
             }
         }
@@ -271,12 +278,12 @@ impl Probes {
         let before = self.libraries.len();
         self.attach_sites(pid, &sites, noticed_by)?;
         for library in &self.libraries[before..] {
-            eprintln!(
-                "tracer: hooked {} functions in {} (PID {pid}, mapped after attach, noticed by {})",
+            notes.push(format!(
+                "hooked {} functions in {} (PID {pid}, mapped after attach, noticed by {})",
                 library.functions.len(),
                 library.path.display(),
                 noticed_by.as_str()
-            );
+            ));
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ use anyhow::{Context as _, Result};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
 use object::Object as _;
 
-use super::{Probes, nonzero_pid, program, symbols::file_offset};
+use super::{Probes, load::program, nonzero_pid, symbols::file_offset};
 use crate::error::{ExitCode, fatal};
 
 const GATE_PROGRAM: &str = "spawn_gate";

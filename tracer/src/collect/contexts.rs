@@ -17,123 +17,108 @@ use std::{
     time::Instant,
 };
 
-use anyhow::{Context as _, Result};
-use aya::maps::{HashMap as KernelHashMap, MapData};
 use tracer_ebpf::{Event, FIRST_CONTEXT_EPOCH, StackTotals};
 
-use super::{Watched, stack_entries};
-use crate::{
-    attach::Probes,
-    model::{ContextDestroyed, Counters, Kind, StackKey, Totals},
-};
+use crate::model::{ContextDestroyed, Counters, Kind, StackId, StackKey, Target, Totals};
 
-/// The current context epoch of each process that ended one (the others
-/// are at `FIRST_CONTEXT_EPOCH`).
-pub fn epochs(probes: &Probes) -> Result<HashMap<u32, u32>> {
-    let epochs: KernelHashMap<&MapData, u32, u64> = KernelHashMap::try_from(
-        probes
-            .ebpf
-            .map("CONTEXT_EPOCH")
-            .context("eBPF object lacks CONTEXT_EPOCH")?,
-    )?;
-    epochs
-        .iter()
-        .map(|entry| {
-            let (tgid, epoch) = entry.context("could not read CONTEXT_EPOCH")?;
-            Ok((tgid, epoch as u32))
-        })
-        .collect()
+/// The totals of one stack in one CUDA context epoch (0: memory no
+/// context owns), as the kernel's BY_STACK keeps them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpochEntry {
+    pub key: StackKey,
+    pub context_epoch: u32,
+    /// Live counters are two's-complement sums of signed changes.
+    pub counters: Counters,
 }
 
-/// The kernel's per-stack entries as the model's stacks: the epochs of a
-/// stack summed into one, without the live counters of ended epochs (the
-/// memory a context destruction released). Kinds this build does not know
-/// are left out.
+impl EpochEntry {
+    /// A BY_STACK entry of the kernel's; `None` for a kind this build does
+    /// not know.
+    pub fn from_kernel(key: &tracer_ebpf::StackKey, totals: &StackTotals) -> Option<EpochEntry> {
+        Some(EpochEntry {
+            key: StackKey {
+                pid: key.tgid,
+                stack_id: match key.stack_id {
+                    tracer_ebpf::NO_STACK => StackId::Lost,
+                    id => StackId::Kernel(id),
+                },
+                kind: Kind::from_raw(key.kind)?,
+            },
+            context_epoch: key.context_epoch,
+            counters: Counters {
+                live_bytes: totals.live_bytes as i64,
+                live_allocs: totals.live_allocs as i64,
+                alloc_bytes_total: totals.alloc_bytes,
+                alloc_count_total: totals.alloc_count,
+            },
+        })
+    }
+}
+
+/// The per-epoch entries as the model's stacks: the epochs of a stack
+/// summed into one, without the live counters of ended epochs (the memory
+/// a context destruction released). `current_epochs` holds the epoch of
+/// each process that ended one.
 pub fn fold_epochs(
-    entries: Vec<(tracer_ebpf::StackKey, StackTotals)>,
+    entries: impl IntoIterator<Item = EpochEntry>,
     current_epochs: &HashMap<u32, u32>,
-) -> Vec<(StackKey, Counters)> {
+) -> HashMap<StackKey, Counters> {
     let mut by_key: HashMap<StackKey, Counters> = HashMap::new();
-    for (key, totals) in entries {
-        let Some(kind) = Kind::from_raw(key.kind) else {
-            continue;
-        };
+    for entry in entries {
         let current_epoch = current_epochs
-            .get(&key.tgid)
+            .get(&entry.key.pid)
             .copied()
             .unwrap_or(FIRST_CONTEXT_EPOCH);
-        let released = key.context_epoch != 0 && key.context_epoch < current_epoch;
-        let counters = by_key
-            .entry(StackKey {
-                pid: key.tgid,
-                stack_id: key.stack_id,
-                kind,
-            })
-            .or_default();
+        let released = entry.context_epoch != 0 && entry.context_epoch < current_epoch;
+        let counters = by_key.entry(entry.key).or_default();
         if !released {
-            // Two's-complement sums of signed changes.
-            counters.live_bytes += totals.live_bytes as i64;
-            counters.live_allocs += totals.live_allocs as i64;
+            counters.live_bytes += entry.counters.live_bytes;
+            counters.live_allocs += entry.counters.live_allocs;
         }
-        counters.alloc_bytes_total += totals.alloc_bytes;
-        counters.alloc_count_total += totals.alloc_count;
+        counters.alloc_bytes_total += entry.counters.alloc_bytes_total;
+        counters.alloc_count_total += entry.counters.alloc_count_total;
     }
-    by_key.into_iter().collect()
+    by_key
 }
 
 /// What the entries of one process's ended epoch held, by kind name (kinds
 /// that held nothing left out).
-fn released_by(
-    entries: &[(tracer_ebpf::StackKey, StackTotals)],
-    tgid: u32,
-    ended_epoch: u32,
-) -> BTreeMap<String, Totals> {
+fn released_by(entries: &[EpochEntry], tgid: u32, ended_epoch: u32) -> BTreeMap<String, Totals> {
     let mut released: BTreeMap<String, Totals> = BTreeMap::new();
-    for (key, totals) in entries {
-        if key.tgid != tgid || key.context_epoch != ended_epoch {
+    for entry in entries {
+        if entry.key.pid != tgid || entry.context_epoch != ended_epoch {
             continue;
         }
-        if let Some(kind) = Kind::from_raw(key.kind) {
-            let sum = released.entry(kind.as_str().to_owned()).or_default();
-            sum.live_bytes += totals.live_bytes as i64;
-            sum.live_allocs += totals.live_allocs as i64;
-        }
+        let sum = released
+            .entry(entry.key.kind.as_str().to_owned())
+            .or_default();
+        sum.live_bytes += entry.counters.live_bytes;
+        sum.live_allocs += entry.counters.live_allocs;
     }
     released.retain(|_, totals| *totals != Totals::default());
     released
 }
 
 /// Adds a context destruction (an EVENTS message) to its target, with what
-/// the epoch it ended held. Returns what was added; `None` for a process
-/// that is not a target.
+/// the epoch it ended held in `entries` (every copy sent before it drained
+/// first). Returns what was added; `None` for a process that is not a
+/// target.
 pub fn mark_destroyed<'a>(
-    probes: &Probes,
+    entries: &[EpochEntry],
     destroyed: &Event,
     attached_at: Instant,
-    targets: &'a mut [Watched],
-) -> Result<Option<&'a ContextDestroyed>> {
-    let Some(watched) = targets
-        .iter_mut()
-        .find(|watched| watched.target.pid == destroyed.tgid)
-    else {
-        return Ok(None);
-    };
-    // With the blocks of copied stacks, every copy sent before the
-    // destruction drained first.
-    let released = released_by(
-        &stack_entries(probes)?,
-        destroyed.tgid,
-        destroyed.context_epoch,
-    );
+    target: &'a mut Target,
+) -> &'a ContextDestroyed {
+    let released = released_by(entries, destroyed.tgid, destroyed.context_epoch);
     // The kernel's clock says when the call returned, however late the
     // event is read.
     let age_s = monotonic_ns().saturating_sub(destroyed.timestamp_ns) as f64 / 1e9;
-    let list = &mut watched.target.gpu_contexts_destroyed;
+    let list = &mut target.gpu_contexts_destroyed;
     list.push(ContextDestroyed {
         after_s: (attached_at.elapsed().as_secs_f64() - age_s).max(0.0),
         released,
     });
-    Ok(list.last())
+    list.last().expect("just pushed")
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of the kernel's timestamps
@@ -160,21 +145,22 @@ mod tests {
         context_epoch: u32,
         live_bytes: i64,
         alloc_bytes: u64,
-    ) -> (tracer_ebpf::StackKey, StackTotals) {
-        (
-            tracer_ebpf::StackKey {
+    ) -> EpochEntry {
+        EpochEntry::from_kernel(
+            &tracer_ebpf::StackKey {
                 tgid,
                 stack_id: 7,
                 kind,
                 context_epoch,
             },
-            StackTotals {
+            &StackTotals {
                 live_bytes: live_bytes as u64,
                 live_allocs: (live_bytes != 0) as u64,
                 alloc_bytes,
                 alloc_count: 1,
             },
         )
+        .expect("a known kind")
     }
 
     #[test]
@@ -191,11 +177,15 @@ mod tests {
             entry(11, kind::GPU_DEVICE, 1, 300, 300),
         ];
         let epochs = HashMap::from([(10, 2)]);
-        let mut stacks = fold_epochs(entries, &epochs);
+        let mut stacks: Vec<(StackKey, Counters)> =
+            fold_epochs(entries, &epochs).into_iter().collect();
         stacks.sort_by_key(|(key, _)| *key);
         assert_eq!(stacks.len(), 2);
         let (key, counters) = stacks[0];
-        assert_eq!((key.pid, key.stack_id, key.kind), (10, 7, Kind::GpuDevice));
+        assert_eq!(
+            (key.pid, key.stack_id, key.kind),
+            (10, StackId::Kernel(7), Kind::GpuDevice)
+        );
         assert_eq!(counters.live_bytes, 8192 - 1024 + 100);
         assert_eq!(counters.alloc_bytes_total, 4096 + 8192 + 100);
         assert_eq!(counters.alloc_count_total, 4);
@@ -217,5 +207,16 @@ mod tests {
             .map(|(kind, totals)| (kind.as_str(), totals.live_bytes))
             .collect();
         assert_eq!(bytes, [("gpu-device", 4096), ("gpu-host-pinned", 512)]);
+    }
+
+    #[test]
+    fn an_unknown_kind_is_left_out() {
+        let key = tracer_ebpf::StackKey {
+            tgid: 1,
+            stack_id: 2,
+            kind: 63,
+            context_epoch: 0,
+        };
+        assert_eq!(EpochEntry::from_kernel(&key, &StackTotals::default()), None);
     }
 }

@@ -4,22 +4,20 @@
 //! here, as exact as BY_STACK's: a block is counted at its copy and taken
 //! off at its free, both sent by the kernel in the order they happened.
 //!
-//! Each distinct unwound stack gets an id from [`COPIED_STACK_BASE`] up,
-//! apart from the kernel's stack ids and the mapping stacks.
+//! Each distinct unwound stack is numbered here: `StackId::Copied`.
 use std::collections::HashMap;
 
 use anyhow::{Context as _, Result};
 use aya::maps::{Map, MapData, RingBuf};
 use tracer_ebpf::{StackCopy, StackFree, stack_record};
 
+use super::contexts::EpochEntry;
 use crate::{
-    model::{Counters, Frame, Kind, StackKey},
+    attach::cuda,
+    model::{Counters, Frame, Kind, StackId, StackKey},
     symbolize::Symbols,
     unwind::{Unwinder, Unwound},
 };
-
-/// Copied-stack ids start here (the mapping stacks' are below).
-pub const COPIED_STACK_BASE: u32 = 0xc000_0000;
 
 /// The frame that ends a stack deeper than the copy.
 pub const TRUNCATED_FRAME: &str = "[truncated: stack deeper than --stack-bytes]";
@@ -42,10 +40,10 @@ pub struct CopiedStacks {
     records: Option<RingBuf<MapData>>,
     unwinder: Unwinder,
     stacks: Vec<(u32, Unwound)>,
-    stack_ids: HashMap<(u32, Unwound), u32>,
+    stack_ids: HashMap<(u32, Unwound), StackId>,
     /// Stacks of mapping calls (mmap, brk), by (tgid, reference), until
     /// the mapping tracker takes them.
-    mapping_stacks: HashMap<(u32, u32), u32>,
+    mapping_stacks: HashMap<(u32, u32), StackId>,
     /// Live blocks by (tgid, reference).
     live: HashMap<(u32, u32), Block>,
     recently_freed: HashMap<(u32, u32), Block>,
@@ -123,12 +121,12 @@ impl CopiedStacks {
     }
 
     /// The id of an unwound stack, new or seen before.
-    fn stack_id(&mut self, pid: u32, unwound: Unwound) -> u32 {
+    fn stack_id(&mut self, pid: u32, unwound: Unwound) -> StackId {
         let stack = (pid, unwound);
         match self.stack_ids.get(&stack) {
             Some(&id) => id,
             None => {
-                let id = COPIED_STACK_BASE + self.stacks.len() as u32;
+                let id = StackId::Copied(self.stacks.len() as u32);
                 self.stacks.push(stack.clone());
                 self.stack_ids.insert(stack, id);
                 id
@@ -148,15 +146,15 @@ impl CopiedStacks {
 
     /// The stack id of the mapping call whose event carries `stack_ref`
     /// (once: the tracker keeps it).
-    pub fn take_mapping_stack(&mut self, tgid: u32, stack_ref: u32) -> Option<u32> {
+    pub fn take_mapping_stack(&mut self, tgid: u32, stack_ref: u32) -> Option<StackId> {
         self.mapping_stacks.remove(&(tgid, stack_ref))
     }
 
-    /// The return addresses of a copied stack, innermost first.
-    pub fn addresses(&self, stack_id: u32) -> Option<&[u64]> {
-        let index = stack_id.checked_sub(COPIED_STACK_BASE)?;
-        let (_, unwound) = self.stacks.get(index as usize)?;
-        Some(&unwound.addresses)
+    /// The return addresses of the copied stack `index`, innermost first.
+    pub fn addresses(&self, index: u32) -> &[u64] {
+        self.stacks
+            .get(index as usize)
+            .map_or(&[], |(_, unwound)| &unwound.addresses)
     }
 
     fn copied(&mut self, copy: &StackCopy, unwound: Unwound) {
@@ -169,7 +167,7 @@ impl CopiedStacks {
             stack_id,
             kind,
         };
-        if let Some(api) = crate::attach::cuda::api_name(copy.api) {
+        if let Some(api) = cuda::api_name(copy.api) {
             self.apis.insert(key, api);
         }
         let counters = self.counters.entry((key, copy.context_epoch)).or_default();
@@ -225,29 +223,17 @@ impl CopiedStacks {
         counters.live_allocs -= 1;
     }
 
-    /// The totals as the kernel's BY_STACK entries would hold them (per
-    /// stack, kind and CUDA context epoch), for `contexts::fold_epochs`:
-    /// the live counters of an ended epoch are left out the same way.
-    pub fn as_kernel_entries(&self) -> Vec<(tracer_ebpf::StackKey, tracer_ebpf::StackTotals)> {
+    /// The totals per stack and CUDA context epoch, as the kernel's
+    /// BY_STACK keeps them, for `contexts::fold_epochs`: the live counters
+    /// of an ended epoch are left out the same way.
+    pub fn epoch_entries(&self) -> impl Iterator<Item = EpochEntry> + '_ {
         self.counters
             .iter()
-            .map(|((key, context_epoch), counters)| {
-                (
-                    tracer_ebpf::StackKey {
-                        tgid: key.pid,
-                        stack_id: key.stack_id,
-                        kind: key.kind.to_raw(),
-                        context_epoch: *context_epoch,
-                    },
-                    tracer_ebpf::StackTotals {
-                        live_bytes: counters.live_bytes as u64,
-                        live_allocs: counters.live_allocs as u64,
-                        alloc_bytes: counters.alloc_bytes_total,
-                        alloc_count: counters.alloc_count_total,
-                    },
-                )
+            .map(|(&(key, context_epoch), &counters)| EpochEntry {
+                key,
+                context_epoch,
+                counters,
             })
-            .collect()
     }
 
     /// The CUDA function of each GPU stack.
@@ -255,11 +241,9 @@ impl CopiedStacks {
         self.apis.iter().map(|(key, api)| (*key, *api))
     }
 
-    /// The frames of a copied stack, innermost first, ending with
-    /// [`TRUNCATED_FRAME`] when the stack was deeper than the copy. None
-    /// for other ids.
-    pub fn frames(&self, stack_id: u32, symbols: &mut Symbols) -> Option<Vec<Frame>> {
-        let index = stack_id.checked_sub(COPIED_STACK_BASE)?;
+    /// The frames of the copied stack `index`, innermost first, ending
+    /// with [`TRUNCATED_FRAME`] when the stack was deeper than the copy.
+    pub fn frames(&self, index: u32, symbols: &mut Symbols) -> Option<Vec<Frame>> {
         let (pid, unwound) = self.stacks.get(index as usize)?;
         let mut frames = symbols.stack_frames(*pid, &unwound.addresses);
         if unwound.truncated {

@@ -7,25 +7,22 @@
 //! know: the caller of a leaf syscall wrapper (glibc's `mmap` and `syscall`
 //! keep no frame, so the frame-pointer walk skips the function that called
 //! them; the word at the stack pointer is its return address) and, for a
-//! file mapping, the file. Each distinct one gets an id from
-//! [`MAPPING_STACK_BASE`] up, apart from the kernel's stack ids.
+//! file mapping, the file. Each distinct one is numbered here:
+//! `StackId::Mapping`.
 use std::collections::HashMap;
 
 use aya::maps::{MapData, RingBuf};
 use tracer_ebpf::{MappingEvent, NO_STACK, is_copied_stack, mapping_call};
 
+use super::copied::CopiedStacks;
 use crate::{
-    collect::copied::{COPIED_STACK_BASE, CopiedStacks},
     model::{
-        Counters, Frame, StackKey,
+        Counters, Frame, StackId, StackKey,
         mappings::{MappingLedger, maps_file},
     },
     procfs,
     symbolize::Symbols,
 };
-
-/// Mapping stack ids start here; the kernel's are below.
-pub const MAPPING_STACK_BASE: u32 = 1 << 31;
 
 /// Syscall wrappers that keep no frame of their own (glibc's): the word at
 /// the stack pointer in them is the return address into their caller.
@@ -34,7 +31,8 @@ const LEAF_WRAPPERS: [&str; 5] = ["mmap", "mmap64", "syscall", "brk", "munmap"];
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct MappingStack {
     pid: u32,
-    kernel_stack_id: u32,
+    /// The code's stack: the kernel's, or unwound from a copy.
+    code_stack: StackId,
     caller_address: u64,
     /// The mapped file, for file mappings.
     file: Option<String>,
@@ -44,7 +42,7 @@ pub struct MappingTracker {
     events: RingBuf<MapData>,
     ledger: MappingLedger,
     stacks: Vec<MappingStack>,
-    stack_ids: HashMap<MappingStack, u32>,
+    stack_ids: HashMap<MappingStack, StackId>,
 }
 
 impl MappingTracker {
@@ -78,9 +76,9 @@ impl MappingTracker {
             let adds = matches!(event.call, mapping_call::MMAP | mapping_call::BRK)
                 && event.in_allocator == 0;
             let stack_id = if adds {
-                self.stack_id(&resolve_copied_stack(event, copied))
+                self.stack_id(&event, code_stack(&event, copied))
             } else {
-                0
+                StackId::Lost
             };
             self.ledger.apply(&event, stack_id);
         }
@@ -91,35 +89,36 @@ impl MappingTracker {
         self.ledger.counters()
     }
 
-    fn stack_id(&mut self, event: &MappingEvent) -> u32 {
+    fn stack_id(&mut self, event: &MappingEvent, code_stack: StackId) -> StackId {
         let file = (event.call == mapping_call::MMAP && maps_file(event))
             .then(|| mapped_file(event.tgid, event.result, event.fd));
         let stack = MappingStack {
             pid: event.tgid,
-            kernel_stack_id: event.stack_id,
+            code_stack,
             caller_address: event.caller_address,
             file,
         };
         if let Some(&id) = self.stack_ids.get(&stack) {
             return id;
         }
-        let id = MAPPING_STACK_BASE + self.stacks.len() as u32;
+        let id = StackId::Mapping(self.stacks.len() as u32);
         self.stacks.push(stack.clone());
         self.stack_ids.insert(stack, id);
         id
     }
 
-    /// The frames of a mapping stack, innermost first: the mapped file
-    /// (as a frame named `mmap-file`), then the code. `kernel_stack` reads
-    /// a stack of the kernel's STACKS map. None for other ids.
+    /// The frames of the mapping stack `index`, innermost first: the
+    /// mapped file (as a frame named `mmap-file`), then the code, whose
+    /// return addresses `addresses` gives.
     pub fn frames(
         &self,
-        stack_id: u32,
+        index: u32,
         symbols: &mut Symbols,
-        kernel_stack: impl Fn(u32) -> Vec<u64>,
-    ) -> Option<Vec<Frame>> {
-        let index = stack_id.checked_sub(MAPPING_STACK_BASE)?;
-        let stack = self.stacks.get(index as usize)?;
+        addresses: impl Fn(StackId) -> Vec<u64>,
+    ) -> Vec<Frame> {
+        let Some(stack) = self.stacks.get(index as usize) else {
+            return Vec::new();
+        };
         let mut frames = Vec::new();
         if let Some(file) = &stack.file {
             frames.push(Frame {
@@ -128,20 +127,16 @@ impl MappingTracker {
                 ..Frame::default()
             });
         }
-        let addresses = if stack.kernel_stack_id == NO_STACK {
-            Vec::new()
-        } else {
-            kernel_stack(stack.kernel_stack_id)
-        };
+        let addresses = addresses(stack.code_stack);
         let Some((&innermost, outer)) = addresses.split_first() else {
-            return Some(frames);
+            return frames;
         };
         let innermost_frames = symbols.stack_frames(stack.pid, &[innermost]);
         let in_leaf_wrapper = innermost_frames
             .first()
             .and_then(|frame| frame.function.as_deref())
             .is_some_and(is_leaf_wrapper);
-        let unwound = stack.kernel_stack_id >= COPIED_STACK_BASE;
+        let unwound = matches!(stack.code_stack, StackId::Copied(_));
         if in_leaf_wrapper && stack.caller_address != 0 {
             frames.extend(symbols.stack_frames(stack.pid, &[stack.caller_address]));
         } else if !(in_leaf_wrapper && unwound) {
@@ -149,25 +144,28 @@ impl MappingTracker {
             frames.extend(innermost_frames);
         }
         frames.extend(symbols.stack_frames(stack.pid, outer));
-        Some(frames)
+        frames
     }
 }
 
-/// An event whose stack was copied (`--unwind dwarf`) gets the id of its
-/// unwound stack. The copy went into its ring at the call's entry, before
-/// the event at its exit: one more drain finds a copy not read yet.
-fn resolve_copied_stack(mut event: MappingEvent, copied: &mut CopiedStacks) -> MappingEvent {
-    if !is_copied_stack(event.stack_id) {
-        return event;
+/// The code's stack of a mapping call: the kernel's, or, when its stack
+/// was copied (`--unwind dwarf`), the unwound one. The copy went into its
+/// ring at the call's entry, before the event at its exit: one more drain
+/// finds a copy not read yet.
+fn code_stack(event: &MappingEvent, copied: &mut CopiedStacks) -> StackId {
+    if event.stack_id == NO_STACK {
+        return StackId::Lost;
     }
-    let stack = copied
+    if !is_copied_stack(event.stack_id) {
+        return StackId::Kernel(event.stack_id);
+    }
+    copied
         .take_mapping_stack(event.tgid, event.stack_id)
         .or_else(|| {
             copied.drain();
             copied.take_mapping_stack(event.tgid, event.stack_id)
-        });
-    event.stack_id = stack.unwrap_or(NO_STACK);
-    event
+        })
+        .unwrap_or(StackId::Lost)
 }
 
 fn is_leaf_wrapper(function: &str) -> bool {

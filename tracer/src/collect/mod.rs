@@ -1,39 +1,51 @@
-//! The collection loop (tokio): every interval, snapshot the kernel's
-//! per-stack totals and counters into the model; watch the targets (and
-//! hook the libraries they load); stop on --duration, Ctrl-C, SIGTERM or
-//! when every target has exited.
+//! The Collector: a source of events (`Collector::next`), like py-spy's
+//! Sampler. Every interval it snapshots the kernel's per-stack totals and
+//! counters; it watches the targets (exits, execs, forks), hooks the
+//! libraries they load, drains the mapping calls and stack copies, and
+//! stops on --duration, Ctrl-C, SIGTERM or when every target has exited.
+//! What to do with each event (a recording, a status line, a screen, a
+//! plot) is the verb's business.
+//!
+//! It owns what collection builds per process: the stacks unwound from
+//! copies (`copied`), the mapping ledger (`mappings`), the baselines of
+//! images replaced by exec, and the symbolized frames of every stack shown
+//! so far, read and symbolized once.
 //!
 //! Reading BY_STACK costs one syscall pair per stack, never per allocation,
 //! so tracer's own cost does not grow with the target's allocation rate.
-//! Mapping calls arrive one by one in a ring buffer (`mappings`), drained
-//! every [`MAPPING_DRAIN_EVERY`] and at every snapshot.
 mod contexts;
-pub mod copied;
-pub mod mappings;
+mod copied;
+mod mappings;
+mod targets;
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::{HashMap, VecDeque},
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result};
-use aya::{
-    Ebpf,
-    maps::{HashMap, MapData, PerCpuArray, StackTraceMap},
+use tokio::{
+    signal::unix::{Signal, SignalKind, signal},
+    time::{Interval, MissedTickBehavior, interval},
 };
-use tokio::signal::unix::{SignalKind, signal};
-use tracer_ebpf::{StackTotals, stat};
 
 use crate::{
-    attach::{Probes, libraries, spawn},
-    model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
-    recording,
+    attach::{Probes, Rings, cuda, libraries},
+    model::{Counters, Frame, Kind, Snapshot, StackId, StackKey, Target, run::LibraryReport},
+    procfs,
     symbolize::Symbols,
 };
+use contexts::EpochEntry;
+use copied::CopiedStacks;
+pub use copied::TRUNCATED_FRAME;
+use mappings::MappingTracker;
+pub use targets::{Watched, live_pids};
 
 /// How often targets are checked for exit.
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// How often the mapping events are drained: often enough that the 1 MiB
 /// ring buffer holds a burst (~12 k calls) between two drains.
-pub const MAPPING_DRAIN_EVERY: Duration = Duration::from_millis(20);
-
+const MAPPING_DRAIN_EVERY: Duration = Duration::from_millis(20);
 /// How often stack copies are drained and unwound (`--unwind dwarf`): a
 /// 16 MiB ring holds about 1 000 copies of 16 KiB.
 pub const COPIES_DRAIN_EVERY: Duration = Duration::from_millis(5);
@@ -47,303 +59,492 @@ pub enum StopReason {
     TargetsExited,
 }
 
-/// A traced process and how to notice its exit.
-pub struct Watched {
-    pub target: Target,
-    /// Started by tracer: reaped with waitpid, not just looked up.
-    pub spawned: bool,
+/// What the collector saw.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The counters of every stack now. The last one comes right before
+    /// `Stopped`.
+    Snapshot(Snapshot),
+    /// A target exited.
+    TargetExited { pid: u32, after_s: f64 },
+    /// A target replaced its image (execve): what the old one held is gone.
+    Exec { pid: u32, after_s: f64 },
+    /// A target destroyed or reset a CUDA context, releasing what it owned.
+    ContextDestroyed { pid: u32, after_s: f64 },
+    /// Objects hooked after attach (libraries mapped later).
+    LibrariesHooked(Vec<LibraryReport>),
+    /// A child of a followed target is traced from now on.
+    ChildFollowed {
+        pid: u32,
+        command: String,
+        after_s: f64,
+    },
+    /// A line worth showing on stderr: a library hooked, a warning.
+    Notice(String),
+    /// Collection is over: nothing follows.
+    Stopped(StopReason),
 }
 
-impl Watched {
-    fn has_exited(&self) -> bool {
-        if self.spawned {
-            spawn::reap_if_exited(self.target.pid)
-        } else {
-            !crate::procfs::is_alive(self.target.pid)
-        }
-    }
-}
-
-/// Settings of the loop.
+/// When to snapshot and when to stop.
+#[derive(Clone, Copy, Debug)]
 pub struct Schedule {
     pub interval: Duration,
     pub duration: Option<Duration>,
-    /// When the probes were in place: time zero of every series.
-    pub attached_at: Instant,
-    /// How often to print a status line on stderr (None: never).
-    pub status_every: Option<Duration>,
     /// Attach to the children the targets fork (`--follow-forks`).
     pub follow_forks: bool,
 }
 
-/// Called after every snapshot, with the model and the symbolizer (for
-/// views that refresh while tracing: the SVG, `tracer top`).
-pub type OnSnapshot<'a> = dyn FnMut(&Probes, &Model, &mut Symbols, &[Watched]) -> Result<()> + 'a;
+/// The timers and signals `next` waits on, made on its first call (they
+/// need the tokio runtime).
+struct Clock {
+    snapshot: Interval,
+    liveness: Interval,
+    libraries: Interval,
+    mappings: Interval,
+    copies: Interval,
+    interrupt: Signal,
+    terminate: Signal,
+    deadline: Option<Instant>,
+}
 
-/// Runs until a stop condition; the model holds a final snapshot taken
-/// after it. Every snapshot and target exit also goes to the recording, if
-/// there is one.
-pub async fn run(
-    probes: &mut Probes,
-    targets: &mut Vec<Watched>,
-    model: &mut Model,
-    symbols: &mut Symbols,
-    schedule: &Schedule,
-    on_snapshot: &mut OnSnapshot<'_>,
-    mut recording: Option<&mut recording::Writer>,
-) -> Result<StopReason> {
-    let mut interrupt = signal(SignalKind::interrupt()).context("could not catch SIGINT")?;
-    let mut terminate = signal(SignalKind::terminate()).context("could not catch SIGTERM")?;
-    let mut snapshot_timer = tokio::time::interval(schedule.interval);
-    snapshot_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut liveness_timer = tokio::time::interval(LIVENESS_EVERY);
-    let mut library_timer = tokio::time::interval(libraries::DRAIN_EVERY);
-    let mut drain_timer = tokio::time::interval(MAPPING_DRAIN_EVERY);
-    let mut copies_timer = tokio::time::interval(COPIES_DRAIN_EVERY);
-    let deadline = schedule
-        .duration
-        .map(|duration| schedule.attached_at + duration);
-    let mut last_status = Instant::now();
-    // Live counters of the stacks of images replaced by exec, subtracted
-    // from every later snapshot: that memory is gone.
-    let mut exec_baselines: std::collections::HashMap<StackKey, Counters> =
-        std::collections::HashMap::new();
-
-    let reason = loop {
-        let until_deadline = async {
-            match deadline {
-                Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-                None => std::future::pending().await,
-            }
+impl Clock {
+    fn start(schedule: &Schedule, attached_at: Instant) -> Result<Clock> {
+        let timer = |every| {
+            let mut timer = interval(every);
+            timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            timer
         };
-        tokio::select! {
-            _ = snapshot_timer.tick() => {
-                for watched in targets.iter().filter(|w| w.target.exited_after_s.is_none()) {
-                    symbols.refresh(watched.target.pid);
+        Ok(Clock {
+            snapshot: timer(schedule.interval),
+            liveness: timer(LIVENESS_EVERY),
+            libraries: timer(libraries::DRAIN_EVERY),
+            mappings: timer(MAPPING_DRAIN_EVERY),
+            copies: timer(COPIES_DRAIN_EVERY),
+            interrupt: signal(SignalKind::interrupt()).context("could not catch SIGINT")?,
+            terminate: signal(SignalKind::terminate()).context("could not catch SIGTERM")?,
+            deadline: schedule.duration.map(|duration| attached_at + duration),
+        })
+    }
+}
+
+/// Probes in place on the targets, and what collection builds from them.
+pub struct Collector {
+    probes: Probes,
+    copied: CopiedStacks,
+    mappings: MappingTracker,
+    symbols: Symbols,
+    watched: Vec<Watched>,
+    /// Live counters of the stacks of images replaced by exec, taken off
+    /// every later snapshot: that memory is gone.
+    exec_baselines: HashMap<StackKey, Counters>,
+    /// The frames of the stacks symbolized so far.
+    frames: HashMap<StackKey, Vec<Frame>>,
+    /// The CUDA function that made each GPU stack's memory.
+    apis: HashMap<StackKey, &'static str>,
+    schedule: Schedule,
+    /// When every probe was in place: time zero of every series.
+    attached_at: Instant,
+    clock: Option<Clock>,
+    queued: VecDeque<Event>,
+    stopped: Option<StopReason>,
+}
+
+impl Collector {
+    /// A collector of what `probes` will see; targets are added with
+    /// `add_target`, and time starts at `start`.
+    pub fn new(probes: Probes, rings: Rings, schedule: Schedule) -> Result<Collector> {
+        let mut copied = CopiedStacks::new(rings.stack_copies);
+        if probes.copies_any_stacks() {
+            copied.activate()?;
+        }
+        Ok(Collector {
+            probes,
+            copied,
+            mappings: MappingTracker::new(rings.mapping_events),
+            symbols: Symbols::new(),
+            watched: Vec::new(),
+            exec_baselines: HashMap::new(),
+            frames: HashMap::new(),
+            apis: HashMap::new(),
+            schedule,
+            attached_at: Instant::now(),
+            clock: None,
+            queued: VecDeque::new(),
+            stopped: None,
+        })
+    }
+
+    /// Puts the probes in place on `pid` (started by tracer if `spawned`)
+    /// and follows its mapping calls from now on.
+    pub fn add_target(&mut self, pid: u32, spawned: bool) -> Result<()> {
+        self.trace(pid)?;
+        if self.schedule.follow_forks {
+            self.probes.follow(pid)?;
+        }
+        self.watched.push(Watched::new(pid, spawned));
+        Ok(())
+    }
+
+    fn trace(&mut self, pid: u32) -> Result<()> {
+        self.probes.attach_allocators(pid)?;
+        self.probes.trace_mappings(pid)?;
+        self.mappings.start(pid);
+        self.symbols.refresh(pid);
+        Ok(())
+    }
+
+    /// Marks the end of the initial attach: time zero of the window.
+    pub fn start(&mut self) -> Instant {
+        self.attached_at = Instant::now();
+        self.probes.mark_attached(self.attached_at);
+        self.attached_at
+    }
+
+    pub fn attached_at(&self) -> Instant {
+        self.attached_at
+    }
+
+    pub fn probes(&self) -> &Probes {
+        &self.probes
+    }
+
+    pub fn probes_mut(&mut self) -> &mut Probes {
+        &mut self.probes
+    }
+
+    pub fn watched(&self) -> &[Watched] {
+        &self.watched
+    }
+
+    pub fn targets(&self) -> Vec<Target> {
+        self.watched.iter().map(|w| w.target.clone()).collect()
+    }
+
+    /// The next event; `Stopped` once collection is over, and again after.
+    pub async fn next(&mut self) -> Result<Event> {
+        if let Some(event) = self.queued.pop_front() {
+            return Ok(event);
+        }
+        if let Some(reason) = self.stopped {
+            return Ok(Event::Stopped(reason));
+        }
+        let mut clock = match self.clock.take() {
+            Some(clock) => clock,
+            None => Clock::start(&self.schedule, self.attached_at)?,
+        };
+        let result = self.wait(&mut clock).await;
+        self.clock = Some(clock);
+        result?;
+        Ok(self.queued.pop_front().expect("wait queues an event"))
+    }
+
+    /// Runs the timers until something is queued.
+    async fn wait(&mut self, clock: &mut Clock) -> Result<()> {
+        while self.queued.is_empty() {
+            let until_deadline = async {
+                match clock.deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+                    None => std::future::pending().await,
                 }
-                let snapshot = snapshot(probes, schedule.attached_at, &live_pids(targets), &exec_baselines)?;
-                if let Some(writer) = recording.as_deref_mut() {
-                    record_snapshot(writer, probes, symbols, &snapshot)?;
+            };
+            let copying = self.probes.copies_any_stacks();
+            tokio::select! {
+                _ = clock.snapshot.tick() => {
+                    for pid in live_pids(&self.watched) {
+                        self.symbols.refresh(pid);
+                    }
+                    let snapshot = self.snapshot()?;
+                    self.queued.push_back(Event::Snapshot(snapshot));
                 }
-                model.push(snapshot);
-                if let Some(every) = schedule.status_every && last_status.elapsed() >= every {
-                    last_status = Instant::now();
-                    eprintln!("{}", status_line(model));
+                _ = clock.libraries.tick() => self.watch_libraries()?,
+                _ = clock.mappings.tick() => self.mappings.drain(&mut self.copied),
+                _ = clock.copies.tick(), if copying => {
+                    self.copied.activate()?;
+                    self.copied.drain();
                 }
-                on_snapshot(probes, model, symbols, targets)?;
-            }
-            _ = library_timer.tick() => {
-                probes.watch_libraries(&live_pids(targets));
-                mark_rare_events(probes, targets, symbols, schedule, &mut exec_baselines)?;
-            }
-            _ = drain_timer.tick() => {
-                probes.mappings.borrow_mut().drain(&mut probes.copied.borrow_mut());
-            }
-            _ = copies_timer.tick(), if probes.unwinding.copy_mode() != 0 => {
-                probes.copied.borrow_mut().drain();
-            }
-            _ = liveness_timer.tick() => {
-                let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
-                if schedule.follow_forks {
-                    follow_children(probes, targets, symbols, elapsed_s, schedule.status_every.is_some());
-                }
-                for watched in targets.iter_mut().filter(|w| w.target.exited_after_s.is_none()) {
-                    if watched.has_exited() {
-                        watched.target.exited_after_s = Some(elapsed_s);
-                        if let Some(writer) = recording.as_deref_mut() {
-                            writer.append_exit(watched.target.pid, elapsed_s)?;
-                        }
-                        if schedule.status_every.is_some() {
-                            eprintln!("tracer: PID {} exited after {elapsed_s:.1} s", watched.target.pid);
-                        }
+                _ = clock.liveness.tick() => {
+                    self.watch_targets();
+                    if self.watched.iter().all(|w| !w.is_alive()) {
+                        self.finish(StopReason::TargetsExited)?;
                     }
                 }
-                if targets.iter().all(|w| w.target.exited_after_s.is_some()) {
-                    break StopReason::TargetsExited;
-                }
+                _ = until_deadline => self.finish(StopReason::Duration)?,
+                _ = clock.interrupt.recv() => self.finish(StopReason::Interrupted)?,
+                _ = clock.terminate.recv() => self.finish(StopReason::Terminated)?,
             }
-            _ = until_deadline => break StopReason::Duration,
-            _ = interrupt.recv() => break StopReason::Interrupted,
-            _ = terminate.recv() => break StopReason::Terminated,
         }
-    };
-    // Events sent since the last drain, before the final snapshot; and
-    // the libraries mapped since the last snapshot, for the symbolizer.
-    probes.watch_libraries(&live_pids(targets));
-    mark_rare_events(probes, targets, symbols, schedule, &mut exec_baselines)?;
-    for pid in live_pids(targets) {
-        symbols.refresh(pid);
+        Ok(())
     }
-    let snapshot = snapshot(
-        probes,
-        schedule.attached_at,
-        &live_pids(targets),
-        &exec_baselines,
-    )?;
-    if let Some(writer) = recording {
-        record_snapshot(writer, probes, symbols, &snapshot)?;
-    }
-    model.push(snapshot);
-    Ok(reason)
-}
 
-/// Marks the execs and CUDA context destructions the last
-/// `watch_libraries` saw.
-fn mark_rare_events(
-    probes: &mut Probes,
-    targets: &mut [Watched],
-    symbols: &mut Symbols,
-    schedule: &Schedule,
-    exec_baselines: &mut std::collections::HashMap<StackKey, Counters>,
-) -> Result<()> {
-    let elapsed_s = schedule.attached_at.elapsed().as_secs_f64();
-    for pid in probes.take_execs() {
-        mark_exec(probes, pid, elapsed_s, targets, exec_baselines)?;
-        symbols.refresh(pid);
+    /// The final snapshot, after what was sent since the last drain (the
+    /// libraries mapped since the last snapshot too, for the symbolizer),
+    /// then `Stopped`.
+    fn finish(&mut self, reason: StopReason) -> Result<()> {
+        self.watch_libraries()?;
+        for pid in live_pids(&self.watched) {
+            self.symbols.refresh(pid);
+        }
+        let snapshot = self.snapshot()?;
+        self.queued.push_back(Event::Snapshot(snapshot));
+        self.stopped = Some(reason);
+        Ok(())
     }
-    for destroyed in probes.take_context_destroys() {
-        let marked = contexts::mark_destroyed(probes, &destroyed, schedule.attached_at, targets)?;
-        if let Some(marked) = marked
-            && schedule.status_every.is_some()
-        {
-            eprintln!(
-                "tracer: PID {} destroyed or reset a CUDA context after {:.1} s",
-                destroyed.tgid, marked.after_s
+
+    fn elapsed_s(&self) -> f64 {
+        self.attached_at.elapsed().as_secs_f64()
+    }
+
+    /// Hooks the libraries mapped since the last call, then marks the
+    /// execs and CUDA context destructions the watch saw.
+    fn watch_libraries(&mut self) -> Result<()> {
+        let hooked_before = self.probes.library_reports().len();
+        for note in self.probes.watch_libraries(&live_pids(&self.watched)) {
+            self.queued.push_back(Event::Notice(note));
+        }
+        let hooked = self.probes.library_reports();
+        if hooked.len() > hooked_before {
+            self.queued
+                .push_back(Event::LibrariesHooked(hooked[hooked_before..].to_vec()));
+        }
+        let after_s = self.elapsed_s();
+        for pid in self.probes.take_execs() {
+            self.mark_exec(pid, after_s)?;
+            self.symbols.refresh(pid);
+            self.queued.push_back(Event::Exec { pid, after_s });
+        }
+        for destroyed in self.probes.take_context_destroys() {
+            let Some(watched) = self
+                .watched
+                .iter_mut()
+                .position(|watched| watched.target.pid == destroyed.tgid)
+            else {
+                continue;
+            };
+            // With the blocks of copied stacks, every copy sent before the
+            // destruction drained first.
+            let entries = self.epoch_entries()?;
+            let marked = contexts::mark_destroyed(
+                &entries,
+                &destroyed,
+                self.attached_at,
+                &mut self.watched[watched].target,
             );
+            self.queued.push_back(Event::ContextDestroyed {
+                pid: destroyed.tgid,
+                after_s: marked.after_s,
+            });
         }
+        Ok(())
     }
-    Ok(())
-}
 
-/// Notes that `pid` replaced its image: marks the boundary in its target
-/// and takes the live counters of its stacks so far off every later
-/// snapshot (the kernel ignores frees of the old image's blocks).
-fn mark_exec(
-    probes: &Probes,
-    pid: u32,
-    elapsed_s: f64,
-    targets: &mut [Watched],
-    baselines: &mut std::collections::HashMap<StackKey, Counters>,
-) -> Result<()> {
-    for (key, counters) in snapshot(probes, Instant::now(), &[], baselines)?.stacks {
-        if key.pid == pid {
-            let baseline = baselines.entry(key).or_default();
-            baseline.live_bytes += counters.live_bytes;
-            baseline.live_allocs += counters.live_allocs;
-        }
-    }
-    if let Some(watched) = targets.iter_mut().find(|watched| watched.target.pid == pid) {
-        watched.target.execs_after_s.push(elapsed_s);
-        watched.target.command = crate::procfs::command_line(pid);
-    }
-    Ok(())
-}
-
-/// Every BY_STACK entry, as the kernel keeps it.
-/// Every per-stack entry in the shape of BY_STACK's: the kernel's, and
-/// those userspace keeps for blocks with copied stacks (`--unwind dwarf`),
-/// after draining every copy sent so far.
-fn stack_entries(probes: &Probes) -> Result<Vec<(tracer_ebpf::StackKey, StackTotals)>> {
-    let by_stack: HashMap<&MapData, tracer_ebpf::StackKey, StackTotals> = HashMap::try_from(
-        probes
-            .ebpf
-            .map("BY_STACK")
-            .context("eBPF object lacks BY_STACK")?,
-    )?;
-    let mut entries = by_stack
-        .iter()
-        .map(|entry| entry.context("could not read BY_STACK"))
-        .collect::<Result<Vec<_>>>()?;
-    let mut copied = probes.copied.borrow_mut();
-    copied.drain();
-    entries.extend(copied.as_kernel_entries());
-    Ok(entries)
-}
-
-/// Appends a snapshot to the recording, after the libraries hooked since
-/// the last one, with the frames and CUDA API of the stacks it shows first.
-fn record_snapshot(
-    writer: &mut recording::Writer,
-    probes: &Probes,
-    symbols: &mut Symbols,
-    snapshot: &Snapshot,
-) -> Result<()> {
-    writer.append_libraries(&probes.library_reports())?;
-    let apis = stack_apis(probes);
-    writer.append_snapshot(snapshot, &mut |key| {
-        (
-            stack_frames(probes, symbols, key),
-            apis.get(key).map(|api| (*api).to_owned()),
-        )
-    })
-}
-
-/// Attaches to the processes the followed targets forked since the last
-/// call, and follows their children in turn. New threads are announced
-/// too and skipped here; a child that exits before the probes are in
-/// place is skipped.
-fn follow_children(
-    probes: &mut Probes,
-    targets: &mut Vec<Watched>,
-    symbols: &mut Symbols,
-    elapsed_s: f64,
-    verbose: bool,
-) {
-    for child in probes.take_forks() {
-        let is_process = crate::procfs::tgid(child) == Some(child);
-        if !is_process || targets.iter().any(|watched| watched.target.pid == child) {
-            continue;
-        }
-        if let Err(error) = probes.attach_allocators(child) {
-            if verbose && crate::procfs::is_alive(child) {
-                eprintln!("tracer: warning: could not follow child PID {child}: {error:#}");
+    /// Notes that `pid` replaced its image: marks the boundary in its
+    /// target and takes the live counters of its stacks so far off every
+    /// later snapshot (the kernel ignores frees of the old image's blocks).
+    fn mark_exec(&mut self, pid: u32, after_s: f64) -> Result<()> {
+        for (key, counters) in self.stack_counters()? {
+            if key.pid == pid {
+                let baseline = self.exec_baselines.entry(key).or_default();
+                baseline.live_bytes += counters.live_bytes;
+                baseline.live_allocs += counters.live_allocs;
             }
-            continue;
         }
-        if let Err(error) = probes.trace_mappings(child)
-            && verbose
-        {
-            eprintln!("tracer: warning: mappings of child PID {child} not followed: {error:#}");
+        if let Some(watched) = self.watched.iter_mut().find(|w| w.target.pid == pid) {
+            watched.target.execs_after_s.push(after_s);
+            watched.target.command = procfs::command_line(pid);
         }
-        if probes.follow(child).is_err() && verbose {
-            eprintln!("tracer: warning: the children of PID {child} will not be followed");
-        }
-        symbols.refresh(child);
-        let command = crate::procfs::command_line(child);
-        if verbose {
-            eprintln!("tracer: following child PID {child} ({command}) after {elapsed_s:.1} s");
-        }
-        targets.push(Watched {
-            target: Target {
-                pid: child,
-                command,
-                exited_after_s: None,
-                followed_after_s: Some(elapsed_s),
-                execs_after_s: Vec::new(),
-                gpu_contexts_destroyed: Vec::new(),
-            },
-            spawned: false,
-        });
+        Ok(())
     }
-}
 
-fn live_pids(targets: &[Watched]) -> Vec<u32> {
-    targets
-        .iter()
-        .filter(|watched| watched.target.exited_after_s.is_none())
-        .map(|watched| watched.target.pid)
-        .collect()
+    /// Notes the targets that exited, and follows the children the
+    /// followed ones forked.
+    fn watch_targets(&mut self) {
+        let after_s = self.elapsed_s();
+        if self.schedule.follow_forks {
+            self.follow_children(after_s);
+        }
+        for watched in self.watched.iter_mut().filter(|w| w.is_alive()) {
+            if watched.has_exited() {
+                watched.target.exited_after_s = Some(after_s);
+                self.queued.push_back(Event::TargetExited {
+                    pid: watched.target.pid,
+                    after_s,
+                });
+            }
+        }
+    }
+
+    /// Attaches to the processes the followed targets forked since the
+    /// last call, and follows their children in turn. New threads are
+    /// announced too and skipped here; a child that exits before the
+    /// probes are in place is skipped.
+    fn follow_children(&mut self, after_s: f64) {
+        for child in self.probes.take_forks() {
+            let is_process = procfs::tgid(child) == Some(child);
+            if !is_process || self.watched.iter().any(|w| w.target.pid == child) {
+                continue;
+            }
+            if let Err(error) = self.probes.attach_allocators(child) {
+                if procfs::is_alive(child) {
+                    self.notice(format!(
+                        "warning: could not follow child PID {child}: {error:#}"
+                    ));
+                }
+                continue;
+            }
+            if let Err(error) = self.probes.trace_mappings(child) {
+                self.notice(format!(
+                    "warning: mappings of child PID {child} not followed: {error:#}"
+                ));
+            } else {
+                self.mappings.start(child);
+            }
+            if self.probes.follow(child).is_err() {
+                self.notice(format!(
+                    "warning: the children of PID {child} will not be followed"
+                ));
+            }
+            self.symbols.refresh(child);
+            let mut watched = Watched::new(child, false);
+            watched.target.followed_after_s = Some(after_s);
+            self.queued.push_back(Event::ChildFollowed {
+                pid: child,
+                command: watched.target.command.clone(),
+                after_s,
+            });
+            self.watched.push(watched);
+        }
+    }
+
+    fn notice(&mut self, line: String) {
+        self.queued.push_back(Event::Notice(line));
+    }
+
+    /// Every per-stack entry by CUDA context epoch: the kernel's, and those
+    /// kept here for blocks with copied stacks, after draining every copy
+    /// sent so far.
+    fn epoch_entries(&mut self) -> Result<Vec<EpochEntry>> {
+        let mut entries: Vec<EpochEntry> = self
+            .probes
+            .maps()
+            .by_stack()?
+            .iter()
+            .filter_map(|(key, totals)| EpochEntry::from_kernel(key, totals))
+            .collect();
+        self.copied.drain();
+        entries.extend(self.copied.epoch_entries());
+        Ok(entries)
+    }
+
+    /// The counters of every stack: the epochs of a stack summed (ended
+    /// ones released), images replaced by exec taken off, and the mapping
+    /// kinds' stacks.
+    fn stack_counters(&mut self) -> Result<Vec<(StackKey, Counters)>> {
+        let entries = self.epoch_entries()?;
+        let epochs = self.probes.maps().epochs()?;
+        let mut stacks = contexts::fold_epochs(entries, &epochs);
+        for (key, gone) in &self.exec_baselines {
+            if let Some(counters) = stacks.get_mut(key) {
+                counters.live_bytes -= gone.live_bytes;
+                counters.live_allocs -= gone.live_allocs;
+            }
+        }
+        self.mappings.drain(&mut self.copied);
+        let mut stacks: Vec<(StackKey, Counters)> = stacks.into_iter().collect();
+        stacks.extend(self.mappings.counters());
+        Ok(stacks)
+    }
+
+    /// Reads the stacks' counters, STATS and the RSS of the live targets.
+    fn snapshot(&mut self) -> Result<Snapshot> {
+        let elapsed_s = self.elapsed_s();
+        let stacks = self.stack_counters()?;
+        self.read_apis();
+        Ok(Snapshot {
+            elapsed_s,
+            stacks,
+            stats: self.probes.maps().stats()?,
+            rss_bytes: live_pids(&self.watched)
+                .into_iter()
+                .filter_map(|pid| Some((pid, procfs::rss_bytes(pid)?)))
+                .collect(),
+        })
+    }
+
+    /// The CUDA function of each GPU stack: the kernel's STACK_API and the
+    /// copied stacks'.
+    fn read_apis(&mut self) {
+        for (key, api) in self.probes.maps().stack_apis() {
+            let (Some(kind), Some(api)) = (Kind::from_raw(key.kind), cuda::api_name(api)) else {
+                continue;
+            };
+            let stack_id = match key.stack_id {
+                tracer_ebpf::NO_STACK => StackId::Lost,
+                id => StackId::Kernel(id),
+            };
+            let key = StackKey {
+                pid: key.tgid,
+                stack_id,
+                kind,
+            };
+            self.apis.insert(key, api);
+        }
+        self.apis.extend(self.copied.apis());
+    }
+
+    /// The CUDA function that made a GPU stack's memory.
+    pub fn api(&self, key: &StackKey) -> Option<&'static str> {
+        self.apis.get(key).copied()
+    }
+
+    /// The symbolized frames of a stack, innermost first (empty when the
+    /// kernel could not store it). Each stack is read and symbolized once;
+    /// frames outside every known object are tried again later.
+    pub fn frames(&mut self, key: &StackKey) -> Vec<Frame> {
+        if let Some(frames) = self.frames.get(key) {
+            return frames.clone();
+        }
+        let maps = self.probes.maps();
+        let frames = match key.stack_id {
+            StackId::Lost => Vec::new(),
+            StackId::Kernel(id) => self.symbols.stack_frames(key.pid, &maps.stack(id)),
+            StackId::Copied(index) => self
+                .copied
+                .frames(index, &mut self.symbols)
+                .unwrap_or_default(),
+            StackId::Mapping(index) => {
+                let copied = &self.copied;
+                self.mappings
+                    .frames(index, &mut self.symbols, |code_stack| match code_stack {
+                        StackId::Kernel(id) => maps.stack(id),
+                        StackId::Copied(index) => copied.addresses(index).to_vec(),
+                        StackId::Mapping(_) | StackId::Lost => Vec::new(),
+                    })
+            }
+        };
+        let complete = frames
+            .iter()
+            .all(|frame| frame.module.is_some() || frame.address == 0);
+        if complete {
+            self.frames.insert(*key, frames.clone());
+        }
+        frames
+    }
+
+    /// The objects hooked so far, as the report lists them.
+    pub fn library_reports(&self) -> Vec<LibraryReport> {
+        self.probes.library_reports()
+    }
 }
 
 /// Waits for SIGINT, SIGTERM or the exit of `pid`.
 pub async fn wait_for_stop(pid: u32) -> Result<()> {
     let mut interrupt = signal(SignalKind::interrupt()).context("could not catch SIGINT")?;
     let mut terminate = signal(SignalKind::terminate()).context("could not catch SIGTERM")?;
-    let mut liveness_timer = tokio::time::interval(LIVENESS_EVERY);
+    let mut liveness_timer = interval(LIVENESS_EVERY);
     loop {
         tokio::select! {
             _ = liveness_timer.tick() => {
-                if !crate::procfs::is_alive(pid) {
+                if !procfs::is_alive(pid) {
                     return Ok(());
                 }
             }
@@ -351,127 +552,4 @@ pub async fn wait_for_stop(pid: u32) -> Result<()> {
             _ = terminate.recv() => return Ok(()),
         }
     }
-}
-
-/// Reads BY_STACK and STATS, the mapping kinds' counters and the RSS of
-/// the live targets. The live counters of `exec_baselines` (images
-/// replaced by exec) are taken off, and so are those of ended CUDA context
-/// epochs (released by a context destruction); a stack's epochs are summed
-/// into one.
-pub fn snapshot(
-    probes: &Probes,
-    attached_at: Instant,
-    live_pids: &[u32],
-    exec_baselines: &std::collections::HashMap<StackKey, Counters>,
-) -> Result<Snapshot> {
-    let ebpf = &probes.ebpf;
-    let elapsed_s = attached_at.elapsed().as_secs_f64();
-    let mut stacks = contexts::fold_epochs(stack_entries(probes)?, &contexts::epochs(probes)?);
-    for (key, counters) in &mut stacks {
-        if let Some(gone) = exec_baselines.get(key) {
-            counters.live_bytes -= gone.live_bytes;
-            counters.live_allocs -= gone.live_allocs;
-        }
-    }
-    let mut mappings = probes.mappings.borrow_mut();
-    mappings.drain(&mut probes.copied.borrow_mut());
-    stacks.extend(mappings.counters());
-    let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(ebpf.map("STATS").context("eBPF object lacks STATS")?)?;
-    let mut stats = Vec::with_capacity(stat::COUNT as usize);
-    for index in 0..stat::COUNT {
-        let per_cpu = counters.get(&index, 0).context("could not read STATS")?;
-        stats.push(per_cpu.iter().sum());
-    }
-    Ok(Snapshot {
-        elapsed_s,
-        stacks,
-        stats,
-        rss_bytes: live_pids
-            .iter()
-            .filter_map(|&pid| Some((pid, crate::procfs::rss_bytes(pid)?)))
-            .collect(),
-    })
-}
-
-/// The symbolized frames of a stack, innermost first (empty when the
-/// kernel could not store it).
-pub fn stack_frames(probes: &Probes, symbols: &mut Symbols, key: &StackKey) -> Vec<Frame> {
-    if key.stack_id == tracer_ebpf::NO_STACK {
-        return Vec::new();
-    }
-    let ebpf = &probes.ebpf;
-    let copied = probes.copied.borrow();
-    if let Some(frames) = copied.frames(key.stack_id, symbols) {
-        return frames;
-    }
-    // A mapping stack is the kernel's, or one unwound from a copy.
-    let addresses = |id| match copied.addresses(id) {
-        Some(addresses) => addresses.to_vec(),
-        None => stack_addresses(ebpf, id),
-    };
-    if let Some(frames) = probes
-        .mappings
-        .borrow()
-        .frames(key.stack_id, symbols, addresses)
-    {
-        return frames;
-    }
-    symbols.stack_frames(key.pid, &stack_addresses(ebpf, key.stack_id))
-}
-
-/// The CUDA function that made each GPU stack's memory, from STACK_API
-/// and the copied stacks.
-pub fn stack_apis(probes: &Probes) -> std::collections::HashMap<StackKey, &'static str> {
-    let mut apis = kernel_stack_apis(&probes.ebpf);
-    apis.extend(probes.copied.borrow().apis());
-    apis
-}
-
-fn kernel_stack_apis(ebpf: &Ebpf) -> std::collections::HashMap<StackKey, &'static str> {
-    let Some(Ok(apis)) = ebpf
-        .map("STACK_API")
-        .map(HashMap::<&MapData, tracer_ebpf::StackKey, u32>::try_from)
-    else {
-        return Default::default();
-    };
-    apis.iter()
-        .filter_map(Result::ok)
-        .filter_map(|(key, api)| {
-            let key = StackKey {
-                pid: key.tgid,
-                stack_id: key.stack_id,
-                kind: Kind::from_raw(key.kind)?,
-            };
-            Some((key, crate::attach::cuda::api_name(api)?))
-        })
-        .collect()
-}
-
-/// The return addresses of a stored stack, innermost first.
-fn stack_addresses(ebpf: &Ebpf, stack_id: u32) -> Vec<u64> {
-    let Some(map) = ebpf.map("STACKS") else {
-        return Vec::new();
-    };
-    let Ok(stacks) = StackTraceMap::<&MapData>::try_from(map) else {
-        return Vec::new();
-    };
-    stacks
-        .get(&stack_id, 0)
-        .map(|trace| trace.frames().iter().map(|frame| frame.ip).collect())
-        .unwrap_or_default()
-}
-
-fn status_line(model: &Model) -> String {
-    let totals = crate::output::live_totals(model);
-    let drops: u64 = model.drops().iter().map(|(_, count)| count).sum();
-    format!(
-        "tracer: {:.0} s, {}, {drops} dropped",
-        model.window_s(),
-        if totals.is_empty() {
-            "nothing live yet".to_owned()
-        } else {
-            totals.join(", ")
-        }
-    )
 }

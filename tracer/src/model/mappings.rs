@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use tracer_ebpf::{MappingEvent, mapping_call};
 
 use super::{
-    Counters, Kind, StackKey,
+    Counters, Kind, StackId, StackKey,
     ranges::{Piece, RangeMap},
 };
 
@@ -42,7 +42,7 @@ const MAP_STACK: u64 = 0x20000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
     /// The mapping stack id (see `collect::mappings`) of the call that made it.
-    pub stack_id: u32,
+    pub stack_id: StackId,
     pub backing: Backing,
     /// PROT_NONE now.
     pub inaccessible: bool,
@@ -112,7 +112,7 @@ impl MappingLedger {
     }
 
     /// Applies one successful mapping call; `stack_id` names its stack.
-    pub fn apply(&mut self, event: &MappingEvent, stack_id: u32) {
+    pub fn apply(&mut self, event: &MappingEvent, stack_id: StackId) {
         let pid = event.tgid;
         let added = event.in_allocator == 0;
         match event.call {
@@ -181,7 +181,7 @@ impl MappingLedger {
         }
     }
 
-    fn move_break(&mut self, event: &MappingEvent, stack_id: u32, added: bool) {
+    fn move_break(&mut self, event: &MappingEvent, stack_id: StackId, added: bool) {
         let pid = event.tgid;
         let new_break = event.result;
         let old_break = self

@@ -111,9 +111,59 @@ impl Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackKey {
     pub pid: u32,
-    /// Id in the kernel's STACKS map, or `tracer_ebpf::NO_STACK`.
-    pub stack_id: u32,
+    pub stack_id: StackId,
     pub kind: Kind,
+}
+
+/// A stack, by where its frames are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StackId {
+    /// An id in the kernel's STACKS map: walked by frame pointers.
+    Kernel(u32),
+    /// A stack copied by the kernel and unwound in userspace
+    /// (`--unwind dwarf`), numbered by collect.
+    Copied(u32),
+    /// The stack of a mapping call (its code and, for a file mapping, the
+    /// file), numbered by collect.
+    Mapping(u32),
+    /// The kernel could not store the stack (the reason is counted).
+    Lost,
+}
+
+impl StackId {
+    /// Raw numbers of mapping stacks start here; the kernel's are below.
+    const MAPPING_BASE: u32 = 1 << 31;
+    /// Raw numbers of copied stacks start here.
+    const COPIED_BASE: u32 = 0xc000_0000;
+
+    /// The number that reports and recordings carry: the kernel's ids as
+    /// they are, mapping stacks from 2^31, copied stacks from 0xC000_0000,
+    /// a lost stack as `tracer_ebpf::NO_STACK`.
+    pub fn to_raw(self) -> u32 {
+        match self {
+            StackId::Kernel(id) => id,
+            StackId::Mapping(index) => Self::MAPPING_BASE + index,
+            StackId::Copied(index) => Self::COPIED_BASE + index,
+            StackId::Lost => tracer_ebpf::NO_STACK,
+        }
+    }
+
+    /// The stack a raw number (see `to_raw`) stands for.
+    pub fn from_raw(raw: u32) -> StackId {
+        match raw {
+            tracer_ebpf::NO_STACK => StackId::Lost,
+            raw if raw >= Self::COPIED_BASE => StackId::Copied(raw - Self::COPIED_BASE),
+            raw if raw >= Self::MAPPING_BASE => StackId::Mapping(raw - Self::MAPPING_BASE),
+            raw => StackId::Kernel(raw),
+        }
+    }
+}
+
+/// Written as the number reports carry (`to_raw`).
+impl std::fmt::Display for StackId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.to_raw())
+    }
 }
 
 /// Counters of one stack at one instant.

@@ -5,7 +5,7 @@ use tracer_ebpf::stat;
 fn heap(pid: u32, stack_id: u32) -> StackKey {
     StackKey {
         pid,
-        stack_id,
+        stack_id: StackId::Kernel(stack_id),
         kind: Kind::Heap,
     }
 }

@@ -213,7 +213,7 @@ fn stack_report(input: &ReportInput<'_>, rank: usize, key: StackKey) -> StackRep
         pid: key.pid,
         kind: key.kind,
         api: (input.api)(&key),
-        stack_id: key.stack_id,
+        stack_id: key.stack_id.to_raw(),
         live_bytes: latest.live_bytes,
         live_allocs: latest.live_allocs,
         alloc_bytes_total: latest.alloc_bytes_total,
@@ -315,7 +315,7 @@ pub fn human_bytes(bytes: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Counters, Snapshot, run::NoticedBy};
+    use crate::model::{Counters, Snapshot, StackId, run::NoticedBy};
 
     fn frame(function: &str, module: &str) -> Frame {
         Frame {
@@ -421,7 +421,7 @@ mod tests {
     fn key(pid: u32, stack_id: u32) -> StackKey {
         StackKey {
             pid,
-            stack_id,
+            stack_id: StackId::Kernel(stack_id),
             kind: Kind::Heap,
         }
     }

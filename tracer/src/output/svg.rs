@@ -349,7 +349,7 @@ fn plot_error<E: std::fmt::Debug>(error: E) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Counters, Frame, Kind, Snapshot, StackKey, Target};
+    use crate::model::{Counters, Frame, Kind, Snapshot, StackId, StackKey, Target};
     use crate::output::{Report, ReportInput};
 
     /// Data lines are drawn 2 px wide; axes and grid 1 px.
@@ -378,7 +378,7 @@ mod tests {
         let mut model = Model::new();
         let key = |stack_id| StackKey {
             pid: 42,
-            stack_id,
+            stack_id: StackId::Kernel(stack_id),
             kind: Kind::Heap,
         };
         for second in 1..=30_i64 {

@@ -19,7 +19,7 @@ use super::{
 use crate::{
     error::{ExitCode, fatal},
     model::{
-        Counters, Frame, Kind, MemoryStatus, Model, Snapshot, StackKey, Target,
+        Counters, Frame, Kind, MemoryStatus, Model, Snapshot, StackId, StackKey, Target,
         run::{LibraryReport, UnwindingReport},
     },
 };
@@ -235,7 +235,7 @@ fn recorded_stack(stack: StackRecord) -> RecordedStack {
     RecordedStack {
         key: Kind::from_name(&stack.kind).map(|kind| StackKey {
             pid: stack.pid,
-            stack_id: stack.stack_id,
+            stack_id: StackId::from_raw(stack.stack_id),
             kind,
         }),
         frames: stack.frames,

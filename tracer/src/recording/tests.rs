@@ -8,14 +8,14 @@ use proptest::prelude::*;
 use super::*;
 use crate::{
     error::{ExitCode, exit_code},
-    model::{Counters, Frame, Kind, Model, Snapshot, StackKey, Target},
+    model::{Counters, Frame, Kind, Model, Snapshot, StackId, StackKey, Target},
     output::{Report, ReportInput, SamplingReport, json::to_json},
 };
 
 fn key(pid: u32, stack_id: u32) -> StackKey {
     StackKey {
         pid,
-        stack_id,
+        stack_id: StackId::Kernel(stack_id),
         kind: Kind::Heap,
     }
 }
@@ -31,13 +31,13 @@ fn counters(live_bytes: i64) -> Counters {
 
 fn frames_of(key: &StackKey) -> Vec<Frame> {
     vec![Frame {
-        address: 0x401000 + u64::from(key.stack_id),
+        address: 0x401000 + u64::from(key.stack_id.to_raw()),
         function: Some(format!("grow_{}", key.stack_id)),
         file: Some("leak.c".to_owned()),
-        line: Some(key.stack_id),
+        line: Some(key.stack_id.to_raw()),
         module: Some("/opt/app".to_owned()),
         build_id: Some("abcdef01".to_owned()),
-        file_offset: Some(0x1000 + u64::from(key.stack_id)),
+        file_offset: Some(0x1000 + u64::from(key.stack_id.to_raw())),
     }]
 }
 

@@ -58,8 +58,6 @@ pub struct Writer {
     stack_numbers: HashMap<StackKey, u32>,
     /// Counters last written, by stack number.
     written_counters: Vec<Counters>,
-    /// Library records written so far.
-    libraries_written: usize,
     bytes_written: u64,
 }
 
@@ -85,7 +83,6 @@ impl Writer {
             file: BufWriter::new(file),
             stack_numbers: HashMap::new(),
             written_counters: Vec::new(),
-            libraries_written: 0,
             bytes_written: 0,
         };
         let mut preamble = MAGIC.to_vec();
@@ -118,7 +115,7 @@ impl Writer {
                     let (frames, api) = stack_of(key);
                     self.write_record(&Record::Stack(StackRecord {
                         pid: key.pid,
-                        stack_id: key.stack_id,
+                        stack_id: key.stack_id.to_raw(),
                         kind: key.kind.as_str().to_owned(),
                         frames,
                         api,
@@ -140,13 +137,11 @@ impl Writer {
         self.flush()
     }
 
-    /// Notes the objects hooked since the last call (`libraries` is every
-    /// object hooked so far, in order).
+    /// Notes objects hooks were put in.
     pub fn append_libraries(&mut self, libraries: &[LibraryReport]) -> Result<()> {
-        for library in libraries.iter().skip(self.libraries_written) {
+        for library in libraries {
             self.write_record(&Record::Library(library.clone()))?;
         }
-        self.libraries_written = libraries.len().max(self.libraries_written);
         self.flush()
     }
 

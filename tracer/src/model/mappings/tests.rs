@@ -3,7 +3,7 @@ use super::*;
 const PID: u32 = 7;
 const KIB: u64 = 1024;
 
-fn mmap(address: u64, length: u64, stack_id: u32) -> (MappingEvent, u32) {
+fn mmap(address: u64, length: u64, stack_id: u32) -> (MappingEvent, StackId) {
     let event = MappingEvent {
         tgid: PID,
         call: mapping_call::MMAP,
@@ -14,7 +14,7 @@ fn mmap(address: u64, length: u64, stack_id: u32) -> (MappingEvent, u32) {
         result: address,
         ..MappingEvent::default()
     };
-    (event, stack_id)
+    (event, StackId::Mapping(stack_id))
 }
 
 fn call(call: u32, address: u64, length: u64) -> MappingEvent {
@@ -35,7 +35,7 @@ fn mremap(old: u64, old_length: u64, new: u64, new_length: u64) -> MappingEvent 
     }
 }
 
-fn apply(ledger: &mut MappingLedger, (event, stack_id): (MappingEvent, u32)) {
+fn apply(ledger: &mut MappingLedger, (event, stack_id): (MappingEvent, StackId)) {
     ledger.apply(&event, stack_id);
 }
 
@@ -43,7 +43,7 @@ fn apply(ledger: &mut MappingLedger, (event, stack_id): (MappingEvent, u32)) {
 fn live(ledger: &MappingLedger, stack_id: u32, kind: Kind) -> (i64, i64) {
     let key = StackKey {
         pid: PID,
-        stack_id,
+        stack_id: StackId::Mapping(stack_id),
         kind,
     };
     ledger
@@ -56,16 +56,25 @@ fn live(ledger: &MappingLedger, stack_id: u32, kind: Kind) -> (i64, i64) {
 fn partial_unmaps_cut_head_tail_and_middle() {
     let mut ledger = MappingLedger::default();
     apply(&mut ledger, mmap(0x10_0000, 1024 * KIB, 1));
-    ledger.apply(&call(mapping_call::MUNMAP, 0x10_0000, 768 * KIB), 0);
+    ledger.apply(
+        &call(mapping_call::MUNMAP, 0x10_0000, 768 * KIB),
+        StackId::Lost,
+    );
     assert_eq!(live(&ledger, 1, Kind::MmapAnon), (256 * KIB as i64, 1));
     apply(&mut ledger, mmap(0x100_0000, 64 * KIB, 2));
-    ledger.apply(&call(mapping_call::MUNMAP, 0x100_4000, 16 * KIB), 0);
+    ledger.apply(
+        &call(mapping_call::MUNMAP, 0x100_4000, 16 * KIB),
+        StackId::Lost,
+    );
     assert_eq!(live(&ledger, 2, Kind::MmapAnon), (48 * KIB as i64, 2));
-    ledger.apply(&call(mapping_call::MUNMAP, 0x100_0000, 4 * KIB), 0);
-    ledger.apply(&call(mapping_call::MUNMAP, 0x100_f000, 5000), 0);
+    ledger.apply(
+        &call(mapping_call::MUNMAP, 0x100_0000, 4 * KIB),
+        StackId::Lost,
+    );
+    ledger.apply(&call(mapping_call::MUNMAP, 0x100_f000, 5000), StackId::Lost);
     assert_eq!(live(&ledger, 2, Kind::MmapAnon), (40 * KIB as i64, 2));
     // One munmap over several mappings and the holes between them.
-    ledger.apply(&call(mapping_call::MUNMAP, 0, 1 << 40), 0);
+    ledger.apply(&call(mapping_call::MUNMAP, 0, 1 << 40), StackId::Lost);
     assert_eq!(live(&ledger, 1, Kind::MmapAnon), (0, 0));
     assert_eq!(live(&ledger, 2, Kind::MmapAnon), (0, 0));
 }
@@ -83,16 +92,28 @@ fn map_fixed_replaces_what_was_there() {
 fn mremap_grows_shrinks_and_moves_with_its_stack() {
     let mut ledger = MappingLedger::default();
     apply(&mut ledger, mmap(0x10_0000, 64 * KIB, 1));
-    ledger.apply(&mremap(0x10_0000, 64 * KIB, 0x10_0000, 128 * KIB), 9);
+    ledger.apply(
+        &mremap(0x10_0000, 64 * KIB, 0x10_0000, 128 * KIB),
+        StackId::Mapping(9),
+    );
     assert_eq!(live(&ledger, 1, Kind::MmapAnon), (128 * KIB as i64, 2));
-    ledger.apply(&mremap(0x10_0000, 128 * KIB, 0x80_0000, 32 * KIB), 9);
+    ledger.apply(
+        &mremap(0x10_0000, 128 * KIB, 0x80_0000, 32 * KIB),
+        StackId::Mapping(9),
+    );
     assert_eq!(live(&ledger, 1, Kind::MmapAnon), (32 * KIB as i64, 1));
     assert_eq!(ledger.pieces(PID)[0].start, 0x80_0000);
-    ledger.apply(&call(mapping_call::MUNMAP, 0x80_0000, 32 * KIB), 0);
+    ledger.apply(
+        &call(mapping_call::MUNMAP, 0x80_0000, 32 * KIB),
+        StackId::Lost,
+    );
     assert_eq!(live(&ledger, 1, Kind::MmapAnon), (0, 0));
     assert_eq!(live(&ledger, 9, Kind::MmapAnon), (0, 0));
     // A mapping made before attach stays unknown when moved.
-    ledger.apply(&mremap(0x50_0000, 8 * KIB, 0x60_0000, 16 * KIB), 9);
+    ledger.apply(
+        &mremap(0x50_0000, 8 * KIB, 0x60_0000, 16 * KIB),
+        StackId::Mapping(9),
+    );
     assert!(ledger.pieces(PID).is_empty());
 }
 
@@ -106,7 +127,7 @@ fn allocator_mappings_are_not_counted_but_their_removals_apply() {
     apply(&mut ledger, mmap(0x20_0000, 8 * KIB, 2));
     let mut unmap = call(mapping_call::MUNMAP, 0x20_0000, 8 * KIB);
     unmap.in_allocator = 1;
-    ledger.apply(&unmap, 0);
+    ledger.apply(&unmap, StackId::Lost);
     assert_eq!(live(&ledger, 2, Kind::MmapAnon), (0, 0));
 }
 
@@ -119,12 +140,12 @@ fn reservations_become_usable_through_mprotect_and_back() {
     assert_eq!(live(&ledger, 1, Kind::MmapReserved).0, 1024 * KIB as i64);
     let mut usable = call(mapping_call::MPROTECT, 0x10_0000, 256 * KIB);
     usable.prot = 3;
-    ledger.apply(&usable, 0);
+    ledger.apply(&usable, StackId::Lost);
     assert_eq!(live(&ledger, 1, Kind::MmapAnon), (256 * KIB as i64, 1));
     assert_eq!(live(&ledger, 1, Kind::MmapReserved), (768 * KIB as i64, 1));
     let mut back = call(mapping_call::MPROTECT, 0x10_0000, 1024 * KIB);
     back.prot = PROT_NONE;
-    ledger.apply(&back, 0);
+    ledger.apply(&back, StackId::Lost);
     assert_eq!(live(&ledger, 1, Kind::MmapAnon), (0, 0));
     assert_eq!(live(&ledger, 1, Kind::MmapReserved).0, 1024 * KIB as i64);
     // A thread stack stays reserved when its usable part is opened.
@@ -134,7 +155,7 @@ fn reservations_become_usable_through_mprotect_and_back() {
     ledger.apply(&stack_mapping, stack);
     let mut open = call(mapping_call::MPROTECT, 0x100_1000, 8188 * KIB);
     open.prot = 3;
-    ledger.apply(&open, 0);
+    ledger.apply(&open, StackId::Lost);
     assert_eq!(live(&ledger, 2, Kind::MmapReserved).0, 8192 * KIB as i64);
     assert_eq!(live(&ledger, 2, Kind::MmapAnon), (0, 0));
 }
@@ -160,12 +181,12 @@ fn brk_growth_counts_outside_the_allocator_only() {
         in_allocator,
         ..MappingEvent::default()
     };
-    ledger.apply(&brk(0x10_0000, 1), 4);
-    ledger.apply(&brk(0x12_0000, 1), 4);
-    ledger.apply(&brk(0x12_8000, 0), 5);
+    ledger.apply(&brk(0x10_0000, 1), StackId::Mapping(4));
+    ledger.apply(&brk(0x12_0000, 1), StackId::Mapping(4));
+    ledger.apply(&brk(0x12_8000, 0), StackId::Mapping(5));
     assert_eq!(live(&ledger, 5, Kind::HeapBrk), (0x8000, 1));
     assert_eq!(live(&ledger, 4, Kind::HeapBrk), (0, 0));
-    ledger.apply(&brk(0x12_4000, 1), 4);
+    ledger.apply(&brk(0x12_4000, 1), StackId::Mapping(4));
     assert_eq!(live(&ledger, 5, Kind::HeapBrk), (0x4000, 1));
 }
 
@@ -194,7 +215,10 @@ fn matches_a_page_by_page_reference() {
                 reference[start as usize..(start + pages) as usize].fill(Some(stack_id));
             }
             1 => {
-                ledger.apply(&call(mapping_call::MUNMAP, address, pages * PAGE_SIZE), 0);
+                ledger.apply(
+                    &call(mapping_call::MUNMAP, address, pages * PAGE_SIZE),
+                    StackId::Lost,
+                );
                 reference[start as usize..(start + pages) as usize].fill(None);
             }
             _ => {
@@ -208,7 +232,7 @@ fn matches_a_page_by_page_reference() {
                         new_start * PAGE_SIZE,
                         new_pages * PAGE_SIZE,
                     ),
-                    99,
+                    StackId::Mapping(99),
                 );
                 reference[start as usize..(start + pages) as usize].fill(None);
                 reference[new_start as usize..(new_start + new_pages) as usize].fill(None);

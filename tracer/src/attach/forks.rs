@@ -1,0 +1,70 @@
+//! `--follow-forks`: the kernel announces the new tasks of followed
+//! processes (tracer-ebpf/src/forks.rs) in the FORKS queue, and collect
+//! attaches to the children.
+use anyhow::{Context as _, Result};
+use aya::{
+    maps::{HashMap, MapData, Queue},
+    programs::TracePoint,
+};
+
+use super::{Probes, load::load_error};
+use crate::{
+    error::{ExitCode, fatal},
+    tracefs,
+};
+
+/// The program that announces new tasks of followed processes
+/// (tracer-ebpf/src/forks.rs).
+pub(super) const FORK_PROGRAM: &str = "process_fork";
+
+impl Probes {
+    /// Starts announcing the children of followed processes (`follow`):
+    /// attaches the sched_process_fork tracepoint.
+    pub fn watch_forks(&mut self) -> Result<()> {
+        if tracefs::event_field_offset("sched", "sched_process_fork", "child_pid").is_none() {
+            return Err(fatal(
+                ExitCode::KernelUnsupported,
+                "this kernel's sched:sched_process_fork tracepoint has no child_pid field: \
+                 --follow-forks cannot work here",
+            ));
+        }
+        let program: &mut TracePoint = self
+            .ebpf
+            .program_mut(FORK_PROGRAM)
+            .with_context(|| format!("eBPF object lacks program {FORK_PROGRAM}"))?
+            .try_into()
+            .with_context(|| format!("eBPF program {FORK_PROGRAM} is not a tracepoint"))?;
+        program
+            .load()
+            .map_err(|error| load_error(error.into()))
+            .with_context(|| format!("could not load eBPF program {FORK_PROGRAM}"))?;
+        program
+            .attach("sched", "sched_process_fork")
+            .context("could not attach to tracepoint sched:sched_process_fork")?;
+        Ok(())
+    }
+
+    /// Announces the children of `pid` from now on (see `watch_forks`).
+    pub fn follow(&mut self, pid: u32) -> Result<()> {
+        let mut followed: HashMap<&mut MapData, u32, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut("FOLLOWED")
+                .context("eBPF object lacks FOLLOWED")?,
+        )?;
+        followed
+            .insert(pid, 1, 0)
+            .with_context(|| format!("could not follow the children of PID {pid}"))
+    }
+
+    /// New tasks of followed processes since the last call: processes and
+    /// threads alike.
+    pub fn take_forks(&mut self) -> Vec<u32> {
+        let Some(map) = self.ebpf.map_mut("FORKS") else {
+            return Vec::new();
+        };
+        let Ok(mut forks) = Queue::<&mut MapData, u32>::try_from(map) else {
+            return Vec::new();
+        };
+        std::iter::from_fn(|| forks.pop(0).ok()).collect()
+    }
+}

@@ -1,0 +1,263 @@
+//! Loads the embedded eBPF object: sizes its tables, sets its read-only
+//! configuration (sampling, size filters, unwinding, tracepoint field
+//! offsets), loads the programs, attaches the tracepoints every run needs,
+//! and takes out the ring buffers that collect drains.
+use anyhow::{Context as _, Result};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Map, MapData, RingBuf},
+    programs::{Program, TracePoint, UProbe},
+};
+use tracer_ebpf::sampling::{PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TABLE_LEN};
+
+use super::{
+    Probes, ReturnProbes, forks::FORK_PROGRAM, libraries::LibraryWatch, mappings,
+    session::SessionPrograms,
+};
+use crate::{
+    error::{ExitCode, fatal},
+    tracefs,
+    unwind::{UnwindMode, Unwinding},
+};
+
+/// What the probes record: every allocation or a sample, of which sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sampling {
+    /// Sampling period in bytes (`--sample-bytes`); 0: every allocation.
+    pub sample_bytes: u64,
+    /// Seed of the sampling decisions; 0: a random one per thread.
+    pub sample_seed: u64,
+    /// Blocks smaller than this are not recorded.
+    pub min_size_bytes: u64,
+    /// Blocks larger than this are not recorded.
+    pub max_size_bytes: u64,
+}
+
+impl Sampling {
+    /// Every allocation of every size.
+    pub const EXACT: Sampling = Sampling {
+        sample_bytes: 0,
+        sample_seed: 0,
+        min_size_bytes: 0,
+        max_size_bytes: u64::MAX,
+    };
+
+    /// Whether some calls are not recorded, so may skip their return.
+    pub fn skips_calls(&self) -> bool {
+        self.sample_bytes != 0 || self.min_size_bytes != 0 || self.max_size_bytes != u64::MAX
+    }
+}
+
+/// How big the kernel tables are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Outstanding blocks (LIVE).
+    pub live_allocs: u32,
+    /// Distinct stacks (STACKS; BY_STACK holds four times as many per-stack
+    /// totals: one stack may hold several kinds in several processes).
+    pub stacks: u32,
+    /// Bytes of the ring buffer of mapping calls (a power of two, whole
+    /// pages).
+    pub mapping_ring_bytes: u32,
+}
+
+impl Capacity {
+    /// The defaults of `tracer record`.
+    pub const DEFAULT: Capacity = Capacity {
+        live_allocs: 1 << 20,
+        stacks: 1 << 14,
+        mapping_ring_bytes: 1 << 20,
+    };
+}
+
+/// The ring buffers collect drains, taken out of the object at load.
+pub struct Rings {
+    /// The targets' mapping calls (MAPPING_EVENTS).
+    pub mapping_events: RingBuf<MapData>,
+    /// Stack copies and the frees of their blocks (STACK_COPIES): mapped
+    /// into tracer only once a process needs copies, as the ring costs its
+    /// size in resident memory.
+    pub stack_copies: Map,
+}
+
+impl Probes {
+    /// Loads the embedded eBPF object and its programs, configured for
+    /// `sampling` (the session programs only when calls may be skipped),
+    /// with the tables sized as `capacity` asks.
+    pub fn load(
+        capacity: Capacity,
+        sampling: &Sampling,
+        unwinding: &Unwinding,
+    ) -> Result<(Probes, Rings)> {
+        let Capacity {
+            live_allocs: max_live_allocs,
+            stacks: max_stacks,
+            mapping_ring_bytes,
+        } = capacity;
+        raise_memlock_limit();
+        let mmap = tracefs::mmap_offsets()?;
+        let object = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
+        let skip_chance = skip_chance_table();
+        tracefs::ensure_mounted()?;
+        let fork_child_offset =
+            tracefs::event_field_offset("sched", "sched_process_fork", "child_pid");
+        let field_offsets = mappings::read_field_offsets().map_err(|error| {
+            fatal(
+                ExitCode::KernelUnsupported,
+                format!("cannot follow mmap, munmap, mremap and brk: {error:#}"),
+            )
+        })?;
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("LIVE", max_live_allocs)
+            .map_max_entries("STACKS", max_stacks)
+            .map_max_entries("BY_STACK", max_stacks.saturating_mul(4))
+            .map_max_entries("MAPPING_EVENTS", mapping_ring_bytes)
+            .map_max_entries(
+                "STACK_COPIES",
+                if unwinding.mode == UnwindMode::FramePointers {
+                    // Never written: the smallest ring there is.
+                    4096
+                } else {
+                    unwinding.ring_bytes
+                },
+            )
+            .override_global("STACK_COPY_MODE", &unwinding.copy_mode(), true)
+            .override_global("STACK_PAGES", &unwinding.stack_pages(), true)
+            .override_global("SAMPLE_BYTES", &sampling.sample_bytes, true)
+            .override_global("SAMPLE_SEED", &sampling.sample_seed, true)
+            .override_global("MIN_SIZE_BYTES", &sampling.min_size_bytes, true)
+            .override_global("MAX_SIZE_BYTES", &sampling.max_size_bytes, true)
+            .override_global("SAMPLE_SKIP_CHANCE", &skip_chance, true)
+            .override_global("MMAP_PROT_OFFSET", &mmap.prot, true)
+            .override_global("MMAP_FD_OFFSET", &mmap.fd, true)
+            .override_global("SYSCALL_FIELD_OFFSETS", &field_offsets, true)
+            .override_global(
+                "FORK_CHILD_PID_OFFSET",
+                &fork_child_offset.unwrap_or(0),
+                true,
+            )
+            .load(object)
+            .map_err(|error| load_error(error.into()))?;
+        // Session programs are loaded apart (`session`), only when used;
+        // the fork tracepoint only with --follow-forks (`watch_forks`).
+        for (name, program) in ebpf.programs_mut() {
+            if name.ends_with("_session")
+                || name == FORK_PROGRAM
+                || mappings::is_mapping_program(name)
+            {
+                continue;
+            }
+            match program {
+                Program::UProbe(program) => program.load(),
+                Program::TracePoint(program) => program.load(),
+                _ => continue,
+            }
+            .map_err(|error| load_error(error.into()))
+            .with_context(|| format!("could not load eBPF program {name}"))?;
+        }
+        attach_signal_tracepoints(&mut ebpf)?;
+        let (session, return_probes) = if sampling.skips_calls() {
+            match SessionPrograms::load(object, &ebpf) {
+                Ok(session) => (Some(session), ReturnProbes::Session),
+                Err(error) => (None, ReturnProbes::UretprobeFallback(format!("{error:#}"))),
+            }
+        } else {
+            (None, ReturnProbes::Uretprobe)
+        };
+        // After the session loader, which looks up every map of the object
+        // (the watch takes EVENTS out of it).
+        let watch = LibraryWatch::start(&mut ebpf)?;
+        let mapping_links = mappings::attach_tracepoints(&mut ebpf)
+            .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
+        // After the session loader, which looks up every map of the object.
+        let rings = Rings {
+            mapping_events: RingBuf::try_from(
+                ebpf.take_map("MAPPING_EVENTS")
+                    .context("eBPF object lacks MAPPING_EVENTS")?,
+            )
+            .context("MAPPING_EVENTS is not a ring buffer")?,
+            stack_copies: ebpf
+                .take_map("STACK_COPIES")
+                .context("eBPF object lacks STACK_COPIES")?,
+        };
+        let probes = Probes {
+            ebpf,
+            hooks: Vec::new(),
+            return_probes,
+            libraries: Vec::new(),
+            sampling: *sampling,
+            unwinding: *unwinding,
+            copying_stacks_of: Vec::new(),
+            links: Vec::new(),
+            mapping_links,
+            session,
+            watch,
+        };
+        Ok((probes, rings))
+    }
+}
+
+/// `exp(-i / SAMPLE_STEPS_PER_PERIOD)` in units of 2^-32: the chance that
+/// the sampling skips a block of i steps (see `tracer_ebpf::sampling`).
+fn skip_chance_table() -> [u64; SAMPLE_TABLE_LEN] {
+    std::array::from_fn(|step| {
+        let periods = step as f64 / SAMPLE_STEPS_PER_PERIOD as f64;
+        ((-periods).exp() * PROBABILITY_ONE as f64).round() as u64
+    })
+}
+
+/// The tracepoints that set a thread's allocator state aside while a
+/// signal handler runs on it (tracer-ebpf/src/signals.rs): program,
+/// category, event.
+const SIGNAL_TRACEPOINTS: [(&str, &str, &str); 2] = [
+    ("signal_deliver", "signal", "signal_deliver"),
+    ("signal_return", "syscalls", "sys_enter_rt_sigreturn"),
+];
+
+/// Attaches the signal tracepoints (loaded with the other programs). They stay attached as long as
+/// the object lives and cost other processes one hash lookup per signal.
+fn attach_signal_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
+    for (name, category, event) in SIGNAL_TRACEPOINTS {
+        let program: &mut TracePoint = ebpf
+            .program_mut(name)
+            .with_context(|| format!("eBPF object lacks program {name}"))?
+            .try_into()
+            .with_context(|| format!("eBPF program {name} is not a tracepoint"))?;
+        program
+            .attach(category, event)
+            .with_context(|| format!("could not attach to tracepoint {category}:{event}"))?;
+    }
+    Ok(())
+}
+
+/// A program of the object, as a uprobe.
+pub fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("eBPF object lacks program {name}"))?
+        .try_into()
+        .with_context(|| format!("eBPF program {name} is not a uprobe"))
+}
+
+/// Kernels >= 5.11 account eBPF memory to the cgroup and ignore
+/// RLIMIT_MEMLOCK; older ones need it raised. Failing to raise it is fine.
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads a valid rlimit struct.
+    let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+}
+
+/// Maps a load failure to the error a user can act on.
+pub(super) fn load_error(error: anyhow::Error) -> anyhow::Error {
+    let text = format!("{error:#}");
+    if text.contains("Operation not permitted") || text.contains("EPERM") {
+        fatal(
+            ExitCode::Permission,
+            format!("the kernel refused to load eBPF programs ({text}): run tracer as root"),
+        )
+    } else {
+        error.context("could not load the eBPF programs")
+    }
+}

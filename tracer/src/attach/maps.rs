@@ -1,0 +1,100 @@
+//! The one reader of the kernel's maps that collect snapshots: per-stack
+//! totals, counters, frame-pointer stacks, CUDA context epochs and the API
+//! of each GPU stack. Map values come back as the ABI types of
+//! `tracer_ebpf`; turning them into the model's is collect's work.
+use std::collections::HashMap;
+
+use anyhow::{Context as _, Result};
+use aya::{
+    Ebpf,
+    maps::{HashMap as KernelHashMap, MapData, PerCpuArray, StackTraceMap},
+};
+use tracer_ebpf::{StackKey, StackTotals, stat};
+
+use super::Probes;
+
+/// Reads the maps of a loaded object.
+pub struct KernelMaps<'a> {
+    ebpf: &'a Ebpf,
+}
+
+impl Probes {
+    /// The kernel's maps, to read.
+    pub fn maps(&self) -> KernelMaps<'_> {
+        KernelMaps { ebpf: &self.ebpf }
+    }
+}
+
+impl KernelMaps<'_> {
+    /// Every BY_STACK entry: the totals of one stack, kind and CUDA context
+    /// epoch in one process.
+    pub fn by_stack(&self) -> Result<Vec<(StackKey, StackTotals)>> {
+        let by_stack: KernelHashMap<&MapData, StackKey, StackTotals> = KernelHashMap::try_from(
+            self.ebpf
+                .map("BY_STACK")
+                .context("eBPF object lacks BY_STACK")?,
+        )?;
+        by_stack
+            .iter()
+            .map(|entry| entry.context("could not read BY_STACK"))
+            .collect()
+    }
+
+    /// STATS by `tracer_ebpf::stat` index, summed over CPUs.
+    pub fn stats(&self) -> Result<Vec<u64>> {
+        let counters: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.ebpf.map("STATS").context("eBPF object lacks STATS")?)?;
+        (0..stat::COUNT)
+            .map(|index| {
+                let per_cpu = counters.get(&index, 0).context("could not read STATS")?;
+                Ok(per_cpu.iter().sum())
+            })
+            .collect()
+    }
+
+    /// The return addresses of a STACKS entry, innermost first (empty when
+    /// the id is not there).
+    pub fn stack(&self, stack_id: u32) -> Vec<u64> {
+        let Some(Ok(stacks)) = self
+            .ebpf
+            .map("STACKS")
+            .map(StackTraceMap::<&MapData>::try_from)
+        else {
+            return Vec::new();
+        };
+        stacks
+            .get(&stack_id, 0)
+            .map(|trace| trace.frames().iter().map(|frame| frame.ip).collect())
+            .unwrap_or_default()
+    }
+
+    /// The current CUDA context epoch of each process that ended one (the
+    /// others are at `tracer_ebpf::FIRST_CONTEXT_EPOCH`).
+    pub fn epochs(&self) -> Result<HashMap<u32, u32>> {
+        let epochs: KernelHashMap<&MapData, u32, u64> = KernelHashMap::try_from(
+            self.ebpf
+                .map("CONTEXT_EPOCH")
+                .context("eBPF object lacks CONTEXT_EPOCH")?,
+        )?;
+        epochs
+            .iter()
+            .map(|entry| {
+                let (tgid, epoch) = entry.context("could not read CONTEXT_EPOCH")?;
+                Ok((tgid, epoch as u32))
+            })
+            .collect()
+    }
+
+    /// The `gpu_api` id of the CUDA function that made each GPU stack's
+    /// memory (STACK_API).
+    pub fn stack_apis(&self) -> Vec<(StackKey, u32)> {
+        let Some(Ok(apis)) = self
+            .ebpf
+            .map("STACK_API")
+            .map(KernelHashMap::<&MapData, StackKey, u32>::try_from)
+        else {
+            return Vec::new();
+        };
+        apis.iter().filter_map(Result::ok).collect()
+    }
+}

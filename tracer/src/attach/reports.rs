@@ -1,0 +1,98 @@
+//! What the probes are, as a report describes them: where each probe went
+//! and why, how allocations are recorded, how stacks are walked.
+use super::Probes;
+use crate::{
+    model::run::{
+        DwarfProcess, ProbeReport, ReturnProbes, SamplingMode, SamplingReport, UnwindingReport,
+    },
+    unwind::UnwindMode,
+};
+
+impl Probes {
+    /// How stacks are walked for the processes `pids`.
+    pub fn unwinding_report(&self, pids: &[u32]) -> UnwindingReport {
+        UnwindingReport {
+            mode: self.unwinding.mode,
+            stack_bytes: self.unwinding.stack_bytes,
+            dwarf: pids
+                .iter()
+                .copied()
+                .filter(|&pid| self.copies_stacks_of(pid))
+                .map(|pid| DwarfProcess {
+                    pid,
+                    objects_without_frame_pointers: self
+                        .copying_stacks_of
+                        .iter()
+                        .find(|(copied, _)| *copied == pid)
+                        .map(|(_, objects)| objects.clone())
+                        .unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Exact or sampled, size filters, and how return values are read.
+    pub fn sampling_report(&self) -> SamplingReport {
+        let sampling = &self.sampling;
+        SamplingReport {
+            mode: if sampling.sample_bytes == 0 {
+                SamplingMode::Exact
+            } else {
+                SamplingMode::Sampled
+            },
+            sample_bytes: (sampling.sample_bytes != 0).then_some(sampling.sample_bytes),
+            min_size_bytes: sampling.min_size_bytes,
+            max_size_bytes: (sampling.max_size_bytes != u64::MAX)
+                .then_some(sampling.max_size_bytes),
+            return_probes: self.return_probes.clone(),
+        }
+    }
+
+    /// Every probe in place.
+    pub fn probe_reports(&self) -> Vec<ProbeReport> {
+        self.hooks
+            .iter()
+            .map(|hook| ProbeReport {
+                pid: hook.pid,
+                module: hook.site.path.display().to_string(),
+                symbol: hook.site.function.name.to_owned(),
+                offset: hook.site.offset,
+                offset_in_function: hook.site.offset - hook.site.function_offset,
+                single_stepped: !hook.site.emulated,
+                reason: hook.site.reason.clone(),
+            })
+            .collect()
+    }
+
+    /// Lines for stderr after attach: a warning for every single-stepped
+    /// probe and for a uprobe session fallback; with `verbose`, where every
+    /// probe went and why, and how return values are read.
+    pub fn attach_notes(&self, verbose: bool) -> Vec<String> {
+        let mut notes = Vec::new();
+        for hook in &self.hooks {
+            let site = &hook.site;
+            let line = format!(
+                "{}+{} in {} (PID {}): {}",
+                site.function.name,
+                site.offset - site.function_offset,
+                site.path.display(),
+                hook.pid,
+                site.reason
+            );
+            if !site.emulated {
+                notes.push(format!("warning: probe on {line}"));
+            } else if verbose {
+                notes.push(format!("probe on {line}"));
+            }
+        }
+        if verbose || matches!(self.return_probes, ReturnProbes::UretprobeFallback(_)) {
+            notes.push(format!("return probes: {}", self.return_probes.describe()));
+        }
+        notes
+    }
+
+    /// Whether some process's stacks are copied (the copy ring is in use).
+    pub fn copies_any_stacks(&self) -> bool {
+        self.unwinding.mode == UnwindMode::Dwarf || !self.copying_stacks_of.is_empty()
+    }
+}

@@ -1,0 +1,211 @@
+//! `tracer record`: attach, collect until a stop condition, report. While
+//! tracing it writes the recording (`-o`), a status line every few seconds
+//! and the growth plot (`--svg-every`); at the end the report, in text and
+//! the formats asked for.
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    cli::Config,
+    collect::{Collector, Event, StopReason},
+    error,
+    model::Model,
+    output,
+    recording::{self, Metadata},
+    session,
+};
+
+/// How often the status line is printed on stderr while recording.
+const STATUS_EVERY: Duration = Duration::from_secs(5);
+
+/// Runs `tracer record`.
+pub fn run(config: &Config) -> Result<()> {
+    for path in [&config.json_path, &config.svg_path, &config.recording_path]
+        .into_iter()
+        .flatten()
+    {
+        check_output_path(path)?;
+    }
+    let mut collector = session::attach(config)?;
+    let mut recording = match start_recording(config, &collector) {
+        Ok(recording) => recording,
+        Err(error) => {
+            session::kill_spawned(&collector);
+            return Err(error);
+        }
+    };
+    session::resume(&collector);
+    let mut model = Model::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the tokio runtime")?;
+    let reason = runtime.block_on(collect(
+        &mut collector,
+        &mut model,
+        recording.as_mut(),
+        config,
+    ))?;
+    if reason != StopReason::TargetsExited {
+        eprintln!(
+            "tracer: stopping ({reason:?}) after {:.1} s",
+            model.window_s()
+        );
+    }
+    let memory_status = session::memory_status(&collector.targets());
+    if let Some(mut writer) = recording {
+        for (&pid, &status) in &memory_status {
+            writer.append_memory_status(pid, status)?;
+        }
+        let path = writer.path().to_owned();
+        writer.finish()?;
+        eprintln!("tracer: wrote {}", path.display());
+    }
+    let report = session::build_report(&mut collector, &model, memory_status, config);
+    print!("{}", output::text::render(&report));
+    if let Some(path) = &config.json_path {
+        output::json::write_json(&report, path)?;
+        eprintln!("tracer: wrote {}", path.display());
+    }
+    if let Some(path) = &config.svg_path {
+        output::svg::write_svg(&report, &model, config.plot_stacks, path)?;
+        eprintln!("tracer: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Takes the collector's events until it stops: each snapshot into the
+/// model and the recording, the status line and the plot when due, and a
+/// line on stderr for what happened to the targets.
+async fn collect(
+    collector: &mut Collector,
+    model: &mut Model,
+    mut recording: Option<&mut recording::Writer>,
+    config: &Config,
+) -> Result<StopReason> {
+    let mut status_printed_at = Instant::now();
+    let mut svg_written_at = Instant::now();
+    loop {
+        match collector.next().await? {
+            Event::Snapshot(snapshot) => {
+                if let Some(writer) = recording.as_deref_mut() {
+                    writer.append_snapshot(&snapshot, &mut |key| {
+                        (collector.frames(key), collector.api(key).map(str::to_owned))
+                    })?;
+                }
+                model.push(snapshot);
+                if status_printed_at.elapsed() >= STATUS_EVERY {
+                    status_printed_at = Instant::now();
+                    eprintln!("{}", status_line(model));
+                }
+                if let Some(path) = &config.svg_path
+                    && svg_written_at.elapsed() >= config.svg_every
+                {
+                    svg_written_at = Instant::now();
+                    let report =
+                        session::build_report(collector, model, Default::default(), config);
+                    output::svg::write_svg(&report, model, config.plot_stacks, path)?;
+                }
+            }
+            Event::TargetExited { pid, after_s } => {
+                if let Some(writer) = recording.as_deref_mut() {
+                    writer.append_exit(pid, after_s)?;
+                }
+                eprintln!("tracer: PID {pid} exited after {after_s:.1} s");
+            }
+            Event::LibrariesHooked(libraries) => {
+                if let Some(writer) = recording.as_deref_mut() {
+                    writer.append_libraries(&libraries)?;
+                }
+            }
+            Event::ContextDestroyed { pid, after_s } => {
+                eprintln!(
+                    "tracer: PID {pid} destroyed or reset a CUDA context after {after_s:.1} s"
+                );
+            }
+            Event::ChildFollowed {
+                pid,
+                command,
+                after_s,
+            } => {
+                eprintln!("tracer: following child PID {pid} ({command}) after {after_s:.1} s");
+            }
+            Event::Notice(line) => eprintln!("tracer: {line}"),
+            Event::Exec { .. } => {}
+            Event::Stopped(reason) => return Ok(reason),
+        }
+    }
+}
+
+fn status_line(model: &Model) -> String {
+    let totals = output::live_totals(model);
+    let drops: u64 = model.drops().iter().map(|(_, count)| count).sum();
+    format!(
+        "tracer: {:.0} s, {}, {drops} dropped",
+        model.window_s(),
+        if totals.is_empty() {
+            "nothing live yet".to_owned()
+        } else {
+            totals.join(", ")
+        }
+    )
+}
+
+/// Opens the recording (`-o FILE`), if asked for, with the metadata of the
+/// trace whose probes are now in place.
+fn start_recording(config: &Config, collector: &Collector) -> Result<Option<recording::Writer>> {
+    let Some(path) = &config.recording_path else {
+        return Ok(None);
+    };
+    let probes = collector.probes();
+    let targets = collector.targets();
+    let pids: Vec<u32> = targets.iter().map(|target| target.pid).collect();
+    let metadata = Metadata::for_this_host(
+        collector.attached_at(),
+        config.interval.as_millis() as u64,
+        targets,
+        probes.probe_reports(),
+        probes.sampling_report(),
+    );
+    let mut writer = recording::Writer::create(path, metadata)?;
+    writer.append_unwinding(&probes.unwinding_report(&pids))?;
+    writer.append_libraries(&collector.library_reports())?;
+    Ok(Some(writer))
+}
+
+/// Fails before attaching when an output file could not be written, so a
+/// long trace never ends without its report.
+fn check_output_path(path: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let fail = |why: String| {
+        error::fatal(
+            error::ExitCode::Output,
+            format!("cannot write {}: {why}", path.display()),
+        )
+    };
+    if !directory.is_dir() {
+        return Err(fail(format!(
+            "directory {} does not exist",
+            directory.display()
+        )));
+    }
+    let c_directory = std::ffi::CString::new(directory.as_os_str().as_bytes())
+        .map_err(|_| fail("the path contains a NUL byte".to_owned()))?;
+    // SAFETY: access reads a valid NUL-terminated path.
+    if unsafe { libc::access(c_directory.as_ptr(), libc::W_OK) } != 0 {
+        return Err(fail(format!(
+            "directory {} is not writable ({})",
+            directory.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
