@@ -9,7 +9,6 @@ use super::*;
 use crate::{
     error::{ExitCode, exit_code},
     model::{Counters, Frame, Kind, Model, Snapshot, StackId, StackKey, Target},
-    output::{Report, ReportInput, SamplingReport, json::to_json},
 };
 
 fn key(pid: u32, stack_id: u32) -> StackKey {
@@ -64,7 +63,7 @@ fn metadata() -> Metadata {
             },
         ],
         Vec::new(),
-        SamplingReport::exact(),
+        crate::model::run::SamplingReport::exact(),
     )
 }
 
@@ -120,24 +119,32 @@ fn record(test: &str, count: usize, finish: bool) -> (Vec<u8>, Vec<u64>) {
     (bytes, lengths)
 }
 
-fn report_json(
+/// What a report shows of `model`: window, totals, counters, every stack
+/// with its growth, series and frames, and the targets.
+fn report_view(
     model: &Model,
     targets: &[Target],
     frames: &dyn Fn(&StackKey) -> Vec<Frame>,
 ) -> String {
-    to_json(&Report::build(ReportInput {
-        sampling: SamplingReport::exact(),
-        unwinding: None,
-        libraries: Vec::new(),
-        api: &|_| None,
-        model,
-        targets,
-        probes: Vec::new(),
-        interval_ms: 250,
-        top: 100,
-        frames,
-        memory_status: std::collections::BTreeMap::new(),
-    }))
+    let stacks: Vec<String> = model
+        .top_stacks(100)
+        .iter()
+        .map(|summary| {
+            format!(
+                "{summary:?} {:?} {:?} {:?}",
+                model.growth(&summary.key),
+                model.live_bytes_at_every_snapshot(&summary.key),
+                frames(&summary.key)
+            )
+        })
+        .collect();
+    format!(
+        "{} {:?} {:?} {:?} {stacks:#?} {targets:?}",
+        model.window_s(),
+        model.totals(),
+        model.drops(),
+        model.events()
+    )
 }
 
 fn error_line(bytes: &[u8]) -> String {
@@ -163,10 +170,10 @@ fn round_trip_gives_the_live_report() {
     let frames = recording.frames_by_key();
     let replayed = recording.model(&Filter::default());
     assert_eq!(
-        report_json(&replayed, &recording.targets(&Filter::default()), &|key| {
+        report_view(&replayed, &recording.targets(&Filter::default()), &|key| {
             frames[key].clone()
         }),
-        report_json(&live, &live_targets, &frames_of)
+        report_view(&live, &live_targets, &frames_of)
     );
 }
 
