@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use crate::{
-    cli::Config,
+    cli::RecordConfig,
     collect::{Collector, Event, StopReason},
     error,
     model::Model,
@@ -23,14 +23,14 @@ use crate::{
 const STATUS_EVERY: Duration = Duration::from_secs(5);
 
 /// Runs `tracer record`.
-pub fn run(config: &Config) -> Result<()> {
+pub fn run(config: &RecordConfig) -> Result<()> {
     for path in [&config.json_path, &config.svg_path, &config.recording_path]
         .into_iter()
         .flatten()
     {
         check_output_path(path)?;
     }
-    let mut collector = session::attach(config)?;
+    let mut collector = session::attach(&config.trace)?;
     let mut recording = match start_recording(config, &collector) {
         Ok(recording) => recording,
         Err(error) => {
@@ -65,7 +65,7 @@ pub fn run(config: &Config) -> Result<()> {
         writer.finish()?;
         eprintln!("tracer: wrote {}", path.display());
     }
-    let report = session::build_report(&mut collector, &model, memory_status, config);
+    let report = session::build_report(&mut collector, &model, memory_status, &config.trace);
     print!("{}", output::text::render(&report));
     if let Some(path) = &config.json_path {
         output::json::write_json(&report, path)?;
@@ -85,7 +85,7 @@ async fn collect(
     collector: &mut Collector,
     model: &mut Model,
     mut recording: Option<&mut recording::Writer>,
-    config: &Config,
+    config: &RecordConfig,
 ) -> Result<StopReason> {
     let mut status_printed_at = Instant::now();
     let mut svg_written_at = Instant::now();
@@ -107,7 +107,7 @@ async fn collect(
                 {
                     svg_written_at = Instant::now();
                     let report =
-                        session::build_report(collector, model, Default::default(), config);
+                        session::build_report(collector, model, Default::default(), &config.trace);
                     output::svg::write_svg(&report, model, config.plot_stacks, path)?;
                 }
             }
@@ -157,7 +157,10 @@ fn status_line(model: &Model) -> String {
 
 /// Opens the recording (`-o FILE`), if asked for, with the metadata of the
 /// trace whose probes are now in place.
-fn start_recording(config: &Config, collector: &Collector) -> Result<Option<recording::Writer>> {
+fn start_recording(
+    config: &RecordConfig,
+    collector: &Collector,
+) -> Result<Option<recording::Writer>> {
     let Some(path) = &config.recording_path else {
         return Ok(None);
     };
@@ -166,7 +169,7 @@ fn start_recording(config: &Config, collector: &Collector) -> Result<Option<reco
     let pids: Vec<u32> = targets.iter().map(|target| target.pid).collect();
     let metadata = Metadata::for_this_host(
         collector.attached_at(),
-        config.interval.as_millis() as u64,
+        config.trace.interval.as_millis() as u64,
         targets,
         probes.probe_reports(),
         probes.sampling_report(),

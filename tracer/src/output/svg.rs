@@ -24,8 +24,6 @@ pub const WIDTH_PX: u32 = 1200;
 pub const HEIGHT_PX: u32 = 800;
 /// Width of the legend column right of each panel.
 const LEGEND_WIDTH_PX: u32 = 330;
-/// Stacks plotted in the bottom panel by default.
-pub const DEFAULT_STACK_LINES: usize = 8;
 
 /// Tableau 10: distinct colours that stay apart for most colour-blind
 /// readers.
@@ -349,6 +347,8 @@ fn plot_error<E: std::fmt::Debug>(error: E) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const STACK_LINES: usize = 8;
     use crate::model::{Counters, Frame, Kind, Snapshot, StackId, StackKey, Target};
     use crate::output::{Report, ReportInput};
 
@@ -438,7 +438,7 @@ mod tests {
     #[test]
     fn one_line_per_plotted_stack_and_per_kind() {
         let (report, model) = synthetic(3);
-        let svg = render(&report, &model, DEFAULT_STACK_LINES).unwrap();
+        let svg = render(&report, &model, STACK_LINES).unwrap();
         // One heap total, three stacks.
         assert_eq!(data_polylines(&svg).len(), 4, "{svg}");
         let (report, model) = synthetic(12);
@@ -449,7 +449,7 @@ mod tests {
     #[test]
     fn legend_names_the_leak_with_its_rank_and_units_are_human() {
         let (report, model) = synthetic(3);
-        let svg = render(&report, &model, DEFAULT_STACK_LINES).unwrap();
+        let svg = render(&report, &model, STACK_LINES).unwrap();
         let texts = texts(&svg);
         assert!(
             texts

@@ -1,0 +1,418 @@
+//! The verbs and flags as clap sees them, and their checks and conversion
+//! into the configs of `config`.
+use std::{ffi::OsString, path::PathBuf, time::Duration};
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use tracer_ebpf::sampling::MAX_SAMPLE_BYTES;
+
+use super::{
+    Parsed,
+    config::{
+        Config, DEFAULT_PLOT_STACKS, FloorConfig, RecordConfig, ReportConfig, ReportFormat, Targets,
+    },
+    help::{ABOUT, EXIT_CODES, LONG_ABOUT, SAMPLING_HELP, UNWIND_HELP},
+    values::{parse_duration, parse_interval, parse_kind, parse_ring_kib, parse_time},
+};
+use crate::{
+    attach::{FloorSites, Sampling},
+    error::{ExitCode, fatal},
+    model::Kind,
+    output::folded::FoldedValue,
+    unwind::{UnwindMode, Unwinding},
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "tracer", version, about = ABOUT, long_about = LONG_ABOUT, after_help = EXIT_CODES)]
+pub(super) struct Cli {
+    #[command(subcommand)]
+    command: Verb,
+}
+
+#[derive(Debug, Subcommand)]
+enum Verb {
+    /// Trace allocations of running processes (--pid) or of a command
+    /// (after --), then print the stacks that hold memory.
+    #[command(after_help = EXIT_CODES)]
+    Record(RecordArgs),
+    /// Show a live table of the stacks growing fastest, refreshed every
+    /// interval, like `top`; q or Ctrl-C quits.
+    #[command(after_help = EXIT_CODES)]
+    Top(TopArgs),
+    /// Report on a recording made with `tracer record -o FILE`: the same
+    /// views as a live run, and folded stacks, pprof and flame graphs.
+    #[command(after_help = EXIT_CODES)]
+    Report(ReportArgs),
+    /// Benchmark floor (`cargo xtask bench`): empty eBPF programs on the
+    /// allocator functions of --pid until SIGINT, SIGTERM or its exit.
+    #[command(hide = true)]
+    Floor(FloorArgs),
+    /// Draw the growth plot of a recording (`tracer record -o FILE`), as
+    /// the live run's --svg does.
+    #[command(after_help = EXIT_CODES)]
+    Plot(PlotArgs),
+}
+
+#[derive(Debug, Args)]
+struct ReportArgs {
+    /// The recording (`tracer record -o FILE`).
+    #[arg(value_name = "FILE")]
+    recording: PathBuf,
+
+    /// What to write.
+    #[arg(short, long, value_enum, default_value_t = ReportFormat::Text)]
+    format: ReportFormat,
+
+    /// Number of stacks; default 10 for text and json, every stack for the
+    /// other formats.
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
+
+    #[command(flatten)]
+    filter: FilterArgs,
+
+    /// The value of each stack in folded stacks and flame graphs.
+    #[arg(long, value_enum, default_value_t = FoldedValue::LiveBytes)]
+    value: FoldedValue,
+
+    /// Write to this file instead of standard output.
+    #[arg(short, long = "output", value_name = "PATH")]
+    output: Option<PathBuf>,
+}
+
+/// The part of a recording to use, shared by `report` and `plot`.
+#[derive(Debug, Args)]
+struct FilterArgs {
+    /// Only stacks of this memory kind (e.g. heap).
+    #[arg(long, value_name = "KIND", value_parser = parse_kind)]
+    kind: Option<Kind>,
+
+    /// Only this traced process.
+    #[arg(short, long, value_name = "PID")]
+    pid: Option<u32>,
+
+    /// Count only what happened after this time since attach (e.g. 30s):
+    /// as if tracing had started then.
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    from: Option<Duration>,
+
+    /// Leave out what happened after this time since attach (e.g. 2m).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    to: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+struct PlotArgs {
+    /// The recording (`tracer record -o FILE`).
+    #[arg(value_name = "FILE")]
+    recording: PathBuf,
+
+    /// The SVG file to write.
+    #[arg(short, long = "output", value_name = "PATH")]
+    output: PathBuf,
+
+    #[command(flatten)]
+    filter: FilterArgs,
+
+    /// Number of stacks drawn.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PLOT_STACKS)]
+    plot_stacks: usize,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum UnwindArg {
+    Fp,
+    Dwarf,
+    Auto,
+}
+
+#[derive(Debug, Args)]
+struct FloorArgs {
+    #[arg(short, long = "pid", value_name = "PID")]
+    pid: u32,
+    /// Function entries (where other uprobe tools probe) or the sites
+    /// tracer chooses.
+    #[arg(long, value_enum)]
+    sites: FloorSitesArg,
+    /// Only entry programs, no return probes.
+    #[arg(long)]
+    entry_only: bool,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum FloorSitesArg {
+    Entry,
+    Chosen,
+}
+
+/// What to trace, shared by every verb that traces.
+#[derive(Debug, Args)]
+struct TargetArgs {
+    /// Process to trace; repeat to trace several.
+    #[arg(short, long = "pid", value_name = "PID", conflicts_with = "command")]
+    pids: Vec<u32>,
+
+    /// Stop after this long (e.g. 30s, 5m, 500ms); default: until Ctrl-C or
+    /// until every target has exited.
+    #[arg(short, long, value_name = "DURATION", value_parser = parse_duration)]
+    duration: Option<Duration>,
+
+    /// How often to snapshot the per-stack totals.
+    #[arg(short, long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+    interval: Duration,
+
+    /// Number of stacks in the report (and in each section of it).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    top: usize,
+
+    /// Capacity of the in-kernel table of live allocations (about 100 bytes
+    /// of kernel memory each); allocations beyond it are counted as dropped.
+    #[arg(long = "max-live", value_name = "N", default_value_t = 1 << 20)]
+    max_live_allocs: u32,
+
+    /// Capacity of the in-kernel table of distinct call stacks (about 1 KiB
+    /// each); stacks beyond it are counted as dropped.
+    #[arg(long, value_name = "N", default_value_t = 1 << 14)]
+    max_stacks: u32,
+
+    /// Size of the ring buffer that carries mmap/munmap/mremap/brk calls to
+    /// tracer, in KiB (a power of two, at least 4); calls beyond it between
+    /// two drains (every 20 ms) are counted as dropped.
+    #[arg(long, value_name = "KIB", default_value_t = 1024, value_parser = parse_ring_kib)]
+    ring_buffer_kib: u32,
+
+    /// Sampling period in bytes (at most 128 MiB).
+    #[arg(long, value_name = "N", long_help = SAMPLING_HELP)]
+    sample_bytes: Option<u64>,
+
+    /// Seed of the sampling decisions, for reproducible runs (default:
+    /// random).
+    #[arg(long, value_name = "N", requires = "sample_bytes")]
+    sample_seed: Option<u64>,
+
+    /// Record only blocks of at least this many bytes (checked in the
+    /// entry probe).
+    #[arg(long, value_name = "BYTES")]
+    min_size: Option<u64>,
+
+    /// Record only blocks of at most this many bytes (checked in the entry
+    /// probe).
+    #[arg(long, value_name = "BYTES")]
+    max_size: Option<u64>,
+
+    /// How stacks are walked: fp, dwarf or auto.
+    #[arg(long, value_enum, value_name = "MODE", default_value = "auto", long_help = UNWIND_HELP)]
+    unwind: UnwindArg,
+
+    /// With dwarf unwinding: bytes of stack copied at each allocation, from
+    /// the start of the stack pointer's page (4096..=65536, rounded up to
+    /// whole pages); deeper stacks are reported truncated, still
+    /// attributed to their inner frames.
+    #[arg(long, value_name = "BYTES", default_value_t = Unwinding::DEFAULT_STACK_BYTES)]
+    stack_bytes: u32,
+
+    /// With dwarf unwinding: size of the ring buffer of stack copies, in
+    /// MiB (a power of two); copies beyond it between two drains (every
+    /// 5 ms) fall back to frame pointers and are counted.
+    #[arg(long, value_name = "MIB", default_value_t = 16)]
+    stack_ring_mib: u32,
+
+    /// Print where each probe went and why.
+    #[arg(short, long)]
+    verbose: bool,
+
+    /// Also trace the child processes the targets fork from now on (as
+    /// PyTorch DataLoader workers are), from the moment each is seen;
+    /// without it children are not traced and cost nothing.
+    #[arg(long)]
+    follow_forks: bool,
+
+    /// Command to start and trace from its first allocation.
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+struct TopArgs {
+    #[command(flatten)]
+    targets: TargetArgs,
+}
+
+#[derive(Debug, Args)]
+struct RecordArgs {
+    #[command(flatten)]
+    targets: TargetArgs,
+
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+
+    /// Write the growth plot (SVG) to this file at the end, and rewrite it
+    /// every --svg-every while tracing. Several targets share one plot.
+    #[arg(long, value_name = "PATH")]
+    svg: Option<PathBuf>,
+
+    /// Also record the trace to this file, snapshot by snapshot, for
+    /// `tracer report` later or elsewhere.
+    #[arg(short, long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+
+    /// How often to rewrite the SVG while tracing.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    svg_every: Duration,
+
+    /// Number of stacks drawn in the growth plot.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PLOT_STACKS)]
+    plot_stacks: usize,
+}
+
+impl Cli {
+    /// What the parsed command line asks for.
+    pub(super) fn into_parsed(self) -> Result<Parsed> {
+        let cli = self;
+        match cli.command {
+            Verb::Record(args) => Ok(Parsed::Record(RecordConfig {
+                trace: config_of(args.targets)?,
+                json_path: args.json,
+                svg_path: args.svg,
+                svg_every: args.svg_every,
+                plot_stacks: args.plot_stacks,
+                recording_path: args.output,
+            })),
+            Verb::Top(args) => Ok(Parsed::Top(config_of(args.targets)?)),
+            Verb::Report(args) => report_config(args).map(Parsed::Report),
+            Verb::Plot(args) => report_config(ReportArgs {
+                recording: args.recording,
+                format: ReportFormat::Svg,
+                top: None,
+                filter: args.filter,
+                value: FoldedValue::LiveBytes,
+                output: Some(args.output),
+            })
+            .map(|config| {
+                Parsed::Report(ReportConfig {
+                    plot_stacks: args.plot_stacks,
+                    ..config
+                })
+            }),
+            Verb::Floor(args) => Ok(Parsed::Floor(FloorConfig {
+                pid: args.pid,
+                sites: match args.sites {
+                    FloorSitesArg::Entry => FloorSites::FunctionEntry,
+                    FloorSitesArg::Chosen => FloorSites::Chosen,
+                },
+                with_return: !args.entry_only,
+            })),
+        }
+    }
+}
+
+fn config_of(args: TargetArgs) -> Result<Config> {
+    let targets = match (args.pids.is_empty(), args.command.is_empty()) {
+        (false, true) => {
+            let mut pids = args.pids;
+            pids.sort_unstable();
+            pids.dedup();
+            Targets::Pids(pids)
+        }
+        (true, false) => Targets::Spawn(args.command),
+        (true, true) => {
+            return Err(fatal(
+                ExitCode::Usage,
+                "nothing to trace: give --pid PID or a command after -- (see tracer --help)",
+            ));
+        }
+        (false, false) => unreachable!("clap rejects --pid with a command"),
+    };
+    if args.max_live_allocs == 0 || args.max_stacks == 0 {
+        return Err(fatal(
+            ExitCode::Usage,
+            "--max-live and --max-stacks must be at least 1",
+        ));
+    }
+    let sampling = Sampling {
+        sample_bytes: args.sample_bytes.unwrap_or(0),
+        sample_seed: args.sample_seed.unwrap_or(0),
+        min_size_bytes: args.min_size.unwrap_or(0),
+        max_size_bytes: args.max_size.unwrap_or(u64::MAX),
+    };
+    if args
+        .sample_bytes
+        .is_some_and(|bytes| bytes == 0 || bytes > MAX_SAMPLE_BYTES)
+    {
+        return Err(fatal(
+            ExitCode::Usage,
+            format!("--sample-bytes must be 1..={MAX_SAMPLE_BYTES}"),
+        ));
+    }
+    if !(4096..=Unwinding::MAX_STACK_BYTES).contains(&args.stack_bytes) {
+        return Err(fatal(
+            ExitCode::Usage,
+            format!(
+                "--stack-bytes must be 4096..={}",
+                Unwinding::MAX_STACK_BYTES
+            ),
+        ));
+    }
+    if !args.stack_ring_mib.is_power_of_two() || args.stack_ring_mib > 1024 {
+        return Err(fatal(
+            ExitCode::Usage,
+            "--stack-ring-mib must be a power of two, at most 1024",
+        ));
+    }
+    let unwinding = Unwinding {
+        mode: match args.unwind {
+            UnwindArg::Fp => UnwindMode::FramePointers,
+            UnwindArg::Dwarf => UnwindMode::Dwarf,
+            UnwindArg::Auto => UnwindMode::Auto,
+        },
+        stack_bytes: args.stack_bytes,
+        ring_bytes: args.stack_ring_mib << 20,
+    };
+    if sampling.min_size_bytes > sampling.max_size_bytes {
+        return Err(fatal(
+            ExitCode::Usage,
+            "--min-size is larger than --max-size: nothing would be recorded",
+        ));
+    }
+    Ok(Config {
+        targets,
+        duration: args.duration,
+        interval: args.interval,
+        top: args.top,
+        max_live_allocs: args.max_live_allocs,
+        max_stacks: args.max_stacks,
+        ring_buffer_kib: args.ring_buffer_kib,
+        sampling,
+        unwinding,
+        verbose: args.verbose,
+        follow_forks: args.follow_forks,
+    })
+}
+
+fn report_config(args: ReportArgs) -> Result<ReportConfig> {
+    if let (Some(from), Some(to)) = (args.filter.from, args.filter.to)
+        && from >= to
+    {
+        return Err(fatal(
+            ExitCode::Usage,
+            format!(
+                "--from {:.3}s is not before --to {:.3}s",
+                from.as_secs_f64(),
+                to.as_secs_f64()
+            ),
+        ));
+    }
+    Ok(ReportConfig {
+        recording_path: args.recording,
+        format: args.format,
+        top: args.top,
+        kind: args.filter.kind,
+        pid: args.filter.pid,
+        from_s: args.filter.from.map(|from| from.as_secs_f64()),
+        to_s: args.filter.to.map(|to| to.as_secs_f64()),
+        value: args.value,
+        output_path: args.output,
+        plot_stacks: DEFAULT_PLOT_STACKS,
+    })
+}

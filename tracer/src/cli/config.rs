@@ -1,0 +1,90 @@
+//! What the command line asks for, as the rest of tracer is given it.
+use std::{ffi::OsString, path::PathBuf, time::Duration};
+
+use crate::{
+    attach::{FloorSites, Sampling},
+    model::Kind,
+    output::folded::FoldedValue,
+    unwind::Unwinding,
+};
+
+/// Stacks drawn in the growth plot unless `--plot-stacks` says otherwise.
+pub const DEFAULT_PLOT_STACKS: usize = 8;
+
+/// What to trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Targets {
+    Pids(Vec<u32>),
+    Spawn(Vec<OsString>),
+}
+
+/// Everything a tracing run needs (`record` and `top`), from the command
+/// line.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub targets: Targets,
+    pub duration: Option<Duration>,
+    pub interval: Duration,
+    /// Stacks in the report (and in each section of it).
+    pub top: usize,
+    pub max_live_allocs: u32,
+    pub max_stacks: u32,
+    pub ring_buffer_kib: u32,
+    pub sampling: Sampling,
+    pub unwinding: Unwinding,
+    pub verbose: bool,
+    pub follow_forks: bool,
+}
+
+/// `tracer record`: a run, and the files it writes.
+#[derive(Clone, Debug)]
+pub struct RecordConfig {
+    pub trace: Config,
+    pub json_path: Option<PathBuf>,
+    pub svg_path: Option<PathBuf>,
+    pub svg_every: Duration,
+    /// Stacks drawn in the growth plot.
+    pub plot_stacks: usize,
+    pub recording_path: Option<PathBuf>,
+}
+
+/// `tracer floor`: what the benchmark wants measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FloorConfig {
+    pub pid: u32,
+    pub sites: FloorSites,
+    pub with_return: bool,
+}
+
+/// The formats of `tracer report`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    /// The report a live run prints.
+    Text,
+    /// The report a live run writes with --json.
+    Json,
+    /// One `outer;...;inner value` line per stack (flamegraph.pl, inferno).
+    Folded,
+    /// gzip-compressed profile.proto, for `go tool pprof`.
+    Pprof,
+    /// An interactive SVG flame graph.
+    Flamegraph,
+    /// The growth plot a live run writes with --svg.
+    Svg,
+}
+
+/// Everything `tracer report` needs, from the command line.
+#[derive(Clone, Debug)]
+pub struct ReportConfig {
+    pub recording_path: PathBuf,
+    pub format: ReportFormat,
+    pub top: Option<usize>,
+    pub kind: Option<Kind>,
+    pub pid: Option<u32>,
+    pub from_s: Option<f64>,
+    pub to_s: Option<f64>,
+    pub value: FoldedValue,
+    pub output_path: Option<PathBuf>,
+    /// Stacks drawn in the growth plot.
+    pub plot_stacks: usize,
+}

@@ -1,0 +1,72 @@
+//! The long texts of `--help`.
+
+pub(super) const ABOUT: &str =
+    "Find the call stacks that hold growing memory in a running process, with eBPF.";
+
+pub(super) const LONG_ABOUT: &str = "\
+Find the call stacks that hold growing memory in a running process, with eBPF.
+
+tracer attaches uprobes to the allocator functions (malloc, calloc, realloc, \
+reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc) \
+of a process that is already running, keeps the outstanding bytes of every \
+call stack in the kernel, and reports the stacks that hold the most memory \
+and how fast it grows. The target is never restarted, stopped or written to.
+
+GPU memory is followed at the CUDA driver and runtime allocation functions \
+(libcuda, libcudart, also when loaded later with dlopen) in kinds \
+gpu-device, gpu-managed and gpu-host-pinned, each counted once although the \
+runtime calls the driver. A CUDA context destroyed or reset (cuCtxDestroy_v2, \
+cuDevicePrimaryCtxReset_v2, cudaDeviceReset) releases the GPU memory that any \
+context of the process owned before it (not stream-ordered or cuMemCreate \
+memory); the report says what it released.
+
+Memory that never passes through malloc is followed at the system calls \
+(tracepoints on mmap, munmap, mremap, brk and mprotect, so raw syscalls are \
+seen too), in kinds of its own: mmap-anon, mmap-file (with the file's name as \
+the innermost frame) and heap-brk. Counted once: a mapping made while the \
+thread is inside a traced allocator call (glibc's malloc mapping a large block \
+or growing an arena) is the allocator's, counted as heap under the caller of \
+malloc, never again as mmap. Reserved address space (PROT_NONE ranges, thread \
+stacks made with MAP_STACK) is reported apart as mmap-reserved and never \
+ranked: stacks rank by what they made usable. The report sets each target's \
+traced live bytes next to its RSS (RssAnon, RssFile) and shows the gap.";
+
+pub(super) const EXIT_CODES: &str = "\
+Exit codes:
+  0  report written
+  1  unexpected failure
+  2  bad command line
+  3  target not found, a kernel thread, a zombie, or exited during attach
+  4  not root (tracer needs root, or CAP_BPF and CAP_PERFMON)
+  5  kernel without BTF or uprobe support
+  6  no allocator function (malloc/free) found in the target
+  7  the command after -- could not be started
+  8  an output file cannot be written (missing or read-only directory)
+  9  recording file missing, truncated before its metadata, corrupt, or from a newer tracer";
+
+pub(super) const SAMPLING_HELP: &str = "\
+Sample allocations by bytes, like tcmalloc and heapprofd: a block of s bytes \
+is recorded with probability p(s) = 1 - exp(-s/N) (a Poisson process with one \
+point per N bytes; the decision is made in the entry probe, and with uprobe \
+sessions an unrecorded call skips its return probe) and counts for s/p(s) \
+bytes, so the live bytes of a stack are estimated without bias: \
+L^ = sum over its sampled live blocks of s/p(s). Variance: \
+Var(L^) = sum over its live blocks of s^2 (1-p(s))/p(s) <= N * L, so the \
+standard deviation is at most sqrt(N * L): with N = 512 KiB, a stack holding \
+1 GiB is within +-2.2 % (3 standard deviations). live_allocs then counts \
+sampled blocks. Default: every allocation is recorded (exact mode).";
+
+pub(super) const UNWIND_HELP: &str = "\
+How call stacks are walked. fp: frame pointers, walked in the kernel at \
+every allocation (cheapest; stacks through code built without frame \
+pointers lose frames or show wrong callers). dwarf: the probe copies the top \
+of the user stack (--stack-bytes) and tracer unwinds it from .eh_frame: \
+right stacks through any code, at a cost per recorded allocation (about \
+4-5 us more than fp in the target, about 2 us of tracer's CPU to unwind; \
+see the README's Performance section); for targets making more than \
+~50 000 allocations per second, combine it with --sample-bytes or \
+--min-size, or copies beyond the ring buffer fall back to frame pointers \
+(counted as stack_copy_ring_full). auto: dwarf for each process whose \
+executable or libraries (glibc's own objects aside) lack frame pointers, \
+decided per object at attach and for every library mapped later; fp for \
+the others.";
