@@ -45,7 +45,7 @@ pub fn render(report: &Report, value: FoldedValue) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::tests::sample_report;
+    use crate::output::fixtures::sample_report;
 
     #[test]
     fn draws_every_stack_as_svg() {

@@ -77,7 +77,7 @@ pub fn frame_name(frame: &Frame) -> String {
 mod tests {
     use super::*;
     use crate::model::Kind;
-    use crate::output::tests::sample_report;
+    use crate::output::fixtures::sample_report;
 
     #[test]
     fn outermost_first_with_the_chosen_value() {

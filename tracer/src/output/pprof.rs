@@ -345,7 +345,7 @@ mod tests {
     use std::io::Read as _;
 
     use super::*;
-    use crate::output::tests::sample_report;
+    use crate::output::fixtures::sample_report;
 
     fn string(profile: &Profile, index: i64) -> &str {
         &profile.string_table[index as usize]

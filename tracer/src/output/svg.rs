@@ -420,7 +420,7 @@ mod tests {
             gpu_contexts_destroyed: Vec::new(),
         }];
         let report = Report::build(ReportInput {
-            sampling: crate::output::SamplingReport::exact(),
+            sampling: crate::model::run::SamplingReport::exact(),
             unwinding: None,
             model: &model,
             targets: &targets,

@@ -317,7 +317,7 @@ fn describe_frame(frame: &Frame) -> String {
 mod tests {
     use super::*;
     use crate::model::Totals;
-    use crate::output::tests::sample_report;
+    use crate::output::fixtures::sample_report;
     use std::collections::BTreeMap;
 
     #[test]
@@ -389,7 +389,7 @@ mod tests {
             drops: BTreeMap::new(),
             events: BTreeMap::new(),
             probes: Vec::new(),
-            sampling: crate::output::SamplingReport::exact(),
+            sampling: crate::model::run::SamplingReport::exact(),
             unwinding: None,
             libraries: Vec::new(),
             stacks: Vec::new(),

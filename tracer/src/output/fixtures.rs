@@ -1,0 +1,132 @@
+//! A report of two processes, for the tests of every format.
+use std::collections::BTreeMap;
+
+use super::{Report, ReportInput, frames::tests::frame};
+use crate::model::{
+    Counters, Frame, Kind, MemoryStatus, Model, Snapshot, StackId, StackKey, Target,
+    run::{LibraryReport, NoticedBy, ProbeReport, SamplingReport},
+};
+
+const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+const APP: &str = "/opt/app/bin/server";
+
+fn key(pid: u32, stack_id: u32) -> StackKey {
+    StackKey {
+        pid,
+        stack_id: StackId::Kernel(stack_id),
+        kind: Kind::Heap,
+    }
+}
+
+fn counters(live_bytes: i64) -> Counters {
+    Counters {
+        live_bytes,
+        live_allocs: live_bytes / 64,
+        alloc_bytes_total: 2 * live_bytes as u64,
+        alloc_count_total: 2 * (live_bytes / 64) as u64,
+    }
+}
+
+/// Two processes; pid 10 leaks 64 KiB/s on stack 1.
+pub(crate) fn sample_model() -> Model {
+    let mut model = Model::new();
+    for second in 1..=4_i64 {
+        let mut stats = vec![0; tracer_ebpf::stat::COUNT as usize];
+        stats[tracer_ebpf::stat::FREES_UNKNOWN as usize] = 7;
+        stats[tracer_ebpf::stat::DROP_STACK_COLLISION as usize] = 3;
+        model.push(Snapshot {
+            elapsed_s: second as f64,
+            stacks: vec![
+                (key(10, 1), counters(65536 * second)),
+                (key(10, 2), counters(4096)),
+                (key(20, 1), counters(8192)),
+                (key(20, 3), counters(0)),
+            ],
+            stats,
+            ..Snapshot::default()
+        });
+    }
+    model
+}
+
+pub(crate) fn sample_frames(key: &StackKey) -> Vec<Frame> {
+    vec![
+        frame("malloc", LIBC),
+        Frame {
+            address: 0x401234,
+            function: Some(format!("grow_{}", key.stack_id)),
+            file: Some("leak.c".to_owned()),
+            line: Some(12),
+            module: Some(APP.to_owned()),
+            build_id: Some("0123abcd".to_owned()),
+            file_offset: Some(0x1234),
+        },
+        frame("main", APP),
+    ]
+}
+
+pub(crate) fn sample_report(top: usize) -> Report {
+    let model = sample_model();
+    let targets = [
+        Target {
+            pid: 10,
+            command: "./leak --fast".to_owned(),
+            exited_after_s: None,
+            followed_after_s: None,
+            execs_after_s: Vec::new(),
+            gpu_contexts_destroyed: Vec::new(),
+        },
+        Target {
+            pid: 20,
+            command: "python3 export.py".to_owned(),
+            exited_after_s: Some(3.2),
+            followed_after_s: None,
+            execs_after_s: Vec::new(),
+            gpu_contexts_destroyed: Vec::new(),
+        },
+    ];
+    Report::build(ReportInput {
+        model: &model,
+        targets: &targets,
+        probes: vec![ProbeReport {
+            pid: 10,
+            module: LIBC.to_owned(),
+            symbol: "malloc".to_owned(),
+            offset: 0xa5120,
+            offset_in_function: 0,
+            single_stepped: false,
+            reason: "entry instruction `push %r12` is emulated".to_owned(),
+        }],
+        sampling: SamplingReport::exact(),
+        unwinding: None,
+        libraries: vec![
+            LibraryReport {
+                pid: 10,
+                path: LIBC.to_owned(),
+                hooked_after_s: 0.0,
+                noticed_by: NoticedBy::Attach,
+                functions: vec!["malloc".to_owned(), "free".to_owned()],
+            },
+            LibraryReport {
+                pid: 10,
+                path: "/opt/venv/nvidia/cuda_runtime/lib/libcudart.so.12".to_owned(),
+                hooked_after_s: 2.5,
+                noticed_by: NoticedBy::MmapEvent,
+                functions: vec!["cudaMalloc".to_owned(), "cudaFree".to_owned()],
+            },
+        ],
+        interval_ms: 1000,
+        top,
+        frames: &sample_frames,
+        api: &|_| None,
+        memory_status: BTreeMap::from([(
+            10,
+            MemoryStatus {
+                rss_bytes: 1 << 20,
+                rss_anon_bytes: 768 << 10,
+                rss_file_bytes: 256 << 10,
+                rss_shmem_bytes: 0,
+            },
+        )]),
+    })
+}

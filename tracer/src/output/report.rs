@@ -1,0 +1,277 @@
+//! The report: everything a trace found, built once from the model and
+//! the symbolized stacks, in the shape of its JSON form.
+use std::collections::BTreeMap;
+
+use super::frames::trim_allocator_frames;
+use crate::model::{
+    ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals,
+    run::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
+};
+
+/// Everything a report shows, in the shape of its JSON form.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Report {
+    pub tracer_version: String,
+    /// Seconds from attach to the last snapshot.
+    pub window_s: f64,
+    pub interval_ms: u64,
+    pub snapshots: usize,
+    pub targets: Vec<TargetReport>,
+    /// Live memory at the end, by kind name, summed over every traced process.
+    pub totals: BTreeMap<String, Totals>,
+    /// Drop counters that are not zero, by name.
+    pub drops: BTreeMap<String, u64>,
+    /// Every event counter, by name.
+    pub events: BTreeMap<String, u64>,
+    pub probes: Vec<ProbeReport>,
+    pub sampling: SamplingReport,
+    /// How stacks were walked; null for recordings made before tracer
+    /// could unwind with DWARF.
+    pub unwinding: Option<UnwindingReport>,
+    /// The objects that were hooked, and when.
+    pub libraries: Vec<LibraryReport>,
+    /// The top stacks by live bytes, rank 1 first.
+    pub stacks: Vec<StackReport>,
+    /// Stacks that grew steadily until the end, fastest first (rank 1 is
+    /// shown as L1).
+    pub suspected_leaks: Vec<StackReport>,
+}
+
+/// A traced process and its live memory at the end, by kind name.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TargetReport {
+    #[serde(flatten)]
+    pub target: Target,
+    /// The CUDA contexts it destroyed or reset, with what each released.
+    pub gpu_contexts_destroyed: Vec<ContextDestroyed>,
+    pub totals: BTreeMap<String, Totals>,
+    /// Traced memory next to RSS at the end; null when no RSS is known (the
+    /// target exited before the first snapshot).
+    pub memory: Option<MemoryReconciliation>,
+}
+
+/// A target's traced live bytes next to its resident memory.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MemoryReconciliation {
+    /// VmRSS at the end of a live run, else at the target's last snapshot.
+    pub rss_bytes: u64,
+    /// RssAnon, RssFile and RssShmem at the end of a live run (null in a
+    /// report from a recording, which keeps VmRSS only).
+    pub rss_anon_bytes: Option<u64>,
+    pub rss_file_bytes: Option<u64>,
+    pub rss_shmem_bytes: Option<u64>,
+    /// Live bytes of every memory kind (reserved address space left out).
+    pub traced_bytes: i64,
+    /// `rss_bytes - traced_bytes`: memory from before attach, code, stacks,
+    /// allocator overhead; negative when traced memory is not resident yet
+    /// (mapped but never touched).
+    pub gap_bytes: i64,
+}
+
+impl MemoryReconciliation {
+    fn new(model: &Model, pid: u32, status: Option<&MemoryStatus>) -> Option<Self> {
+        let rss_bytes = match status {
+            Some(status) => status.rss_bytes,
+            None => model.rss_series().get(&pid)?.last()?.1,
+        };
+        let traced_bytes: i64 = model
+            .totals_for_pid(pid)
+            .iter()
+            .filter(|(kind, _)| kind.is_memory())
+            .map(|(_, totals)| totals.live_bytes)
+            .sum();
+        Some(MemoryReconciliation {
+            rss_bytes,
+            rss_anon_bytes: status.map(|status| status.rss_anon_bytes),
+            rss_file_bytes: status.map(|status| status.rss_file_bytes),
+            rss_shmem_bytes: status.map(|status| status.rss_shmem_bytes),
+            traced_bytes,
+            gap_bytes: rss_bytes as i64 - traced_bytes,
+        })
+    }
+}
+
+/// One ranked stack.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StackReport {
+    /// 1-based.
+    pub rank: usize,
+    pub pid: u32,
+    pub kind: Kind,
+    /// The CUDA function that made a GPU stack's memory (`cudaMalloc`,
+    /// `cuMemAlloc_v2`, ...); absent for heap stacks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api: Option<String>,
+    pub stack_id: u32,
+    pub live_bytes: i64,
+    pub live_allocs: i64,
+    pub alloc_bytes_total: u64,
+    pub alloc_count_total: u64,
+    pub growth_bytes_per_s: f64,
+    /// Whether the growth is steady enough to suspect a leak.
+    pub suspected_leak: bool,
+    /// The evidence for or against.
+    pub growth: Growth,
+    /// `[elapsed_s, live_bytes]` at attach and at every snapshot.
+    pub series: Vec<(f64, i64)>,
+    /// Innermost first, allocator frames already trimmed.
+    pub frames: Vec<Frame>,
+}
+
+/// What a report is built from.
+pub struct ReportInput<'a> {
+    pub model: &'a Model,
+    pub targets: &'a [Target],
+    pub probes: Vec<ProbeReport>,
+    pub sampling: SamplingReport,
+    pub unwinding: Option<UnwindingReport>,
+    pub libraries: Vec<LibraryReport>,
+    pub interval_ms: u64,
+    /// How many stacks to rank.
+    pub top: usize,
+    /// The raw symbolized frames of a stack, innermost first.
+    pub frames: &'a dyn Fn(&StackKey) -> Vec<Frame>,
+    /// The CUDA function that made a stack's memory, if any.
+    pub api: &'a dyn Fn(&StackKey) -> Option<String>,
+    /// RSS and its parts of the targets still alive, read at the end.
+    pub memory_status: BTreeMap<u32, MemoryStatus>,
+}
+
+impl Report {
+    pub fn build(input: ReportInput<'_>) -> Report {
+        let model = input.model;
+        let targets = input
+            .targets
+            .iter()
+            .map(|target| TargetReport {
+                target: target.clone(),
+                gpu_contexts_destroyed: target.gpu_contexts_destroyed.clone(),
+                totals: by_kind_name(model.totals_for_pid(target.pid)),
+                memory: MemoryReconciliation::new(
+                    model,
+                    target.pid,
+                    input.memory_status.get(&target.pid),
+                ),
+            })
+            .collect();
+        let stacks = model
+            .top_stacks(input.top)
+            .into_iter()
+            .enumerate()
+            .map(|(index, summary)| stack_report(&input, index + 1, summary.key))
+            .collect();
+        let suspected_leaks = model
+            .suspected_leaks(input.top)
+            .into_iter()
+            .enumerate()
+            .map(|(index, (key, _))| stack_report(&input, index + 1, key))
+            .collect();
+        Report {
+            tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
+            window_s: model.window_s(),
+            interval_ms: input.interval_ms,
+            snapshots: model.snapshot_count(),
+            targets,
+            totals: by_kind_name(model.totals()),
+            drops: by_name(model.drops()),
+            events: by_name(model.events()),
+            probes: input.probes,
+            sampling: input.sampling,
+            unwinding: input.unwinding,
+            libraries: input.libraries,
+            stacks,
+            suspected_leaks,
+        }
+    }
+}
+
+fn stack_report(input: &ReportInput<'_>, rank: usize, key: StackKey) -> StackReport {
+    let model = input.model;
+    let latest = model
+        .series(&key)
+        .map(|series| series.latest())
+        .unwrap_or_default();
+    let growth = model.growth(&key);
+    StackReport {
+        rank,
+        pid: key.pid,
+        kind: key.kind,
+        api: (input.api)(&key),
+        stack_id: key.stack_id.to_raw(),
+        live_bytes: latest.live_bytes,
+        live_allocs: latest.live_allocs,
+        alloc_bytes_total: latest.alloc_bytes_total,
+        alloc_count_total: latest.alloc_count_total,
+        growth_bytes_per_s: growth.rate_bytes_per_s,
+        suspected_leak: growth.suspected_leak,
+        growth,
+        series: model.live_bytes_at_every_snapshot(&key),
+        frames: trim_allocator_frames((input.frames)(&key)),
+    }
+}
+
+fn by_kind_name(totals: BTreeMap<Kind, Totals>) -> BTreeMap<String, Totals> {
+    totals
+        .into_iter()
+        .map(|(kind, totals)| (kind.as_str().to_owned(), totals))
+        .collect()
+}
+
+fn by_name(counters: Vec<(&'static str, u64)>) -> BTreeMap<String, u64> {
+    counters
+        .into_iter()
+        .map(|(name, count)| (name.to_owned(), count))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{fixtures::sample_report, frames::tests::functions};
+    use super::*;
+
+    #[test]
+    fn build_ranks_the_top_stacks_with_trimmed_frames() {
+        let report = sample_report(2);
+        assert_eq!(report.stacks.len(), 2);
+        let first = &report.stacks[0];
+        assert_eq!((first.rank, first.pid, first.stack_id), (1, 10, 1));
+        assert_eq!(first.kind, Kind::Heap);
+        assert_eq!(first.live_bytes, 4 * 65536);
+        assert_eq!(first.live_allocs, 4 * 1024);
+        assert_eq!(first.alloc_bytes_total, 8 * 65536);
+        assert!((first.growth_bytes_per_s - 65536.0).abs() < 1e-6);
+        assert_eq!(functions(&first.frames), ["grow_1", "main"]);
+        let second = &report.stacks[1];
+        assert_eq!((second.rank, second.pid, second.stack_id), (2, 20, 1));
+        assert_eq!(
+            sample_report(10).stacks.len(),
+            3,
+            "the empty stack is left out"
+        );
+    }
+
+    #[test]
+    fn build_sums_totals_per_target_and_overall() {
+        let report = sample_report(5);
+        assert_eq!(report.window_s, 4.0);
+        assert_eq!(report.snapshots, 4);
+        assert_eq!(report.interval_ms, 1000);
+        assert_eq!(report.totals["heap"].live_bytes, 4 * 65536 + 4096 + 8192);
+        assert_eq!(
+            report.targets[0].totals["heap"].live_bytes,
+            4 * 65536 + 4096
+        );
+        assert_eq!(report.targets[1].totals["heap"].live_allocs, 128);
+        let memory = report.targets[0].memory.as_ref().expect("pid 10's RSS");
+        assert_eq!(memory.rss_bytes, 1 << 20);
+        assert_eq!(memory.rss_anon_bytes, Some(768 << 10));
+        assert_eq!(memory.traced_bytes, 4 * 65536 + 4096);
+        assert_eq!(memory.gap_bytes, (1 << 20) - 4 * 65536 - 4096);
+        assert_eq!(report.targets[1].memory, None, "no RSS known for pid 20");
+        assert_eq!(report.drops.len(), 1);
+        assert_eq!(report.drops["stack_map_collision"], 3);
+        assert_eq!(report.events["frees_unknown"], 7);
+        assert_eq!(report.events["allocs"], 0);
+        assert_eq!(report.probes.len(), 1);
+    }
+}
