@@ -7,7 +7,7 @@ use aya::{
     programs::TracePoint,
 };
 
-use super::{Probes, load::load_error};
+use super::{Probes, links::attach_tracepoint, load::load_error};
 use crate::{
     error::{ExitCode, fatal},
     tracefs,
@@ -38,9 +38,8 @@ impl Probes {
             .load()
             .map_err(|error| load_error(error.into()))
             .with_context(|| format!("could not load eBPF program {FORK_PROGRAM}"))?;
-        program
-            .attach("sched", "sched_process_fork")
-            .context("could not attach to tracepoint sched:sched_process_fork")?;
+        let link = attach_tracepoint(&mut self.ebpf, FORK_PROGRAM, "sched", "sched_process_fork")?;
+        self.tracepoint_links.push(link);
         Ok(())
     }
 

@@ -22,12 +22,12 @@ use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
     maps::{HashMap as KernelHashMap, MapData, RingBuf},
-    programs::TracePoint,
 };
 use tracer_ebpf::{Event, event};
 
 use super::{
     HookSite, Probes,
+    links::{TracepointLink, attach_tracepoint},
     symbols::{executable_paths, hook_sites_in},
 };
 pub use crate::model::run::NoticedBy;
@@ -98,23 +98,21 @@ pub struct LibraryWatch {
 }
 
 impl LibraryWatch {
-    /// Attaches the mmap tracepoint and takes its maps out of `ebpf`.
-    pub fn start(ebpf: &mut Ebpf) -> Result<LibraryWatch> {
-        let tracepoint: &mut TracePoint = ebpf
-            .program_mut("exec_mapped")
-            .context("eBPF object lacks program exec_mapped")?
-            .try_into()
-            .context("eBPF program exec_mapped is not a tracepoint")?;
-        tracepoint
-            .attach("syscalls", "sys_enter_mmap")
-            .context("could not attach to the syscalls:sys_enter_mmap tracepoint")?;
-        let exec: &mut TracePoint = ebpf
-            .program_mut("process_exec")
-            .context("eBPF object lacks program process_exec")?
-            .try_into()
-            .context("eBPF program process_exec is not a tracepoint")?;
-        exec.attach("sched", "sched_process_exec")
-            .context("could not attach to the sched:sched_process_exec tracepoint")?;
+    /// Attaches the mmap and exec tracepoints (adding their links to
+    /// `links`) and takes the watch's maps out of `ebpf`.
+    pub(super) fn start(ebpf: &mut Ebpf, links: &mut Vec<TracepointLink>) -> Result<LibraryWatch> {
+        links.push(attach_tracepoint(
+            ebpf,
+            "exec_mapped",
+            "syscalls",
+            "sys_enter_mmap",
+        )?);
+        links.push(attach_tracepoint(
+            ebpf,
+            "process_exec",
+            "sched",
+            "sched_process_exec",
+        )?);
         let mut take = |name: &str| {
             ebpf.take_map(name)
                 .with_context(|| format!("eBPF object lacks map {name}"))

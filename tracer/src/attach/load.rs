@@ -6,13 +6,17 @@ use anyhow::{Context as _, Result};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Map, MapData, RingBuf},
-    programs::{Program, TracePoint, UProbe},
+    programs::{Program, UProbe},
 };
 use tracer_ebpf::sampling::{PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TABLE_LEN};
 
 use super::{
-    Probes, ReturnProbes, forks::FORK_PROGRAM, libraries::LibraryWatch, mappings,
-    session::SessionPrograms,
+    ProbeLinks, Probes, ReturnProbes,
+    forks::FORK_PROGRAM,
+    libraries::LibraryWatch,
+    links::{TracepointLink, attach_tracepoint},
+    mappings,
+    raw::{LinkKind, RawPrograms},
 };
 use crate::{
     error::{ExitCode, fatal},
@@ -138,10 +142,18 @@ impl Probes {
             )
             .load(object)
             .map_err(|error| load_error(error.into()))?;
-        // Session programs are loaded apart (`session`), only when used;
-        // the fork tracepoint only with --follow-forks (`watch_forks`).
+        // uprobe_multi links where the kernel has them: the uprobe programs
+        // are then loaded apart (`raw`), like the session programs (only
+        // when used); the fork tracepoint only with --follow-forks
+        // (`watch_forks`).
+        let (multi, links) = match RawPrograms::load(object, &ebpf, LinkKind::Multi) {
+            Ok(multi) => (Some(multi), ProbeLinks::Multi),
+            Err(error) => (None, ProbeLinks::PerProbe(format!("{error:#}"))),
+        };
         for (name, program) in ebpf.programs_mut() {
-            if name.ends_with("_session")
+            let loaded_apart = multi.as_ref().is_some_and(|multi| multi.covers(name));
+            if loaded_apart
+                || name.ends_with("_session")
                 || name == FORK_PROGRAM
                 || mappings::is_mapping_program(name)
             {
@@ -155,9 +167,9 @@ impl Probes {
             .map_err(|error| load_error(error.into()))
             .with_context(|| format!("could not load eBPF program {name}"))?;
         }
-        attach_signal_tracepoints(&mut ebpf)?;
+        let mut tracepoint_links = attach_signal_tracepoints(&mut ebpf)?;
         let (session, return_probes) = if sampling.skips_calls() {
-            match SessionPrograms::load(object, &ebpf) {
+            match RawPrograms::load(object, &ebpf, LinkKind::Session) {
                 Ok(session) => (Some(session), ReturnProbes::Session),
                 Err(error) => (None, ReturnProbes::UretprobeFallback(format!("{error:#}"))),
             }
@@ -166,9 +178,11 @@ impl Probes {
         };
         // After the session loader, which looks up every map of the object
         // (the watch takes EVENTS out of it).
-        let watch = LibraryWatch::start(&mut ebpf)?;
+        let watch = LibraryWatch::start(&mut ebpf, &mut tracepoint_links)?;
         let mapping_links = mappings::attach_tracepoints(&mut ebpf)
             .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
+        let mapping_tracepoints = mapping_links.len();
+        tracepoint_links.extend(mapping_links);
         // After the session loader, which looks up every map of the object.
         let rings = Rings {
             mapping_events: RingBuf::try_from(
@@ -188,8 +202,11 @@ impl Probes {
             sampling: *sampling,
             unwinding: *unwinding,
             copying_stacks_of: Vec::new(),
-            links: Vec::new(),
-            mapping_links,
+            links,
+            perf_links: Vec::new(),
+            tracepoint_links,
+            mapping_tracepoints,
+            multi,
             session,
             watch,
         };
@@ -214,20 +231,14 @@ const SIGNAL_TRACEPOINTS: [(&str, &str, &str); 2] = [
     ("signal_return", "syscalls", "sys_enter_rt_sigreturn"),
 ];
 
-/// Attaches the signal tracepoints (loaded with the other programs). They stay attached as long as
-/// the object lives and cost other processes one hash lookup per signal.
-fn attach_signal_tracepoints(ebpf: &mut Ebpf) -> Result<()> {
-    for (name, category, event) in SIGNAL_TRACEPOINTS {
-        let program: &mut TracePoint = ebpf
-            .program_mut(name)
-            .with_context(|| format!("eBPF object lacks program {name}"))?
-            .try_into()
-            .with_context(|| format!("eBPF program {name} is not a tracepoint"))?;
-        program
-            .attach(category, event)
-            .with_context(|| format!("could not attach to tracepoint {category}:{event}"))?;
-    }
-    Ok(())
+/// Attaches the signal tracepoints (loaded with the other programs). They
+/// stay attached as long as the object lives and cost other processes one
+/// hash lookup per signal.
+fn attach_signal_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> {
+    SIGNAL_TRACEPOINTS
+        .into_iter()
+        .map(|(name, category, event)| attach_tracepoint(ebpf, name, category, event))
+        .collect()
 }
 
 /// A program of the object, as a uprobe.

@@ -3,13 +3,10 @@
 //! `tracer-ebpf/src/mappings.rs`, and the TARGETS filter that keeps them to
 //! the traced processes.
 use anyhow::{Context as _, Result, anyhow};
-use aya::{
-    Ebpf,
-    maps::HashMap,
-    programs::{TracePoint, trace_point::TracePointLinkId},
-};
+use aya::{Ebpf, maps::HashMap, programs::TracePoint};
 use tracer_ebpf::SyscallFieldOffsets;
 
+use super::links::{TracepointLink, attach_tracepoint};
 use crate::tracefs;
 
 /// The programs and the `syscalls` tracepoints they go on.
@@ -67,7 +64,7 @@ pub fn read_field_offsets() -> Result<SyscallFieldOffsets> {
 
 /// Loads the mapping programs and attaches them to their tracepoints;
 /// they do nothing until a process is added to TARGETS.
-pub fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracePointLinkId>> {
+pub(super) fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> {
     let mut links = Vec::new();
     for (program_name, event) in TRACEPOINTS {
         let program: &mut TracePoint = ebpf
@@ -80,11 +77,7 @@ pub fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracePointLinkId>> {
                 .load()
                 .with_context(|| format!("could not load eBPF program {program_name}"))?;
         }
-        links.push(
-            program
-                .attach("syscalls", event)
-                .with_context(|| format!("could not attach {program_name} to syscalls:{event}"))?,
-        );
+        links.push(attach_tracepoint(ebpf, program_name, "syscalls", event)?);
     }
     Ok(links)
 }

@@ -16,11 +16,12 @@ pub mod function;
 pub mod libraries;
 pub mod mappings;
 pub mod prologue;
-pub mod session;
+mod raw;
 pub mod spawn;
 pub mod symbols;
 
 mod forks;
+mod links;
 mod load;
 mod maps;
 mod preflight;
@@ -33,7 +34,6 @@ use aya::{
     Ebpf,
     programs::{
         UProbe,
-        trace_point::TracePointLinkId,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
@@ -45,11 +45,12 @@ use crate::{
     unwind::{UnwindMode, Unwinding},
 };
 use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
+use links::TracepointLink;
 use load::program;
 pub use load::{Capacity, Rings, Sampling};
 pub use maps::KernelMaps;
 pub use preflight::{check_kernel, check_privileges, check_target};
-use session::SessionPrograms;
+use raw::RawPrograms;
 pub use symbols::HookSite;
 
 /// The benchmark's empty programs.
@@ -63,6 +64,46 @@ pub enum FloorSites {
     FunctionEntry,
     /// The sites tracer chooses (`prologue`).
     Chosen,
+}
+
+/// How the uprobes are attached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeLinks {
+    /// One uprobe_multi link per program and file: attached and released
+    /// at once.
+    Multi,
+    /// One perf-event uprobe per probe (the reason uprobe_multi links
+    /// could not be had): each costs ~110 ms to release on a VM.
+    PerProbe(String),
+}
+
+/// Probes of one program in one file, attached together.
+struct Batch<'a> {
+    program: &'static str,
+    site: &'a HookSite,
+    /// (file offset, attach cookie) of each probe.
+    points: Vec<(u64, u64)>,
+}
+
+/// Adds a probe of `program` at `offset` of `site`'s file to its batch.
+fn add_to_batch<'a>(
+    batches: &mut Vec<Batch<'a>>,
+    program: &'static str,
+    site: &'a HookSite,
+    offset: u64,
+    cookie: u64,
+) {
+    match batches
+        .iter_mut()
+        .find(|batch| batch.program == program && batch.site.host_path == site.host_path)
+    {
+        Some(batch) => batch.points.push((offset, cookie)),
+        None => batches.push(Batch {
+            program,
+            site,
+            points: vec![(offset, cookie)],
+        }),
+    }
 }
 
 /// A hook that is in place: where, and in which process.
@@ -86,9 +127,19 @@ pub struct Probes {
     /// `--unwind auto`: the processes unwound with DWARF, and the objects
     /// without frame pointers that made it so.
     pub copying_stacks_of: Vec<(u32, Vec<String>)>,
-    links: Vec<(&'static str, UProbeLinkId)>,
-    mapping_links: Vec<TracePointLinkId>,
-    session: Option<SessionPrograms>,
+    /// How the uprobes are attached.
+    pub links: ProbeLinks,
+    /// Perf-event uprobes, where uprobe_multi links are not to be had.
+    perf_links: Vec<(&'static str, UProbeLinkId)>,
+    /// Every tracepoint attached (signals, library watch, mapping calls,
+    /// forks).
+    tracepoint_links: Vec<TracepointLink>,
+    /// The mapping system calls' tracepoints among them.
+    mapping_tracepoints: usize,
+    /// Every uprobe program, for uprobe_multi links (Linux 6.6+).
+    multi: Option<RawPrograms>,
+    /// The session programs, when calls may go unrecorded (Linux 6.13+).
+    session: Option<RawPrograms>,
     watch: LibraryWatch,
 }
 
@@ -162,38 +213,46 @@ impl Probes {
     /// call whose entry is seen always has its return seen too. With
     /// uprobe sessions, a session program is both.
     fn attach_sites(&mut self, pid: u32, sites: &[HookSite], noticed_by: NoticedBy) -> Result<()> {
-        let in_session = |site: &HookSite, session: &Option<SessionPrograms>| {
-            session
+        let mut returns = Vec::new();
+        let mut sessions = Vec::new();
+        let mut entries = Vec::new();
+        for site in sites {
+            let function = &site.function;
+            let in_session = self
+                .session
                 .as_ref()
-                .is_some_and(|session| session.covers(site.function.entry_program))
-        };
-        for site in sites {
-            if let Some(return_program) = site.function.return_program
-                && !in_session(site, &self.session)
-            {
-                self.attach_one(return_program, None, site, site.offset, pid)?;
+                .is_some_and(|session| session.covers(function.entry_program));
+            if in_session {
+                add_to_batch(&mut sessions, function.entry_program, site, site.offset, 0);
+                continue;
             }
-        }
-        for site in sites {
-            let cookie = Some(site.function.cookie).filter(|&cookie| cookie != 0);
-            match self.session.as_mut() {
-                Some(session) if session.covers(site.function.entry_program) => session
-                    .attach(
-                        site.function.entry_program,
-                        &site.host_path,
-                        site.offset,
-                        pid,
-                    )
-                    .map_err(|error| attach_error(error, pid))?,
-                _ => {
-                    self.attach_one(site.function.entry_program, cookie, site, site.offset, pid)?
-                }
+            if let Some(return_program) = function.return_program {
+                add_to_batch(&mut returns, return_program, site, site.offset, 0);
             }
-            self.hooks.push(AttachedHook {
-                pid,
-                site: site.clone(),
-            });
+            add_to_batch(
+                &mut entries,
+                function.entry_program,
+                site,
+                site.offset,
+                function.cookie,
+            );
         }
+        for batch in &returns {
+            self.attach_batch(batch, pid)?;
+        }
+        for batch in &sessions {
+            let session = self.session.as_mut().expect("sessions are loaded");
+            session
+                .attach(batch.program, &batch.site.host_path, &batch.points, pid)
+                .map_err(|error| attach_error(error, pid))?;
+        }
+        for batch in &entries {
+            self.attach_batch(batch, pid)?;
+        }
+        self.hooks.extend(sites.iter().map(|site| AttachedHook {
+            pid,
+            site: site.clone(),
+        }));
         self.libraries
             .extend(HookedLibrary::from_sites(pid, sites, noticed_by));
         Ok(())
@@ -201,17 +260,26 @@ impl Probes {
 
     /// The benchmark's floor: the empty `floor_enter` on every allocator
     /// function, and `floor_return` where tracer puts a return probe
-    /// (unless `with_return` is false), at `sites`.
+    /// (unless `with_return` is false), at `sites`, attached as tracer's
+    /// own probes are.
     pub fn attach_floor(&mut self, pid: u32, sites: FloorSites, with_return: bool) -> Result<()> {
-        for site in allocator_sites(pid)?.1 {
-            let offset = match sites {
-                FloorSites::FunctionEntry => site.function_offset,
-                FloorSites::Chosen => site.offset,
-            };
+        let found = allocator_sites(pid)?.1;
+        let offset = |site: &HookSite| match sites {
+            FloorSites::FunctionEntry => site.function_offset,
+            FloorSites::Chosen => site.offset,
+        };
+        let mut returns = Vec::new();
+        let mut entries = Vec::new();
+        for site in &found {
             if with_return && site.function.return_program.is_some() {
-                self.attach_one(FLOOR_RETURN_PROGRAM, None, &site, offset, pid)?;
+                add_to_batch(&mut returns, FLOOR_RETURN_PROGRAM, site, offset(site), 0);
             }
-            self.attach_one(FLOOR_ENTRY_PROGRAM, None, &site, offset, pid)?;
+            add_to_batch(&mut entries, FLOOR_ENTRY_PROGRAM, site, offset(site), 0);
+        }
+        for batch in returns.iter().chain(&entries) {
+            self.attach_batch(batch, pid)?;
+        }
+        for site in &found {
             let emulated = match sites {
                 FloorSites::FunctionEntry => site.offset == site.function_offset && site.emulated,
                 FloorSites::Chosen => site.emulated,
@@ -219,42 +287,45 @@ impl Probes {
             self.hooks.push(AttachedHook {
                 pid,
                 site: HookSite {
-                    offset,
+                    offset: offset(site),
                     emulated,
-                    ..site
+                    ..site.clone()
                 },
             });
         }
         Ok(())
     }
 
-    fn attach_one(
-        &mut self,
-        program_name: &'static str,
-        cookie: Option<u64>,
-        site: &HookSite,
-        offset: u64,
-        pid: u32,
-    ) -> Result<()> {
+    /// Attaches the probes of one batch: one uprobe_multi link, else one
+    /// perf-event uprobe each.
+    fn attach_batch(&mut self, batch: &Batch<'_>, pid: u32) -> Result<()> {
+        let site = batch.site;
+        if let Some(multi) = self.multi.as_mut() {
+            return multi
+                .attach(batch.program, &site.host_path, &batch.points, pid)
+                .map_err(|error| attach_error(error, pid));
+        }
         let scope = UProbeScope::OneProcess(nonzero_pid(pid)?);
-        let program: &mut UProbe = program(&mut self.ebpf, program_name)?;
-        let point = UProbeAttachPoint {
-            location: UProbeAttachLocation::AbsoluteOffset(offset),
-            cookie,
-        };
-        let link = program
-            .attach(point, &site.host_path, scope)
-            .map_err(|error| {
-                attach_error(
-                    anyhow::Error::new(error).context(format!(
-                        "could not attach {program_name} to {} in {}",
-                        site.function.name,
-                        site.path.display()
-                    )),
-                    pid,
-                )
-            })?;
-        self.links.push((program_name, link));
+        let program: &mut UProbe = program(&mut self.ebpf, batch.program)?;
+        for &(offset, cookie) in &batch.points {
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie: Some(cookie).filter(|&cookie| cookie != 0),
+            };
+            let link = program
+                .attach(point, &site.host_path, scope)
+                .map_err(|error| {
+                    attach_error(
+                        anyhow::Error::new(error).context(format!(
+                            "could not attach {} at offset {offset:#x} of {}",
+                            batch.program,
+                            site.path.display()
+                        )),
+                        pid,
+                    )
+                })?;
+            self.perf_links.push((batch.program, link));
+        }
         Ok(())
     }
 
@@ -267,9 +338,22 @@ impl Probes {
     /// Number of uprobes, uretprobes, uprobe sessions and tracepoints in
     /// place.
     pub fn probe_count(&self) -> usize {
-        self.links.len()
-            + self.mapping_links.len()
-            + self.session.as_ref().map_or(0, SessionPrograms::link_count)
+        self.perf_links.len()
+            + self.mapping_tracepoints
+            + [&self.multi, &self.session]
+                .into_iter()
+                .flatten()
+                .map(RawPrograms::probe_count)
+                .sum::<usize>()
+    }
+
+    /// Number of uprobe_multi and session links in place.
+    pub fn multi_link_count(&self) -> usize {
+        [&self.multi, &self.session]
+            .into_iter()
+            .flatten()
+            .map(RawPrograms::link_count)
+            .sum()
     }
 }
 

@@ -1,6 +1,6 @@
 //! What the probes are, as a report describes them: where each probe went
 //! and why, how allocations are recorded, how stacks are walked.
-use super::Probes;
+use super::{ProbeLinks, Probes};
 use crate::{
     model::run::{
         DwarfProcess, ProbeReport, ReturnProbes, SamplingMode, SamplingReport, UnwindingReport,
@@ -84,6 +84,18 @@ impl Probes {
             } else if verbose {
                 notes.push(format!("probe on {line}"));
             }
+        }
+        if verbose {
+            notes.push(match &self.links {
+                ProbeLinks::Multi => format!(
+                    "uprobes attached in {} uprobe_multi links",
+                    self.multi_link_count()
+                ),
+                ProbeLinks::PerProbe(why) => format!(
+                    "uprobes attached one by one (uprobe_multi links unavailable: {why}): \
+                     each costs ~0.1 s to release at exit"
+                ),
+            });
         }
         if verbose || matches!(self.return_probes, ReturnProbes::UretprobeFallback(_)) {
             notes.push(format!("return probes: {}", self.return_probes.describe()));
