@@ -24,12 +24,30 @@ impl std::ops::Deref for Section {
     }
 }
 
+/// One loadable segment (PT_LOAD) of an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segment {
+    address: u64,
+    file_offset: u64,
+    file_size: u64,
+    executable: bool,
+}
+
+impl Segment {
+    /// The file offset where the loader's mapping of this segment starts.
+    fn mapped_from(&self) -> u64 {
+        self.file_offset & !(PAGE_BYTES - 1)
+    }
+}
+
+/// The loader maps segments in whole pages.
+const PAGE_BYTES: u64 = 4096;
+
 /// What framehop needs from one object, and how its file offsets map to
 /// its addresses.
 pub struct ObjectInfo {
     map: Arc<Mmap>,
-    /// (address, file offset, size in the file) of each loadable segment.
-    segments: Vec<(u64, u64, u64)>,
+    segments: Vec<Segment>,
     text: Option<Range<u64>>,
     eh_frame: Option<(Range<u64>, Range<usize>)>,
     eh_frame_hdr: Option<(Range<u64>, Range<usize>)>,
@@ -50,8 +68,17 @@ impl ObjectInfo {
         let segments = elf
             .segments()
             .map(|segment| {
-                let (offset, size) = segment.file_range();
-                (segment.address(), offset, size)
+                let (file_offset, file_size) = segment.file_range();
+                let executable = match segment.flags() {
+                    object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
+                    _ => false,
+                };
+                Segment {
+                    address: segment.address(),
+                    file_offset,
+                    file_size,
+                    executable,
+                }
             })
             .collect();
         let section = |name: &str| {
@@ -88,20 +115,42 @@ impl ObjectInfo {
         })
     }
 
-    /// The object's address of a file offset, from its loadable segments.
-    pub fn address_of_offset(&self, offset: u64) -> Option<u64> {
+    /// The object address at the start of `mapping` (which maps this
+    /// object): from the segment that the loader mapped there. lld packs
+    /// segments into shared file pages (the read-only segment ends and the
+    /// executable one begins in the same page, one page apart in
+    /// addresses), so the first segment whose file range holds the
+    /// mapping's offset can be the wrong one, a page off: the segment
+    /// whose mapping starts there, with the mapping's permission, is right.
+    pub fn address_of_mapping(&self, mapping: &Mapping) -> Option<u64> {
+        let offset = mapping.file_offset;
         self.segments
             .iter()
-            .find(|(_, start, size)| (*start..start + size).contains(&offset))
-            .map(|(address, start, _)| address + (offset - start))
+            .filter(|segment| {
+                (segment.mapped_from()..segment.file_offset + segment.file_size).contains(&offset)
+            })
+            .max_by_key(|segment| {
+                (
+                    segment.mapped_from() == offset,
+                    segment.executable == mapping.executable,
+                )
+            })
+            .map(|segment| {
+                segment
+                    .address
+                    .wrapping_add(offset)
+                    .wrapping_sub(segment.file_offset)
+            })
     }
 
     /// The file offset of an object address.
     pub fn offset_of_address(&self, address: u64) -> Option<u64> {
         self.segments
             .iter()
-            .find(|(start, _, size)| (*start..start + size).contains(&address))
-            .map(|(start, offset, _)| offset + (address - start))
+            .find(|segment| {
+                (segment.address..segment.address + segment.file_size).contains(&address)
+            })
+            .map(|segment| segment.file_offset + (address - segment.address))
     }
 
     /// Bytes of the file at an offset.
@@ -165,7 +214,9 @@ impl ModuleFiles {
     /// A framehop module for one executable mapping.
     pub fn module(&mut self, pid: u32, mapping: &Mapping) -> Option<Module<Section>> {
         let object = self.object(pid, mapping)?;
-        let base_avma = mapping.start - object.address_of_offset(mapping.file_offset)?;
+        let base_avma = mapping
+            .start
+            .checked_sub(object.address_of_mapping(mapping)?)?;
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
             text_svma: object.text.clone(),
@@ -212,4 +263,63 @@ pub fn open_mapped(pid: u32, mapping: &Mapping) -> Option<File> {
             ))
         })
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::BufRead as _;
+    use std::process::{Command, Stdio};
+
+    use super::*;
+
+    #[test]
+    fn lld_executable_is_placed_where_the_loader_mapped_it() {
+        // rust_leak (built by `cargo xtask setup`) is linked by lld: its
+        // read-only segment ends in the file page where its executable
+        // segment starts, and that segment's addresses are a page further.
+        let path = std::fs::canonicalize(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/fixtures/rust_leak"),
+        )
+        .expect("target/fixtures/rust_leak: run `cargo xtask setup`");
+        let mut child = Command::new(&path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("rust_leak starts");
+        let mut ready = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut ready)
+            .expect("rust_leak answers");
+        let maps = procfs::read_maps(child.id()).expect("its maps");
+        child.kill().expect("rust_leak stops");
+        child.wait().expect("rust_leak is reaped");
+
+        let own: Vec<&Mapping> = maps.iter().filter(|mapping| mapping.path == path).collect();
+        // Where the loader put the object's start (file offset 0, address 0).
+        let load_base = own
+            .iter()
+            .find(|mapping| mapping.file_offset == 0)
+            .expect("its first page is mapped")
+            .start;
+        let text = own
+            .iter()
+            .find(|mapping| mapping.executable)
+            .expect("its code is mapped");
+        let object = ObjectInfo::read(&File::open(&path).expect("readable")).expect("an ELF");
+        let shared_page = object.segments.iter().any(|segment| {
+            !segment.executable
+                && (segment.file_offset..segment.file_offset + segment.file_size)
+                    .contains(&text.file_offset)
+        });
+        assert!(
+            shared_page,
+            "the executable segment no longer shares a page: {:?}",
+            object.segments
+        );
+        assert_eq!(
+            text.start - object.address_of_mapping(text).expect("a segment"),
+            load_base,
+            "{own:?}"
+        );
+    }
 }
