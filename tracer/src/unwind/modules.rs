@@ -40,6 +40,14 @@ impl Segment {
     }
 }
 
+/// A function named in an object's symbols.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Function {
+    pub address: u64,
+    pub size: u64,
+    pub name: String,
+}
+
 /// The loader maps segments in whole pages.
 const PAGE_BYTES: u64 = 4096;
 
@@ -53,14 +61,14 @@ pub struct ObjectInfo {
     eh_frame_hdr: Option<(Range<u64>, Range<usize>)>,
     debug_frame: Option<Range<usize>>,
     /// Functions named in the symbol table (or, without one, the dynamic
-    /// symbol table): (address, name).
-    pub functions: Vec<(u64, String)>,
+    /// symbol table).
+    pub functions: Vec<Function>,
     /// The GNU build id, when the object has one.
     build_id: Option<Vec<u8>>,
 }
 
 impl ObjectInfo {
-    fn read(file: &File) -> Option<ObjectInfo> {
+    pub(super) fn read(file: &File) -> Option<ObjectInfo> {
         // SAFETY: the map is only read; a file truncated underneath would
         // fault, as it would for the process that maps it.
         let map = Arc::new(unsafe { Mmap::map(file) }.ok()?);
@@ -93,10 +101,16 @@ impl ObjectInfo {
                 offset as usize..(offset + size) as usize,
             ))
         };
-        let functions = |symbols: object::read::SymbolIterator<'_, '_>| -> Vec<(u64, String)> {
+        let functions = |symbols: object::read::SymbolIterator<'_, '_>| -> Vec<Function> {
             symbols
                 .filter(|symbol| symbol.kind() == object::SymbolKind::Text && symbol.size() > 0)
-                .filter_map(|symbol| Some((symbol.address(), symbol.name().ok()?.to_owned())))
+                .filter_map(|symbol| {
+                    Some(Function {
+                        address: symbol.address(),
+                        size: symbol.size(),
+                        name: symbol.name().ok()?.to_owned(),
+                    })
+                })
                 .collect()
         };
         let mut named = functions(elf.symbols());
