@@ -21,9 +21,6 @@ use crate::{
 /// Copied-stack ids start here (the mapping stacks' are below).
 pub const COPIED_STACK_BASE: u32 = 0xc000_0000;
 
-/// The frame that ends a stack deeper than the copy.
-pub const TRUNCATED_FRAME: &str = "[truncated: stack deeper than --stack-bytes]";
-
 /// Recently freed blocks kept for a failed realloc's restore.
 const RECENTLY_FREED: usize = 1 << 16;
 
@@ -255,16 +252,16 @@ impl CopiedStacks {
         self.apis.iter().map(|(key, api)| (*key, *api))
     }
 
-    /// The frames of a copied stack, innermost first, ending with
-    /// [`TRUNCATED_FRAME`] when the stack was deeper than the copy. None
-    /// for other ids.
+    /// The frames of a copied stack, innermost first, ending with a marker
+    /// frame when the stack was deeper than the copy or unwinding stopped
+    /// early ([`Unwound::end_marker`]). None for other ids.
     pub fn frames(&self, stack_id: u32, symbols: &mut Symbols) -> Option<Vec<Frame>> {
         let index = stack_id.checked_sub(COPIED_STACK_BASE)?;
         let (pid, unwound) = self.stacks.get(index as usize)?;
         let mut frames = symbols.stack_frames(*pid, &unwound.addresses);
-        if unwound.truncated {
+        if let Some(marker) = unwound.end_marker() {
             frames.push(Frame {
-                function: Some(TRUNCATED_FRAME.to_owned()),
+                function: Some(marker),
                 ..Frame::default()
             });
         }

@@ -1,12 +1,19 @@
 //! The unwind sections of mapped objects, for framehop: each file is
 //! mapped once (memmap, nothing copied) and shared by every process that
 //! maps it, whatever path it has in their mount namespaces.
-use std::{collections::HashMap, fs::File, ops::Range, os::unix::fs::MetadataExt as _, sync::Arc};
+use std::{
+    collections::HashMap,
+    fs::File,
+    ops::Range,
+    os::unix::fs::MetadataExt as _,
+    sync::{Arc, OnceLock},
+};
 
 use framehop::{ExplicitModuleSectionInfo, Module};
 use memmap2::Mmap;
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, ObjectSymbol as _};
 
+use super::stops;
 use crate::procfs::{self, Mapping};
 
 /// Bytes of one section of a mapped file.
@@ -60,6 +67,9 @@ pub struct ObjectInfo {
     eh_frame: Option<(Range<u64>, Range<usize>)>,
     eh_frame_hdr: Option<(Range<u64>, Range<usize>)>,
     debug_frame: Option<Range<usize>>,
+    /// The addresses that unwind information describes, read at the first
+    /// question.
+    unwind_info: OnceLock<Vec<Range<u64>>>,
     /// Functions named in the symbol table (or, without one, the dynamic
     /// symbol table).
     pub functions: Vec<Function>,
@@ -125,6 +135,7 @@ impl ObjectInfo {
             eh_frame: section(".eh_frame"),
             eh_frame_hdr: section(".eh_frame_hdr"),
             debug_frame: section(".debug_frame").map(|(_, bytes)| bytes),
+            unwind_info: OnceLock::new(),
             map: map.clone(),
         })
     }
@@ -171,6 +182,35 @@ impl ObjectInfo {
     pub fn bytes_at(&self, offset: u64, length: usize) -> Option<&[u8]> {
         let start = offset as usize;
         self.map.get(start..(start + length).min(self.map.len()))
+    }
+
+    /// Whether `.eh_frame` or `.debug_frame` has a rule for the code at an
+    /// object address.
+    pub fn has_unwind_info(&self, address: u64) -> bool {
+        let ranges = self.unwind_info.get_or_init(|| {
+            let eh_frame = self.eh_frame.as_ref().and_then(|(addresses, bytes)| {
+                Some((addresses.start, self.map.get(bytes.clone())?))
+            });
+            let debug_frame = self
+                .debug_frame
+                .as_ref()
+                .and_then(|bytes| self.map.get(bytes.clone()));
+            let text_address = self.text.as_ref().map_or(0, |text| text.start);
+            stops::unwind_info_ranges(eh_frame, debug_frame, text_address)
+        });
+        stops::ranges_hold(ranges, address)
+    }
+
+    /// Up to `length` bytes of code just before an object address (fewer
+    /// at the start of a segment).
+    pub fn code_before(&self, address: u64, length: usize) -> Option<&[u8]> {
+        let segment = self.segments.iter().find(|segment| {
+            segment.executable
+                && (segment.address + 1..=segment.address + segment.file_size).contains(&address)
+        })?;
+        let length = (length as u64).min(address - segment.address);
+        let offset = segment.file_offset + (address - length - segment.address);
+        self.bytes_at(offset, length as usize)
     }
 
     /// The address range of `.text`.
@@ -225,8 +265,13 @@ impl ModuleFiles {
         object
     }
 
-    /// A framehop module for one executable mapping.
-    pub fn module(&mut self, pid: u32, mapping: &Mapping) -> Option<Module<Section>> {
+    /// A framehop module for one executable mapping, with its object and
+    /// the address where the object's address 0 is mapped.
+    pub fn module(
+        &mut self,
+        pid: u32,
+        mapping: &Mapping,
+    ) -> Option<(Module<Section>, Arc<ObjectInfo>, u64)> {
         let object = self.object(pid, mapping)?;
         let base_avma = mapping
             .start
@@ -256,12 +301,13 @@ impl ModuleFiles {
             text_segment_svma: None,
             text_segment: None,
         };
-        Some(Module::new(
+        let module = Module::new(
             mapping.path.display().to_string(),
             mapping.start..mapping.end,
             base_avma,
             info,
-        ))
+        );
+        Some((module, object, base_avma))
     }
 }
 
