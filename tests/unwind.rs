@@ -5,8 +5,10 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use harness::{Live, Report, field, frames_contain, record_with, stack_int};
-use serde_json::Value;
+use harness::{
+    Live, Report, assert_in_order, dwarf_pids, field, frames_contain, function_names, record_with,
+    stack_int,
+};
 
 /// kernel_cache's threads (the main thread and three workers).
 const THREADS: i64 = 4;
@@ -14,45 +16,6 @@ const THREADS: i64 = 4;
 const LAYERS: i64 = 6;
 const NESTED_LEAK_BYTES: i64 = 777;
 const DEEP_LEAK_BYTES: i64 = 999;
-
-fn function_names(stack: &Value) -> Vec<String> {
-    stack["frames"]
-        .as_array()
-        .map(|frames| {
-            frames
-                .iter()
-                .map(|frame| frame["function"].as_str().unwrap_or("?").to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Position of the first frame whose function contains `function`.
-fn position(names: &[String], function: &str) -> Option<usize> {
-    names.iter().position(|name| name.contains(function))
-}
-
-/// Asserts that `functions` appear in this order, innermost first.
-fn assert_in_order(stack: &Value, functions: &[&str], report: &Report) {
-    let names = function_names(stack);
-    let positions: Vec<Option<usize>> = functions
-        .iter()
-        .map(|function| position(&names, function))
-        .collect();
-    assert!(
-        positions.iter().all(Option::is_some) && positions.windows(2).all(|pair| pair[0] < pair[1]),
-        "expected {functions:?} innermost first in {names:?}\n{report}"
-    );
-}
-
-fn dwarf_pids(report: &Report) -> Vec<i64> {
-    report.json["unwinding"]["dwarf"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no unwinding.dwarf in the report:\n{}", report.json))
-        .iter()
-        .map(|process| process["pid"].as_i64().expect("a pid"))
-        .collect()
-}
 
 #[test]
 fn cpp_cache_without_frame_pointers_is_unwound_with_dwarf() {

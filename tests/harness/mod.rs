@@ -545,3 +545,44 @@ pub fn record_with(name: &str, extra_args: &[&str], commands: &[&str]) -> Sessio
         report,
     }
 }
+
+/// The function names of a stack's frames, innermost first.
+pub fn function_names(stack: &Value) -> Vec<String> {
+    stack["frames"]
+        .as_array()
+        .map(|frames| {
+            frames
+                .iter()
+                .map(|frame| frame["function"].as_str().unwrap_or("?").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Position of the first frame whose function contains `function`.
+fn position(names: &[String], function: &str) -> Option<usize> {
+    names.iter().position(|name| name.contains(function))
+}
+
+/// Asserts that `functions` appear in this order, innermost first.
+pub fn assert_in_order(stack: &Value, functions: &[&str], report: &Report) {
+    let names = function_names(stack);
+    let positions: Vec<Option<usize>> = functions
+        .iter()
+        .map(|function| position(&names, function))
+        .collect();
+    assert!(
+        positions.iter().all(Option::is_some) && positions.windows(2).all(|pair| pair[0] < pair[1]),
+        "expected {functions:?} innermost first in {names:?}\n{report}"
+    );
+}
+
+/// The processes whose stacks the report says were unwound with DWARF.
+pub fn dwarf_pids(report: &Report) -> Vec<i64> {
+    report.json["unwinding"]["dwarf"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no unwinding.dwarf in the report:\n{}", report.json))
+        .iter()
+        .map(|process| process["pid"].as_i64().expect("a pid"))
+        .collect()
+}

@@ -5,6 +5,13 @@
 //! to test DWARF unwinding (kernel_cache, nested_nofp), so the tracer's
 //! stacks and symbols in the tests are exactly the functions in the source.
 //!
+//! tests/fixtures/mixed holds an executable built without frame pointers
+//! and a static library built with them, linked into it (`mixed_fp`).
+//!
+//! tests/fixtures/rust_leak is a cargo project of its own, built with the
+//! stable toolchain as users build theirs (`--release`, nothing more), and
+//! again with `panic = "abort"` (`rust_leak`, `rust_leak_abort`).
+//!
 //! tests/fixtures/cuda holds fixture CUDA libraries (`libcuda.so.1`,
 //! `libcudart.so.12`, with sonames, in target/fixtures/cuda) and the GPU
 //! programs built against them.
@@ -79,6 +86,13 @@ const CUDA_BUILDS: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// The Rust fixture, by cargo profile: (output name, profile, the
+/// profile's directory under the cargo target directory).
+const RUST_BUILDS: &[(&str, &str, &str)] = &[
+    ("rust_leak", "release", "release"),
+    ("rust_leak_abort", "release-abort", "release-abort"),
+];
+
 /// One binary to compile.
 struct FixtureBuild {
     source: PathBuf,
@@ -106,22 +120,112 @@ pub fn build_all(shell: &Shell, root: &Path) -> Result<()> {
                 .arg(&build.source),
         )?;
     }
-    build_cuda(shell, &source_dir.join("cuda"), &output_dir)
+    build_cuda(shell, &source_dir.join("cuda"), &output_dir)?;
+    build_mixed(shell, &source_dir.join("mixed"), &output_dir)?;
+    build_rust(shell, &source_dir.join("rust_leak"), &output_dir)
+}
+
+/// `mixed_fp`: fp_library.c compiled with frame pointers into a static
+/// library, linked into mixed_fp.c compiled without.
+fn build_mixed(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<()> {
+    let output = output_dir.join("mixed_fp");
+    if output.exists() && modified(&output)? >= newest_in(source_dir)? {
+        eprintln!("xtask: fixture {}: up to date", output.display());
+        return Ok(());
+    }
+    let build_dir = output_dir.join("mixed");
+    shell.create_dir_all(&build_dir)?;
+    let library_object = build_dir.join("fp_library.o");
+    let library = build_dir.join("libfp_library.a");
+    shell.run(
+        shell
+            .cmd("gcc")
+            .args(COMMON_FLAGS)
+            .arg("-c")
+            .arg("-o")
+            .arg(&library_object)
+            .arg(source_dir.join("fp_library.c")),
+    )?;
+    if library.exists() {
+        std::fs::remove_file(&library)
+            .with_context(|| format!("could not remove {}", library.display()))?;
+    }
+    shell.run(
+        shell
+            .cmd("ar")
+            .arg("rcs")
+            .arg(&library)
+            .arg(&library_object),
+    )?;
+    shell.run(
+        shell
+            .cmd("gcc")
+            .args(COMMON_FLAGS)
+            .args(NO_FRAME_POINTERS)
+            .arg("-o")
+            .arg(&output)
+            .arg(source_dir.join("mixed_fp.c"))
+            .arg(&library),
+    )
+}
+
+/// [`RUST_BUILDS`] with the stable toolchain (cargo decides what is out of
+/// date), into target/fixtures/rust_leak-build, then copied next to the
+/// other fixtures.
+fn build_rust(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<()> {
+    let target_dir = output_dir.join("rust_leak-build");
+    for (output, profile, profile_dir) in RUST_BUILDS {
+        shell.run(
+            shell
+                .cmd("cargo")
+                .arg("+stable")
+                .args(["build", "--locked", "--profile", profile, "--manifest-path"])
+                .arg(source_dir.join("Cargo.toml"))
+                .arg("--target-dir")
+                .arg(&target_dir)
+                // Nothing of the outer cargo's build (xtask's own) leaks in.
+                .env_remove("RUSTFLAGS")
+                .env_remove("CARGO_ENCODED_RUSTFLAGS")
+                .env_remove("CARGO_TARGET_DIR")
+                .env_remove("CARGO_BUILD_TARGET"),
+        )?;
+        let built = target_dir.join(profile_dir).join("rust_leak");
+        let output = output_dir.join(output);
+        if shell.is_dry_run() {
+            eprintln!(
+                "xtask: would run: cp {} {}",
+                built.display(),
+                output.display()
+            );
+        } else if !output.exists() || modified(&output)? < modified(&built)? {
+            eprintln!("$ cp {} {}", built.display(), output.display());
+            std::fs::copy(&built, &output).with_context(|| {
+                format!("could not copy {} to {}", built.display(), output.display())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The newest modification time of the files in `dir`.
+fn newest_in(dir: &Path) -> Result<SystemTime> {
+    let mut newest = SystemTime::UNIX_EPOCH;
+    for entry in
+        std::fs::read_dir(dir).with_context(|| format!("could not list {}", dir.display()))?
+    {
+        let path = entry
+            .with_context(|| format!("could not list {}", dir.display()))?
+            .path();
+        newest = newest.max(modified(&path)?);
+    }
+    Ok(newest)
 }
 
 /// Builds [`CUDA_BUILDS`], all of them when any source (a header included)
 /// is newer than any output: the programs link the libraries.
 fn build_cuda(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<()> {
     shell.create_dir_all(&output_dir.join("cuda"))?;
-    let mut newest_source = SystemTime::UNIX_EPOCH;
-    for entry in std::fs::read_dir(source_dir)
-        .with_context(|| format!("could not list {}", source_dir.display()))?
-    {
-        let path = entry
-            .with_context(|| format!("could not list {}", source_dir.display()))?
-            .path();
-        newest_source = newest_source.max(modified(&path)?);
-    }
+    let newest_source = newest_in(source_dir)?;
     let mut up_to_date = true;
     for (output, _, _) in CUDA_BUILDS {
         let output = output_dir.join(output);

@@ -19,8 +19,6 @@ use crate::{
     unwind::{Unwinder, Unwound},
 };
 
-/// The frame that ends a stack deeper than the copy.
-pub const TRUNCATED_FRAME: &str = "[truncated: stack deeper than --stack-bytes]";
 
 /// Recently freed blocks kept for a failed realloc's restore.
 const RECENTLY_FREED: usize = 1 << 16;
@@ -242,13 +240,14 @@ impl CopiedStacks {
     }
 
     /// The frames of the copied stack `index`, innermost first, ending
-    /// with [`TRUNCATED_FRAME`] when the stack was deeper than the copy.
+    /// with a marker frame when the stack was deeper than the copy or
+    /// unwinding stopped early ([`Unwound::end_marker`]).
     pub fn frames(&self, index: u32, symbols: &mut Symbols) -> Option<Vec<Frame>> {
         let (pid, unwound) = self.stacks.get(index as usize)?;
         let mut frames = symbols.stack_frames(*pid, &unwound.addresses);
-        if unwound.truncated {
+        if let Some(marker) = unwound.end_marker() {
             frames.push(Frame {
-                function: Some(TRUNCATED_FRAME.to_owned()),
+                function: Some(marker),
                 ..Frame::default()
             });
         }

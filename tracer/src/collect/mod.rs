@@ -37,7 +37,6 @@ use crate::{
 };
 use contexts::EpochEntry;
 use copied::CopiedStacks;
-pub use copied::TRUNCATED_FRAME;
 use mappings::MappingTracker;
 pub use targets::{Watched, live_pids};
 

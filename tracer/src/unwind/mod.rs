@@ -5,25 +5,31 @@
 //!
 //! Objects are read from the target's own files (through /proc/PID/root, so
 //! containers work, or /proc/PID/map_files), mapped, not copied, and shared
-//! between processes that map the same file or the same build (build id). `frame_pointers` decides, for `--unwind auto`, which
-//! processes need copies at all.
+//! between processes that map the same file or the same build (build id).
+//! `frame_pointers` decides, for `--unwind auto`, which processes need
+//! copies at all; `stops` where a stack must end rather than show a
+//! guessed frame.
 pub mod frame_pointers;
 mod modules;
+mod stops;
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
+    ops::Range,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use framehop::{
-    Unwinder as _,
+    FrameAddress, Unwinder as _,
     x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64},
 };
 use tracer_ebpf::{STACK_PAGE_BYTES, StackCopy};
 
 pub use crate::model::run::UnwindMode;
 use crate::procfs;
-use modules::{ModuleFiles, Section};
+use modules::{ModuleFiles, ObjectInfo, Section};
+pub use stops::StopReason;
 
 /// How stacks are taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,12 +72,30 @@ impl Unwinding {
 }
 
 /// A stack unwound from a copy: return addresses, innermost first (the
-/// first is the allocator's return address into its caller).
+/// first is the allocator's return address into its caller). Two copies
+/// whose stacks are equal up to where unwinding stopped are equal.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Unwound {
     pub addresses: Vec<u64>,
     /// The stack goes on beyond the copy: outer frames are missing.
     pub truncated: bool,
+    /// Unwinding stopped before the thread's first frame: the frames
+    /// beyond `addresses` could not be trusted.
+    pub stopped: Option<StopReason>,
+}
+
+/// The frame that ends a stack deeper than the copy.
+pub const TRUNCATED_FRAME: &str = "[truncated: stack deeper than --stack-bytes]";
+
+impl Unwound {
+    /// The marker frame that ends this stack, when it does not reach the
+    /// thread's first frame.
+    pub fn end_marker(&self) -> Option<String> {
+        match self.stopped {
+            Some(reason) => Some(reason.marker()),
+            None => self.truncated.then(|| TRUNCATED_FRAME.to_owned()),
+        }
+    }
 }
 
 /// Most frames kept per stack (the kernel's frame-pointer walk keeps 127).
@@ -80,16 +104,60 @@ const MAX_FRAMES: usize = 127;
 /// has an address outside every module known (a library loaded later).
 const REFRESH_AT_MOST_EVERY: Duration = Duration::from_millis(200);
 
+/// An executable mapping given to the unwinder.
+struct MappedCode {
+    addresses: Range<u64>,
+    object: Arc<ObjectInfo>,
+    /// Where the object's address 0 is mapped.
+    base: u64,
+}
+
 struct Process {
     unwinder: UnwinderX86_64<Section>,
-    /// Start addresses of the executable mappings given to the unwinder.
-    ranges: Vec<std::ops::Range<u64>>,
+    code: Code,
     refreshed_at: Instant,
 }
 
-impl Process {
-    fn covers(&self, address: u64) -> bool {
-        self.ranges.iter().any(|range| range.contains(&address))
+/// A process's code, as the unwinder was given it.
+#[derive(Default)]
+struct Code {
+    mapped: Vec<MappedCode>,
+    /// What [`Code::check`] found for each frame seen.
+    checked: HashMap<(u64, bool), Option<StopReason>>,
+}
+
+impl Code {
+    /// Why a stack must stop at `frame` rather than keep it (outside the
+    /// mapped code, not after a call), or go on from it (no unwind
+    /// information: the caller would be guessed from the frame pointer).
+    fn check(&mut self, frame: FrameAddress) -> Option<(StopReason, bool)> {
+        let address = frame.address_for_lookup();
+        let is_return_address = frame.is_return_address();
+        let code = &self.mapped;
+        let reason = *self
+            .checked
+            .entry((address, is_return_address))
+            .or_insert_with(|| {
+                let Some(mapped) = code
+                    .iter()
+                    .find(|mapped| mapped.addresses.contains(&address))
+                else {
+                    return Some(StopReason::OutsideCode);
+                };
+                let object_address = address - mapped.base;
+                if is_return_address
+                    && !mapped
+                        .object
+                        .code_before(frame.address() - mapped.base, stops::LONGEST_CALL)
+                        .is_some_and(stops::ends_with_call)
+                {
+                    return Some(StopReason::NotAfterCall);
+                }
+                (!mapped.object.has_unwind_info(object_address)).then_some(StopReason::NoUnwindInfo)
+            });
+        // A frame without unwind information is itself right; its caller
+        // is what cannot be known.
+        reason.map(|reason| (reason, reason == StopReason::NoUnwindInfo))
     }
 }
 
@@ -99,6 +167,8 @@ pub struct Unwinder {
     processes: HashMap<u32, Process>,
     files: ModuleFiles,
     cache: CacheX86_64,
+    /// Copies whose unwinding stopped, by reason.
+    stopped: BTreeMap<StopReason, u64>,
 }
 
 impl Default for Unwinder {
@@ -113,7 +183,13 @@ impl Unwinder {
             processes: HashMap::new(),
             files: ModuleFiles::default(),
             cache: CacheX86_64::new(),
+            stopped: BTreeMap::new(),
         }
+    }
+
+    /// How many copies' unwinding stopped early, by reason.
+    pub fn stopped(&self) -> &BTreeMap<StopReason, u64> {
+        &self.stopped
     }
 
     /// Unwinds one copy; `stack` holds the bytes copied from `copy.base`.
@@ -123,23 +199,20 @@ impl Unwinder {
             self.refresh(pid);
         }
         let mut unwound = self.unwind_known(copy, stack);
-        let uncovered = {
-            let process = &self.processes[&pid];
-            !unwound
-                .addresses
-                .iter()
-                .all(|&address| process.covers(address.saturating_sub(1)))
-                && process.refreshed_at.elapsed() >= REFRESH_AT_MOST_EVERY
-        };
+        let uncovered = unwound.stopped == Some(StopReason::OutsideCode)
+            && self.processes[&pid].refreshed_at.elapsed() >= REFRESH_AT_MOST_EVERY;
         if uncovered {
             self.refresh(pid);
             unwound = self.unwind_known(copy, stack);
+        }
+        if let Some(reason) = unwound.stopped {
+            *self.stopped.entry(reason).or_default() += 1;
         }
         unwound
     }
 
     fn unwind_known(&mut self, copy: &StackCopy, stack: &[u8]) -> Unwound {
-        let Some(process) = self.processes.get(&copy.tgid) else {
+        let Some(process) = self.processes.get_mut(&copy.tgid) else {
             return Unwound::default();
         };
         let base = copy.base;
@@ -152,7 +225,8 @@ impl Unwinder {
             let bytes = stack.get(offset..offset + 8).ok_or(())?;
             Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
         };
-        let mut frames = process.unwinder.iter_frames(
+        let Process { unwinder, code, .. } = process;
+        let mut frames = unwinder.iter_frames(
             copy.ip,
             UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp),
             &mut self.cache,
@@ -161,15 +235,29 @@ impl Unwinder {
         let mut unwound = Unwound::default();
         while unwound.addresses.len() < MAX_FRAMES {
             match frames.next() {
-                Ok(Some(frame)) => unwound.addresses.push(frame.address()),
+                Ok(Some(frame)) => {
+                    let stop = code.check(frame);
+                    if stop.is_none_or(|(_, keep_frame)| keep_frame) {
+                        unwound.addresses.push(frame.address());
+                    }
+                    if let Some((reason, _)) = stop {
+                        unwound.stopped = Some(reason);
+                        break;
+                    }
+                }
                 Ok(None) => break,
-                Err(framehop::Error::CouldNotReadStack(address)) => {
+                Err(framehop::Error::CouldNotReadStack(address))
+                    if copy.reached_top == 0 && address >= end =>
+                {
                     // Beyond a copy that stopped at its size limit (not at
                     // the stack's top): the stack goes on.
-                    unwound.truncated = copy.reached_top == 0 && address >= end;
+                    unwound.truncated = true;
                     break;
                 }
-                Err(_) => break,
+                Err(error) => {
+                    unwound.stopped = Some(error.into());
+                    break;
+                }
             }
         }
         if unwound.addresses.len() == MAX_FRAMES {
@@ -183,14 +271,18 @@ impl Unwinder {
     fn refresh(&mut self, pid: u32) {
         let mut process = Process {
             unwinder: UnwinderX86_64::new(),
-            ranges: Vec::new(),
+            code: Code::default(),
             refreshed_at: Instant::now(),
         };
         let mappings = procfs::read_maps(pid).unwrap_or_default();
         for mapping in mappings.iter().filter(|mapping| mapping.executable) {
-            if let Some(module) = self.files.module(pid, mapping) {
+            if let Some((module, object, base)) = self.files.module(pid, mapping) {
                 process.unwinder.add_module(module);
-                process.ranges.push(mapping.start..mapping.end);
+                process.code.mapped.push(MappedCode {
+                    addresses: mapping.start..mapping.end,
+                    object,
+                    base,
+                });
             }
         }
         if mappings.is_empty()

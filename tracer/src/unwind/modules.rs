@@ -1,12 +1,19 @@
 //! The unwind sections of mapped objects, for framehop: each file is
 //! mapped once (memmap, nothing copied) and shared by every process that
 //! maps it, whatever path it has in their mount namespaces.
-use std::{collections::HashMap, fs::File, ops::Range, os::unix::fs::MetadataExt as _, sync::Arc};
+use std::{
+    collections::HashMap,
+    fs::File,
+    ops::Range,
+    os::unix::fs::MetadataExt as _,
+    sync::{Arc, OnceLock},
+};
 
 use framehop::{ExplicitModuleSectionInfo, Module};
 use memmap2::Mmap;
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, ObjectSymbol as _};
 
+use super::stops;
 use crate::procfs::{self, Mapping};
 
 /// Bytes of one section of a mapped file.
@@ -24,25 +31,54 @@ impl std::ops::Deref for Section {
     }
 }
 
+/// One loadable segment (PT_LOAD) of an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segment {
+    address: u64,
+    file_offset: u64,
+    file_size: u64,
+    executable: bool,
+}
+
+impl Segment {
+    /// The file offset where the loader's mapping of this segment starts.
+    fn mapped_from(&self) -> u64 {
+        self.file_offset & !(PAGE_BYTES - 1)
+    }
+}
+
+/// A function named in an object's symbols.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Function {
+    pub address: u64,
+    pub size: u64,
+    pub name: String,
+}
+
+/// The loader maps segments in whole pages.
+const PAGE_BYTES: u64 = 4096;
+
 /// What framehop needs from one object, and how its file offsets map to
 /// its addresses.
 pub struct ObjectInfo {
     map: Arc<Mmap>,
-    /// (address, file offset, size in the file) of each loadable segment.
-    segments: Vec<(u64, u64, u64)>,
+    segments: Vec<Segment>,
     text: Option<Range<u64>>,
     eh_frame: Option<(Range<u64>, Range<usize>)>,
     eh_frame_hdr: Option<(Range<u64>, Range<usize>)>,
     debug_frame: Option<Range<usize>>,
+    /// The addresses that unwind information describes, read at the first
+    /// question.
+    unwind_info: OnceLock<Vec<Range<u64>>>,
     /// Functions named in the symbol table (or, without one, the dynamic
-    /// symbol table): (address, name).
-    pub functions: Vec<(u64, String)>,
+    /// symbol table).
+    pub functions: Vec<Function>,
     /// The GNU build id, when the object has one.
     build_id: Option<Vec<u8>>,
 }
 
 impl ObjectInfo {
-    fn read(file: &File) -> Option<ObjectInfo> {
+    pub(super) fn read(file: &File) -> Option<ObjectInfo> {
         // SAFETY: the map is only read; a file truncated underneath would
         // fault, as it would for the process that maps it.
         let map = Arc::new(unsafe { Mmap::map(file) }.ok()?);
@@ -50,8 +86,17 @@ impl ObjectInfo {
         let segments = elf
             .segments()
             .map(|segment| {
-                let (offset, size) = segment.file_range();
-                (segment.address(), offset, size)
+                let (file_offset, file_size) = segment.file_range();
+                let executable = match segment.flags() {
+                    object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
+                    _ => false,
+                };
+                Segment {
+                    address: segment.address(),
+                    file_offset,
+                    file_size,
+                    executable,
+                }
             })
             .collect();
         let section = |name: &str| {
@@ -66,10 +111,16 @@ impl ObjectInfo {
                 offset as usize..(offset + size) as usize,
             ))
         };
-        let functions = |symbols: object::read::SymbolIterator<'_, '_>| -> Vec<(u64, String)> {
+        let functions = |symbols: object::read::SymbolIterator<'_, '_>| -> Vec<Function> {
             symbols
                 .filter(|symbol| symbol.kind() == object::SymbolKind::Text && symbol.size() > 0)
-                .filter_map(|symbol| Some((symbol.address(), symbol.name().ok()?.to_owned())))
+                .filter_map(|symbol| {
+                    Some(Function {
+                        address: symbol.address(),
+                        size: symbol.size(),
+                        name: symbol.name().ok()?.to_owned(),
+                    })
+                })
                 .collect()
         };
         let mut named = functions(elf.symbols());
@@ -84,30 +135,82 @@ impl ObjectInfo {
             eh_frame: section(".eh_frame"),
             eh_frame_hdr: section(".eh_frame_hdr"),
             debug_frame: section(".debug_frame").map(|(_, bytes)| bytes),
+            unwind_info: OnceLock::new(),
             map: map.clone(),
         })
     }
 
-    /// The object's address of a file offset, from its loadable segments.
-    pub fn address_of_offset(&self, offset: u64) -> Option<u64> {
+    /// The object address at the start of `mapping` (which maps this
+    /// object): from the segment that the loader mapped there. lld packs
+    /// segments into shared file pages (the read-only segment ends and the
+    /// executable one begins in the same page, one page apart in
+    /// addresses), so the first segment whose file range holds the
+    /// mapping's offset can be the wrong one, a page off: the segment
+    /// whose mapping starts there, with the mapping's permission, is right.
+    pub fn address_of_mapping(&self, mapping: &Mapping) -> Option<u64> {
+        let offset = mapping.file_offset;
         self.segments
             .iter()
-            .find(|(_, start, size)| (*start..start + size).contains(&offset))
-            .map(|(address, start, _)| address + (offset - start))
+            .filter(|segment| {
+                (segment.mapped_from()..segment.file_offset + segment.file_size).contains(&offset)
+            })
+            .max_by_key(|segment| {
+                (
+                    segment.mapped_from() == offset,
+                    segment.executable == mapping.executable,
+                )
+            })
+            .map(|segment| {
+                segment
+                    .address
+                    .wrapping_add(offset)
+                    .wrapping_sub(segment.file_offset)
+            })
     }
 
     /// The file offset of an object address.
     pub fn offset_of_address(&self, address: u64) -> Option<u64> {
         self.segments
             .iter()
-            .find(|(start, _, size)| (*start..start + size).contains(&address))
-            .map(|(start, offset, _)| offset + (address - start))
+            .find(|segment| {
+                (segment.address..segment.address + segment.file_size).contains(&address)
+            })
+            .map(|segment| segment.file_offset + (address - segment.address))
     }
 
     /// Bytes of the file at an offset.
     pub fn bytes_at(&self, offset: u64, length: usize) -> Option<&[u8]> {
         let start = offset as usize;
         self.map.get(start..(start + length).min(self.map.len()))
+    }
+
+    /// Whether `.eh_frame` or `.debug_frame` has a rule for the code at an
+    /// object address.
+    pub fn has_unwind_info(&self, address: u64) -> bool {
+        let ranges = self.unwind_info.get_or_init(|| {
+            let eh_frame = self.eh_frame.as_ref().and_then(|(addresses, bytes)| {
+                Some((addresses.start, self.map.get(bytes.clone())?))
+            });
+            let debug_frame = self
+                .debug_frame
+                .as_ref()
+                .and_then(|bytes| self.map.get(bytes.clone()));
+            let text_address = self.text.as_ref().map_or(0, |text| text.start);
+            stops::unwind_info_ranges(eh_frame, debug_frame, text_address)
+        });
+        stops::ranges_hold(ranges, address)
+    }
+
+    /// Up to `length` bytes of code just before an object address (fewer
+    /// at the start of a segment).
+    pub fn code_before(&self, address: u64, length: usize) -> Option<&[u8]> {
+        let segment = self.segments.iter().find(|segment| {
+            segment.executable
+                && (segment.address + 1..=segment.address + segment.file_size).contains(&address)
+        })?;
+        let length = (length as u64).min(address - segment.address);
+        let offset = segment.file_offset + (address - length - segment.address);
+        self.bytes_at(offset, length as usize)
     }
 
     /// The address range of `.text`.
@@ -162,10 +265,17 @@ impl ModuleFiles {
         object
     }
 
-    /// A framehop module for one executable mapping.
-    pub fn module(&mut self, pid: u32, mapping: &Mapping) -> Option<Module<Section>> {
+    /// A framehop module for one executable mapping, with its object and
+    /// the address where the object's address 0 is mapped.
+    pub fn module(
+        &mut self,
+        pid: u32,
+        mapping: &Mapping,
+    ) -> Option<(Module<Section>, Arc<ObjectInfo>, u64)> {
         let object = self.object(pid, mapping)?;
-        let base_avma = mapping.start - object.address_of_offset(mapping.file_offset)?;
+        let base_avma = mapping
+            .start
+            .checked_sub(object.address_of_mapping(mapping)?)?;
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
             text_svma: object.text.clone(),
@@ -191,12 +301,13 @@ impl ModuleFiles {
             text_segment_svma: None,
             text_segment: None,
         };
-        Some(Module::new(
+        let module = Module::new(
             mapping.path.display().to_string(),
             mapping.start..mapping.end,
             base_avma,
             info,
-        ))
+        );
+        Some((module, object, base_avma))
     }
 }
 
@@ -212,4 +323,63 @@ pub fn open_mapped(pid: u32, mapping: &Mapping) -> Option<File> {
             ))
         })
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::BufRead as _;
+    use std::process::{Command, Stdio};
+
+    use super::*;
+
+    #[test]
+    fn lld_executable_is_placed_where_the_loader_mapped_it() {
+        // rust_leak (built by `cargo xtask setup`) is linked by lld: its
+        // read-only segment ends in the file page where its executable
+        // segment starts, and that segment's addresses are a page further.
+        let path = std::fs::canonicalize(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/fixtures/rust_leak"),
+        )
+        .expect("target/fixtures/rust_leak: run `cargo xtask setup`");
+        let mut child = Command::new(&path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("rust_leak starts");
+        let mut ready = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut ready)
+            .expect("rust_leak answers");
+        let maps = procfs::read_maps(child.id()).expect("its maps");
+        child.kill().expect("rust_leak stops");
+        child.wait().expect("rust_leak is reaped");
+
+        let own: Vec<&Mapping> = maps.iter().filter(|mapping| mapping.path == path).collect();
+        // Where the loader put the object's start (file offset 0, address 0).
+        let load_base = own
+            .iter()
+            .find(|mapping| mapping.file_offset == 0)
+            .expect("its first page is mapped")
+            .start;
+        let text = own
+            .iter()
+            .find(|mapping| mapping.executable)
+            .expect("its code is mapped");
+        let object = ObjectInfo::read(&File::open(&path).expect("readable")).expect("an ELF");
+        let shared_page = object.segments.iter().any(|segment| {
+            !segment.executable
+                && (segment.file_offset..segment.file_offset + segment.file_size)
+                    .contains(&text.file_offset)
+        });
+        assert!(
+            shared_page,
+            "the executable segment no longer shares a page: {:?}",
+            object.segments
+        );
+        assert_eq!(
+            text.start - object.address_of_mapping(text).expect("a segment"),
+            load_base,
+            "{own:?}"
+        );
+    }
 }

@@ -1,0 +1,272 @@
+//! Right stacks by default on real binaries (issue 14): a Rust release
+//! build (tests/fixtures/rust_leak: lld, unwind tables, std with frame
+//! pointers and the crate without), its `panic = "abort"` twin, a C
+//! executable without frame pointers linking a static library with them
+//! (tests/fixtures/mixed), and a stack through assembly without unwind
+//! information (tests/fixtures/nocfi.c). Every fixture says what it leaked.
+
+#[allow(dead_code, reason = "other test files use the rest of the harness")]
+mod harness;
+
+use harness::{
+    Live, Report, assert_in_order, dwarf_pids, field, frames_contain, function_names, record_with,
+    stack_int,
+};
+use serde_json::Value;
+
+/// rust_leak's `leak K`: from_first calls each site K times, from_second 2K.
+const RUST_LEAK_ROUNDS: i64 = 40;
+const RUST_THREADS: i64 = 4;
+const RUST_THREAD_ROUNDS: i64 = 30;
+const TOKIO_WORKERS: i64 = 4;
+const TOKIO_ROUNDS: i64 = 25;
+
+fn live(stack: &Value) -> Live {
+    Live {
+        bytes: stack_int(stack, "live_bytes"),
+        allocs: stack_int(stack, "live_allocs"),
+    }
+}
+
+/// The heap stacks that have a frame containing each of `functions`.
+fn heap_stacks_with_all<'a>(report: &'a Report, functions: &[&str]) -> Vec<&'a Value> {
+    report
+        .stacks()
+        .iter()
+        .filter(|stack| {
+            stack["kind"] == "heap"
+                && functions
+                    .iter()
+                    .all(|function| frames_contain(stack, function))
+        })
+        .collect()
+}
+
+/// Fails on a stack that unwinding could not finish (and so may end in
+/// junk below the frames that matter).
+fn assert_not_stopped(stack: &Value, report: &Report) {
+    let names = function_names(stack);
+    assert!(
+        !names
+            .iter()
+            .any(|name| name.starts_with("[unwinding stopped") || name.starts_with("[truncated")),
+        "stack ends early: {names:?}\n{report}"
+    );
+}
+
+/// The stack reaches the program's `main` through Rust's runtime start.
+fn assert_reaches_main(stack: &Value, report: &Report) {
+    let names = function_names(stack);
+    let lang_start = names
+        .iter()
+        .position(|name| name.starts_with("std::rt::lang_start"))
+        .unwrap_or_else(|| panic!("no std::rt::lang_start in {names:?}\n{report}"));
+    assert!(
+        names[lang_start..].iter().any(|name| name == "main"),
+        "no main after std::rt::lang_start in {names:?}\n{report}"
+    );
+}
+
+/// The stack reaches the start of its thread (glibc's start_thread, then
+/// the clone3 system call).
+fn assert_reaches_thread_start(stack: &Value, report: &Report) {
+    let names = function_names(stack);
+    assert!(
+        names.last().is_some_and(|name| name == "clone3")
+            && names.iter().any(|name| name == "start_thread"),
+        "does not reach the thread's start: {names:?}\n{report}"
+    );
+}
+
+/// The whole check of one rust_leak build, traced with default options.
+fn rust_release_build_has_right_stacks(fixture: &str) {
+    let session = record_with(
+        fixture,
+        &[],
+        &[
+            &format!("leak {RUST_LEAK_ROUNDS}"),
+            &format!("threads {RUST_THREADS} {RUST_THREAD_ROUNDS}"),
+            &format!("tokio {TOKIO_WORKERS} {TOKIO_ROUNDS}"),
+        ],
+    );
+    let report = &session.report;
+    let [leaked, threads, tasks] = &session.answers[..] else {
+        panic!("three answers: {:?}", session.answers);
+    };
+    assert!(
+        session
+            .output
+            .stderr
+            .contains(&format!("no frame pointers in {fixture}")),
+        "auto did not unwind the Rust executable with DWARF: {}",
+        session.output
+    );
+    assert_eq!(dwarf_pids(report).len(), 1, "{}", report.json["unwinding"]);
+
+    let callers = [
+        ("from_first", field(leaked, "first")),
+        ("from_second", field(leaked, "second")),
+    ];
+    assert_eq!(
+        callers.map(|(_, count)| count),
+        [RUST_LEAK_ROUNDS, 2 * RUST_LEAK_ROUNDS]
+    );
+    // Each site by a frame only its own allocation has: `remember`'s
+    // value comes from vec![], its map's table from hashbrown.
+    let sites = [
+        (&["leak_vec"][..], field(leaked, "vec_bytes")),
+        (&["leak_box"][..], field(leaked, "box_bytes")),
+        (&["leak_string"][..], field(leaked, "string_bytes")),
+        (
+            &["rust_leak::remember", "alloc::vec::from_elem"][..],
+            field(leaked, "map_value_bytes"),
+        ),
+    ];
+    let mut site_bytes = 0;
+    for (site, bytes) in sites {
+        for (caller, count) in callers {
+            let stacks = heap_stacks_with_all(report, &[site, &[caller]].concat());
+            assert_eq!(stacks.len(), 1, "{site:?} from {caller}:\n{report}");
+            let stack = stacks[0];
+            assert_eq!(
+                live(stack),
+                Live {
+                    bytes: bytes * count,
+                    allocs: count
+                },
+                "{site:?} from {caller}:\n{report}"
+            );
+            assert_in_order(stack, &[site[0], caller, "rust_leak::main"], report);
+            assert_not_stopped(stack, report);
+            assert_reaches_main(stack, report);
+            site_bytes += bytes * count;
+        }
+    }
+    assert_eq!(site_bytes, field(leaked, "bytes"));
+
+    let thread_stacks = report.heap_stacks_with("rust_leak::thread_leak");
+    assert_eq!(thread_stacks.len(), 1, "\n{report}");
+    assert_eq!(
+        live(thread_stacks[0]),
+        Live {
+            bytes: field(threads, "bytes"),
+            allocs: RUST_THREADS * RUST_THREAD_ROUNDS
+        },
+        "\n{report}"
+    );
+    assert_in_order(
+        thread_stacks[0],
+        &["rust_leak::thread_leak", "rust_leak::thread_body"],
+        report,
+    );
+    assert_not_stopped(thread_stacks[0], report);
+    assert_reaches_thread_start(thread_stacks[0], report);
+
+    // A task's first poll and its later ones run through different
+    // scheduler paths: one stack each, all on worker threads.
+    let task_stacks = report.heap_stacks_with("rust_leak::task_leak");
+    assert_eq!(
+        report.heap_live_with("rust_leak::task_leak"),
+        Live {
+            bytes: field(tasks, "bytes"),
+            allocs: TOKIO_WORKERS * TOKIO_ROUNDS
+        },
+        "\n{report}"
+    );
+    for stack in &task_stacks {
+        assert_in_order(
+            stack,
+            &[
+                "rust_leak::task_leak",
+                "rust_leak::task_body",
+                "tokio::runtime::scheduler::multi_thread::worker",
+            ],
+            report,
+        );
+        assert_not_stopped(stack, report);
+        assert_reaches_thread_start(stack, report);
+    }
+
+    // No stack of the whole run, the standard library's and tokio's own
+    // allocations included, ends in a frame that unwinding had to give up.
+    for stack in report.stacks() {
+        assert_not_stopped(stack, report);
+    }
+    assert!(
+        report.json["drops"].as_object().unwrap().is_empty(),
+        "{}",
+        report.json["drops"]
+    );
+}
+
+#[test]
+fn rust_release_build_leaks_are_one_stack_per_caller_reaching_main() {
+    rust_release_build_has_right_stacks("rust_leak");
+}
+
+#[test]
+fn rust_release_build_with_panic_abort_too() {
+    rust_release_build_has_right_stacks("rust_leak_abort");
+}
+
+#[test]
+fn c_executable_linking_a_frame_pointer_library_is_unwound_with_dwarf() {
+    let session = record_with("mixed_fp", &[], &["leak 300"]);
+    let report = &session.report;
+    assert_eq!(field(&session.answers[0], "blocks"), 300);
+    assert_eq!(
+        report.json["unwinding"]["dwarf"][0]["objects_without_frame_pointers"],
+        serde_json::json!(["mixed_fp"]),
+        "{}",
+        report.json["unwinding"]
+    );
+    let stacks = report.heap_stacks_with("fp_alloc_filled");
+    assert_eq!(stacks.len(), 1, "\n{report}");
+    assert_eq!(
+        live(stacks[0]),
+        Live {
+            bytes: field(&session.answers[0], "bytes"),
+            allocs: 300
+        },
+        "\n{report}"
+    );
+    assert_in_order(
+        stacks[0],
+        &[
+            "fp_alloc_filled",
+            "fp_keep",
+            "leak_middle",
+            "leak_outer",
+            "main",
+            "__libc_start_main",
+        ],
+        report,
+    );
+    assert_not_stopped(stacks[0], report);
+}
+
+#[test]
+fn stack_through_code_without_unwind_information_ends_in_one_marked_stack() {
+    let session = record_with("nocfi", &["--unwind", "dwarf"], &["leak 150"]);
+    let report = &session.report;
+    let answer = &session.answers[0];
+    let stacks = report.heap_stacks_with("nocfi_alloc");
+    // Both callers' blocks: their frames are beyond what can be known.
+    assert_eq!(stacks.len(), 1, "\n{report}");
+    assert_eq!(
+        live(stacks[0]),
+        Live {
+            bytes: field(answer, "bytes"),
+            allocs: 300
+        },
+        "\n{report}"
+    );
+    assert_eq!(
+        function_names(stacks[0]),
+        [
+            "nocfi_alloc",
+            "[unwinding stopped: no unwind information for the code]"
+        ],
+        "\n{report}"
+    );
+}
