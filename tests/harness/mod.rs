@@ -275,13 +275,10 @@ impl Tracer {
                 );
             }
             if Instant::now() > deadline {
-                self.kill();
-                let status = self.child_mut().wait().expect("wait for the tracer");
-                panic!(
-                    "the tracer did not print {needle:?} within {:.1} s: {}",
-                    timeout.as_secs_f64(),
-                    self.finish(status)
-                );
+                self.kill_and_fail(&format!(
+                    "print {needle:?} within {:.1} s",
+                    timeout.as_secs_f64()
+                ));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -313,13 +310,7 @@ impl Tracer {
                 return self.finish(status);
             }
             if Instant::now() > deadline {
-                self.kill();
-                let status = self.child_mut().wait().expect("wait for the tracer");
-                panic!(
-                    "the tracer did not exit within {} s: {}",
-                    timeout.as_secs(),
-                    self.finish(status)
-                );
+                self.kill_and_fail(&format!("exit within {} s", timeout.as_secs()));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -334,8 +325,12 @@ impl Tracer {
         self.child.as_mut().expect("the tracer is running")
     }
 
-    fn kill(&mut self) {
+    /// Kills the tracer, which did not `what` in time, and fails with
+    /// everything it printed.
+    fn kill_and_fail(&mut self, what: &str) -> ! {
         let _ = self.child_mut().kill();
+        let status = self.child_mut().wait().expect("wait for the tracer");
+        panic!("the tracer did not {what}: {}", self.finish(status));
     }
 
     /// Collects stdout and stderr after the tracer exited with `status`.
