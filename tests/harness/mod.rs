@@ -19,12 +19,11 @@ mod record;
 mod totals;
 mod truths;
 
-// Each test file uses some of these; the rest would warn there.
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use record::{Record, Trace, Traced};
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use totals::{Allocated, stack_allocated, stack_live};
-#[allow(unused_imports)]
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use truths::*;
 
 /// How long the tracer may take to load and attach its probes.
