@@ -477,6 +477,9 @@ fn exec_marks_the_boundary_and_the_new_image_is_traced() {
     fixture.cmd("leak 10");
     let Traced { output, report } = trace.stop();
     assert_eq!(report.heap_live_with("leak_here"), leaked(10), "{report}");
+    // Nothing of the old image's heap is left, none of it below zero (the
+    // new image's own start-up allocations come before it is hooked).
+    assert_eq!(report.total("heap"), leaked(10), "{report}");
     // What the old image held is gone.
     assert_eq!(
         report.heap_live_with("outer_alloc"),
