@@ -136,28 +136,24 @@ fn run_tracer_without(hidden: &str, args: &[&str]) -> TracerOutput {
     Tracer::spawn(command).wait_exit(EXIT_TIMEOUT)
 }
 
-#[test]
-fn kernel_without_btf() {
+/// `tracer record --pid` of a running leaky where `hidden` is covered:
+/// exit code 5 and an error that names `missing`.
+fn assert_kernel_unsupported_without(hidden: &str, missing: &str) {
     require_root();
     let leaky = Fixture::start("leaky", &[]);
-    let output = run_tracer_without(
-        "/sys/kernel/btf",
-        &["record", "--pid", &leaky.pid.to_string()],
-    );
+    let output = run_tracer_without(hidden, &["record", "--pid", &leaky.pid.to_string()]);
     assert_error(&output, EXIT_KERNEL_UNSUPPORTED);
-    assert!(output.stderr.contains("BTF"), "{output}");
+    assert!(output.stderr.contains(missing), "{output}");
+}
+
+#[test]
+fn kernel_without_btf() {
+    assert_kernel_unsupported_without("/sys/kernel/btf", "BTF");
 }
 
 #[test]
 fn kernel_without_uprobes() {
-    require_root();
-    let leaky = Fixture::start("leaky", &[]);
-    let output = run_tracer_without(
-        "/sys/bus/event_source/devices/uprobe",
-        &["record", "--pid", &leaky.pid.to_string()],
-    );
-    assert_error(&output, EXIT_KERNEL_UNSUPPORTED);
-    assert!(output.stderr.contains("uprobe"), "{output}");
+    assert_kernel_unsupported_without("/sys/bus/event_source/devices/uprobe", "uprobe");
 }
 
 #[test]

@@ -10,40 +10,26 @@ mod harness;
 use std::time::{Duration, Instant};
 
 use harness::{
-    EXIT_TIMEOUT, Fixture, Live, Report, field, frames_contain, json_path, record_while,
-    require_root, stack_int,
+    Allocated, Fixture, Live, Record, Report, Traced, field, frames_contain, record_while,
+    stack_allocated, stack_live,
 };
 use serde_json::Value;
 
 /// Buffers each executor instance leaks (SHARED_PARAMS in the fixture).
 const LEAKED_BUFFERS_PER_INSTANCE: i64 = 3;
-/// Device allocations per executor instance: a pool of 8, then 3 shared.
-const ALLOCS_PER_INSTANCE: i64 = 8 + 3;
+/// Pool entries of an executor instance (POOL_ENTRIES in the fixture).
+const POOL_ENTRIES: i64 = 8;
+/// Device allocations per executor instance: the pool, then the shared.
+const ALLOCS_PER_INSTANCE: i64 = POOL_ENTRIES + LEAKED_BUFFERS_PER_INSTANCE;
+/// Bytes of one instance's pool: entry i holds (i + 1) x 256 KiB.
+const POOL_BYTES_PER_INSTANCE: i64 = 256 * 1024 * POOL_ENTRIES * (POOL_ENTRIES + 1) / 2;
 /// How soon a library mapped after attach must be hooked.
 const HOOK_DEADLINE: Duration = Duration::from_secs(1);
 
-/// The stacks of `kind` with a frame whose function contains `function`.
-fn stacks_with<'a>(report: &'a Report, kind: &str, function: &str) -> Vec<&'a Value> {
-    report
-        .stacks()
-        .iter()
-        .filter(|stack| stack["kind"] == kind && frames_contain(stack, function))
-        .collect()
-}
-
-/// Live bytes and blocks over the stacks of `kind` containing `function`.
-fn live_with(report: &Report, kind: &str, function: &str) -> Live {
-    stacks_with(report, kind, function)
-        .into_iter()
-        .fold(Live::default(), |sum, stack| Live {
-            bytes: sum.bytes + stack_int(stack, "live_bytes"),
-            allocs: sum.allocs + stack_int(stack, "live_allocs"),
-        })
-}
-
 /// The one stack of `kind` containing `function` and made by `api`.
 fn stack_by_api<'a>(report: &'a Report, kind: &str, function: &str, api: &str) -> &'a Value {
-    let stacks: Vec<&Value> = stacks_with(report, kind, function)
+    let stacks: Vec<&Value> = report
+        .stacks_with(kind, function)
         .into_iter()
         .filter(|stack| stack["api"] == api)
         .collect();
@@ -53,12 +39,6 @@ fn stack_by_api<'a>(report: &'a Report, kind: &str, function: &str, api: &str) -
         "one {kind} stack in {function} via {api}:\n{report}"
     );
     stacks[0]
-}
-
-fn total(report: &Report, kind: &str) -> i64 {
-    report
-        .int_if_present(&format!("/totals/{kind}/live_bytes"))
-        .unwrap_or(0)
 }
 
 /// The executor's leak: the pool buffers replaced by share_params and never
@@ -79,18 +59,27 @@ fn assert_executor_leak(report: &Report, answer: &str, instances: i64) {
         "setup_storage is not the top gpu-device stack:\n{report}"
     );
     assert_eq!(top["api"], "cudaMalloc", "\n{report}");
-    assert_eq!(stack_int(top, "live_bytes"), leaked_bytes, "\n{report}");
+    let leak = Live {
+        bytes: leaked_bytes,
+        allocs: instances * LEAKED_BUFFERS_PER_INSTANCE,
+    };
+    assert_eq!(stack_live(top), leak, "\n{report}");
     assert_eq!(
-        stack_int(top, "live_allocs"),
-        instances * LEAKED_BUFFERS_PER_INSTANCE
+        stack_allocated(top),
+        Allocated {
+            bytes: instances * POOL_BYTES_PER_INSTANCE,
+            count: instances * POOL_ENTRIES
+        },
+        "\n{report}"
     );
     assert_eq!(
-        live_with(report, "gpu-device", "share_params"),
+        report.live_with("gpu-device", "share_params"),
         Live::default(),
         "the shared buffers are freed on destroy:\n{report}"
     );
-    // Counted once: the driver calls made inside the runtime add nothing.
-    assert_eq!(total(report, "gpu-device"), leaked_bytes, "\n{report}");
+    // Counted once: the driver calls made inside the runtime add nothing;
+    // the shared buffers freed to zero, not below.
+    assert_eq!(report.total("gpu-device"), leak, "\n{report}");
     assert_eq!(
         report.int("/events/gpu_allocs"),
         instances * ALLOCS_PER_INSTANCE
@@ -121,19 +110,17 @@ fn executor_leak_exact() {
 
 #[test]
 fn executor_exact_when_cuda_is_loaded_after_attach() {
-    require_root();
     let mut fixture = Fixture::start("gpu_executor_dlopen", &[]);
-    let json = json_path("gpu_dlopen");
-    let mut tracer = harness::record_attached(fixture.pid, &json, &[]);
+    let mut trace = Record::pid(fixture.pid).attach();
     assert_eq!(fixture.cmd("load"), "loaded");
     let loaded_at = Instant::now();
-    tracer.wait_stderr("libcudart.so.12 (PID", HOOK_DEADLINE);
-    tracer.wait_stderr("libcuda.so.1 (PID", HOOK_DEADLINE);
+    trace
+        .tracer
+        .wait_stderr("libcudart.so.12 (PID", HOOK_DEADLINE);
+    trace.tracer.wait_stderr("libcuda.so.1 (PID", HOOK_DEADLINE);
     assert!(loaded_at.elapsed() <= HOOK_DEADLINE);
     let answer = fixture.cmd("executor 4");
-    let output = tracer.stop();
-    output.assert_success();
-    let report = Report::read(&json);
+    let Traced { output, report } = trace.stop();
 
     assert_executor_leak(&report, &answer, 4);
     let libraries = report.json["libraries"].as_array().expect("libraries");
@@ -164,8 +151,11 @@ fn pinned_host_exact() {
         "cudaMallocHost",
     );
     assert_eq!(
-        stack_int(runtime, "live_bytes"),
-        field(answer, "pinned_runtime_keep")
+        stack_live(runtime),
+        Live {
+            bytes: field(answer, "pinned_runtime_keep"),
+            allocs: 5
+        }
     );
     let driver = stack_by_api(
         report,
@@ -174,18 +164,25 @@ fn pinned_host_exact() {
         "cuMemAllocHost_v2",
     );
     assert_eq!(
-        stack_int(driver, "live_bytes"),
-        field(answer, "pinned_driver_keep")
+        stack_live(driver),
+        Live {
+            bytes: field(answer, "pinned_driver_keep"),
+            allocs: 5
+        }
     );
     assert_eq!(
-        live_with(report, "gpu-host-pinned", "pinned_churn"),
+        report.live_with("gpu-host-pinned", "pinned_churn"),
         Live::default()
     );
     assert_eq!(
-        total(report, "gpu-host-pinned"),
-        field(answer, "pinned_runtime_keep") + field(answer, "pinned_driver_keep")
+        report.total("gpu-host-pinned"),
+        Live {
+            bytes: field(answer, "pinned_runtime_keep") + field(answer, "pinned_driver_keep"),
+            allocs: 2 * 5
+        },
+        "\n{report}"
     );
-    assert_eq!(total(report, "gpu-device"), 0);
+    assert_eq!(report.total("gpu-device"), Live::default());
 }
 
 #[test]
@@ -193,18 +190,16 @@ fn managed_exact() {
     let session = record_while("gpu_executor", &["managed 3"]);
     let (report, answer) = (&session.report, &session.answers[0]);
     let keep = stack_by_api(report, "gpu-managed", "managed_keep", "cudaMallocManaged");
+    let kept = Live {
+        bytes: field(answer, "managed_keep"),
+        allocs: 3,
+    };
+    assert_eq!(stack_live(keep), kept);
     assert_eq!(
-        (
-            stack_int(keep, "live_bytes"),
-            stack_int(keep, "live_allocs")
-        ),
-        (field(answer, "managed_keep"), 3)
-    );
-    assert_eq!(
-        live_with(report, "gpu-managed", "managed_churn"),
+        report.live_with("gpu-managed", "managed_churn"),
         Live::default()
     );
-    assert_eq!(total(report, "gpu-managed"), field(answer, "managed_keep"));
+    assert_eq!(report.total("gpu-managed"), kept, "\n{report}");
 }
 
 #[test]
@@ -213,8 +208,11 @@ fn pitch_exact() {
     let (report, answer) = (&session.report, &session.answers[0]);
     let runtime = stack_by_api(report, "gpu-device", "pitch_keep", "cudaMallocPitch");
     assert_eq!(
-        stack_int(runtime, "live_bytes"),
-        field(answer, "pitch_keep")
+        stack_live(runtime),
+        Live {
+            bytes: field(answer, "pitch_keep"),
+            allocs: 3
+        }
     );
     let driver = stack_by_api(
         report,
@@ -223,12 +221,19 @@ fn pitch_exact() {
         "cuMemAllocPitch_v2",
     );
     assert_eq!(
-        stack_int(driver, "live_bytes"),
-        field(answer, "pitch_driver_keep")
+        stack_live(driver),
+        Live {
+            bytes: field(answer, "pitch_driver_keep"),
+            allocs: 3
+        }
     );
     assert_eq!(
-        total(report, "gpu-device"),
-        field(answer, "pitch_keep") + field(answer, "pitch_driver_keep")
+        report.total("gpu-device"),
+        Live {
+            bytes: field(answer, "pitch_keep") + field(answer, "pitch_driver_keep"),
+            allocs: 2 * 3
+        },
+        "\n{report}"
     );
 }
 
@@ -237,16 +242,32 @@ fn async_exact() {
     let session = record_while("gpu_executor", &["async 4"]);
     let (report, answer) = (&session.report, &session.answers[0]);
     let runtime = stack_by_api(report, "gpu-device", "async_keep", "cudaMallocAsync");
-    assert_eq!(stack_int(runtime, "live_bytes"), field(answer, "runtime"));
-    let driver = stack_by_api(report, "gpu-device", "async_keep", "cuMemAllocAsync");
-    assert_eq!(stack_int(driver, "live_bytes"), field(answer, "driver"));
     assert_eq!(
-        live_with(report, "gpu-device", "async_churn"),
+        stack_live(runtime),
+        Live {
+            bytes: field(answer, "runtime"),
+            allocs: 4
+        }
+    );
+    let driver = stack_by_api(report, "gpu-device", "async_keep", "cuMemAllocAsync");
+    assert_eq!(
+        stack_live(driver),
+        Live {
+            bytes: field(answer, "driver"),
+            allocs: 4
+        }
+    );
+    assert_eq!(
+        report.live_with("gpu-device", "async_churn"),
         Live::default()
     );
     assert_eq!(
-        total(report, "gpu-device"),
-        field(answer, "runtime") + field(answer, "driver")
+        report.total("gpu-device"),
+        Live {
+            bytes: field(answer, "runtime") + field(answer, "driver"),
+            allocs: 2 * 4
+        },
+        "\n{report}"
     );
 }
 
@@ -255,23 +276,17 @@ fn vmm_counts_physical_memory_until_released_and_unmapped() {
     let session = record_while("gpu_executor", &["vmm 6"]);
     let (report, answer) = (&session.report, &session.answers[0]);
     let chunks = stack_by_api(report, "gpu-device", "vmm_map_chunk", "cuMemCreate");
+    let mapped = Live {
+        bytes: field(answer, "vmm_map_chunk"),
+        allocs: field(answer, "chunks"),
+    };
+    assert_eq!(stack_live(chunks), mapped);
     assert_eq!(
-        (
-            stack_int(chunks, "live_bytes"),
-            stack_int(chunks, "live_allocs")
-        ),
-        (field(answer, "vmm_map_chunk"), field(answer, "chunks"))
-    );
-    assert_eq!(
-        live_with(report, "gpu-device", "vmm_round_trip"),
+        report.live_with("gpu-device", "vmm_round_trip"),
         Live::default()
     );
     // The address reservation is not usage.
-    assert_eq!(
-        total(report, "gpu-device"),
-        field(answer, "vmm_map_chunk"),
-        "\n{report}"
-    );
+    assert_eq!(report.total("gpu-device"), mapped, "\n{report}");
 }
 
 #[test]
@@ -285,39 +300,38 @@ fn failed_calls_count_nothing() {
     assert_eq!(report.int("/events/gpu_allocs"), 0);
     assert_eq!(report.int("/events/gpu_frees"), 0);
     for kind in ["gpu-device", "gpu-managed", "gpu-host-pinned"] {
-        assert_eq!(total(report, kind), 0, "{kind}:\n{report}");
+        assert_eq!(report.total(kind), Live::default(), "{kind}:\n{report}");
     }
 }
 
 #[test]
 fn exit_without_freeing_reports_what_was_live() {
-    require_root();
     let mut fixture = Fixture::start("gpu_executor", &[]);
-    let json = json_path("gpu_exit");
-    let tracer = harness::record_attached(fixture.pid, &json, &[]);
+    let trace = Record::pid(fixture.pid).attach();
     let executor = fixture.cmd("executor 2");
     let driver = fixture.cmd("driver 3");
     assert_eq!(fixture.cmd("quit"), "bye");
-    let output = tracer.wait_exit(EXIT_TIMEOUT);
-    output.assert_success();
-    let report = Report::read(&json);
+    let Traced { report, .. } = trace.wait_exit();
 
     assert!(
-        report.json["targets"][0]["exited_after_s"].is_f64(),
+        report.target(fixture.pid)["exited_after_s"].is_f64(),
         "{}",
         report.json["targets"]
     );
     let leak = stack_by_api(&report, "gpu-device", "driver_leak", "cuMemAlloc_v2");
     assert_eq!(
-        (
-            stack_int(leak, "live_bytes"),
-            stack_int(leak, "live_allocs")
-        ),
-        (field(&driver, "driver_leak"), 3)
+        stack_live(leak),
+        Live {
+            bytes: field(&driver, "driver_leak"),
+            allocs: 3
+        }
     );
     assert_eq!(
-        total(&report, "gpu-device"),
-        field(&driver, "driver_leak") + field(&executor, "leaked_bytes"),
+        report.target_total(fixture.pid, "gpu-device"),
+        Live {
+            bytes: field(&driver, "driver_leak") + field(&executor, "leaked_bytes"),
+            allocs: 3 + field(&executor, "leaked_buffers")
+        },
         "\n{report}"
     );
 }
@@ -335,15 +349,7 @@ fn released(destroyed: &Value) -> Vec<(&str, Live)> {
         .as_object()
         .unwrap_or_else(|| panic!("no released in {destroyed}"))
         .iter()
-        .map(|(kind, totals)| {
-            (
-                kind.as_str(),
-                Live {
-                    bytes: totals["live_bytes"].as_i64().unwrap(),
-                    allocs: totals["live_allocs"].as_i64().unwrap(),
-                },
-            )
-        })
+        .map(|(kind, totals)| (kind.as_str(), stack_live(totals)))
         .collect()
 }
 
@@ -370,35 +376,42 @@ fn assert_device_reset_exact(tracer_args: &[&str]) {
     // Released by the reset, without frees: gone from the live figures,
     // and the new blocks at the same addresses count once, in full.
     assert_eq!(
-        live_with(report, "gpu-device", "reset_before"),
+        report.live_with("gpu-device", "reset_before"),
         Live::default(),
         "\n{report}"
     );
     let after = stack_by_api(report, "gpu-device", "reset_after", "cudaMalloc");
     assert_eq!(
-        (
-            stack_int(after, "live_bytes"),
-            stack_int(after, "live_allocs")
-        ),
-        (
-            field(answer, "reset_after"),
-            field(answer, "reset_after_buffers")
-        ),
+        stack_live(after),
+        Live {
+            bytes: field(answer, "reset_after"),
+            allocs: field(answer, "reset_after_buffers")
+        },
         "\n{report}"
     );
     // Stream-ordered memory belongs to no context: the reset left it.
     let pool = stack_by_api(report, "gpu-device", "reset_pool_keep", "cudaMallocAsync");
     assert_eq!(
-        stack_int(pool, "live_bytes"),
-        field(answer, "reset_pool_keep")
+        stack_live(pool),
+        Live {
+            bytes: field(answer, "reset_pool_keep"),
+            allocs: 1
+        }
     );
     assert_eq!(
-        total(report, "gpu-device"),
-        field(answer, "reset_after") + field(answer, "reset_pool_keep"),
+        report.total("gpu-device"),
+        Live {
+            bytes: field(answer, "reset_after") + field(answer, "reset_pool_keep"),
+            allocs: field(answer, "reset_after_buffers") + 1
+        },
         "\n{report}"
     );
-    assert_eq!(total(report, "gpu-host-pinned"), 0, "\n{report}");
-    assert_eq!(total(report, "gpu-managed"), 0, "\n{report}");
+    assert_eq!(
+        report.total("gpu-host-pinned"),
+        Live::default(),
+        "\n{report}"
+    );
+    assert_eq!(report.total("gpu-managed"), Live::default(), "\n{report}");
 
     // What was live at that moment, counted once although cudaDeviceReset
     // calls cuDevicePrimaryCtxReset_v2.
@@ -449,21 +462,18 @@ fn destroyed_context_releases_its_memory_for_the_next_one() {
     assert_eq!(field(answer, "reused"), 3, "{answer}");
 
     let leak = stack_by_api(report, "gpu-device", "driver_leak", "cuMemAlloc_v2");
+    let leaked = Live {
+        bytes: field(answer, "driver_leak"),
+        allocs: 3,
+    };
+    assert_eq!(stack_live(leak), leaked, "\n{report}");
+    assert_eq!(report.live_with("gpu-device", "ctx_work"), Live::default());
+    assert_eq!(report.total("gpu-device"), leaked, "\n{report}");
     assert_eq!(
-        (
-            stack_int(leak, "live_bytes"),
-            stack_int(leak, "live_allocs")
-        ),
-        (field(answer, "driver_leak"), 3),
+        report.total("gpu-host-pinned"),
+        Live::default(),
         "\n{report}"
     );
-    assert_eq!(live_with(report, "gpu-device", "ctx_work"), Live::default());
-    assert_eq!(
-        total(report, "gpu-device"),
-        field(answer, "driver_leak"),
-        "\n{report}"
-    );
-    assert_eq!(total(report, "gpu-host-pinned"), 0, "\n{report}");
 
     let destroyed = contexts_destroyed(report);
     assert_eq!(destroyed.len(), 1, "\n{report}");

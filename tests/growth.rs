@@ -7,7 +7,9 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use harness::{ATTACH_TIMEOUT, Fixture, Report, Tracer, frames_contain, json_path, require_root};
+use harness::{
+    ATTACH_TIMEOUT, Fixture, Record, Traced, Tracer, frames_contain, json_path, require_root,
+};
 use serde_json::Value;
 
 /// The functions of growth.c that are not leaks.
@@ -19,31 +21,15 @@ fn svg_path(test_name: &str) -> std::path::PathBuf {
 
 #[test]
 fn only_the_steady_leak_is_suspected_and_plotted_first() {
-    require_root();
     let mut fixture = Fixture::start("growth", &[]);
-    let json = json_path("growth_ranking");
     let svg = svg_path("growth_ranking");
-    let pid = fixture.pid.to_string();
-    let mut tracer = Tracer::start([
-        "record",
-        "--pid",
-        &pid,
-        "--duration",
-        "20s",
-        "--interval",
-        "500ms",
-        "--top",
-        "20",
-        "--json",
-        json.to_str().unwrap(),
-        "--svg",
-        svg.to_str().unwrap(),
-    ]);
-    tracer.wait_attached(ATTACH_TIMEOUT);
+    let trace = Record::pid(fixture.pid)
+        .interval("500ms")
+        .top(20)
+        .args(["--duration", "20s", "--svg", svg.to_str().unwrap()])
+        .attach();
     assert_eq!(fixture.cmd("start"), "started");
-    let output = tracer.wait_exit(Duration::from_secs(60));
-    output.assert_success();
-    let report = Report::read(&json);
+    let Traced { output, report } = trace.wait_exit();
 
     let leaks = report.json["suspected_leaks"]
         .as_array()
@@ -126,23 +112,12 @@ fn only_the_steady_leak_is_suspected_and_plotted_first() {
 
 #[test]
 fn svg_is_rewritten_while_tracing() {
-    require_root();
     let mut fixture = Fixture::start("growth", &[]);
     let svg = svg_path("growth_periodic");
     let _ = std::fs::remove_file(&svg);
-    let pid = fixture.pid.to_string();
-    let mut tracer = Tracer::start([
-        "record",
-        "--pid",
-        &pid,
-        "--interval",
-        "200ms",
-        "--svg",
-        svg.to_str().unwrap(),
-        "--svg-every",
-        "1s",
-    ]);
-    tracer.wait_attached(ATTACH_TIMEOUT);
+    let trace = Record::pid(fixture.pid)
+        .args(["--svg", svg.to_str().unwrap(), "--svg-every", "1s"])
+        .attach();
     assert_eq!(fixture.cmd("start"), "started");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !svg.exists() && Instant::now() < deadline {
@@ -154,7 +129,7 @@ fn svg_is_rewritten_while_tracing() {
     std::thread::sleep(Duration::from_millis(2500));
     let second = std::fs::read_to_string(&svg).unwrap();
     assert_ne!(first, second, "the SVG was not rewritten");
-    tracer.stop().assert_success();
+    trace.stop();
     let _ = std::fs::remove_file(&svg);
 }
 
@@ -210,28 +185,23 @@ fn svg_outline(svg: &str) -> (Vec<String>, usize) {
 
 #[test]
 fn plot_of_a_recording_matches_the_live_svg() {
-    require_root();
     let mut fixture = Fixture::start("growth", &[]);
     let svg = svg_path("plot_live");
     let recording = json_path("plot_recording").with_extension("tracer");
     let replotted = svg_path("plot_replayed");
-    let pid = fixture.pid.to_string();
-    let mut tracer = Tracer::start([
-        "record",
-        "--pid",
-        &pid,
-        "--duration",
-        "6s",
-        "--interval",
-        "500ms",
-        "--svg",
-        svg.to_str().unwrap(),
-        "-o",
-        recording.to_str().unwrap(),
-    ]);
-    tracer.wait_attached(ATTACH_TIMEOUT);
+    let trace = Record::pid(fixture.pid)
+        .interval("500ms")
+        .args([
+            "--duration",
+            "6s",
+            "--svg",
+            svg.to_str().unwrap(),
+            "-o",
+            recording.to_str().unwrap(),
+        ])
+        .attach();
     assert_eq!(fixture.cmd("start"), "started");
-    tracer.wait_exit(Duration::from_secs(60)).assert_success();
+    trace.wait_exit();
     let plot = Tracer::start([
         "plot",
         recording.to_str().unwrap(),

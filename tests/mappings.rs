@@ -4,7 +4,7 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use harness::{Live, field, frames_contain, record_while};
+use harness::{Live, field, frames_contain, record_while, stack_live};
 
 const KIB: i64 = 1024;
 
@@ -15,18 +15,12 @@ fn anonymous_mappings_exact_with_partial_unmaps_and_churn() {
     assert_eq!(field(&session.answers[0], "bytes"), 12 * 256 * KIB);
     assert_eq!(
         report.live_with("mmap-anon", "leak_anon_mapping"),
-        Live {
-            bytes: 12 * 256 * KIB,
-            allocs: 12
-        },
+        Live::blocks(12, 256 * KIB),
         "\n{report}"
     );
     assert_eq!(
         report.live_with("mmap-anon", "map_then_unmap_head"),
-        Live {
-            bytes: 7 * 256 * KIB,
-            allocs: 7
-        },
+        Live::blocks(7, 256 * KIB),
         "\n{report}"
     );
     for function in [
@@ -41,11 +35,8 @@ fn anonymous_mappings_exact_with_partial_unmaps_and_churn() {
             "{function} unmaps everything it maps:\n{report}"
         );
     }
-    assert_eq!(
-        report.int("/totals/mmap-anon/live_bytes"),
-        19 * 256 * KIB,
-        "\n{report}"
-    );
+    let held = Live::blocks(19, 256 * KIB);
+    assert_eq!(report.total("mmap-anon"), held, "\n{report}");
     let rss = report.int("/targets/0/memory/rss_bytes");
     let anon = report.int("/targets/0/memory/rss_anon_bytes");
     let file = report.int("/targets/0/memory/rss_file_bytes");
@@ -55,7 +46,7 @@ fn anonymous_mappings_exact_with_partial_unmaps_and_churn() {
         report.json
     );
     let traced = report.int("/targets/0/memory/traced_bytes");
-    assert!(traced >= 19 * 256 * KIB, "{}", report.json);
+    assert_eq!(traced, held.bytes, "{}", report.json);
     assert_eq!(report.int("/targets/0/memory/gap_bytes"), rss - traced);
 }
 
@@ -63,19 +54,12 @@ fn anonymous_mappings_exact_with_partial_unmaps_and_churn() {
 fn malloc_mapped_blocks_count_once_as_heap() {
     let session = record_while("mappings", &["malloc_big 10"]);
     let report = &session.report;
+    let big = Live::blocks(10, 512 * KIB);
+    assert_eq!(report.heap_live_with("malloc_big_block"), big, "\n{report}");
+    assert_eq!(report.total("heap"), big, "\n{report}");
     assert_eq!(
-        report.heap_live_with("malloc_big_block"),
-        Live {
-            bytes: 10 * 512 * KIB,
-            allocs: 10
-        },
-        "\n{report}"
-    );
-    assert_eq!(
-        report
-            .int_if_present("/totals/mmap-anon/live_bytes")
-            .unwrap_or(0),
-        0,
+        report.total("mmap-anon"),
+        Live::default(),
         "glibc's mmap inside malloc counted again:\n{report}"
     );
 }
@@ -84,14 +68,13 @@ fn malloc_mapped_blocks_count_once_as_heap() {
 fn raw_mmap_syscall_is_seen() {
     let session = record_while("mappings", &["raw 9"]);
     let report = &session.report;
+    let raw = Live::blocks(9, 64 * KIB);
     assert_eq!(
         report.live_with("mmap-anon", "raw_syscall_mapping"),
-        Live {
-            bytes: 9 * 64 * KIB,
-            allocs: 9
-        },
+        raw,
         "\n{report}"
     );
+    assert_eq!(report.total("mmap-anon"), raw, "\n{report}");
 }
 
 #[test]
@@ -105,7 +88,9 @@ fn file_mappings_name_their_file() {
         .expect("the fixture names its file");
     let stacks = report.stacks_with("mmap-file", "map_data_file");
     assert_eq!(stacks.len(), 1, "\n{report}");
-    assert_eq!(stacks[0]["live_bytes"], 5 * 64 * KIB, "\n{report}");
+    let mapped = Live::blocks(5, 64 * KIB);
+    assert_eq!(stack_live(stacks[0]), mapped, "\n{report}");
+    assert_eq!(report.total("mmap-file"), mapped, "\n{report}");
     assert_eq!(stacks[0]["frames"][0]["file"], path, "{}", stacks[0]);
     assert!(
         report.stacks_with("mmap-anon", "map_data_file").is_empty(),
@@ -130,7 +115,14 @@ fn threads_reservations_do_not_outrank_a_small_mmap_leak() {
         frames_contain(top, "thread_mapping_leak") && top["kind"] == "mmap-anon",
         "the leak is not the top stack:\n{report}"
     );
-    assert_eq!(top["live_bytes"], 4 * 25 * 16 * KIB, "\n{report}");
+    assert_eq!(
+        stack_live(top),
+        Live {
+            bytes: 4 * 25 * 16 * KIB,
+            allocs: 4 * 25
+        },
+        "\n{report}"
+    );
     let leaks = report.json["suspected_leaks"]
         .as_array()
         .expect("suspected_leaks");

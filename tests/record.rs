@@ -4,21 +4,18 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use std::ffi::OsStr;
-
 use harness::{
-    ATTACH_TIMEOUT, EXIT_TIMEOUT, Fixture, Live, Report, Tracer, field, fixture, json_path,
-    record_while, require_root, stack_int,
+    Allocated, CHURN_ALLOCS_PER_ROUND, CHURN_KEEP_BYTES, Fixture, LEAK_SIZE_BYTES, Live,
+    PREALLOC_COUNT, PREALLOC_SIZE_BYTES, Record, Report, THREAD_LEAK_SIZE_BYTES, Traced,
+    churn_held, field, fixture, record_while, stack_allocated, stack_int, thread_dtvs,
 };
 
-/// `malloc` size in leaky.c's `leak_here`.
-const LEAK_SIZE_BYTES: i64 = 1337;
-/// `malloc` size in leaky.c's `thread_leak`.
-const THREAD_LEAK_SIZE_BYTES: i64 = 2048;
-
-/// Allocator calls that return a block in one `churn` round of leaky.c:
-/// three in churn_realloc, one in each of the other seven functions.
-const CHURN_ALLOCS_PER_ROUND: i64 = 10;
+/// The one heap stack of `function`: what it allocated over the run.
+fn allocated_in(report: &Report, function: &str) -> Allocated {
+    let stacks = report.heap_stacks_with(function);
+    assert_eq!(stacks.len(), 1, "one heap stack in {function}:\n{report}");
+    stack_allocated(stacks[0])
+}
 
 #[test]
 fn leak_exact() {
@@ -33,13 +30,23 @@ fn leak_exact() {
     );
     assert_eq!(
         report.heap_live_with("leak_here"),
-        Live {
-            bytes: 50 * LEAK_SIZE_BYTES,
-            allocs: 50
-        },
+        Live::blocks(50, LEAK_SIZE_BYTES),
         "\n{report}"
     );
-    assert!(report.int("/totals/heap/live_bytes") >= 50 * LEAK_SIZE_BYTES);
+    assert_eq!(
+        allocated_in(report, "leak_here"),
+        Allocated {
+            bytes: 50 * LEAK_SIZE_BYTES,
+            count: 50
+        }
+    );
+    // Nothing else was allocated after attach.
+    assert_eq!(
+        report.total("heap"),
+        Live::blocks(50, LEAK_SIZE_BYTES),
+        "\n{report}"
+    );
+    assert_eq!(report.int("/events/allocs"), 50, "{}", report.json);
     assert!(
         session.output.stdout.contains("leak_here"),
         "the text report does not name leak_here: {}",
@@ -74,9 +81,21 @@ fn churn_exact() {
         "every allocator call counted once:\n{}",
         report.json
     );
-    let keep = report.heap_live_with("churn_keep");
-    assert_eq!(keep.bytes, field(answer, "churn_keep"), "\n{report}");
-    assert_eq!(keep.allocs, 20, "\n{report}");
+    assert_eq!(
+        report.heap_live_with("churn_keep"),
+        Live {
+            bytes: field(answer, "churn_keep"),
+            allocs: 20
+        },
+        "\n{report}"
+    );
+    assert_eq!(
+        allocated_in(report, "churn_keep"),
+        Allocated {
+            bytes: 20 * CHURN_KEEP_BYTES,
+            count: 20
+        }
+    );
     // Match `churn_memalign` exactly: `churn_memalign_legacy` contains it.
     let memalign_bytes: i64 = report
         .heap_stacks_with("churn_memalign")
@@ -97,6 +116,8 @@ fn churn_exact() {
             "{function} frees everything it allocates:\n{report}"
         );
     }
+    // Freed to zero, not gone negative (the report lists neither).
+    assert_eq!(report.total("heap"), churn_held(answer), "\n{report}");
 }
 
 #[test]
@@ -106,10 +127,20 @@ fn threads_exact() {
     assert_eq!(field(&session.answers[0], "count"), 2000);
     assert_eq!(
         report.heap_live_with("thread_leak"),
-        Live {
+        Live::blocks(4 * 500, THREAD_LEAK_SIZE_BYTES),
+        "\n{report}"
+    );
+    assert_eq!(
+        allocated_in(report, "thread_leak"),
+        Allocated {
             bytes: 4 * 500 * THREAD_LEAK_SIZE_BYTES,
-            allocs: 2000
-        },
+            count: 2000
+        }
+    );
+    let dtvs = thread_dtvs(report, 4);
+    assert_eq!(
+        report.total("heap"),
+        Live::blocks(4 * 500, THREAD_LEAK_SIZE_BYTES) + dtvs,
         "\n{report}"
     );
 }
@@ -132,58 +163,57 @@ fn realloc_chain() {
         Live::default(),
         "realloc(p, 0) frees p:\n{report}"
     );
+    assert_eq!(
+        report.total("heap"),
+        Live {
+            bytes: final_bytes,
+            allocs: 1
+        },
+        "\n{report}"
+    );
 }
 
 #[test]
 fn frees_before_attach_are_ignored() {
     let session = record_while("leaky", &["free_pre"]);
     let report = &session.report;
-    assert_eq!(field(&session.answers[0], "count"), 100);
-    assert!(
-        report.int("/events/frees_unknown") >= 100,
+    assert_eq!(field(&session.answers[0], "count"), PREALLOC_COUNT);
+    assert_eq!(
+        report.int("/events/frees_unknown"),
+        PREALLOC_COUNT,
         "frees of blocks allocated before attach are not counted as unknown:\n{}",
         report.json
     );
-    for stack in report.stacks() {
-        assert!(
-            stack_int(stack, "live_bytes") >= 0,
-            "negative live bytes: {stack}"
-        );
-        assert!(
-            stack_int(stack, "live_allocs") >= 0,
-            "negative live blocks: {stack}"
-        );
-    }
-    let heap_live_bytes = report.int_if_present("/totals/heap/live_bytes");
-    assert!(heap_live_bytes.unwrap_or(0) >= 0, "{}", report.json);
+    assert_eq!(report.int("/events/allocs"), 0, "{}", report.json);
+    // Ignored, not subtracted from some stack.
+    assert!(report.stacks().is_empty(), "\n{report}");
+    assert_eq!(report.total("heap"), Live::default(), "{}", report.json);
 }
 
 #[test]
 fn spawn_mode_exact() {
-    require_root();
-    let json = json_path("spawn");
-    let leaky = fixture("leaky");
-    let tracer = Tracer::start([
-        OsStr::new("record"),
-        OsStr::new("--top"),
-        OsStr::new("100"),
-        OsStr::new("--json"),
-        json.as_os_str(),
-        OsStr::new("--"),
-        leaky.as_os_str(),
-        OsStr::new("--auto-count"),
-        OsStr::new("30"),
-        OsStr::new("--then-exit"),
-    ]);
-    let output = tracer.wait_exit(EXIT_TIMEOUT);
-    output.assert_success();
-    let report = Report::read(&json);
+    let Traced { report, .. } =
+        Record::command(&fixture("leaky"), &["--auto-count", "30", "--then-exit"])
+            .start()
+            .wait_exit();
     assert_eq!(
         report.heap_live_with("leak_here"),
-        Live {
-            bytes: 30 * LEAK_SIZE_BYTES,
-            allocs: 30
-        },
+        Live::blocks(30, LEAK_SIZE_BYTES),
+        "\n{report}"
+    );
+    let prealloc = Live::blocks(PREALLOC_COUNT, PREALLOC_SIZE_BYTES);
+    assert_eq!(
+        report.heap_live_with("prealloc_blocks"),
+        prealloc,
+        "\n{report}"
+    );
+    // Traced from its start, so stdout's buffer (glibc allocates it on the
+    // first printf) is live too.
+    let stdout_buffer = report.heap_live_with("_IO_file_doallocate");
+    assert_eq!(stdout_buffer.allocs, 1, "\n{report}");
+    assert_eq!(
+        report.total("heap"),
+        Live::blocks(30, LEAK_SIZE_BYTES) + prealloc + stdout_buffer,
         "\n{report}"
     );
     assert!(
@@ -201,48 +231,49 @@ fn spawn_mode_exact() {
 fn static_binary_leak_exact() {
     let session = record_while("leaky_static", &["leak 50"]);
     let report = &session.report;
-    assert_eq!(
-        report.heap_live_with("leak_here"),
-        Live {
-            bytes: 50 * LEAK_SIZE_BYTES,
-            allocs: 50
-        },
-        "\n{report}"
-    );
+    let leak = Live::blocks(50, LEAK_SIZE_BYTES);
+    assert_eq!(report.heap_live_with("leak_here"), leak, "\n{report}");
+    assert_eq!(report.total("heap"), leak, "\n{report}");
 }
 
 /// Leaks made after a `--pid` attach add up across commands, while the
 /// fixture runs on.
 #[test]
 fn leaks_accumulate_across_commands() {
-    require_root();
     let mut leaky = Fixture::start("leaky", &[]);
-    let json = json_path("accumulate");
-    let pid = leaky.pid.to_string();
-    let mut tracer = Tracer::start([
-        OsStr::new("record"),
-        OsStr::new("--pid"),
-        OsStr::new(&pid),
-        OsStr::new("--interval"),
-        OsStr::new("200ms"),
-        OsStr::new("--json"),
-        json.as_os_str(),
-    ]);
-    tracer.wait_attached(ATTACH_TIMEOUT);
+    let trace = Record::pid(leaky.pid).attach();
+    let mut churn = String::new();
     for _ in 0..3 {
         leaky.cmd("leak 40");
-        leaky.cmd("churn 5");
+        churn = leaky.cmd("churn 5");
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
-    let output = tracer.stop();
-    output.assert_success();
-    let report = Report::read(&json);
+    let Traced { report, .. } = trace.stop();
     assert_eq!(
         report.heap_live_with("leak_here"),
-        Live {
-            bytes: 120 * LEAK_SIZE_BYTES,
-            allocs: 120
-        },
+        Live::blocks(120, LEAK_SIZE_BYTES),
         "\n{report}"
     );
+    // churn's answer counts what all three rounds hold.
+    let held = churn_held(&churn);
+    assert_eq!(
+        report.total("heap"),
+        Live::blocks(120, LEAK_SIZE_BYTES) + held,
+        "\n{report}"
+    );
+}
+
+/// The check every traced report passes: a stack that went negative is
+/// not listed, and must still show in the totals.
+#[test]
+#[should_panic(expected = "not the sum of the listed stacks")]
+fn a_stack_gone_negative_is_caught_by_the_totals() {
+    let report = Report {
+        json: serde_json::json!({
+            "targets": [{"pid": 7, "totals": {"heap": {"live_bytes": 900, "live_allocs": 2}}}],
+            "totals": {"heap": {"live_bytes": 900, "live_allocs": 2}},
+            "stacks": [{"pid": 7, "kind": "heap", "live_bytes": 1000, "live_allocs": 3}],
+        }),
+    };
+    report.assert_totals_are_the_listed_stacks(100);
 }

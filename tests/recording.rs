@@ -10,13 +10,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use harness::{
-    ATTACH_TIMEOUT, EXIT_TIMEOUT, Fixture, Live, Report, Tracer, TracerOutput, field, fixture,
-    json_path, require_root,
+    EXIT_TIMEOUT, Fixture, LEAK_SIZE_BYTES, Live, Record, Report, Traced, Tracer, TracerOutput,
+    churn_held, field, fixture, json_path,
 };
 use serde_json::Value;
-
-/// `malloc` size in leaky.c's `leak_here`.
-const LEAK_SIZE_BYTES: i64 = 1337;
 /// Exit code for a recording that cannot be read (`tracer --help`).
 const EXIT_BAD_RECORDING: i32 = 9;
 
@@ -32,54 +29,55 @@ fn report(args: &[&OsStr]) -> TracerOutput {
     Tracer::start(all).wait_exit(EXIT_TIMEOUT)
 }
 
+/// `tracer report RECORDING --format FORMAT <args>`, run to its end.
+fn report_as(recording: &Path, format: &str, args: &[&OsStr]) -> TracerOutput {
+    let mut all = vec![
+        recording.as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new(format),
+    ];
+    all.extend_from_slice(args);
+    report(&all)
+}
+
 /// Records the running `leaky` fixture while it leaks `leaks` blocks in
 /// leak_here and churns a little, with the live JSON report next to the
 /// recording; returns (recording, live report).
 fn record_leaky(test_name: &str, leaks: i64) -> (PathBuf, Report) {
-    require_root();
     let mut leaky = Fixture::start("leaky", &[]);
-    let json = json_path(test_name);
     let recording = recording_path(test_name);
-    let pid = leaky.pid.to_string();
-    let mut tracer = Tracer::start([
-        OsStr::new("record"),
-        OsStr::new("--pid"),
-        OsStr::new(&pid),
-        OsStr::new("--interval"),
-        OsStr::new("100ms"),
-        OsStr::new("--top"),
-        OsStr::new("100"),
-        OsStr::new("--json"),
-        json.as_os_str(),
-        OsStr::new("-o"),
-        recording.as_os_str(),
-    ]);
-    tracer.wait_attached(ATTACH_TIMEOUT);
+    let trace = Record::pid(leaky.pid)
+        .interval("100ms")
+        .args([OsStr::new("-o"), recording.as_os_str()])
+        .attach();
     let answer = leaky.cmd(&format!("leak {leaks}"));
     assert_eq!(field(&answer, "bytes"), leaks * LEAK_SIZE_BYTES);
-    leaky.cmd("churn 5");
+    let churn = leaky.cmd("churn 5");
     std::thread::sleep(Duration::from_millis(300));
-    let output = tracer.stop();
-    output.assert_success();
+    let Traced { output, report } = trace.stop();
+    let held = churn_held(&churn);
+    assert_eq!(
+        report.total("heap"),
+        Live::blocks(leaks, LEAK_SIZE_BYTES) + held,
+        "\n{report}"
+    );
     assert!(
         output
             .stderr
             .contains(&format!("tracer: wrote {}", recording.display())),
         "{output}"
     );
-    (recording, Report::read(&json))
+    (recording, report)
 }
 
 #[test]
 fn report_json_equals_the_live_json() {
     let (recording, live) = record_leaky("round-trip", 50);
-    let output = report(&[
-        recording.as_os_str(),
-        OsStr::new("--format"),
-        OsStr::new("json"),
-        OsStr::new("--top"),
-        OsStr::new("100"),
-    ]);
+    let output = report_as(
+        &recording,
+        "json",
+        &[OsStr::new("--top"), OsStr::new("100")],
+    );
     output.assert_success();
     assert_eq!(output.stderr, "", "a complete recording has no warning");
     let replayed: Value = serde_json::from_str(&output.stdout).expect("report is JSON");
@@ -89,10 +87,7 @@ fn report_json_equals_the_live_json() {
     );
     assert_eq!(
         live.heap_live_with("leak_here"),
-        Live {
-            bytes: 50 * LEAK_SIZE_BYTES,
-            allocs: 50
-        }
+        Live::blocks(50, LEAK_SIZE_BYTES)
     );
     let frame = &live.heap_stacks_with("leak_here")[0]["frames"][0];
     assert_eq!(frame["function"], "leak_here");
@@ -111,11 +106,7 @@ fn report_json_equals_the_live_json() {
 #[test]
 fn folded_stacks_are_read_by_inferno() {
     let (recording, _) = record_leaky("folded", 40);
-    let output = report(&[
-        recording.as_os_str(),
-        OsStr::new("--format"),
-        OsStr::new("folded"),
-    ]);
+    let output = report_as(&recording, "folded", &[]);
     output.assert_success();
     let leak_line = output
         .stdout
@@ -136,13 +127,11 @@ fn folded_stacks_are_read_by_inferno() {
     .expect("inferno reads the folded stacks");
     assert!(String::from_utf8_lossy(&svg).contains("leak_here"));
 
-    let allocs = report(&[
-        recording.as_os_str(),
-        OsStr::new("--format"),
-        OsStr::new("folded"),
-        OsStr::new("--value"),
-        OsStr::new("live-allocs"),
-    ]);
+    let allocs = report_as(
+        &recording,
+        "folded",
+        &[OsStr::new("--value"), OsStr::new("live-allocs")],
+    );
     assert!(
         allocs
             .stdout
@@ -152,13 +141,11 @@ fn folded_stacks_are_read_by_inferno() {
     );
 
     let svg_path = recording.with_extension("svg");
-    let flamegraph = report(&[
-        recording.as_os_str(),
-        OsStr::new("--format"),
-        OsStr::new("flamegraph"),
-        OsStr::new("-o"),
-        svg_path.as_os_str(),
-    ]);
+    let flamegraph = report_as(
+        &recording,
+        "flamegraph",
+        &[OsStr::new("-o"), svg_path.as_os_str()],
+    );
     flamegraph.assert_success();
     let svg = std::fs::read_to_string(&svg_path).expect("flame graph written");
     assert!(svg.contains("<svg") && svg.contains("leak_here"));
@@ -170,13 +157,11 @@ fn folded_stacks_are_read_by_inferno() {
 fn go_tool_pprof_lists_leak_here_with_its_bytes() {
     let (recording, _) = record_leaky("pprof", 60);
     let profile = recording.with_extension("pb.gz");
-    let output = report(&[
-        recording.as_os_str(),
-        OsStr::new("--format"),
-        OsStr::new("pprof"),
-        OsStr::new("-o"),
-        profile.as_os_str(),
-    ]);
+    let output = report_as(
+        &recording,
+        "pprof",
+        &[OsStr::new("-o"), profile.as_os_str()],
+    );
     output.assert_success();
     let go = std::process::Command::new("go")
         .args(["tool", "pprof", "-top", "-unit=byte"])
@@ -216,20 +201,13 @@ fn snapshots_in(bytes: &[u8]) -> usize {
 
 #[test]
 fn kill_9_keeps_every_snapshot_before_the_kill() {
-    require_root();
     let mut leaky = Fixture::start("leaky", &[]);
     let recording = recording_path("kill9");
-    let pid = leaky.pid.to_string();
-    let mut tracer = Tracer::start([
-        OsStr::new("record"),
-        OsStr::new("--pid"),
-        OsStr::new(&pid),
-        OsStr::new("--interval"),
-        OsStr::new("50ms"),
-        OsStr::new("-o"),
-        recording.as_os_str(),
-    ]);
-    tracer.wait_attached(ATTACH_TIMEOUT);
+    let tracer = Record::pid(leaky.pid)
+        .interval("50ms")
+        .args([OsStr::new("-o"), recording.as_os_str()])
+        .attach()
+        .tracer;
     leaky.cmd("leak 30");
     std::thread::sleep(Duration::from_millis(600));
     let before_kill = std::fs::read(&recording).expect("the recording exists while tracing");
@@ -241,11 +219,7 @@ fn kill_9_keeps_every_snapshot_before_the_kill() {
         "{snapshots_before_kill} snapshots in 600 ms"
     );
 
-    let json = report(&[
-        recording.as_os_str(),
-        OsStr::new("--format"),
-        OsStr::new("json"),
-    ]);
+    let json = report_as(&recording, "json", &[]);
     json.assert_success();
     let warning = format!(
         "tracer: warning: {} has no end mark (tracer was killed, or is still recording): \
@@ -260,14 +234,10 @@ fn kill_9_keeps_every_snapshot_before_the_kill() {
         snapshots >= snapshots_before_kill,
         "{snapshots} < {snapshots_before_kill}"
     );
-    let leak = Report { json: replayed }.heap_live_with("leak_here");
-    assert_eq!(
-        leak,
-        Live {
-            bytes: 30 * LEAK_SIZE_BYTES,
-            allocs: 30
-        }
-    );
+    let replayed = Report { json: replayed };
+    let leak = Live::blocks(30, LEAK_SIZE_BYTES);
+    assert_eq!(replayed.heap_live_with("leak_here"), leak, "\n{replayed}");
+    assert_eq!(replayed.total("heap"), leak, "\n{replayed}");
     let _ = std::fs::remove_file(&recording);
 }
 
@@ -285,23 +255,12 @@ fn assert_bad_recording(output: &TracerOutput, message: &str) {
 /// A real recording of a spawned run, cut, damaged, and from the future.
 #[test]
 fn damaged_recordings_give_one_line_errors() {
-    require_root();
     let recording = recording_path("damaged");
-    let leaky = fixture("leaky");
-    Tracer::start([
-        OsStr::new("record"),
-        OsStr::new("--interval"),
-        OsStr::new("50ms"),
-        OsStr::new("-o"),
-        recording.as_os_str(),
-        OsStr::new("--"),
-        leaky.as_os_str(),
-        OsStr::new("--auto-count"),
-        OsStr::new("20"),
-        OsStr::new("--then-exit"),
-    ])
-    .wait_exit(EXIT_TIMEOUT)
-    .assert_success();
+    Record::command(&fixture("leaky"), &["--auto-count", "20", "--then-exit"])
+        .interval("50ms")
+        .args([OsStr::new("-o"), recording.as_os_str()])
+        .start()
+        .wait_exit();
     let bytes = std::fs::read(&recording).expect("recording written");
     let write = |name: &str, bytes: &[u8]| -> PathBuf {
         let path = recording.with_extension(name);
@@ -360,7 +319,7 @@ fn damaged_recordings_give_one_line_errors() {
 
     // Cut in the middle of its last records: what comes before still reads.
     let cut = write("cut", &bytes[..bytes.len() - 3]);
-    let output = report(&[cut.as_os_str(), OsStr::new("--format"), OsStr::new("json")]);
+    let output = report_as(&cut, "json", &[]);
     output.assert_success();
     assert!(
         output.stderr.starts_with(&format!(

@@ -6,12 +6,9 @@
 #[allow(dead_code, reason = "tests/record.rs uses the rest of the harness")]
 mod harness;
 
-use harness::{Live, field, record_with};
-
-/// `malloc` size in leaky.c's `leak_here`.
-const LEAK_SIZE_BYTES: i64 = 1337;
-/// `malloc` size in leaky.c's `thread_leak`.
-const THREAD_LEAK_SIZE_BYTES: i64 = 2048;
+use harness::{
+    LEAK_SIZE_BYTES, Live, Session, THREAD_LEAK_SIZE_BYTES, field, record_with, thread_dtvs,
+};
 
 /// Blocks the filters keep are counted exactly, the others not at all,
 /// with calls that skip their return probe (uprobe sessions) where the
@@ -29,16 +26,14 @@ fn size_filters_are_exact() {
         Live::default(),
         "\n{report}"
     );
+    let threads = Live::blocks(200, THREAD_LEAK_SIZE_BYTES);
+    assert_eq!(report.heap_live_with("thread_leak"), threads, "\n{report}");
+    assert_eq!(report.total("heap"), threads, "\n{report}");
+    // leak_here's blocks, and the two threads' TLS vectors (glibc's
+    // allocate_dtv, 272 B each).
     assert_eq!(
-        report.heap_live_with("thread_leak"),
-        Live {
-            bytes: 200 * THREAD_LEAK_SIZE_BYTES,
-            allocs: 200
-        },
-        "\n{report}"
-    );
-    assert!(
-        report.int("/events/allocs_not_recorded") >= 50,
+        report.int("/events/allocs_not_recorded"),
+        50 + 2,
         "{}",
         report.json
     );
@@ -55,19 +50,15 @@ fn size_filters_are_exact() {
         &["leak 50", "threads 2 100"],
     );
     let report = &session.report;
-    assert_eq!(
-        report.heap_live_with("leak_here"),
-        Live {
-            bytes: 50 * LEAK_SIZE_BYTES,
-            allocs: 50
-        },
-        "\n{report}"
-    );
+    let leak = Live::blocks(50, LEAK_SIZE_BYTES);
+    assert_eq!(report.heap_live_with("leak_here"), leak, "\n{report}");
     assert_eq!(
         report.heap_live_with("thread_leak"),
         Live::default(),
         "\n{report}"
     );
+    let dtvs = thread_dtvs(report, 2);
+    assert_eq!(report.total("heap"), leak + dtvs, "\n{report}");
     assert_eq!(
         report.json.pointer("/sampling/max_size_bytes"),
         Some(&serde_json::json!(1500))
@@ -86,15 +77,11 @@ const LEAK_SIZES_COUNT: i64 = 2000;
 fn sampled_estimate_is_within_the_stated_bound() {
     let mut misses = Vec::new();
     for seed in 1..=10 {
-        let session = record_with(
+        let session = record_sampled(
             "leaky",
-            &[
-                "--sample-bytes",
-                &(SAMPLE_BYTES as u64).to_string(),
-                "--sample-seed",
-                &seed.to_string(),
-            ],
-            &[&format!("leak_sizes {LEAK_SIZES_COUNT}")],
+            SAMPLE_BYTES,
+            seed,
+            &format!("leak_sizes {LEAK_SIZES_COUNT}"),
         );
         let report = &session.report;
         assert_eq!(
@@ -130,16 +117,7 @@ fn operator_new_is_sampled_once_not_again_in_its_malloc() {
     const N: f64 = 4096.0;
     let mut misses = Vec::new();
     for seed in 1..=5 {
-        let session = record_with(
-            "kernel_cache",
-            &[
-                "--sample-bytes",
-                &(N as u64).to_string(),
-                "--sample-seed",
-                &seed.to_string(),
-            ],
-            &["load 40"],
-        );
+        let session = record_sampled("kernel_cache", N, seed, "load 40");
         let report = &session.report;
         let truth = field(&session.answers[0], "bytes") as f64;
         let estimate = report.int("/totals/heap/live_bytes") as f64;
@@ -162,6 +140,21 @@ fn operator_new_is_sampled_once_not_again_in_its_malloc() {
         misses.len() <= 1,
         "estimates outside ±3 sqrt(N L) in more than 1 of 5 runs: {misses:?}"
     );
+}
+
+/// `tracer record --sample-bytes SAMPLE_BYTES --sample-seed SEED` while
+/// fixture `name` runs `command`.
+fn record_sampled(name: &str, sample_bytes: f64, seed: u32, command: &str) -> Session {
+    record_with(
+        name,
+        &[
+            "--sample-bytes",
+            &(sample_bytes as u64).to_string(),
+            "--sample-seed",
+            &seed.to_string(),
+        ],
+        &[command],
+    )
 }
 
 /// Linux 6.13 and later attach uprobe sessions.

@@ -6,16 +6,15 @@
 mod harness;
 
 use harness::{
-    Live, Report, assert_in_order, dwarf_pids, field, frames_contain, function_names, record_with,
-    stack_int,
+    DEEP_LEAK_BYTES, Fixture, LEAK_SIZE_BYTES, Live, NESTED_LEAK_BYTES, PLUGIN_LEAK_BYTES, Record,
+    THREAD_LEAK_SIZE_BYTES, Traced, assert_in_order, churn_held, dwarf_pids, field, frames_contain,
+    function_names, record_with, stack_live, thread_dtvs,
 };
 
 /// kernel_cache's threads (the main thread and three workers).
 const THREADS: i64 = 4;
 /// Kernels per model in kernel_cache's LoadModel.
 const LAYERS: i64 = 6;
-const NESTED_LEAK_BYTES: i64 = 777;
-const DEEP_LEAK_BYTES: i64 = 999;
 
 #[test]
 fn cpp_cache_without_frame_pointers_is_unwound_with_dwarf() {
@@ -67,17 +66,11 @@ fn cpp_cache_without_frame_pointers_is_unwound_with_dwarf() {
         &["GetOrCreate", "LoadModel", "ServeModels", "main"],
         report,
     );
-    assert_eq!(
-        stack_int(from_main[0], "live_allocs"),
-        25 * LAYERS,
-        "\n{report}"
-    );
-    assert!(report.int("/events/stack_copies") >= kernels);
-    assert!(
-        report.json["drops"].as_object().unwrap().is_empty(),
-        "{}",
-        report.json["drops"]
-    );
+    assert_eq!(stack_live(from_main[0]).allocs, 25 * LAYERS, "\n{report}");
+    // Every allocation copied (the thread stacks' mappings may add some).
+    assert!(report.int("/events/stack_copies") >= report.int("/events/allocs"));
+    assert!(report.int("/events/allocs") >= kernels);
+    report.assert_no_drops();
 }
 
 #[test]
@@ -88,8 +81,11 @@ fn frame_pointer_walk_loses_the_callers_of_code_without_frame_pointers() {
     let report = &session.report;
     let answer = &session.answers[0];
     assert_eq!(
-        report.heap_live_with("GetOrCreate").bytes,
-        field(answer, "bytes"),
+        report.heap_live_with("GetOrCreate"),
+        Live {
+            bytes: field(answer, "bytes"),
+            allocs: field(answer, "kernels")
+        },
         "\n{report}"
     );
     assert_eq!(
@@ -106,14 +102,9 @@ fn c_leak_through_three_static_functions_shows_all_three() {
     let session = record_with("nested_nofp", &[], &["leak 300"]);
     let report = &session.report;
     assert_eq!(field(&session.answers[0], "bytes"), 300 * NESTED_LEAK_BYTES);
-    assert_eq!(
-        report.heap_live_with("inner_static"),
-        Live {
-            bytes: 300 * NESTED_LEAK_BYTES,
-            allocs: 300
-        },
-        "\n{report}"
-    );
+    let leak = Live::blocks(300, NESTED_LEAK_BYTES);
+    assert_eq!(report.heap_live_with("inner_static"), leak, "\n{report}");
+    assert_eq!(report.total("heap"), leak, "\n{report}");
     let stacks = report.heap_stacks_with("inner_static");
     assert_eq!(stacks.len(), 1, "\n{report}");
     assert_in_order(
@@ -143,18 +134,18 @@ fn stack_deeper_than_the_copy_is_truncated_and_still_attributed() {
         "the deep stack is not marked truncated: {names:?}"
     );
     assert!(names[0].contains("deep_recurse"), "{names:?}");
-    assert_eq!(
-        (
-            stack_int(deep[0], "live_bytes"),
-            stack_int(deep[0], "live_allocs")
-        ),
-        (7 * DEEP_LEAK_BYTES, 7)
-    );
+    assert_eq!(stack_live(deep[0]), Live::blocks(7, DEEP_LEAK_BYTES));
     // A shallow stack in the same run is whole, and not marked.
     let shallow = report.heap_stacks_with("outer_static");
     assert_eq!(shallow.len(), 1, "\n{report}");
     assert!(!frames_contain(shallow[0], "[truncated"), "\n{report}");
     assert!(frames_contain(shallow[0], "main"), "\n{report}");
+    assert_eq!(stack_live(shallow[0]), Live::blocks(5, NESTED_LEAK_BYTES));
+    assert_eq!(
+        report.total("heap"),
+        Live::blocks(7, DEEP_LEAK_BYTES) + Live::blocks(5, NESTED_LEAK_BYTES),
+        "\n{report}"
+    );
 }
 
 #[test]
@@ -171,8 +162,11 @@ fn dwarf_mode_counts_frees_reallocs_and_threads_exactly() {
     let report = &session.report;
     let churn = &session.answers[0];
     assert_eq!(
-        report.heap_live_with("churn_keep").bytes,
-        field(churn, "churn_keep"),
+        report.heap_live_with("churn_keep"),
+        Live {
+            bytes: field(churn, "churn_keep"),
+            allocs: 20
+        },
         "\n{report}"
     );
     for &function in harness::CHURN_FREED.iter().chain(&["realloc_edge"]) {
@@ -184,26 +178,29 @@ fn dwarf_mode_counts_frees_reallocs_and_threads_exactly() {
     }
     assert_eq!(
         report.heap_live_with("thread_leak"),
-        Live {
-            bytes: 4 * 300 * 2048,
-            allocs: 1200
-        },
+        Live::blocks(4 * 300, THREAD_LEAK_SIZE_BYTES),
         "\n{report}"
     );
-    assert_eq!(report.heap_live_with("grow_buffer").allocs, 1, "\n{report}");
+    let grown = Live {
+        bytes: field(&session.answers[2], "final_bytes"),
+        allocs: 1,
+    };
+    assert_eq!(report.heap_live_with("grow_buffer"), grown, "\n{report}");
     assert_eq!(
         report.heap_live_with("leak_here"),
-        Live {
-            bytes: 40 * 1337,
-            allocs: 40
-        },
+        Live::blocks(40, LEAK_SIZE_BYTES),
         "\n{report}"
     );
-    assert!(
-        report.json["drops"].as_object().unwrap().is_empty(),
-        "{}",
-        report.json["drops"]
+    assert_eq!(
+        report.total("heap"),
+        churn_held(churn)
+            + Live::blocks(4 * 300, THREAD_LEAK_SIZE_BYTES)
+            + thread_dtvs(report, 4)
+            + grown
+            + Live::blocks(40, LEAK_SIZE_BYTES),
+        "\n{report}"
     );
+    report.assert_no_drops();
 }
 
 #[test]
@@ -218,7 +215,9 @@ fn auto_keeps_frame_pointers_for_code_that_has_them() {
         report.json["unwinding"]
     );
     assert_eq!(report.int("/events/stack_copies"), 0);
-    assert_eq!(report.heap_live_with("leak_here").bytes, 20 * 1337);
+    let leak = Live::blocks(20, LEAK_SIZE_BYTES);
+    assert_eq!(report.heap_live_with("leak_here"), leak, "\n{report}");
+    assert_eq!(report.total("heap"), leak, "\n{report}");
 }
 
 #[test]
@@ -233,14 +232,21 @@ fn cuda_allocations_are_unwound_too() {
         .unwrap_or_else(|| panic!("no gpu-device stack:\n{report}"));
     assert_in_order(top, &["setup_storage", "main"], report);
     assert_eq!(top["api"], "cudaMalloc", "\n{report}");
-    assert_eq!(stack_int(top, "live_bytes"), leaked_bytes, "\n{report}");
+    let leak = Live {
+        bytes: leaked_bytes,
+        allocs: field(&session.answers[0], "leaked_buffers"),
+    };
+    assert_eq!(stack_live(top), leak, "\n{report}");
     // Counted once, whichever layer: the runtime's driver calls add nothing.
+    assert_eq!(report.total("gpu-device"), leak, "\n{report}");
+    // One copy per allocation: the device blocks, and the fixture driver's
+    // malloc-ed bookkeeping record of each.
     assert_eq!(
-        report.int("/totals/gpu-device/live_bytes"),
-        leaked_bytes,
-        "\n{report}"
+        report.int("/events/stack_copies"),
+        report.int("/events/gpu_allocs") + report.int("/events/allocs"),
+        "{}",
+        report.json["events"]
     );
-    assert!(report.int("/events/stack_copies") >= report.int("/events/gpu_allocs"));
 }
 
 #[test]
@@ -256,11 +262,8 @@ fn mapping_calls_are_unwound_too() {
     let anon = report.stacks_with("mmap-anon", "leak_anon_mapping");
     assert_eq!(anon.len(), 1, "\n{report}");
     assert_eq!(
-        (
-            stack_int(anon[0], "live_bytes"),
-            stack_int(anon[0], "live_allocs")
-        ),
-        (6 * 256 * 1024, 6),
+        stack_live(anon[0]),
+        Live::blocks(6, 256 * 1024),
         "\n{report}"
     );
     // The wrapper is not the innermost frame: its caller is.
@@ -269,10 +272,7 @@ fn mapping_calls_are_unwound_too() {
     assert_in_order(anon[0], &["leak_anon_mapping", "main"], report);
     assert_eq!(
         report.live_with("mmap-anon", "raw_syscall_mapping"),
-        Live {
-            bytes: 4 * 64 * 1024,
-            allocs: 4
-        },
+        Live::blocks(4, 64 * 1024),
         "\n{report}"
     );
     assert_eq!(
@@ -280,30 +280,32 @@ fn mapping_calls_are_unwound_too() {
         3,
         "\n{report}"
     );
-    assert!(report.int("/events/stack_copies") >= 13);
+    // One copy per mapping call that mapped: 6 + 4 + 3.
+    assert_eq!(
+        report.int("/events/stack_copies"),
+        13,
+        "{}",
+        report.json["events"]
+    );
 }
 
 #[test]
 fn auto_switches_to_dwarf_when_a_library_without_frame_pointers_is_loaded() {
     // plugin_host keeps frame pointers; its plugin, loaded after attach,
     // does not: auto starts copying its stacks when it is mapped.
-    harness::require_root();
-    let mut host = harness::Fixture::start("plugin_host", &[]);
-    let json = harness::json_path("plugin");
-    let mut tracer = harness::record_attached(host.pid, &json, &[]);
+    let mut host = Fixture::start("plugin_host", &[]);
+    let mut trace = Record::pid(host.pid).attach();
     assert_eq!(host.cmd("load"), "loaded");
-    tracer.wait_stderr(
+    trace.tracer.wait_stderr(
         "mapped nofp_plugin without frame pointers",
         harness::ATTACH_TIMEOUT,
     );
     let answer = host.cmd("leak 30");
-    let output = tracer.stop();
-    output.assert_success();
-    let report = Report::read(&json);
-    assert_eq!(field(&answer, "bytes"), 30 * 555);
+    let Traced { report, .. } = trace.stop();
+    assert_eq!(field(&answer, "bytes"), 30 * PLUGIN_LEAK_BYTES);
     let stacks = report.heap_stacks_with("plugin_inner");
     assert_eq!(stacks.len(), 1, "\n{report}");
-    assert_eq!(stack_int(stacks[0], "live_bytes"), 30 * 555);
+    assert_eq!(stack_live(stacks[0]), Live::blocks(30, PLUGIN_LEAK_BYTES));
     assert_in_order(
         stacks[0],
         &[

@@ -15,6 +15,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod record;
+mod totals;
+mod truths;
+
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
+pub use record::{Record, Trace, Traced};
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
+pub use totals::{Allocated, stack_allocated, stack_live};
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
+pub use truths::*;
+
 /// How long the tracer may take to load and attach its probes.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the tracer may take to write its report and exit.
@@ -92,13 +103,25 @@ pub struct Fixture {
 impl Fixture {
     /// Starts `target/fixtures/<name>` and waits for its `ready pid=N` line.
     pub fn start(name: &str, args: &[&str]) -> Self {
-        let path = fixture(name);
-        let mut child = Command::new(&path)
-            .args(args)
+        let mut command = Command::new(fixture(name));
+        command.args(args);
+        let (fixture, ready) = Self::spawn(command);
+        assert_eq!(
+            ready,
+            format!("ready pid={}", fixture.pid),
+            "{name} started oddly"
+        );
+        fixture
+    }
+
+    /// Starts a command that runs a fixture (e.g. in other namespaces) and
+    /// returns it with its first line.
+    pub fn spawn(mut command: Command) -> (Self, String) {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|error| panic!("could not start {}: {error}", path.display()));
+            .unwrap_or_else(|error| panic!("could not start {command:?}: {error}"));
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
         let (line_tx, stdout_lines) = mpsc::channel();
@@ -116,12 +139,7 @@ impl Fixture {
             stdout_lines,
         };
         let ready = fixture.read_answer("(start)");
-        assert_eq!(
-            ready,
-            format!("ready pid={}", fixture.pid),
-            "{name} started oddly"
-        );
-        fixture
+        (fixture, ready)
     }
 
     /// Sends one command line and returns the fixture's one-line answer.
@@ -256,13 +274,10 @@ impl Tracer {
                 );
             }
             if Instant::now() > deadline {
-                self.kill();
-                let status = self.child_mut().wait().expect("wait for the tracer");
-                panic!(
-                    "the tracer did not print {needle:?} within {:.1} s: {}",
-                    timeout.as_secs_f64(),
-                    self.finish(status)
-                );
+                self.kill_and_fail(&format!(
+                    "print {needle:?} within {:.1} s",
+                    timeout.as_secs_f64()
+                ));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -294,13 +309,7 @@ impl Tracer {
                 return self.finish(status);
             }
             if Instant::now() > deadline {
-                self.kill();
-                let status = self.child_mut().wait().expect("wait for the tracer");
-                panic!(
-                    "the tracer did not exit within {} s: {}",
-                    timeout.as_secs(),
-                    self.finish(status)
-                );
+                self.kill_and_fail(&format!("exit within {} s", timeout.as_secs()));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -315,8 +324,12 @@ impl Tracer {
         self.child.as_mut().expect("the tracer is running")
     }
 
-    fn kill(&mut self) {
+    /// Kills the tracer, which did not `what` in time, and fails with
+    /// everything it printed.
+    fn kill_and_fail(&mut self, what: &str) -> ! {
         let _ = self.child_mut().kill();
+        let status = self.child_mut().wait().expect("wait for the tracer");
+        panic!("the tracer did not {what}: {}", self.finish(status));
     }
 
     /// Collects stdout and stderr after the tracer exited with `status`.
@@ -349,10 +362,31 @@ impl Drop for Tracer {
 }
 
 /// Live bytes and blocks summed over some stacks.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Live {
     pub bytes: i64,
     pub allocs: i64,
+}
+
+impl Live {
+    /// `count` blocks of `size_bytes` each.
+    pub fn blocks(count: i64, size_bytes: i64) -> Self {
+        Self {
+            bytes: count * size_bytes,
+            allocs: count,
+        }
+    }
+}
+
+impl std::ops::Add for Live {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            bytes: self.bytes + other.bytes,
+            allocs: self.allocs + other.allocs,
+        }
+    }
 }
 
 /// A parsed `--json` report.
@@ -426,10 +460,8 @@ impl Report {
     pub fn live_with(&self, kind: &str, function: &str) -> Live {
         self.stacks_with(kind, function)
             .into_iter()
-            .fold(Live::default(), |sum, stack| Live {
-                bytes: sum.bytes + stack_int(stack, "live_bytes"),
-                allocs: sum.allocs + stack_int(stack, "live_allocs"),
-            })
+            .map(stack_live)
+            .fold(Live::default(), |sum, live| sum + live)
     }
 }
 
@@ -506,39 +538,23 @@ pub fn record_while(name: &str, commands: &[&str]) -> Session {
 /// `tracer record --pid PID` every 200 ms with the top 100 stacks and a
 /// JSON report at `json`, plus `extra_args`; returns once attached.
 pub fn record_attached(pid: u32, json: &Path, extra_args: &[&str]) -> Tracer {
-    let pid = pid.to_string();
-    let mut tracer = Tracer::start(
-        [
-            OsStr::new("record"),
-            OsStr::new("--pid"),
-            OsStr::new(&pid),
-            OsStr::new("--interval"),
-            OsStr::new("200ms"),
-            OsStr::new("--top"),
-            OsStr::new("100"),
-            OsStr::new("--json"),
-            json.as_os_str(),
-        ]
-        .into_iter()
-        .chain(extra_args.iter().map(OsStr::new)),
-    );
-    tracer.wait_attached(ATTACH_TIMEOUT);
-    tracer
+    Record::pid(pid)
+        .json_at(json)
+        .args(extra_args)
+        .attach()
+        .tracer
 }
 
 /// [`record_while`] with more `tracer record` arguments.
 pub fn record_with(name: &str, extra_args: &[&str], commands: &[&str]) -> Session {
     require_root();
     let mut fixture = Fixture::start(name, &[]);
-    let json = json_path(name);
-    let tracer = record_attached(fixture.pid, &json, extra_args);
+    let trace = Record::pid(fixture.pid).args(extra_args).attach();
     let answers = commands
         .iter()
         .map(|command| fixture.cmd(command))
         .collect();
-    let output = tracer.stop();
-    output.assert_success();
-    let report = Report::read(&json);
+    let Traced { output, report } = trace.stop();
     Session {
         answers,
         output,

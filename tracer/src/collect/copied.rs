@@ -19,7 +19,6 @@ use crate::{
     unwind::{Unwinder, Unwound},
 };
 
-
 /// Recently freed blocks kept for a failed realloc's restore.
 const RECENTLY_FREED: usize = 1 << 16;
 

@@ -1,0 +1,153 @@
+//! `tracer record` as the integration tests run it, from start to the
+//! parsed report, so that no test writes its own start-and-wait sequence.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+
+use super::{ATTACH_TIMEOUT, EXIT_TIMEOUT, Report, Tracer, TracerOutput, json_path, require_root};
+
+/// The arguments of one `tracer record` run: every 200 ms, the top 100
+/// stacks, a JSON report at a fresh temporary path, unless changed.
+pub struct Record {
+    targets: Vec<OsString>,
+    interval: String,
+    top: usize,
+    json: PathBuf,
+    extra_args: Vec<OsString>,
+}
+
+impl Record {
+    /// `tracer record --pid PID` of one running process.
+    pub fn pid(pid: u32) -> Self {
+        Self::pids(&[pid])
+    }
+
+    /// `tracer record --pid P1 --pid P2 ...`.
+    pub fn pids(pids: &[u32]) -> Self {
+        let targets = pids
+            .iter()
+            .flat_map(|pid| [OsString::from("--pid"), OsString::from(pid.to_string())])
+            .collect();
+        Self {
+            targets,
+            interval: "200ms".to_owned(),
+            top: 100,
+            json: json_path("record"),
+            extra_args: Vec::new(),
+        }
+    }
+
+    /// `tracer record ... -- FIXTURE ARGS`: the tracer starts the fixture.
+    pub fn command(program: &Path, args: &[&str]) -> Self {
+        let mut record = Self::pids(&[]);
+        record.targets = [OsStr::new("--"), program.as_os_str()]
+            .into_iter()
+            .chain(args.iter().map(OsStr::new))
+            .map(OsStr::to_owned)
+            .collect();
+        record
+    }
+
+    /// `--interval` (200ms unless set).
+    pub fn interval(mut self, interval: &str) -> Self {
+        interval.clone_into(&mut self.interval);
+        self
+    }
+
+    /// `--top` (100 unless set).
+    pub fn top(mut self, top: usize) -> Self {
+        self.top = top;
+        self
+    }
+
+    /// Writes the JSON report to `json` instead of a fresh path.
+    pub fn json_at(mut self, json: &Path) -> Self {
+        json.clone_into(&mut self.json);
+        self
+    }
+
+    /// More `tracer record` arguments.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.extra_args
+            .extend(args.into_iter().map(|arg| arg.as_ref().to_owned()));
+        self
+    }
+
+    /// Starts the tracer and waits until it has attached.
+    pub fn attach(self) -> Trace {
+        let mut trace = self.start();
+        trace.tracer.wait_attached(ATTACH_TIMEOUT);
+        trace
+    }
+
+    /// Starts the tracer without waiting for it to attach.
+    pub fn start(self) -> Trace {
+        require_root();
+        let interval = OsString::from(self.interval);
+        let top = OsString::from(self.top.to_string());
+        // The target goes last: a command after `--` takes every argument.
+        let args: Vec<&OsStr> = [
+            OsStr::new("record"),
+            OsStr::new("--interval"),
+            &interval,
+            OsStr::new("--top"),
+            &top,
+            OsStr::new("--json"),
+            self.json.as_os_str(),
+        ]
+        .into_iter()
+        .chain(self.extra_args.iter().map(OsString::as_os_str))
+        .chain(self.targets.iter().map(OsString::as_os_str))
+        .collect();
+        Trace {
+            tracer: Tracer::start(args),
+            json: self.json,
+            top: self.top,
+        }
+    }
+}
+
+/// A running `tracer record` and the report it will write.
+pub struct Trace {
+    pub tracer: Tracer,
+    pub json: PathBuf,
+    top: usize,
+}
+
+/// What a successful `tracer record` left: its outputs and JSON report.
+pub struct Traced {
+    pub output: TracerOutput,
+    pub report: Report,
+}
+
+impl Trace {
+    /// SIGINT; the tracer must write its report and exit 0.
+    pub fn stop(self) -> Traced {
+        self.stop_with(libc::SIGINT)
+    }
+
+    /// Sends `signal` (one the tracer ends cleanly on); it must write its
+    /// report and exit 0.
+    pub fn stop_with(self, signal: libc::c_int) -> Traced {
+        let output = self.tracer.stop_with(signal);
+        Self::read(output, &self.json, self.top)
+    }
+
+    /// Waits for the tracer to end by itself (`--duration`, the target
+    /// exited); it must write its report and exit 0.
+    pub fn wait_exit(self) -> Traced {
+        let output = self.tracer.wait_exit(EXIT_TIMEOUT);
+        Self::read(output, &self.json, self.top)
+    }
+
+    fn read(output: TracerOutput, json: &Path, top: usize) -> Traced {
+        output.assert_success();
+        let report = Report::read(json);
+        report.assert_totals_are_the_listed_stacks(top);
+        Traced { output, report }
+    }
+}
