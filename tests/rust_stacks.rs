@@ -93,6 +93,18 @@ fn rust_release_build_has_right_stacks(fixture: &str) {
     let [leaked, threads, tasks] = &session.answers[..] else {
         panic!("three answers: {:?}", session.answers);
     };
+    // Every byte allocated after attach has a stack that reaches main or
+    // its thread's start (tokio's and std's threads included).
+    assert!(
+        share_reaching_entry(report) > 0.99,
+        "stack quality: {}\n{report}",
+        report.json["targets"][0]["stack_quality"]
+    );
+    assert!(
+        !session.output.stdout.contains("have stacks reaching"),
+        "{}",
+        session.output
+    );
     assert!(
         session
             .output
@@ -269,4 +281,29 @@ fn stack_through_code_without_unwind_information_ends_in_one_marked_stack() {
         ],
         "\n{report}"
     );
+    // The broken stack holds nearly all that was allocated: the report
+    // says the stacks cannot be trusted, and why.
+    let share = share_reaching_entry(report);
+    assert!(share < 0.9, "stack quality {share}\n{report}");
+    assert!(
+        session.output.stdout.contains(&format!(
+            "WARNING: PID {}: only {:.0} % of allocated bytes have stacks reaching main",
+            report.json["targets"][0]["pid"],
+            share * 100.0
+        )),
+        "{}",
+        session.output
+    );
+    assert_eq!(
+        report.json["unwinding_stopped"]["no_unwind_info"], 300,
+        "one stopped copy per block\n{report}"
+    );
+}
+
+/// The share of the first target's allocated bytes whose stacks reach
+/// main or their thread's start.
+fn share_reaching_entry(report: &Report) -> f64 {
+    report.json["targets"][0]["stack_quality"]["share_reaching_entry"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no stack quality in the report:\n{report}"))
 }

@@ -9,6 +9,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     cli::{ReportConfig, ReportFormat},
+    model::quality::is_thread_entry,
     output::{self, Report, ReportInput},
     recording::{self, Filter},
 };
@@ -56,6 +57,13 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),
         memory_status: recording.memory_status(&filter),
+        reaches_entry: &mut |key| {
+            frames
+                .get(key)
+                .and_then(|frames| frames.last())
+                .is_some_and(is_thread_entry)
+        },
+        unwinding_stopped: Default::default(),
     });
     let bytes = render(&report, &model, config)?;
     match &config.output_path {

@@ -108,6 +108,7 @@ pub fn build_report(
     config: &Config,
 ) -> Report {
     let mut frames: HashMap<StackKey, Vec<Frame>> = HashMap::new();
+    let mut apis: HashMap<StackKey, String> = HashMap::new();
     let leaks = model
         .suspected_leaks(config.top)
         .into_iter()
@@ -118,22 +119,32 @@ pub fn build_report(
         .map(|summary| summary.key);
     for key in top.chain(leaks) {
         frames.entry(key).or_insert_with(|| collector.frames(&key));
+        if let Some(api) = collector.api(&key) {
+            apis.insert(key, api.to_owned());
+        }
     }
     let targets = collector.targets();
     let pids: Vec<u32> = targets.iter().map(|target| target.pid).collect();
     let probes = collector.probes();
+    let (probe_reports, sampling, unwinding) = (
+        probes.probe_reports(),
+        probes.sampling_report(),
+        probes.unwinding_report(&pids),
+    );
     Report::build(ReportInput {
         model,
         targets: &targets,
-        probes: probes.probe_reports(),
-        sampling: probes.sampling_report(),
-        unwinding: Some(probes.unwinding_report(&pids)),
+        probes: probe_reports,
+        sampling,
+        unwinding: Some(unwinding),
         libraries: collector.library_reports(),
+        unwinding_stopped: collector.unwinding_stops(),
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),
-        api: &|key| collector.api(key).map(str::to_owned),
+        api: &|key| apis.get(key).cloned(),
         memory_status,
+        reaches_entry: &mut |key| collector.reaches_entry(key),
     })
 }
 

@@ -5,7 +5,7 @@
 //! off at its free, both sent by the kernel in the order they happened.
 //!
 //! Each distinct unwound stack is numbered here: `StackId::Copied`.
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{Map, MapData, RingBuf};
@@ -145,6 +145,23 @@ impl CopiedStacks {
     /// (once: the tracker keeps it).
     pub fn take_mapping_stack(&mut self, tgid: u32, stack_ref: u32) -> Option<StackId> {
         self.mapping_stacks.remove(&(tgid, stack_ref))
+    }
+
+    /// Whether the copied stack `index` ends before its thread's start
+    /// (deeper than the copy, or unwinding stopped).
+    pub fn ends_early(&self, index: u32) -> bool {
+        self.stacks
+            .get(index as usize)
+            .is_none_or(|(_, unwound)| unwound.end_marker().is_some())
+    }
+
+    /// Copies whose unwinding stopped early, by reason.
+    pub fn stops(&self) -> BTreeMap<String, u64> {
+        self.unwinder
+            .stopped()
+            .iter()
+            .map(|(reason, count)| (reason.name().to_owned(), *count))
+            .collect()
     }
 
     /// The return addresses of the copied stack `index`, innermost first.

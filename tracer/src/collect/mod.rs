@@ -19,7 +19,7 @@ mod mappings;
 mod targets;
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{BTreeMap, HashMap, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -31,7 +31,10 @@ use tokio::{
 
 use crate::{
     attach::{Probes, Rings, cuda, libraries},
-    model::{Counters, Frame, Kind, Snapshot, StackId, StackKey, Target, run::LibraryReport},
+    model::{
+        Counters, Frame, Kind, Snapshot, StackId, StackKey, Target, quality::is_thread_entry,
+        run::LibraryReport,
+    },
     procfs,
     symbolize::Symbols,
 };
@@ -527,6 +530,34 @@ impl Collector {
             self.frames.insert(*key, frames.clone());
         }
         frames
+    }
+
+    /// Whether a stack reaches its thread's start (`model::quality`):
+    /// only its outermost frame is symbolized, unless it was already.
+    pub fn reaches_entry(&mut self, key: &StackKey) -> bool {
+        if let Some(frames) = self.frames.get(key) {
+            return frames.last().is_some_and(is_thread_entry);
+        }
+        let maps = self.probes.maps();
+        let addresses = match key.stack_id {
+            StackId::Lost => return false,
+            StackId::Kernel(id) => maps.stack(id),
+            StackId::Copied(index) if self.copied.ends_early(index) => return false,
+            StackId::Copied(index) => self.copied.addresses(index).to_vec(),
+            StackId::Mapping(_) => return self.frames(key).last().is_some_and(is_thread_entry),
+        };
+        // The address before it, so that the last one is symbolized as a
+        // return address.
+        let tail = &addresses[addresses.len().saturating_sub(2)..];
+        self.symbols
+            .stack_frames(key.pid, tail)
+            .last()
+            .is_some_and(is_thread_entry)
+    }
+
+    /// Copies whose unwinding stopped early, by reason.
+    pub fn unwinding_stops(&self) -> BTreeMap<String, u64> {
+        self.copied.stops()
     }
 
     /// The objects hooked so far, as the report lists them.

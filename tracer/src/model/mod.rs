@@ -12,6 +12,7 @@
 pub mod allocators;
 pub mod leak;
 pub mod mappings;
+pub mod quality;
 pub mod ranges;
 pub mod run;
 
@@ -499,6 +500,11 @@ impl Model {
     /// The `count` stacks holding the most live bytes; ties go to the faster
     /// growing stack, then to the smaller key. Stacks holding nothing, and
     /// reserved address space, are left out.
+    /// Every stack seen, with its counters at the latest snapshot.
+    pub fn latest_counters(&self) -> impl Iterator<Item = (StackKey, Counters)> + '_ {
+        self.stacks.iter().map(|(key, state)| (*key, state.latest))
+    }
+
     pub fn top_stacks(&self, count: usize) -> Vec<StackSummary> {
         let mut summaries: Vec<StackSummary> = self
             .stacks

@@ -128,5 +128,7 @@ pub(crate) fn sample_report(top: usize) -> Report {
                 rss_shmem_bytes: 0,
             },
         )]),
+        reaches_entry: &mut |key| key.stack_id == StackId::Kernel(1),
+        unwinding_stopped: BTreeMap::from([("outside_code".to_owned(), 2)]),
     })
 }

@@ -56,9 +56,11 @@ mod tests {
                 "totals",
                 "tracer_version",
                 "unwinding",
+                "unwinding_stopped",
                 "window_s"
             ]
         );
+        assert_eq!(json["unwinding_stopped"]["outside_code"], 2);
         assert_eq!(json["window_s"], 4.0);
         let library = &json["libraries"][1];
         assert_eq!(
@@ -85,10 +87,21 @@ mod tests {
                 "gpu_contexts_destroyed",
                 "memory",
                 "pid",
+                "stack_quality",
                 "totals"
             ]
         );
         assert_eq!(target["exited_after_s"], 3.2);
+        assert_eq!(
+            keys(&target["stack_quality"]),
+            [
+                "reaching_entry_bytes",
+                "recorded_bytes",
+                "share_reaching_entry"
+            ]
+        );
+        assert_eq!(target["stack_quality"]["recorded_bytes"], 16384);
+        assert_eq!(target["stack_quality"]["share_reaching_entry"], 1.0);
         assert_eq!(json["targets"][0]["exited_after_s"], Value::Null);
         assert_eq!(
             keys(&json["probes"][0]),

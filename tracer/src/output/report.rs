@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use super::frames::trim_allocator_frames;
 use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals,
+    quality::{StackQuality, stack_quality},
     run::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
 };
 
@@ -30,6 +31,9 @@ pub struct Report {
     pub unwinding: Option<UnwindingReport>,
     /// The objects that were hooked, and when.
     pub libraries: Vec<LibraryReport>,
+    /// Stack copies whose unwinding stopped before the thread's start, by
+    /// reason (their stacks end in a marker frame).
+    pub unwinding_stopped: BTreeMap<String, u64>,
     /// The top stacks by live bytes, rank 1 first.
     pub stacks: Vec<StackReport>,
     /// Stacks that grew steadily until the end, fastest first (rank 1 is
@@ -48,6 +52,9 @@ pub struct TargetReport {
     /// Traced memory next to RSS at the end; null when no RSS is known (the
     /// target exited before the first snapshot).
     pub memory: Option<MemoryReconciliation>,
+    /// How much of what it allocated has stacks that reach its thread's
+    /// start; null when it allocated nothing.
+    pub stack_quality: Option<StackQuality>,
 }
 
 /// A target's traced live bytes next to its resident memory.
@@ -135,11 +142,16 @@ pub struct ReportInput<'a> {
     pub api: &'a dyn Fn(&StackKey) -> Option<String>,
     /// RSS and its parts of the targets still alive, read at the end.
     pub memory_status: BTreeMap<u32, MemoryStatus>,
+    /// Whether a stack reaches its thread's start.
+    pub reaches_entry: &'a mut dyn FnMut(&StackKey) -> bool,
+    /// Stack copies whose unwinding stopped early, by reason.
+    pub unwinding_stopped: BTreeMap<String, u64>,
 }
 
 impl Report {
-    pub fn build(input: ReportInput<'_>) -> Report {
+    pub fn build(mut input: ReportInput<'_>) -> Report {
         let model = input.model;
+        let quality = stack_quality(model, &mut input.reaches_entry);
         let targets = input
             .targets
             .iter()
@@ -152,6 +164,7 @@ impl Report {
                     target.pid,
                     input.memory_status.get(&target.pid),
                 ),
+                stack_quality: quality.get(&target.pid).copied(),
             })
             .collect();
         let stacks = model
@@ -179,6 +192,7 @@ impl Report {
             sampling: input.sampling,
             unwinding: input.unwinding,
             libraries: input.libraries,
+            unwinding_stopped: input.unwinding_stopped,
             stacks,
             suspected_leaks,
         }

@@ -431,6 +431,8 @@ mod tests {
             frames: &frames,
             api: &|_| None,
             memory_status: std::collections::BTreeMap::new(),
+            reaches_entry: &mut |_| true,
+            unwinding_stopped: Default::default(),
         });
         (report, model)
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 use tracer_ebpf::{GPU_API_NAMES, STAT_NAMES, stat};
 
 use super::{MemoryReconciliation, Report, StackReport, human_bytes};
-use crate::model::{Frame, Kind, run::NoticedBy};
+use crate::model::{Frame, Kind, quality::StackQuality, run::NoticedBy};
 
 /// Renders the whole report, one `\n`-terminated line after another.
 pub fn render(report: &Report) -> String {
@@ -28,6 +28,21 @@ pub fn render(report: &Report) -> String {
             if let Some(hint) = drop_hint(name) {
                 lines.push(format!("  {name}: {hint}"));
             }
+        }
+    }
+    for target in &report.targets {
+        if let Some(quality) = target.stack_quality.filter(StackQuality::is_poor) {
+            lines.push(format!(
+                "WARNING: PID {}: only {:.0} % of allocated bytes have stacks reaching main or \
+                 their thread's start:",
+                target.target.pid,
+                quality.share_reaching_entry * 100.0
+            ));
+            lines.push(
+                "  stacks are cut short and a leak may be split over several \
+                 (try --unwind dwarf, or --stack-bytes)"
+                    .to_owned(),
+            );
         }
     }
     for target_report in &report.targets {
@@ -95,6 +110,36 @@ pub fn render(report: &Report) -> String {
             human_bytes(unwinding.stack_bytes as f64),
             unwinding.mode,
             pids.join(", ")
+        ));
+    }
+    let qualities: Vec<String> = report
+        .targets
+        .iter()
+        .filter_map(|target| {
+            let quality = target.stack_quality?;
+            Some(format!(
+                "PID {} {:.1} %",
+                target.target.pid,
+                quality.share_reaching_entry * 100.0
+            ))
+        })
+        .collect();
+    if !qualities.is_empty() {
+        lines.push(format!(
+            "stacks reaching main or their thread's start: {} of allocated bytes",
+            qualities.join(", ")
+        ));
+    }
+    if !report.unwinding_stopped.is_empty() {
+        let reasons: Vec<String> = report
+            .unwinding_stopped
+            .iter()
+            .map(|(reason, count)| format!("{reason}={count}"))
+            .collect();
+        lines.push(format!(
+            "unwinding stopped early in {} stack copies ({})",
+            report.unwinding_stopped.values().sum::<u64>(),
+            reasons.join(", ")
         ));
     }
     let frees_unknown_name = STAT_NAMES[stat::FREES_UNKNOWN as usize].0;
@@ -308,6 +353,8 @@ fn describe_frame(frame: &Frame) -> String {
         (None, _, None) => address,
     };
     match &frame.function {
+        // A marker frame (the stack ends here) has no address.
+        Some(function) if frame.address == 0 && frame.module.is_none() => function.clone(),
         Some(function) => format!("{function} {location}"),
         None => location,
     }
@@ -344,6 +391,15 @@ mod tests {
         );
         assert_eq!(
             lines[5],
+            "stacks reaching main or their thread's start: PID 10 98.5 %, PID 20 100.0 % \
+             of allocated bytes"
+        );
+        assert_eq!(
+            lines[6],
+            "unwinding stopped early in 2 stack copies (outside_code=2)"
+        );
+        assert_eq!(
+            lines[7],
             "frees of blocks allocated before attach (ignored): 7"
         );
         assert!(
@@ -392,6 +448,7 @@ mod tests {
             sampling: crate::model::run::SamplingReport::exact(),
             unwinding: None,
             libraries: Vec::new(),
+            unwinding_stopped: BTreeMap::new(),
             stacks: Vec::new(),
             suspected_leaks: Vec::new(),
         };
@@ -432,6 +489,33 @@ mod tests {
             "[libfoo.so.1] 0x7f001234"
         );
         assert_eq!(describe_frame(&with(None, None, None, None)), "0x7f001234");
+        let marker = Frame {
+            function: Some("[unwinding stopped: outside code]".to_owned()),
+            ..Frame::default()
+        };
+        assert_eq!(describe_frame(&marker), "[unwinding stopped: outside code]");
+    }
+
+    #[test]
+    fn warns_when_stacks_are_cut_short() {
+        let mut report = sample_report(2);
+        assert!(
+            !render(&report).contains("have stacks reaching"),
+            "no warning at 98.5 %"
+        );
+        report.targets[1].stack_quality = Some(StackQuality {
+            recorded_bytes: 1000,
+            reaching_entry_bytes: 450,
+            share_reaching_entry: 0.45,
+        });
+        let text = render(&report);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[2],
+            "WARNING: PID 20: only 45 % of allocated bytes have stacks reaching main or \
+             their thread's start:"
+        );
+        assert!(lines[3].contains("try --unwind dwarf"), "{text}");
     }
 
     #[test]
