@@ -6,6 +6,29 @@
 //! holes, so the kernel and userspace agree on its bytes.
 #![no_std]
 
+/// Defines ids numbered from 0 in the order listed: one `u32` constant per
+/// id, `COUNT`, and the array `$table` of what each id stands for, by
+/// index. One list, so an id and its entry cannot drift apart.
+macro_rules! id_table {
+    (
+        $(#[$table_doc:meta])*
+        $table:ident: [$entry:ty] {
+            $($(#[$doc:meta])* $id:ident => $value:expr,)*
+        }
+    ) => {
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[repr(u32)]
+        enum Id {
+            $($id,)*
+            COUNT,
+        }
+        $($(#[$doc])* pub const $id: u32 = Id::$id as u32;)*
+        pub const COUNT: u32 = Id::COUNT as u32;
+        $(#[$table_doc])*
+        pub const $table: [$entry; COUNT as usize] = [$($value,)*];
+    };
+}
+
 mod abi {
     pub mod events;
     pub mod gpu;

@@ -6,34 +6,38 @@ use crate::LiveAlloc;
 /// The CUDA entry points tracer hooks, by the id a GPU stack carries in
 /// the STACK_API map; [`GPU_API_NAMES`] names them.
 pub mod gpu_api {
-    pub const CUDA_MALLOC: u32 = 0;
-    pub const CUDA_MALLOC_MANAGED: u32 = 1;
-    pub const CUDA_MALLOC_HOST: u32 = 2;
-    pub const CUDA_HOST_ALLOC: u32 = 3;
-    pub const CUDA_MALLOC_PITCH: u32 = 4;
-    pub const CUDA_MALLOC_ASYNC: u32 = 5;
-    pub const CUDA_MALLOC_FROM_POOL_ASYNC: u32 = 6;
-    pub const CUDA_FREE: u32 = 7;
-    pub const CUDA_FREE_HOST: u32 = 8;
-    pub const CUDA_FREE_ASYNC: u32 = 9;
-    pub const CU_MEM_ALLOC: u32 = 10;
-    pub const CU_MEM_ALLOC_PITCH: u32 = 11;
-    pub const CU_MEM_ALLOC_MANAGED: u32 = 12;
-    pub const CU_MEM_ALLOC_HOST: u32 = 13;
-    pub const CU_MEM_HOST_ALLOC: u32 = 14;
-    pub const CU_MEM_ALLOC_ASYNC: u32 = 15;
-    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC: u32 = 16;
-    pub const CU_MEM_FREE: u32 = 17;
-    pub const CU_MEM_FREE_HOST: u32 = 18;
-    pub const CU_MEM_FREE_ASYNC: u32 = 19;
-    pub const CU_MEM_CREATE: u32 = 20;
-    pub const CU_MEM_RELEASE: u32 = 21;
-    pub const CU_MEM_MAP: u32 = 22;
-    pub const CU_MEM_UNMAP: u32 = 23;
-    pub const CU_CTX_DESTROY: u32 = 24;
-    pub const CU_DEVICE_PRIMARY_CTX_RESET: u32 = 25;
-    pub const CUDA_DEVICE_RESET: u32 = 26;
-    pub const COUNT: u32 = 27;
+    id_table! {
+        /// The exported symbol of each `gpu_api` id, by index.
+        GPU_API_NAMES: [&str] {
+            CUDA_MALLOC => "cudaMalloc",
+            CUDA_MALLOC_MANAGED => "cudaMallocManaged",
+            CUDA_MALLOC_HOST => "cudaMallocHost",
+            CUDA_HOST_ALLOC => "cudaHostAlloc",
+            CUDA_MALLOC_PITCH => "cudaMallocPitch",
+            CUDA_MALLOC_ASYNC => "cudaMallocAsync",
+            CUDA_MALLOC_FROM_POOL_ASYNC => "cudaMallocFromPoolAsync",
+            CUDA_FREE => "cudaFree",
+            CUDA_FREE_HOST => "cudaFreeHost",
+            CUDA_FREE_ASYNC => "cudaFreeAsync",
+            CU_MEM_ALLOC => "cuMemAlloc_v2",
+            CU_MEM_ALLOC_PITCH => "cuMemAllocPitch_v2",
+            CU_MEM_ALLOC_MANAGED => "cuMemAllocManaged",
+            CU_MEM_ALLOC_HOST => "cuMemAllocHost_v2",
+            CU_MEM_HOST_ALLOC => "cuMemHostAlloc",
+            CU_MEM_ALLOC_ASYNC => "cuMemAllocAsync",
+            CU_MEM_ALLOC_FROM_POOL_ASYNC => "cuMemAllocFromPoolAsync",
+            CU_MEM_FREE => "cuMemFree_v2",
+            CU_MEM_FREE_HOST => "cuMemFreeHost",
+            CU_MEM_FREE_ASYNC => "cuMemFreeAsync",
+            CU_MEM_CREATE => "cuMemCreate",
+            CU_MEM_RELEASE => "cuMemRelease",
+            CU_MEM_MAP => "cuMemMap",
+            CU_MEM_UNMAP => "cuMemUnmap",
+            CU_CTX_DESTROY => "cuCtxDestroy_v2",
+            CU_DEVICE_PRIMARY_CTX_RESET => "cuDevicePrimaryCtxReset_v2",
+            CUDA_DEVICE_RESET => "cudaDeviceReset",
+        }
+    }
 
     /// Whether the memory an allocation API hands out belongs to a CUDA
     /// context, and goes with it when the context is destroyed or reset.
@@ -53,36 +57,7 @@ pub mod gpu_api {
     }
 }
 
-/// The exported symbol of each `gpu_api` id, by index.
-pub const GPU_API_NAMES: [&str; gpu_api::COUNT as usize] = [
-    "cudaMalloc",
-    "cudaMallocManaged",
-    "cudaMallocHost",
-    "cudaHostAlloc",
-    "cudaMallocPitch",
-    "cudaMallocAsync",
-    "cudaMallocFromPoolAsync",
-    "cudaFree",
-    "cudaFreeHost",
-    "cudaFreeAsync",
-    "cuMemAlloc_v2",
-    "cuMemAllocPitch_v2",
-    "cuMemAllocManaged",
-    "cuMemAllocHost_v2",
-    "cuMemHostAlloc",
-    "cuMemAllocAsync",
-    "cuMemAllocFromPoolAsync",
-    "cuMemFree_v2",
-    "cuMemFreeHost",
-    "cuMemFreeAsync",
-    "cuMemCreate",
-    "cuMemRelease",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuCtxDestroy_v2",
-    "cuDevicePrimaryCtxReset_v2",
-    "cudaDeviceReset",
-];
+pub use gpu_api::GPU_API_NAMES;
 
 /// The attach cookie of a CUDA probe: which API it is on and, for an
 /// allocation, which kind of memory it hands out.
