@@ -1,6 +1,7 @@
 //! The ABI shared by the eBPF programs (`src/main.rs`) and userspace
-//! (`tracer`): map keys and values, counter indices and the probe kinds.
-//! One module per topic under `abi/`, all re-exported here.
+//! (`tracer`): map keys and values, counter indices, the probe kinds, and
+//! the names of the object's maps and programs. One module per topic under
+//! `abi/`, all re-exported here.
 //!
 //! Every type is `#[repr(C)]`, made of plain integers and has no padding
 //! holes, so the kernel and userspace agree on its bytes.
@@ -35,12 +36,15 @@ mod abi {
     pub mod live;
     pub mod malloc;
     pub mod mappings;
+    pub mod names;
     pub mod sampling;
     pub mod stacks;
     pub mod stats;
 }
 
-pub use abi::{events::*, gpu::*, live::*, malloc::*, mappings::*, sampling, stacks::*, stats::*};
+pub use abi::{
+    events::*, gpu::*, live::*, malloc::*, mappings::*, names::*, sampling, stacks::*, stats::*,
+};
 
 #[cfg(feature = "user")]
 mod pod {
