@@ -21,7 +21,7 @@ use aya_ebpf::{
 };
 use tracer_ebpf::{Pending, SignalLevel};
 
-use crate::probes::PENDING;
+use crate::pending::PENDING;
 
 /// The allocator state of interrupted calls, per thread and handler level.
 #[map]
