@@ -28,6 +28,13 @@ pub(crate) fn atomic_add(target: *mut u64, value: u64) {
     }
 }
 
+/// `*target -= value` as one atomic instruction (an add of the two's
+/// complement: the totals are wrapping sums).
+#[inline(always)]
+pub(crate) fn atomic_sub(target: *mut u64, value: u64) {
+    atomic_add(target, value.wrapping_neg());
+}
+
 /// `*target += value` as one atomic instruction; returns the value
 /// before, so that of two threads dropping the last holders exactly one
 /// frees, two context destructions end two epochs, and two stack copies

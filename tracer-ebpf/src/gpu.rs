@@ -45,7 +45,10 @@ use crate::{
     args::arg,
     counters::{atomic_add, count, fetch_add},
     events::send_event,
-    live::{add_to_stack, context_epoch, end_context_epoch, put_live, stack_key, take_live},
+    live::{
+        add_to_stack, context_epoch, end_context_epoch, put_live, remove_from_stack, stack_key,
+        take_live,
+    },
 };
 
 /// Per thread (pid_tgid): the CUDA call in progress.
@@ -315,12 +318,7 @@ fn created(ctx: &RetProbeContext, tgid: u32, pending: &GpuPending, handle: u64) 
     if let Some(stale) = VMM_HANDLES.get_ptr(&key) {
         // The handle's release was not seen: retire it before reuse.
         let stale = unsafe { (*stale).block };
-        add_to_stack(
-            &stack_key(tgid, &stale),
-            stale.size.wrapping_neg(),
-            u64::MAX,
-            false,
-        );
+        remove_from_stack(tgid, &stale);
     }
     let block = new_block(ctx, pending, pending.size);
     let value = VmmHandle { block, holders: 1 };
@@ -332,7 +330,7 @@ fn created(ctx: &RetProbeContext, tgid: u32, pending: &GpuPending, handle: u64) 
         }
         return;
     }
-    add_to_stack(&stack_key(tgid, &block), block.size, 1, true);
+    add_to_stack(tgid, &block, true);
     note_api(tgid, &block, pending.api);
     count(stat::GPU_ALLOCS);
 }
@@ -379,11 +377,6 @@ fn drop_holder(tgid: u32, handle: u64) {
     }
     let block = unsafe { (*known).block };
     let _ = VMM_HANDLES.remove(&key);
-    add_to_stack(
-        &stack_key(tgid, &block),
-        block.size.wrapping_neg(),
-        u64::MAX,
-        false,
-    );
+    remove_from_stack(tgid, &block);
     count(stat::GPU_FREES);
 }

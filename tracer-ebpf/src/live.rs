@@ -6,7 +6,8 @@
 //! A block can also go away without a free: its image was replaced (exec,
 //! EXEC_TIME) or the CUDA context that owned it was destroyed
 //! (CONTEXT_EPOCH; see `gpu.rs`). Such a block is no longer counted, so
-//! taking it out of LIVE leaves the totals alone.
+//! `take_live` and `put_live` take it out of LIVE and leave the totals
+//! alone (`retire`). free's `free_live` does not ask.
 //!
 //! Copied-stack blocks (`--unwind dwarf`) are counted by userspace instead
 //! of in BY_STACK: their removals are sent to it as free records.
@@ -16,11 +17,14 @@ use tracer_ebpf::{
     stat,
 };
 
-use crate::counters::{atomic_add, count, fetch_add};
+use crate::{
+    counters::{atomic_add, atomic_sub, count, fetch_add},
+    stacks::send_free,
+};
 
 /// Every outstanding block seen since attach.
 #[map]
-pub(crate) static LIVE: HashMap<LiveKey, LiveAlloc> = HashMap::with_max_entries(1 << 20, 0);
+static LIVE: HashMap<LiveKey, LiveAlloc> = HashMap::with_max_entries(1 << 20, 0);
 
 /// Totals per (process, stack, kind): what userspace snapshots.
 #[map]
@@ -62,41 +66,6 @@ pub(crate) fn end_context_epoch(tgid: u32) -> u32 {
     fetch_add(epoch, 1) as u32
 }
 
-/// Adds a signed change to a stack's totals, creating the entry on
-/// first use. `allocated` also counts the call in the running totals.
-/// A copied stack's totals are kept by userspace: a block leaving the
-/// live set (`allocs` is -1) is sent to it instead.
-#[inline(always)]
-pub(crate) fn add_to_stack(key: &StackKey, bytes: u64, allocs: u64, allocated: bool) {
-    if is_copied_stack(key.stack_id) {
-        if allocs == u64::MAX {
-            crate::stacks::send_free(key.tgid, key.stack_id, stack_record::FREE);
-        }
-        return;
-    }
-    let totals = match BY_STACK.get_ptr_mut(key) {
-        Some(totals) => totals,
-        None => {
-            let _ = BY_STACK.insert(key, StackTotals::default(), BPF_NOEXIST as u64);
-            match BY_STACK.get_ptr_mut(key) {
-                Some(totals) => totals,
-                None => {
-                    count(stat::DROP_BY_STACK_FULL);
-                    return;
-                }
-            }
-        }
-    };
-    unsafe {
-        atomic_add(&raw mut (*totals).live_bytes, bytes);
-        atomic_add(&raw mut (*totals).live_allocs, allocs);
-        if allocated {
-            atomic_add(&raw mut (*totals).alloc_bytes, bytes);
-            atomic_add(&raw mut (*totals).alloc_count, 1);
-        }
-    }
-}
-
 #[inline(always)]
 pub(crate) fn stack_key(tgid: u32, block: &LiveAlloc) -> StackKey {
     StackKey {
@@ -107,22 +76,56 @@ pub(crate) fn stack_key(tgid: u32, block: &LiveAlloc) -> StackKey {
     }
 }
 
-/// Takes a block out of the live set; returns what it held.
+/// A stack's totals, created on first use; None when BY_STACK is full.
 #[inline(always)]
-pub(crate) fn take_live(tgid: u32, address: u64) -> Option<LiveAlloc> {
-    let key = LiveKey {
-        tgid,
-        pad: 0,
-        address,
-    };
-    let block = unsafe { *LIVE.get(&key)? };
-    if released_without_free(tgid, &block) {
-        // Userspace no longer counts it (see `released_without_free`).
-        let _ = LIVE.remove(&key);
-        return None;
+fn totals_of(key: &StackKey) -> Option<*mut StackTotals> {
+    if let Some(totals) = BY_STACK.get_ptr_mut(key) {
+        return Some(totals);
     }
-    retire(&key, &block);
-    Some(block)
+    let _ = BY_STACK.insert(key, StackTotals::default(), BPF_NOEXIST as u64);
+    let totals = BY_STACK.get_ptr_mut(key);
+    if totals.is_none() {
+        count(stat::DROP_BY_STACK_FULL);
+    }
+    totals
+}
+
+/// Adds a block that joins the live set to its stack's totals;
+/// `allocated` also counts the call in the running totals. A copied
+/// stack's totals are kept by userspace, from the block's copy record.
+#[inline(always)]
+pub(crate) fn add_to_stack(tgid: u32, block: &LiveAlloc, allocated: bool) {
+    if is_copied_stack(block.stack_id) {
+        return;
+    }
+    let Some(totals) = totals_of(&stack_key(tgid, block)) else {
+        return;
+    };
+    unsafe {
+        atomic_add(&raw mut (*totals).live_bytes, block.size);
+        atomic_add(&raw mut (*totals).live_allocs, 1);
+        if allocated {
+            atomic_add(&raw mut (*totals).alloc_bytes, block.size);
+            atomic_add(&raw mut (*totals).alloc_count, 1);
+        }
+    }
+}
+
+/// Takes a block that leaves the live set off its stack's totals; for a
+/// copied stack, tells userspace.
+#[inline(always)]
+pub(crate) fn remove_from_stack(tgid: u32, block: &LiveAlloc) {
+    if is_copied_stack(block.stack_id) {
+        send_free(tgid, block.stack_id, stack_record::FREE);
+        return;
+    }
+    let Some(totals) = totals_of(&stack_key(tgid, block)) else {
+        return;
+    };
+    unsafe {
+        atomic_sub(&raw mut (*totals).live_bytes, block.size);
+        atomic_sub(&raw mut (*totals).live_allocs, 1);
+    }
 }
 
 /// Whether a block went away without a free: its image was replaced
@@ -135,55 +138,74 @@ fn released_without_free(tgid: u32, block: &LiveAlloc) -> bool {
         || context_destroyed(tgid, block)
 }
 
-/// Removes a live block and takes it off its stack's totals.
+/// Takes a block that leaves LIVE off its stack's totals, unless it went
+/// away without a free and no longer counts; returns whether it counted.
 #[inline(always)]
-pub(crate) fn retire(key: &LiveKey, block: &LiveAlloc) {
-    let _ = LIVE.remove(key);
-    add_to_stack(
-        &stack_key(key.tgid, block),
-        block.size.wrapping_neg(),
-        u64::MAX,
-        false,
-    );
+fn retire(tgid: u32, block: &LiveAlloc) -> bool {
+    if released_without_free(tgid, block) {
+        return false;
+    }
+    remove_from_stack(tgid, block);
+    true
 }
 
 #[inline(always)]
-pub(crate) fn put_live(tgid: u32, address: u64, block: &LiveAlloc, allocated: bool) {
-    let key = LiveKey {
+pub(crate) fn live_key(tgid: u32, address: u64) -> LiveKey {
+    LiveKey {
         tgid,
         pad: 0,
         address,
-    };
+    }
+}
+
+/// Takes a block out of the live set; returns what it held, unless it
+/// no longer counted.
+#[inline(always)]
+pub(crate) fn take_live(tgid: u32, address: u64) -> Option<LiveAlloc> {
+    let key = live_key(tgid, address);
+    let block = unsafe { *LIVE.get(&key)? };
+    let _ = LIVE.remove(&key);
+    retire(tgid, &block).then_some(block)
+}
+
+/// The block at `key`, when it is in the live set.
+#[inline(always)]
+pub(crate) fn find_live(key: &LiveKey) -> Option<LiveAlloc> {
+    unsafe { LIVE.get(key) }.copied()
+}
+
+/// Takes a block found at `key` out of the live set and off its stack's
+/// totals (free's way: one lookup, without asking whether it still counts).
+#[inline(always)]
+pub(crate) fn free_live(key: &LiveKey, block: &LiveAlloc) {
+    let _ = LIVE.remove(key);
+    remove_from_stack(key.tgid, block);
+}
+
+/// Puts a block into the live set and adds it to its stack's totals;
+/// `allocated` also counts the call in the running totals (false: a
+/// failed realloc's old block, taken off at its entry, comes back).
+#[inline(always)]
+pub(crate) fn put_live(tgid: u32, address: u64, block: &LiveAlloc, allocated: bool) {
+    let key = live_key(tgid, address);
     if let Some(stale) = LIVE.get_ptr_mut(&key) {
         // The block's free was not seen (made inside another allocator
         // call, or its image or CUDA context is gone): retire it before
         // reusing the address.
-        if released_without_free(tgid, unsafe { &*stale }) {
-            unsafe { *stale = *block };
-            add_to_stack(&stack_key(tgid, block), block.size, 1, allocated);
-            return;
-        }
         unsafe {
-            add_to_stack(
-                &stack_key(tgid, &*stale),
-                (*stale).size.wrapping_neg(),
-                u64::MAX,
-                false,
-            );
+            retire(tgid, &*stale);
             *stale = *block;
         }
     } else if LIVE.insert(&key, block, BPF_NOEXIST as u64).is_err() {
         count(stat::DROP_LIVE_FULL);
         if is_copied_stack(block.stack_id) {
             // Userspace counted the copy as live: take it off again.
-            crate::stacks::send_free(tgid, block.stack_id, stack_record::FREE);
+            send_free(tgid, block.stack_id, stack_record::FREE);
             return;
         }
         // Keep the call in the running totals; the live figures stay
         // exact for every block that is tracked.
-        let key = stack_key(tgid, block);
-        add_to_stack(&key, 0, 0, false);
-        if let Some(totals) = BY_STACK.get_ptr_mut(&key) {
+        if let Some(totals) = totals_of(&stack_key(tgid, block)) {
             unsafe {
                 atomic_add(&raw mut (*totals).alloc_bytes, block.size);
                 atomic_add(&raw mut (*totals).alloc_count, 1);
@@ -193,7 +215,7 @@ pub(crate) fn put_live(tgid: u32, address: u64, block: &LiveAlloc, allocated: bo
     }
     if !allocated && is_copied_stack(block.stack_id) {
         // A failed realloc's old block, taken off at its entry.
-        crate::stacks::send_free(tgid, block.stack_id, stack_record::RESTORE);
+        send_free(tgid, block.stack_id, stack_record::RESTORE);
     }
-    add_to_stack(&stack_key(tgid, block), block.size, 1, allocated);
+    add_to_stack(tgid, block, allocated);
 }

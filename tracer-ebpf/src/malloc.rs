@@ -20,12 +20,12 @@ use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_ebpf::{LiveAlloc, LiveKey, Pending, call, kind, stat};
+use tracer_ebpf::{LiveAlloc, Pending, call, kind, stat};
 
 use crate::{
     args::arg,
     counters::count,
-    live::{LIVE, put_live, retire, take_live},
+    live::{find_live, free_live, live_key, put_live, take_live},
     pending::PENDING,
 };
 
@@ -309,12 +309,8 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let thread = bpf_get_current_pid_tgid();
-    let key = LiveKey {
-        tgid: (thread >> 32) as u32,
-        pad: 0,
-        address,
-    };
-    let Some(block) = (unsafe { LIVE.get(&key) }).copied() else {
+    let key = live_key((thread >> 32) as u32, address);
+    let Some(block) = find_live(&key) else {
         count(stat::FREES_UNKNOWN);
         return 0;
     };
@@ -324,7 +320,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         count(stat::NESTED_CALLS);
         return 0;
     }
-    retire(&key, &block);
+    free_live(&key, &block);
     count(stat::FREES);
     0
 }
