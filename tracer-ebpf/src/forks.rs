@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use tracer_ebpf::stat;
 
-use crate::probes::count;
+use crate::counters::count;
 
 /// Processes whose children are followed.
 #[map]

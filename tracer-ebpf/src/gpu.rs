@@ -29,7 +29,7 @@
 //! ends the epoch of every context of the process.
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{BPF_ANY, BPF_NOEXIST},
+    bindings::BPF_ANY,
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
     },
@@ -38,13 +38,17 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_ebpf::{
-    Event, FIRST_CONTEXT_EPOCH, GpuPending, LiveAlloc, LiveKey, StackKey, VmmHandle, event,
-    gpu_api, gpu_call, stat,
+    Event, GpuPending, LiveAlloc, LiveKey, StackKey, VmmHandle, event, gpu_api, gpu_call, stat,
 };
 
 use crate::{
-    libraries::send_event,
-    probes::{add_to_stack, arg, atomic_add, count, put_live, stack_key, take_live},
+    args::arg,
+    counters::{atomic_add, count, fetch_add},
+    events::send_event,
+    live::{
+        add_to_stack, context_epoch, end_context_epoch, put_live, remove_from_stack, stack_key,
+        take_live,
+    },
 };
 
 /// Per thread (pid_tgid): the CUDA call in progress.
@@ -62,37 +66,6 @@ static VMM_MAPPINGS: HashMap<LiveKey, u64> = HashMap::with_max_entries(1 << 16, 
 /// The `gpu_api` id of the call that made each GPU stack's memory.
 #[map]
 static STACK_API: HashMap<StackKey, u32> = HashMap::with_max_entries(1 << 14, 0);
-
-/// The current CUDA context epoch of each process that ended one (absent:
-/// `FIRST_CONTEXT_EPOCH`).
-#[map]
-static CONTEXT_EPOCH: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
-
-#[inline(always)]
-fn context_epoch(tgid: u32) -> u32 {
-    unsafe { CONTEXT_EPOCH.get(&tgid) }.map_or(FIRST_CONTEXT_EPOCH, |&epoch| epoch as u32)
-}
-
-/// Whether the CUDA context that owned a block was destroyed since it was
-/// allocated.
-#[inline(always)]
-pub(crate) fn context_destroyed(tgid: u32, block: &LiveAlloc) -> bool {
-    block.context_epoch != 0 && block.context_epoch != context_epoch(tgid)
-}
-
-/// Ends the process's context epoch (a context destroyed, or its image
-/// replaced); returns the epoch that ended, 0 when there was no room to
-/// record it.
-#[inline(always)]
-pub(crate) fn end_context_epoch(tgid: u32) -> u32 {
-    let first = FIRST_CONTEXT_EPOCH as u64;
-    let _ = CONTEXT_EPOCH.insert(&tgid, &first, BPF_NOEXIST as u64);
-    let Some(epoch) = CONTEXT_EPOCH.get_ptr_mut(&tgid) else {
-        count(stat::DROP_CONTEXT_EPOCH_FULL);
-        return 0;
-    };
-    fetch_add(epoch, 1) as u32
-}
 
 /// Starts a CUDA call unless one is already in progress on this thread.
 #[inline(always)]
@@ -345,12 +318,7 @@ fn created(ctx: &RetProbeContext, tgid: u32, pending: &GpuPending, handle: u64) 
     if let Some(stale) = VMM_HANDLES.get_ptr(&key) {
         // The handle's release was not seen: retire it before reuse.
         let stale = unsafe { (*stale).block };
-        add_to_stack(
-            &stack_key(tgid, &stale),
-            stale.size.wrapping_neg(),
-            u64::MAX,
-            false,
-        );
+        remove_from_stack(tgid, &stale);
     }
     let block = new_block(ctx, pending, pending.size);
     let value = VmmHandle { block, holders: 1 };
@@ -362,7 +330,7 @@ fn created(ctx: &RetProbeContext, tgid: u32, pending: &GpuPending, handle: u64) 
         }
         return;
     }
-    add_to_stack(&stack_key(tgid, &block), block.size, 1, true);
+    add_to_stack(tgid, &block, true);
     note_api(tgid, &block, pending.api);
     count(stat::GPU_ALLOCS);
 }
@@ -409,27 +377,6 @@ fn drop_holder(tgid: u32, handle: u64) {
     }
     let block = unsafe { (*known).block };
     let _ = VMM_HANDLES.remove(&key);
-    add_to_stack(
-        &stack_key(tgid, &block),
-        block.size.wrapping_neg(),
-        u64::MAX,
-        false,
-    );
+    remove_from_stack(tgid, &block);
     count(stat::GPU_FREES);
-}
-
-/// `*target += value` as one atomic instruction; returns the value
-/// before, so that of two threads dropping the last holders exactly one
-/// frees, two context destructions end two epochs, and two stack copies
-/// get two references.
-#[inline(always)]
-pub(crate) fn fetch_add(target: *mut u64, mut value: u64) -> u64 {
-    unsafe {
-        core::arch::asm!(
-            "{value} = atomic_fetch_add((u64 *)({target} + 0), {value})",
-            target = in(reg) target,
-            value = inout(reg) value,
-        );
-    }
-    value
 }

@@ -1,24 +1,20 @@
 //! Notices libraries a traced process loads after attach (dlopen): a
 //! tracepoint on mmap sends one EVENTS message when a traced process maps a
 //! file with execute permission, and userspace looks the new object up.
-//! EVENTS also carries the other rare events: exec, and CUDA context
-//! destructions (`gpu.rs`).
-//!
-//! The message is sent with BPF_RB_NO_WAKEUP (userspace drains EVENTS on a
-//! timer), so a process that maps many files never wakes tracer per call.
+//! EVENTS (`events.rs`) also carries the other rare events: exec, and CUDA
+//! context destructions (`gpu.rs`).
 use aya_ebpf::{
     Global,
-    bindings::BPF_RB_NO_WAKEUP,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, tracepoint},
-    maps::{HashMap, RingBuf},
+    maps::HashMap,
     programs::TracePointContext,
 };
-use tracer_ebpf::{Event, event, mmap_format, stat};
+use tracer_ebpf::{Event, event, mmap_format};
 
 use crate::{
-    gpu::end_context_epoch,
-    probes::{EXEC_TIME, count},
+    events::send_event,
+    live::{EXEC_TIME, end_context_epoch},
 };
 
 const PROT_EXEC: u64 = 4;
@@ -26,10 +22,6 @@ const PROT_EXEC: u64 = 4;
 /// The processes traced, by tgid (the value is unused).
 #[map]
 static TRACED_TGIDS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
-
-/// Rare events for userspace.
-#[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 
 /// Field offsets of `syscalls:sys_enter_mmap`, read from tracefs at load.
 #[unsafe(no_mangle)]
@@ -56,17 +48,6 @@ pub fn process_exec(_ctx: TracePointContext) -> u32 {
         pad: 0,
     });
     0
-}
-
-/// Sends a rare event to userspace, without waking it.
-#[inline(always)]
-pub(crate) fn send_event(message: &Event) {
-    if EVENTS
-        .output::<Event>(message, BPF_RB_NO_WAKEUP as u64)
-        .is_err()
-    {
-        count(stat::DROP_EVENTS_FULL);
-    }
 }
 
 #[tracepoint]

@@ -21,7 +21,7 @@ use aya_ebpf::{
 };
 use tracer_ebpf::{MappingEvent, NO_STACK, SyscallFieldOffsets, mapping_call, stat};
 
-use crate::probes::{PENDING, count};
+use crate::{counters::count, pending::PENDING};
 
 /// Where the tracepoint fields are, read from tracefs by userspace.
 #[unsafe(no_mangle)]

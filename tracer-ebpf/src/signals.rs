@@ -1,6 +1,6 @@
 //! Signal handlers that interrupt an allocator call on their own thread.
 //!
-//! Only the outermost allocator call on a thread counts (see `main.rs`), so
+//! Only the outermost allocator call on a thread counts (see `malloc.rs`), so
 //! a handler that allocates while its thread is inside malloc would see its
 //! malloc taken for an internal, nested call and lost. When the kernel
 //! delivers a signal to a thread that has allocator state, that state is
@@ -21,7 +21,7 @@ use aya_ebpf::{
 };
 use tracer_ebpf::{Pending, SignalLevel};
 
-use crate::probes::PENDING;
+use crate::pending::PENDING;
 
 /// The allocator state of interrupted calls, per thread and handler level.
 #[map]

@@ -15,7 +15,7 @@ use aya_ebpf::{
         bpf_task_pt_regs, generated::bpf_probe_read_user,
     },
     macros::map,
-    maps::{Array, HashMap, RingBuf},
+    maps::{Array, HashMap, RingBuf, StackTrace},
     programs::{ProbeContext, RetProbeContext, tracing::StackIdContext},
 };
 use tracer_ebpf::{
@@ -23,7 +23,7 @@ use tracer_ebpf::{
     StackFree, stack_record, stat,
 };
 
-use crate::probes::{STACKS, count};
+use crate::counters::{count, fetch_add};
 
 /// 0: every stack is walked by frame pointers; 1: every stack is copied;
 /// 2: stacks of the processes in COPY_STACKS_OF are copied.
@@ -32,6 +32,11 @@ static STACK_COPY_MODE: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
 /// Stack pages per copy (`--stack-bytes`), from the stack pointer's page.
 #[unsafe(no_mangle)]
 static STACK_PAGES: aya_ebpf::Global<u32> = aya_ebpf::Global::new(4);
+
+/// User stacks, walked by frame pointers. No BPF_F_REUSE_STACKID: an
+/// overwritten stack would misattribute every live block that uses it.
+#[map]
+static STACKS: StackTrace = StackTrace::with_max_entries(1 << 14, 0);
 
 /// Processes whose stacks are copied (`--unwind auto`), set by userspace.
 #[map]
@@ -179,7 +184,7 @@ fn copy_stack(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
         record.discard(0);
         return None;
     };
-    let sequence = crate::gpu::fetch_add(next, 1);
+    let sequence = fetch_add(next, 1);
     let stack_ref = COPIED_STACK | (sequence as u32 & COPIED_STACK_MASK);
     let base = sp & !(STACK_PAGE_BYTES - 1);
     let data = record.as_mut_ptr();

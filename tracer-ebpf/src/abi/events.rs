@@ -1,0 +1,32 @@
+//! Rare events for userspace (EVENTS) and the fields their watcher reads.
+
+/// Rare events for userspace, in the EVENTS ring buffer.
+pub mod event {
+    /// A traced process mapped a file with execute permission (a library
+    /// being loaded): its symbols must be looked up.
+    pub const EXEC_MAPPED: u32 = 1;
+    /// A traced process replaced its image (execve).
+    pub const EXEC: u32 = 2;
+    /// A traced process destroyed or reset a CUDA context.
+    pub const GPU_CONTEXT_DESTROYED: u32 = 3;
+}
+
+/// One message in the EVENTS ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// An `event` value.
+    pub what: u32,
+    pub tgid: u32,
+    pub timestamp_ns: u64,
+    /// EXEC and GPU_CONTEXT_DESTROYED: the CUDA context epoch that ended.
+    pub context_epoch: u32,
+    pub pad: u32,
+}
+
+/// Byte offsets of the `sys_enter_mmap` tracepoint fields the EXEC_MAPPED
+/// watcher reads, from tracefs at start-up (defaults: Linux 6.x).
+pub mod mmap_format {
+    pub const PROT_OFFSET: u32 = 32;
+    pub const FD_OFFSET: u32 = 48;
+}

@@ -1,0 +1,67 @@
+//! The malloc family's per-thread state: the call in progress between
+//! entry and return, and what a signal handler sets aside.
+
+use crate::LiveAlloc;
+
+/// What the return probe must do with a pending call.
+pub mod call {
+    /// The result is the new block (malloc, calloc, memalign, valloc...).
+    pub const RETURNS_POINTER: u32 = 1;
+    /// realloc and reallocarray: free of `pointer`, then a new block.
+    pub const REALLOC: u32 = 2;
+    /// posix_memalign: the block is written to the out-parameter `pointer`
+    /// when the call returns 0.
+    pub const OUT_PARAMETER: u32 = 3;
+}
+
+/// Per thread: the outermost allocator call in progress, carried from its
+/// entry probe to its return probe, and the thread's sampling state. Calls
+/// nested inside it (an allocator calling another exported allocator
+/// function) only move `depth`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// Requested size in bytes.
+    pub size: u64,
+    /// realloc: the old block; posix_memalign: the out-parameter.
+    pub pointer: u64,
+    /// What the new block counts for in the live totals: its size in exact
+    /// mode, its sampling weight in sampling mode, 0 when it is not recorded
+    /// (filtered out or not sampled; a realloc still frees its old block).
+    pub recorded_bytes: u64,
+    /// xorshift64* state of the thread's sampling decisions (never 0).
+    pub random_state: u64,
+    /// The call's return address, read at entry when the thread's stacks
+    /// are copied (0 otherwise): at a uprobe session's return the
+    /// registers may still hold the uprobe trampoline's address.
+    pub return_address: u64,
+    /// An outermost call that was not recorded (not sampled, filtered
+    /// out) and skipped its return: its stack pointer at entry and the
+    /// return address there. Calls made inside it (operator new's malloc)
+    /// are not recorded either, instead of getting a second chance; it is
+    /// known to have returned once that word changed or the stack pointer
+    /// is no longer below it. 0: none.
+    pub unrecorded_sp: u64,
+    pub unrecorded_return: u64,
+    /// realloc: what the old block held, removed at entry and restored if
+    /// the call fails.
+    pub old: LiveAlloc,
+    pub call: u32,
+    /// Allocator calls in progress on this thread, the outermost included.
+    pub depth: u32,
+    /// realloc: 1 when `old` holds a block that was known.
+    pub old_known: u32,
+    /// Signal handlers running on this thread whose interrupted allocator
+    /// state is set aside (see `signals.rs`).
+    pub signal_level: u32,
+}
+
+/// Key of the set-aside allocator state of a thread interrupted by a
+/// signal handler.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SignalLevel {
+    pub thread: u64,
+    pub level: u32,
+    pub pad: u32,
+}

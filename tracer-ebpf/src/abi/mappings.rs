@@ -1,0 +1,69 @@
+//! The mapping system calls' events (MAPPING_EVENTS) and the tracepoint
+//! fields they are read from.
+
+/// The mapping system calls, as `MappingEvent::call`.
+pub mod mapping_call {
+    pub const MMAP: u32 = 1;
+    pub const MUNMAP: u32 = 2;
+    pub const MREMAP: u32 = 3;
+    pub const BRK: u32 = 4;
+    pub const MPROTECT: u32 = 5;
+}
+
+/// Byte offsets of the tracepoint fields the mapping programs read, from
+/// `/sys/kernel/tracing/events/syscalls/*/format` (set at load time).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallFieldOffsets {
+    pub mmap_addr: u64,
+    pub mmap_len: u64,
+    pub mmap_prot: u64,
+    pub mmap_flags: u64,
+    pub mmap_fd: u64,
+    pub munmap_addr: u64,
+    pub munmap_len: u64,
+    pub mremap_addr: u64,
+    pub mremap_old_len: u64,
+    pub mremap_new_len: u64,
+    pub mprotect_start: u64,
+    pub mprotect_len: u64,
+    pub mprotect_prot: u64,
+    /// `ret` of every `sys_exit_*` tracepoint (one offset for all: userspace
+    /// checks that they agree).
+    pub exit_ret: u64,
+}
+
+/// One successful mapping call of a target, sent to userspace through the
+/// MAPPING_EVENTS ring buffer (without waking it: userspace drains it on a
+/// timer). The arguments are the syscall's, as it was entered.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingEvent {
+    pub tgid: u32,
+    /// `mapping_call`.
+    pub call: u32,
+    /// mmap, munmap, mprotect, mremap: the `addr` argument; brk: unused.
+    pub address: u64,
+    /// mmap, munmap, mprotect: `len`; mremap: `old_len`.
+    pub length: u64,
+    /// mremap: `new_len`.
+    pub new_length: u64,
+    /// mmap, mprotect: `prot`.
+    pub prot: u64,
+    /// mmap: `flags`.
+    pub flags: u64,
+    /// mmap: `fd` (as the kernel got it, so -1 is `u64::MAX`).
+    pub fd: u64,
+    /// The syscall's result: mmap and mremap the mapping's address, brk the
+    /// new program break.
+    pub result: u64,
+    /// The word at the user stack pointer when the call was entered: the
+    /// return address into the caller when a leaf wrapper (glibc's mmap,
+    /// munmap, syscall) made the call, which the frame-pointer walk misses.
+    pub caller_address: u64,
+    /// User stack at entry (`NO_STACK` when not stored).
+    pub stack_id: u32,
+    /// 1 when the thread was inside a traced allocator call: the mapping is
+    /// the allocator's, already counted as heap.
+    pub in_allocator: u32,
+}

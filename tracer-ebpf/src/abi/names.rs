@@ -1,0 +1,89 @@
+//! The names userspace finds the object's maps, programs and load-time
+//! globals by. The eBPF side names them by its statics and functions (aya's
+//! macros take no constant), so a test in `tracer` checks every name here
+//! against the built object: a rename on either side fails it.
+
+/// One `&str` constant per name, and `ALL`, every name of the list.
+macro_rules! names {
+    ($($name:ident = $value:literal,)*) => {
+        $(pub const $name: &str = $value;)*
+        /// Every name of this list.
+        pub const ALL: &[&str] = &[$($name),*];
+    };
+}
+
+/// Maps userspace reads, fills, resizes or takes.
+pub mod map {
+    names! {
+        LIVE = "LIVE",
+        BY_STACK = "BY_STACK",
+        STACKS = "STACKS",
+        STATS = "STATS",
+        STACK_API = "STACK_API",
+        CONTEXT_EPOCH = "CONTEXT_EPOCH",
+        COPY_STACKS_OF = "COPY_STACKS_OF",
+        STACK_COPIES = "STACK_COPIES",
+        EVENTS = "EVENTS",
+        TRACED_TGIDS = "TRACED_TGIDS",
+        TARGETS = "TARGETS",
+        MAPPING_EVENTS = "MAPPING_EVENTS",
+        FOLLOWED = "FOLLOWED",
+        FORKS = "FORKS",
+    }
+}
+
+/// Programs userspace loads and attaches. The uprobe session programs are
+/// found by their `_session` suffix instead.
+pub mod program {
+    names! {
+        MALLOC_ENTER = "malloc_enter",
+        CALLOC_ENTER = "calloc_enter",
+        REALLOC_ENTER = "realloc_enter",
+        REALLOCARRAY_ENTER = "reallocarray_enter",
+        POSIX_MEMALIGN_ENTER = "posix_memalign_enter",
+        ALIGNED_ENTER = "aligned_enter",
+        PVALLOC_ENTER = "pvalloc_enter",
+        FREE_ENTER = "free_enter",
+        ALLOC_RETURN = "alloc_return",
+        FLOOR_ENTER = "floor_enter",
+        FLOOR_RETURN = "floor_return",
+        SPAWN_GATE = "spawn_gate",
+        GPU_ALLOC_ENTER = "gpu_alloc_enter",
+        GPU_PITCH_ENTER = "gpu_pitch_enter",
+        GPU_CREATE_ENTER = "gpu_create_enter",
+        GPU_FREE_ENTER = "gpu_free_enter",
+        GPU_RELEASE_ENTER = "gpu_release_enter",
+        GPU_MAP_ENTER = "gpu_map_enter",
+        GPU_UNMAP_ENTER = "gpu_unmap_enter",
+        GPU_CONTEXT_ENTER = "gpu_context_enter",
+        GPU_RETURN = "gpu_return",
+        PROCESS_EXEC = "process_exec",
+        EXEC_MAPPED = "exec_mapped",
+        PROCESS_FORK = "process_fork",
+        SIGNAL_DELIVER = "signal_deliver",
+        SIGNAL_RETURN = "signal_return",
+        MMAP_ENTER = "mmap_enter",
+        MUNMAP_ENTER = "munmap_enter",
+        MREMAP_ENTER = "mremap_enter",
+        BRK_ENTER = "brk_enter",
+        MPROTECT_ENTER = "mprotect_enter",
+        MAPPING_EXIT = "mapping_exit",
+    }
+}
+
+/// Read-only globals userspace sets at load time (`override_global`).
+pub mod global {
+    names! {
+        SAMPLE_BYTES = "SAMPLE_BYTES",
+        SAMPLE_SEED = "SAMPLE_SEED",
+        SAMPLE_SKIP_CHANCE = "SAMPLE_SKIP_CHANCE",
+        MIN_SIZE_BYTES = "MIN_SIZE_BYTES",
+        MAX_SIZE_BYTES = "MAX_SIZE_BYTES",
+        STACK_COPY_MODE = "STACK_COPY_MODE",
+        STACK_PAGES = "STACK_PAGES",
+        MMAP_PROT_OFFSET = "MMAP_PROT_OFFSET",
+        MMAP_FD_OFFSET = "MMAP_FD_OFFSET",
+        SYSCALL_FIELD_OFFSETS = "SYSCALL_FIELD_OFFSETS",
+        FORK_CHILD_PID_OFFSET = "FORK_CHILD_PID_OFFSET",
+    }
+}

@@ -1,0 +1,79 @@
+//! Copied stacks (`--unwind dwarf`): references in place of STACKS ids,
+//! and the records of the STACK_COPIES ring buffer.
+
+/// A stack id with these top bits set is not a STACKS id but a reference
+/// to a stack copied into the STACK_COPIES ring buffer (`--unwind dwarf`):
+/// userspace unwinds it and keeps the totals of such blocks itself, from
+/// the copy and free records of that ring.
+pub const COPIED_STACK: u32 = 1 << 30;
+/// The bits of a copied-stack reference that tell copies apart.
+pub const COPIED_STACK_MASK: u32 = COPIED_STACK - 1;
+
+/// Whether `stack_id` refers to a copied stack (not [`crate::NO_STACK`]).
+pub const fn is_copied_stack(stack_id: u32) -> bool {
+    stack_id & !COPIED_STACK_MASK == COPIED_STACK
+}
+
+/// Record types of the STACK_COPIES ring buffer. Records are read in the
+/// order they were reserved, so a block's copy always comes before its free.
+pub mod stack_record {
+    /// [`super::StackCopy`] followed by `length` bytes of user stack.
+    pub const COPY: u32 = 1;
+    /// [`super::StackFree`]: the block of a copy was freed.
+    pub const FREE: u32 = 2;
+    /// [`super::StackFree`]: a failed realloc gave its old block back.
+    pub const RESTORE: u32 = 3;
+    /// [`super::StackCopy`] of a mapping call (mmap, brk) at its entry: a
+    /// stack only, for the MappingEvent that carries its reference; the
+    /// mapping itself is followed from MAPPING_EVENTS.
+    pub const MAPPING_COPY: u32 = 4;
+}
+
+/// Largest number of stack pages one copy holds (`--stack-bytes` up to
+/// 64 KiB, from the start of the stack pointer's page).
+pub const MAX_STACK_PAGES: u32 = 16;
+pub const STACK_PAGE_BYTES: u64 = 4096;
+
+/// A new block with its user stack copied at the allocator's return: the
+/// registers the unwinder starts from and the stack pages from the one the
+/// stack pointer is in, upwards. The pages follow this header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackCopy {
+    /// `stack_record::COPY`.
+    pub record: u32,
+    pub tgid: u32,
+    /// The reference the block's LIVE entry carries ([`COPIED_STACK`] set).
+    pub stack_ref: u32,
+    pub kind: u32,
+    /// The CUDA function (`gpu_api`), or `u32::MAX` for the malloc family.
+    pub api: u32,
+    /// 1 when the copy stopped at an unreadable page: the stack's top is in
+    /// the copy, so nothing of the stack is missing.
+    pub reached_top: u32,
+    /// The block's `LiveAlloc::context_epoch`.
+    pub context_epoch: u32,
+    pub pad: u32,
+    /// What the block counts for (its size, or its sampling weight).
+    pub size: u64,
+    /// Instruction pointer (the return address into the caller), stack
+    /// pointer and frame pointer at the allocator's return.
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Address of the first copied byte (the start of the stack pointer's
+    /// page) and how many bytes follow the header (whole pages).
+    pub base: u64,
+    pub length: u64,
+}
+
+/// A copied-stack block that left the live set.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackFree {
+    /// `stack_record::FREE` or `stack_record::RESTORE`.
+    pub record: u32,
+    pub tgid: u32,
+    pub stack_ref: u32,
+    pub pad: u32,
+}

@@ -1,0 +1,73 @@
+//! The STATS counters: one table of ids, names and classes.
+
+/// Whether a STATS entry is an event count or a drop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatClass {
+    Event,
+    Drop,
+}
+
+/// Indices into the per-CPU STATS array. Events count what happened; drops
+/// count what could not be recorded (reported in the report's first lines).
+pub mod stat {
+    use super::StatClass::{self, Drop, Event};
+
+    id_table! {
+        /// Names of the STATS entries, by index, as shown in reports.
+        STAT_NAMES: [(&str, StatClass)] {
+            ALLOCS => ("allocs", Event),
+            FREES => ("frees", Event),
+            FAILED_ALLOCS => ("failed_allocs", Event),
+            NESTED_CALLS => ("nested_calls", Event),
+            FREES_UNKNOWN => ("frees_unknown", Event),
+            FREES_NULL => ("frees_null", Event),
+            DROP_LIVE_FULL => ("live_map_full", Drop),
+            DROP_BY_STACK_FULL => ("by_stack_map_full", Drop),
+            DROP_STACK_COLLISION => ("stack_map_collision", Drop),
+            DROP_STACK_ERROR => ("stack_error", Drop),
+            DROP_PENDING_FULL => ("pending_map_full", Drop),
+            DROP_READ_OUT_PARAM => ("out_param_unreadable", Drop),
+            /// Allocations not recorded: outside --min-size/--max-size or not
+            /// sampled.
+            NOT_RECORDED => ("allocs_not_recorded", Event),
+            /// CUDA allocations (device, managed, pinned host, VMM physical).
+            GPU_ALLOCS => ("gpu_allocs", Event),
+            GPU_FREES => ("gpu_frees", Event),
+            /// CUDA calls that returned an error: nothing allocated or freed.
+            GPU_FAILED_CALLS => ("gpu_failed_calls", Event),
+            /// CUDA calls made inside another one on the same thread (the driver
+            /// under the runtime): not counted again.
+            GPU_NESTED_CALLS => ("gpu_nested_calls", Event),
+            /// Frees, unmaps and releases of GPU memory allocated before attach.
+            GPU_FREES_UNKNOWN => ("gpu_frees_unknown", Event),
+            /// New executable mappings whose event did not fit in EVENTS (the
+            /// /proc/PID/maps poll still finds them, later).
+            DROP_EVENTS_FULL => ("events_ring_full", Drop),
+            /// New processes of followed targets that could not be announced.
+            DROP_FORK_QUEUE_FULL => ("fork_queue_full", Drop),
+            /// Successful mmap, munmap, mremap, brk and mprotect calls of a target.
+            MAPPING_CALLS => ("mapping_calls", Event),
+            /// Mapping events lost: the MAPPING_EVENTS ring buffer was full.
+            DROP_MAPPING_EVENTS => ("mapping_events_lost", Drop),
+            /// Mapping calls not followed: too many threads in a mapping call.
+            DROP_MAPPING_PENDING_FULL => ("mapping_pending_full", Drop),
+            /// Successful CUDA context destructions and resets (cuCtxDestroy_v2,
+            /// cuDevicePrimaryCtxReset_v2, cudaDeviceReset).
+            GPU_CONTEXT_DESTROYS => ("gpu_context_destroys", Event),
+            /// Context destructions not recorded: no room for the process in the
+            /// context epoch table (its released blocks stay live in the report).
+            DROP_CONTEXT_EPOCH_FULL => ("context_epoch_table_full", Drop),
+            /// Allocations whose user stack was copied for unwinding in userspace
+            /// (`--unwind dwarf`).
+            STACK_COPIES => ("stack_copies", Event),
+            /// Stack copies that did not fit in the STACK_COPIES ring buffer: the
+            /// block is still counted, with its frame-pointer stack.
+            DROP_STACK_COPY_RING_FULL => ("stack_copy_ring_full", Drop),
+            /// Frees of copied-stack blocks that did not fit in the ring buffer:
+            /// userspace keeps counting those blocks as live.
+            DROP_STACK_FREE_LOST => ("stack_free_lost", Drop),
+        }
+    }
+}
+
+pub use stat::STAT_NAMES;
