@@ -13,7 +13,7 @@ use tracer_ebpf::{GPU_API_NAMES, gpu_api as api, gpu_cookie, kind};
 use super::function::HookedFunction;
 
 /// The return program shared by every CUDA function.
-const GPU_RETURN_PROGRAM: &str = "gpu_return";
+const GPU_RETURN_PROGRAM: &str = tracer_ebpf::program::GPU_RETURN;
 
 /// A CUDA function handing out memory of `memory_kind`, or, for frees,
 /// unmaps, releases and context destructions, taking it back
@@ -32,37 +32,133 @@ const MANAGED: u32 = kind::GPU_MANAGED;
 const PINNED: u32 = kind::GPU_HOST_PINNED;
 
 pub const CUDA_FUNCTIONS: [HookedFunction; api::COUNT as usize] = [
-    cuda(api::CUDA_MALLOC, "gpu_alloc_enter", DEVICE),
-    cuda(api::CUDA_MALLOC_MANAGED, "gpu_alloc_enter", MANAGED),
-    cuda(api::CUDA_MALLOC_HOST, "gpu_alloc_enter", PINNED),
-    cuda(api::CUDA_HOST_ALLOC, "gpu_alloc_enter", PINNED),
-    cuda(api::CUDA_MALLOC_PITCH, "gpu_pitch_enter", DEVICE),
-    cuda(api::CUDA_MALLOC_ASYNC, "gpu_alloc_enter", DEVICE),
-    cuda(api::CUDA_MALLOC_FROM_POOL_ASYNC, "gpu_alloc_enter", DEVICE),
-    cuda(api::CUDA_FREE, "gpu_free_enter", DEVICE),
-    cuda(api::CUDA_FREE_HOST, "gpu_free_enter", PINNED),
-    cuda(api::CUDA_FREE_ASYNC, "gpu_free_enter", DEVICE),
-    cuda(api::CU_MEM_ALLOC, "gpu_alloc_enter", DEVICE),
-    cuda(api::CU_MEM_ALLOC_PITCH, "gpu_pitch_enter", DEVICE),
-    cuda(api::CU_MEM_ALLOC_MANAGED, "gpu_alloc_enter", MANAGED),
-    cuda(api::CU_MEM_ALLOC_HOST, "gpu_alloc_enter", PINNED),
-    cuda(api::CU_MEM_HOST_ALLOC, "gpu_alloc_enter", PINNED),
-    cuda(api::CU_MEM_ALLOC_ASYNC, "gpu_alloc_enter", DEVICE),
-    cuda(api::CU_MEM_ALLOC_FROM_POOL_ASYNC, "gpu_alloc_enter", DEVICE),
-    cuda(api::CU_MEM_FREE, "gpu_free_enter", DEVICE),
-    cuda(api::CU_MEM_FREE_HOST, "gpu_free_enter", PINNED),
-    cuda(api::CU_MEM_FREE_ASYNC, "gpu_free_enter", DEVICE),
-    cuda(api::CU_MEM_CREATE, "gpu_create_enter", DEVICE),
-    cuda(api::CU_MEM_RELEASE, "gpu_release_enter", DEVICE),
-    cuda(api::CU_MEM_MAP, "gpu_map_enter", DEVICE),
-    cuda(api::CU_MEM_UNMAP, "gpu_unmap_enter", DEVICE),
-    cuda(api::CU_CTX_DESTROY, "gpu_context_enter", DEVICE),
     cuda(
-        api::CU_DEVICE_PRIMARY_CTX_RESET,
-        "gpu_context_enter",
+        api::CUDA_MALLOC,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
         DEVICE,
     ),
-    cuda(api::CUDA_DEVICE_RESET, "gpu_context_enter", DEVICE),
+    cuda(
+        api::CUDA_MALLOC_MANAGED,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        MANAGED,
+    ),
+    cuda(
+        api::CUDA_MALLOC_HOST,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        PINNED,
+    ),
+    cuda(
+        api::CUDA_HOST_ALLOC,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        PINNED,
+    ),
+    cuda(
+        api::CUDA_MALLOC_PITCH,
+        tracer_ebpf::program::GPU_PITCH_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CUDA_MALLOC_ASYNC,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CUDA_MALLOC_FROM_POOL_ASYNC,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        DEVICE,
+    ),
+    cuda(api::CUDA_FREE, tracer_ebpf::program::GPU_FREE_ENTER, DEVICE),
+    cuda(
+        api::CUDA_FREE_HOST,
+        tracer_ebpf::program::GPU_FREE_ENTER,
+        PINNED,
+    ),
+    cuda(
+        api::CUDA_FREE_ASYNC,
+        tracer_ebpf::program::GPU_FREE_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CU_MEM_ALLOC,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CU_MEM_ALLOC_PITCH,
+        tracer_ebpf::program::GPU_PITCH_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CU_MEM_ALLOC_MANAGED,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        MANAGED,
+    ),
+    cuda(
+        api::CU_MEM_ALLOC_HOST,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        PINNED,
+    ),
+    cuda(
+        api::CU_MEM_HOST_ALLOC,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        PINNED,
+    ),
+    cuda(
+        api::CU_MEM_ALLOC_ASYNC,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CU_MEM_ALLOC_FROM_POOL_ASYNC,
+        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CU_MEM_FREE,
+        tracer_ebpf::program::GPU_FREE_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CU_MEM_FREE_HOST,
+        tracer_ebpf::program::GPU_FREE_ENTER,
+        PINNED,
+    ),
+    cuda(
+        api::CU_MEM_FREE_ASYNC,
+        tracer_ebpf::program::GPU_FREE_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CU_MEM_CREATE,
+        tracer_ebpf::program::GPU_CREATE_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CU_MEM_RELEASE,
+        tracer_ebpf::program::GPU_RELEASE_ENTER,
+        DEVICE,
+    ),
+    cuda(api::CU_MEM_MAP, tracer_ebpf::program::GPU_MAP_ENTER, DEVICE),
+    cuda(
+        api::CU_MEM_UNMAP,
+        tracer_ebpf::program::GPU_UNMAP_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CU_CTX_DESTROY,
+        tracer_ebpf::program::GPU_CONTEXT_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CU_DEVICE_PRIMARY_CTX_RESET,
+        tracer_ebpf::program::GPU_CONTEXT_ENTER,
+        DEVICE,
+    ),
+    cuda(
+        api::CUDA_DEVICE_RESET,
+        tracer_ebpf::program::GPU_CONTEXT_ENTER,
+        DEVICE,
+    ),
 ];
 
 /// The name of a `gpu_api` id, `None` for one this build does not know.

@@ -15,7 +15,7 @@ use crate::{
 
 /// The program that announces new tasks of followed processes
 /// (tracer-ebpf/src/forks.rs).
-pub(super) const FORK_PROGRAM: &str = "process_fork";
+pub(super) const FORK_PROGRAM: &str = tracer_ebpf::program::PROCESS_FORK;
 
 impl Probes {
     /// Starts announcing the children of followed processes (`follow`):
@@ -47,7 +47,7 @@ impl Probes {
     pub fn follow(&mut self, pid: u32) -> Result<()> {
         let mut followed: HashMap<&mut MapData, u32, u32> = HashMap::try_from(
             self.ebpf
-                .map_mut("FOLLOWED")
+                .map_mut(tracer_ebpf::map::FOLLOWED)
                 .context("eBPF object lacks FOLLOWED")?,
         )?;
         followed
@@ -58,7 +58,7 @@ impl Probes {
     /// New tasks of followed processes since the last call: processes and
     /// threads alike.
     pub fn take_forks(&mut self) -> Vec<u32> {
-        let Some(map) = self.ebpf.map_mut("FORKS") else {
+        let Some(map) = self.ebpf.map_mut(tracer_ebpf::map::FORKS) else {
             return Vec::new();
         };
         let Ok(mut forks) = Queue::<&mut MapData, u32>::try_from(map) else {

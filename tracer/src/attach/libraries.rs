@@ -103,13 +103,13 @@ impl LibraryWatch {
     pub(super) fn start(ebpf: &mut Ebpf, links: &mut Vec<TracepointLink>) -> Result<LibraryWatch> {
         links.push(attach_tracepoint(
             ebpf,
-            "exec_mapped",
+            tracer_ebpf::program::EXEC_MAPPED,
             "syscalls",
             "sys_enter_mmap",
         )?);
         links.push(attach_tracepoint(
             ebpf,
-            "process_exec",
+            tracer_ebpf::program::PROCESS_EXEC,
             "sched",
             "sched_process_exec",
         )?);
@@ -118,8 +118,8 @@ impl LibraryWatch {
                 .with_context(|| format!("eBPF object lacks map {name}"))
         };
         Ok(LibraryWatch {
-            events: RingBuf::try_from(take("EVENTS")?)?,
-            traced_tgids: KernelHashMap::try_from(take("TRACED_TGIDS")?)?,
+            events: RingBuf::try_from(take(tracer_ebpf::map::EVENTS)?)?,
+            traced_tgids: KernelHashMap::try_from(take(tracer_ebpf::map::TRACED_TGIDS)?)?,
             seen: HashSet::new(),
             rescans: HashMap::new(),
             execs: Vec::new(),

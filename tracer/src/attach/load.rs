@@ -112,12 +112,12 @@ impl Probes {
             )
         })?;
         let mut ebpf = EbpfLoader::new()
-            .map_max_entries("LIVE", max_live_allocs)
-            .map_max_entries("STACKS", max_stacks)
-            .map_max_entries("BY_STACK", max_stacks.saturating_mul(4))
-            .map_max_entries("MAPPING_EVENTS", mapping_ring_bytes)
+            .map_max_entries(tracer_ebpf::map::LIVE, max_live_allocs)
+            .map_max_entries(tracer_ebpf::map::STACKS, max_stacks)
+            .map_max_entries(tracer_ebpf::map::BY_STACK, max_stacks.saturating_mul(4))
+            .map_max_entries(tracer_ebpf::map::MAPPING_EVENTS, mapping_ring_bytes)
             .map_max_entries(
-                "STACK_COPIES",
+                tracer_ebpf::map::STACK_COPIES,
                 if unwinding.mode == UnwindMode::FramePointers {
                     // Never written: the smallest ring there is.
                     4096
@@ -125,18 +125,46 @@ impl Probes {
                     unwinding.ring_bytes
                 },
             )
-            .override_global("STACK_COPY_MODE", &unwinding.copy_mode(), true)
-            .override_global("STACK_PAGES", &unwinding.stack_pages(), true)
-            .override_global("SAMPLE_BYTES", &sampling.sample_bytes, true)
-            .override_global("SAMPLE_SEED", &sampling.sample_seed, true)
-            .override_global("MIN_SIZE_BYTES", &sampling.min_size_bytes, true)
-            .override_global("MAX_SIZE_BYTES", &sampling.max_size_bytes, true)
-            .override_global("SAMPLE_SKIP_CHANCE", &skip_chance, true)
-            .override_global("MMAP_PROT_OFFSET", &mmap.prot, true)
-            .override_global("MMAP_FD_OFFSET", &mmap.fd, true)
-            .override_global("SYSCALL_FIELD_OFFSETS", &field_offsets, true)
             .override_global(
-                "FORK_CHILD_PID_OFFSET",
+                tracer_ebpf::global::STACK_COPY_MODE,
+                &unwinding.copy_mode(),
+                true,
+            )
+            .override_global(
+                tracer_ebpf::global::STACK_PAGES,
+                &unwinding.stack_pages(),
+                true,
+            )
+            .override_global(
+                tracer_ebpf::global::SAMPLE_BYTES,
+                &sampling.sample_bytes,
+                true,
+            )
+            .override_global(
+                tracer_ebpf::global::SAMPLE_SEED,
+                &sampling.sample_seed,
+                true,
+            )
+            .override_global(
+                tracer_ebpf::global::MIN_SIZE_BYTES,
+                &sampling.min_size_bytes,
+                true,
+            )
+            .override_global(
+                tracer_ebpf::global::MAX_SIZE_BYTES,
+                &sampling.max_size_bytes,
+                true,
+            )
+            .override_global(tracer_ebpf::global::SAMPLE_SKIP_CHANCE, &skip_chance, true)
+            .override_global(tracer_ebpf::global::MMAP_PROT_OFFSET, &mmap.prot, true)
+            .override_global(tracer_ebpf::global::MMAP_FD_OFFSET, &mmap.fd, true)
+            .override_global(
+                tracer_ebpf::global::SYSCALL_FIELD_OFFSETS,
+                &field_offsets,
+                true,
+            )
+            .override_global(
+                tracer_ebpf::global::FORK_CHILD_PID_OFFSET,
                 &fork_child_offset.unwrap_or(0),
                 true,
             )
@@ -186,12 +214,12 @@ impl Probes {
         // After the session loader, which looks up every map of the object.
         let rings = Rings {
             mapping_events: RingBuf::try_from(
-                ebpf.take_map("MAPPING_EVENTS")
+                ebpf.take_map(tracer_ebpf::map::MAPPING_EVENTS)
                     .context("eBPF object lacks MAPPING_EVENTS")?,
             )
             .context("MAPPING_EVENTS is not a ring buffer")?,
             stack_copies: ebpf
-                .take_map("STACK_COPIES")
+                .take_map(tracer_ebpf::map::STACK_COPIES)
                 .context("eBPF object lacks STACK_COPIES")?,
         };
         let probes = Probes {
@@ -227,8 +255,16 @@ fn skip_chance_table() -> [u64; SAMPLE_TABLE_LEN] {
 /// signal handler runs on it (tracer-ebpf/src/signals.rs): program,
 /// category, event.
 const SIGNAL_TRACEPOINTS: [(&str, &str, &str); 2] = [
-    ("signal_deliver", "signal", "signal_deliver"),
-    ("signal_return", "syscalls", "sys_enter_rt_sigreturn"),
+    (
+        tracer_ebpf::program::SIGNAL_DELIVER,
+        "signal",
+        tracer_ebpf::program::SIGNAL_DELIVER,
+    ),
+    (
+        tracer_ebpf::program::SIGNAL_RETURN,
+        "syscalls",
+        "sys_enter_rt_sigreturn",
+    ),
 ];
 
 /// Attaches the signal tracepoints (loaded with the other programs). They

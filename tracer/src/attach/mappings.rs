@@ -11,16 +11,16 @@ use crate::tracefs;
 
 /// The programs and the `syscalls` tracepoints they go on.
 const TRACEPOINTS: [(&str, &str); 10] = [
-    ("mmap_enter", "sys_enter_mmap"),
-    ("munmap_enter", "sys_enter_munmap"),
-    ("mremap_enter", "sys_enter_mremap"),
-    ("brk_enter", "sys_enter_brk"),
-    ("mprotect_enter", "sys_enter_mprotect"),
-    ("mapping_exit", "sys_exit_mmap"),
-    ("mapping_exit", "sys_exit_munmap"),
-    ("mapping_exit", "sys_exit_mremap"),
-    ("mapping_exit", "sys_exit_brk"),
-    ("mapping_exit", "sys_exit_mprotect"),
+    (tracer_ebpf::program::MMAP_ENTER, "sys_enter_mmap"),
+    (tracer_ebpf::program::MUNMAP_ENTER, "sys_enter_munmap"),
+    (tracer_ebpf::program::MREMAP_ENTER, "sys_enter_mremap"),
+    (tracer_ebpf::program::BRK_ENTER, "sys_enter_brk"),
+    (tracer_ebpf::program::MPROTECT_ENTER, "sys_enter_mprotect"),
+    (tracer_ebpf::program::MAPPING_EXIT, "sys_exit_mmap"),
+    (tracer_ebpf::program::MAPPING_EXIT, "sys_exit_munmap"),
+    (tracer_ebpf::program::MAPPING_EXIT, "sys_exit_mremap"),
+    (tracer_ebpf::program::MAPPING_EXIT, "sys_exit_brk"),
+    (tracer_ebpf::program::MAPPING_EXIT, "sys_exit_mprotect"),
 ];
 
 /// Whether a program of the object is a mapping tracepoint program.
@@ -85,7 +85,7 @@ pub(super) fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>>
 /// Makes the mapping programs follow `pid`.
 pub fn add_target(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
     let mut targets: HashMap<_, u32, u32> = HashMap::try_from(
-        ebpf.map_mut("TARGETS")
+        ebpf.map_mut(tracer_ebpf::map::TARGETS)
             .context("eBPF object lacks TARGETS")?,
     )?;
     targets

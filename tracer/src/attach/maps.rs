@@ -31,7 +31,7 @@ impl KernelMaps<'_> {
     pub fn by_stack(&self) -> Result<Vec<(StackKey, StackTotals)>> {
         let by_stack: KernelHashMap<&MapData, StackKey, StackTotals> = KernelHashMap::try_from(
             self.ebpf
-                .map("BY_STACK")
+                .map(tracer_ebpf::map::BY_STACK)
                 .context("eBPF object lacks BY_STACK")?,
         )?;
         by_stack
@@ -42,8 +42,11 @@ impl KernelMaps<'_> {
 
     /// STATS by `tracer_ebpf::stat` index, summed over CPUs.
     pub fn stats(&self) -> Result<Vec<u64>> {
-        let counters: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(self.ebpf.map("STATS").context("eBPF object lacks STATS")?)?;
+        let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(
+            self.ebpf
+                .map(tracer_ebpf::map::STATS)
+                .context("eBPF object lacks STATS")?,
+        )?;
         (0..stat::COUNT)
             .map(|index| {
                 let per_cpu = counters.get(&index, 0).context("could not read STATS")?;
@@ -57,7 +60,7 @@ impl KernelMaps<'_> {
     pub fn stack(&self, stack_id: u32) -> Vec<u64> {
         let Some(Ok(stacks)) = self
             .ebpf
-            .map("STACKS")
+            .map(tracer_ebpf::map::STACKS)
             .map(StackTraceMap::<&MapData>::try_from)
         else {
             return Vec::new();
@@ -73,7 +76,7 @@ impl KernelMaps<'_> {
     pub fn epochs(&self) -> Result<HashMap<u32, u32>> {
         let epochs: KernelHashMap<&MapData, u32, u64> = KernelHashMap::try_from(
             self.ebpf
-                .map("CONTEXT_EPOCH")
+                .map(tracer_ebpf::map::CONTEXT_EPOCH)
                 .context("eBPF object lacks CONTEXT_EPOCH")?,
         )?;
         epochs
@@ -90,7 +93,7 @@ impl KernelMaps<'_> {
     pub fn stack_apis(&self) -> Vec<(StackKey, u32)> {
         let Some(Ok(apis)) = self
             .ebpf
-            .map("STACK_API")
+            .map(tracer_ebpf::map::STACK_API)
             .map(KernelHashMap::<&MapData, StackKey, u32>::try_from)
         else {
             return Vec::new();

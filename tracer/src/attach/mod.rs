@@ -54,8 +54,8 @@ use raw::RawPrograms;
 pub use symbols::HookSite;
 
 /// The benchmark's empty programs.
-const FLOOR_ENTRY_PROGRAM: &str = "floor_enter";
-const FLOOR_RETURN_PROGRAM: &str = "floor_return";
+const FLOOR_ENTRY_PROGRAM: &str = tracer_ebpf::program::FLOOR_ENTER;
+const FLOOR_RETURN_PROGRAM: &str = tracer_ebpf::program::FLOOR_RETURN;
 
 /// Where the benchmark's empty floor programs go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,7 +187,7 @@ impl Probes {
         }
         let mut copy_stacks_of: aya::maps::HashMap<_, u32, u32> = aya::maps::HashMap::try_from(
             self.ebpf
-                .map_mut("COPY_STACKS_OF")
+                .map_mut(tracer_ebpf::map::COPY_STACKS_OF)
                 .context("eBPF object lacks COPY_STACKS_OF")?,
         )?;
         copy_stacks_of

@@ -109,7 +109,7 @@ pub struct RawPrograms {
 }
 
 /// The program aya attaches in spawn mode, never through a link here.
-const SPAWN_GATE_PROGRAM: &str = "spawn_gate";
+const SPAWN_GATE_PROGRAM: &str = tracer_ebpf::program::SPAWN_GATE;
 
 impl RawPrograms {
     /// Loads the programs of `object` that links of `kind` take, against

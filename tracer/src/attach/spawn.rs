@@ -20,7 +20,7 @@ use object::Object as _;
 use super::{Probes, load::program, nonzero_pid, symbols::file_offset};
 use crate::error::{ExitCode, fatal};
 
-const GATE_PROGRAM: &str = "spawn_gate";
+const GATE_PROGRAM: &str = tracer_ebpf::program::SPAWN_GATE;
 const GATE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A child started by tracer, stopped at its entry point.
