@@ -213,8 +213,8 @@ fn full_stack_table_is_reported_with_the_flag_to_raise() {
     let trace = Record::pid(leaky.pid).args(["--max-stacks", "2"]).attach();
     let answer = leaky.cmd("churn 10");
     let Traced { output, report } = trace.stop();
-    let collisions = report.int("/drops/stack_map_collision");
-    assert!(collisions > 0, "{}", report.json);
+    let full = report.int("/drops/stack_table_full");
+    assert!(full > 0, "{}", report.json);
     assert!(output.stdout.starts_with("WARNING: "), "{output}");
     assert!(output.stdout.contains("raise --max-stacks"), "{output}");
     // Blocks whose stack was not stored still count, under no stack: the

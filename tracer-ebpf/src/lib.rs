@@ -61,4 +61,5 @@ mod pod {
     unsafe impl aya::Pod for MappingEvent {}
     unsafe impl aya::Pod for StackCopy {}
     unsafe impl aya::Pod for StackFree {}
+    unsafe impl aya::Pod for StackFrames {}
 }

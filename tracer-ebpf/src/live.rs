@@ -11,7 +11,11 @@
 //!
 //! Copied-stack blocks (`--unwind dwarf`) are counted by userspace instead
 //! of in BY_STACK: their removals are sent to it as free records.
-use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::HashMap};
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    macros::map,
+    maps::HashMap,
+};
 use tracer_ebpf::{
     FIRST_CONTEXT_EPOCH, LiveAlloc, LiveKey, StackKey, StackTotals, is_copied_stack, stack_record,
     stat,
@@ -26,9 +30,12 @@ use crate::{
 #[map]
 static LIVE: HashMap<LiveKey, LiveAlloc> = HashMap::with_max_entries(1 << 20, 0);
 
-/// Totals per (process, stack, kind): what userspace snapshots.
+/// Totals per (process, stack, kind): what userspace snapshots. Entries
+/// are made on a stack's first block (no preallocation): sized for many
+/// stacks, the table costs kernel memory only for those seen.
 #[map]
-static BY_STACK: HashMap<StackKey, StackTotals> = HashMap::with_max_entries(1 << 16, 0);
+static BY_STACK: HashMap<StackKey, StackTotals> =
+    HashMap::with_max_entries(1 << 19, BPF_F_NO_PREALLOC);
 
 /// When each traced process last exec'ed (ktime ns, set by
 /// `libraries.rs`): older blocks belonged to an image that is gone.

@@ -9,18 +9,20 @@
 //! they were reserved, and a block's copy is reserved before its LIVE entry
 //! exists, so its free can never come first.
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_RB_NO_WAKEUP},
+    EbpfContext,
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel,
-        bpf_task_pt_regs, generated::bpf_probe_read_user,
+        bpf_task_pt_regs,
+        generated::{bpf_get_stack, bpf_probe_read_user},
     },
     macros::map,
-    maps::{Array, HashMap, RingBuf, StackTrace},
-    programs::{ProbeContext, RetProbeContext, tracing::StackIdContext},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    programs::{ProbeContext, RetProbeContext},
 };
 use tracer_ebpf::{
-    COPIED_STACK, COPIED_STACK_MASK, MAX_STACK_PAGES, NO_STACK, STACK_PAGE_BYTES, StackCopy,
-    StackFree, stack_record, stat,
+    COPIED_STACK, COPIED_STACK_MASK, MAX_STACK_FRAMES, MAX_STACK_PAGES, NO_STACK, STACK_PAGE_BYTES,
+    StackCopy, StackFrames, StackFree, stack_record, stat,
 };
 
 use crate::counters::{count, fetch_add};
@@ -33,10 +35,31 @@ static STACK_COPY_MODE: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
 #[unsafe(no_mangle)]
 static STACK_PAGES: aya_ebpf::Global<u32> = aya_ebpf::Global::new(4);
 
-/// User stacks, walked by frame pointers. No BPF_F_REUSE_STACKID: an
-/// overwritten stack would misattribute every live block that uses it.
+/// Most distinct frame-pointer stacks (`--max-stacks`), set by userspace.
+#[unsafe(no_mangle)]
+static MAX_STACKS: aya_ebpf::Global<u32> = aya_ebpf::Global::new(1 << 17);
+
+/// The frames of each frame-pointer stack, by id. Entries are made on
+/// first use (no preallocation): a table sized for many stacks costs
+/// kernel memory only for the stacks seen. An id is never reused or
+/// overwritten, so a live block's stack never changes.
 #[map]
-static STACKS: StackTrace = StackTrace::with_max_entries(1 << 14, 0);
+static STACKS: HashMap<u32, StackFrames> = HashMap::with_max_entries(1 << 17, BPF_F_NO_PREALLOC);
+
+/// The id of each distinct stack, by a 64-bit hash of its frames. Unlike
+/// the kernel's stack-trace map, which refuses a stack whose bucket holds
+/// another, distinct stacks never collide below capacity (a 64-bit hash
+/// collision is ~1e-10 likely with 10^5 stacks).
+#[map]
+static STACK_IDS: HashMap<u64, u32> = HashMap::with_max_entries(1 << 17, 0);
+
+/// The next frame-pointer stack id.
+#[map]
+static NEXT_STACK_ID: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Per CPU, where a stack is walked before it is looked up.
+#[map]
+static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
 
 /// Processes whose stacks are copied (`--unwind auto`), set by userspace.
 #[map]
@@ -50,7 +73,6 @@ static STACK_COPIES: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
 #[map]
 static NEXT_COPY: Array<u64> = Array::with_max_entries(1, 0);
 
-const EEXIST: i64 = 17;
 const HEADER_BYTES: usize = size_of::<StackCopy>();
 
 /// The stack of a block made by the call returning now, for its LIVE
@@ -156,20 +178,78 @@ struct Block {
     context_epoch: u32,
 }
 
-/// The kernel's frame-pointer walk of the user stack, into STACKS.
+/// The kernel's frame-pointer walk of the user stack: the id of that
+/// stack in STACKS, stored on its first walk.
 #[inline(always)]
-pub(crate) fn walk_frame_pointers(ctx: &impl StackIdContext) -> u32 {
-    match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-        Ok(id) => id as u32,
-        Err(error) => {
-            count(if -(error as i64) == EEXIST {
-                stat::DROP_STACK_COLLISION
-            } else {
-                stat::DROP_STACK_ERROR
-            });
+pub(crate) fn walk_frame_pointers(ctx: &impl EbpfContext) -> u32 {
+    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
+        count(stat::DROP_STACK_ERROR);
+        return NO_STACK;
+    };
+    let bytes = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            scratch.cast(),
+            (MAX_STACK_FRAMES * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    if bytes <= 0 {
+        count(stat::DROP_STACK_ERROR);
+        return NO_STACK;
+    }
+    let stack = unsafe { &mut *scratch };
+    stack.count = (bytes as u64 / 8).min(MAX_STACK_FRAMES as u64);
+    let hash = hash_frames(stack);
+    if let Some(&id) = unsafe { STACK_IDS.get(&hash) } {
+        return id;
+    }
+    store_stack(hash, stack)
+}
+
+/// Hands a new stack an id and stores its frames.
+#[inline(never)]
+fn store_stack(hash: u64, stack: &StackFrames) -> u32 {
+    let Some(next) = NEXT_STACK_ID.get_ptr_mut(0) else {
+        count(stat::DROP_STACK_ERROR);
+        return NO_STACK;
+    };
+    let id = fetch_add(next, 1);
+    if id >= MAX_STACKS.load() as u64 {
+        count(stat::DROP_STACK_TABLE_FULL);
+        return NO_STACK;
+    }
+    let id = id as u32;
+    if STACKS.insert(&id, stack, BPF_NOEXIST as u64).is_err() {
+        count(stat::DROP_STACK_ERROR);
+        return NO_STACK;
+    }
+    if STACK_IDS.insert(&hash, &id, BPF_NOEXIST as u64).is_ok() {
+        return id;
+    }
+    // Another CPU stored the same stack first: use its id.
+    let _ = STACKS.remove(&id);
+    match unsafe { STACK_IDS.get(&hash) } {
+        Some(&first) => first,
+        None => {
+            count(stat::DROP_STACK_TABLE_FULL);
             NO_STACK
         }
     }
+}
+
+/// FNV-1a over the stack's return addresses and their count.
+#[inline(always)]
+fn hash_frames(stack: &StackFrames) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ stack.count;
+    for index in 0..MAX_STACK_FRAMES {
+        if index as u64 >= stack.count {
+            break;
+        }
+        hash = (hash ^ stack.frames[index]).wrapping_mul(PRIME);
+    }
+    hash
 }
 
 #[inline(always)]

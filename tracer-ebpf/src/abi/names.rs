@@ -18,6 +18,7 @@ pub mod map {
         LIVE = "LIVE",
         BY_STACK = "BY_STACK",
         STACKS = "STACKS",
+        STACK_IDS = "STACK_IDS",
         STATS = "STATS",
         STACK_API = "STACK_API",
         CONTEXT_EPOCH = "CONTEXT_EPOCH",
@@ -74,6 +75,7 @@ pub mod program {
 /// Read-only globals userspace sets at load time (`override_global`).
 pub mod global {
     names! {
+        MAX_STACKS = "MAX_STACKS",
         SAMPLE_BYTES = "SAMPLE_BYTES",
         SAMPLE_SEED = "SAMPLE_SEED",
         SAMPLE_SKIP_CHANCE = "SAMPLE_SKIP_CHANCE",

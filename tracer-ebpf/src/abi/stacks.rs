@@ -1,5 +1,29 @@
-//! Copied stacks (`--unwind dwarf`): references in place of STACKS ids,
+//! Stacks: the frame-pointer stacks the kernel keeps (STACKS), copied
+//! stacks (`--unwind dwarf`) with their references in place of STACKS ids,
 //! and the records of the STACK_COPIES ring buffer.
+
+/// Most return addresses a frame-pointer stack keeps (the kernel's own
+/// limit for `bpf_get_stack`, PERF_MAX_STACK_DEPTH).
+pub const MAX_STACK_FRAMES: usize = 127;
+
+/// The return addresses of one frame-pointer stack, innermost first, the
+/// rest zero: a value of STACKS, keyed by the stack's id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackFrames {
+    pub frames: [u64; MAX_STACK_FRAMES],
+    /// How many of `frames` are the stack's.
+    pub count: u64,
+}
+
+impl Default for StackFrames {
+    fn default() -> Self {
+        StackFrames {
+            frames: [0; MAX_STACK_FRAMES],
+            count: 0,
+        }
+    }
+}
 
 /// A stack id with these top bits set is not a STACKS id but a reference
 /// to a stack copied into the STACK_COPIES ring buffer (`--unwind dwarf`):

@@ -23,7 +23,7 @@ pub mod stat {
             FREES_NULL => ("frees_null", Event),
             DROP_LIVE_FULL => ("live_map_full", Drop),
             DROP_BY_STACK_FULL => ("by_stack_map_full", Drop),
-            DROP_STACK_COLLISION => ("stack_map_collision", Drop),
+            DROP_STACK_TABLE_FULL => ("stack_table_full", Drop),
             DROP_STACK_ERROR => ("stack_error", Drop),
             DROP_PENDING_FULL => ("pending_map_full", Drop),
             DROP_READ_OUT_PARAM => ("out_param_unreadable", Drop),

@@ -57,8 +57,10 @@ impl Sampling {
 pub struct Capacity {
     /// Outstanding blocks (LIVE).
     pub live_allocs: u32,
-    /// Distinct stacks (STACKS; BY_STACK holds four times as many per-stack
-    /// totals: one stack may hold several kinds in several processes).
+    /// Distinct frame-pointer stacks (STACKS; BY_STACK holds four times
+    /// as many per-stack totals: one stack may hold several kinds in
+    /// several processes). Both tables take kernel memory only for the
+    /// entries used.
     pub stacks: u32,
     /// Bytes of the ring buffer of mapping calls (a power of two, whole
     /// pages).
@@ -69,7 +71,7 @@ impl Capacity {
     /// The defaults of `tracer record`.
     pub const DEFAULT: Capacity = Capacity {
         live_allocs: 1 << 20,
-        stacks: 1 << 14,
+        stacks: 1 << 17,
         mapping_ring_bytes: 1 << 20,
     };
 }
@@ -114,6 +116,8 @@ impl Probes {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(tracer_ebpf::map::LIVE, max_live_allocs)
             .map_max_entries(tracer_ebpf::map::STACKS, max_stacks)
+            .map_max_entries(tracer_ebpf::map::STACK_IDS, max_stacks)
+            .override_global(tracer_ebpf::global::MAX_STACKS, &max_stacks, true)
             .map_max_entries(tracer_ebpf::map::BY_STACK, max_stacks.saturating_mul(4))
             .map_max_entries(tracer_ebpf::map::MAPPING_EVENTS, mapping_ring_bytes)
             .map_max_entries(

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
-    maps::{HashMap as KernelHashMap, MapData, PerCpuArray, StackTraceMap},
+    maps::{HashMap as KernelHashMap, MapData, PerCpuArray},
 };
-use tracer_ebpf::{StackKey, StackTotals, stat};
+use tracer_ebpf::{StackFrames, StackKey, StackTotals, stat};
 
 use super::Probes;
 
@@ -61,13 +61,16 @@ impl KernelMaps<'_> {
         let Some(Ok(stacks)) = self
             .ebpf
             .map(tracer_ebpf::map::STACKS)
-            .map(StackTraceMap::<&MapData>::try_from)
+            .map(KernelHashMap::<&MapData, u32, StackFrames>::try_from)
         else {
             return Vec::new();
         };
         stacks
             .get(&stack_id, 0)
-            .map(|trace| trace.frames().iter().map(|frame| frame.ip).collect())
+            .map(|stack| {
+                let count = (stack.count as usize).min(stack.frames.len());
+                stack.frames[..count].to_vec()
+            })
             .unwrap_or_default()
     }
 

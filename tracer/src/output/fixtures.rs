@@ -33,7 +33,7 @@ pub(crate) fn sample_model() -> Model {
     for second in 1..=4_i64 {
         let mut stats = vec![0; tracer_ebpf::stat::COUNT as usize];
         stats[tracer_ebpf::stat::FREES_UNKNOWN as usize] = 7;
-        stats[tracer_ebpf::stat::DROP_STACK_COLLISION as usize] = 3;
+        stats[tracer_ebpf::stat::DROP_STACK_TABLE_FULL as usize] = 3;
         model.push(Snapshot {
             elapsed_s: second as f64,
             stacks: vec![

@@ -74,7 +74,7 @@ mod tests {
             4 * 65536 + 4096 + 8192
         );
         assert_eq!(json["totals"]["heap"]["live_allocs"], 4096 + 64 + 128);
-        assert_eq!(json["drops"]["stack_map_collision"], 3);
+        assert_eq!(json["drops"]["stack_table_full"], 3);
 
         let target = &json["targets"][1];
         assert_eq!(

@@ -402,7 +402,7 @@ mod tests {
             profile
                 .comment
                 .iter()
-                .any(|&c| string(&profile, c) == "dropped events: stack_map_collision=3")
+                .any(|&c| string(&profile, c) == "dropped events: stack_table_full=3")
         );
     }
 

@@ -283,7 +283,7 @@ mod tests {
         assert_eq!(memory.gap_bytes, (1 << 20) - 4 * 65536 - 4096);
         assert_eq!(report.targets[1].memory, None, "no RSS known for pid 20");
         assert_eq!(report.drops.len(), 1);
-        assert_eq!(report.drops["stack_map_collision"], 3);
+        assert_eq!(report.drops["stack_table_full"], 3);
         assert_eq!(report.events["frees_unknown"], 7);
         assert_eq!(report.events["allocs"], 0);
         assert_eq!(report.probes.len(), 1);

@@ -254,7 +254,7 @@ fn describe_memory(pid: u32, memory: &MemoryReconciliation) -> String {
 fn drop_hint(name: &str) -> Option<&'static str> {
     Some(match name {
         "live_map_full" => "more blocks were live than the table holds: raise --max-live",
-        "stack_map_collision" | "by_stack_map_full" => {
+        "stack_table_full" | "by_stack_map_full" => {
             "more distinct stacks than the table holds: raise --max-stacks"
         }
         "stack_error" => "the kernel could not walk some stacks (their blocks count as NO_STACK)",
@@ -354,7 +354,9 @@ fn describe_frame(frame: &Frame) -> String {
     };
     match &frame.function {
         // A marker frame (the stack ends here) has no address.
-        Some(function) if frame.address == 0 && frame.module.is_none() => function.clone(),
+        Some(function) if frame.address == 0 && frame.module.is_none() && frame.file.is_none() => {
+            function.clone()
+        }
         Some(function) => format!("{function} {location}"),
         None => location,
     }
@@ -373,11 +375,11 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "WARNING: 3 events dropped (stack_map_collision=3): numbers below are lower bounds"
+            "WARNING: 3 events dropped (stack_table_full=3): numbers below are lower bounds"
         );
         assert_eq!(
             lines[1],
-            "  stack_map_collision: more distinct stacks than the table holds: raise --max-stacks"
+            "  stack_table_full: more distinct stacks than the table holds: raise --max-stacks"
         );
         assert_eq!(lines[2], "target: PID 10 (./leak --fast)");
         assert_eq!(

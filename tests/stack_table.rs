@@ -1,0 +1,68 @@
+//! The kernel's table of frame-pointer stacks: distinct stacks never
+//! collide below its capacity, however many a program has (large C++ and
+//! Rust services have tens of thousands), and each keeps exact totals.
+//! tests/fixtures/stack_tree.c makes 2^DEPTH distinct stacks of one block
+//! each.
+
+#[allow(dead_code, reason = "other test files use the rest of the harness")]
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use harness::{Fixture, Live, Record, Traced, field, frames_contain, stack_live};
+
+/// What the tree's leaves hold, from its answer to `grow`.
+fn grown(answer: &str) -> Live {
+    Live {
+        bytes: field(answer, "bytes"),
+        allocs: field(answer, "blocks"),
+    }
+}
+
+/// Grows a tree of 2^`depth` distinct stacks under a tracer and checks
+/// that no stack was lost and each holds its one block; returns how long
+/// the tracer took to report and exit after Ctrl-C.
+fn distinct_stacks_are_kept_apart(depth: u32) -> Duration {
+    let mut tree = Fixture::start("stack_tree", &[]);
+    let trace = Record::pid(tree.pid).top(20).attach();
+    let answer = tree.cmd(&format!("grow {depth}"));
+    assert_eq!(field(&answer, "stacks"), 1 << depth, "{answer}");
+    let asked_at = Instant::now();
+    let Traced { output, report } = trace.stop();
+    let took = asked_at.elapsed();
+    assert_eq!(
+        report.json["drops"],
+        serde_json::json!({}),
+        "no stack lost to the table: {output}"
+    );
+    assert_eq!(report.total("heap"), grown(&answer), "\n{report}");
+    let stacks = report.heap_stacks_with("tree_leaf");
+    assert_eq!(stacks.len(), 20, "\n{report}");
+    for stack in stacks {
+        // Its own stack: one leaf, one block, the whole path to main.
+        assert_eq!(
+            stack_live(stack),
+            Live {
+                bytes: grown(&answer).bytes >> depth,
+                allocs: 1
+            },
+            "\n{report}"
+        );
+        assert!(frames_contain(stack, "main"), "\n{report}");
+    }
+    took
+}
+
+#[test]
+fn sixteen_thousand_distinct_stacks() {
+    distinct_stacks_are_kept_apart(14);
+}
+
+#[test]
+fn a_hundred_thousand_distinct_stacks_then_a_prompt_exit() {
+    let took = distinct_stacks_are_kept_apart(17);
+    assert!(
+        took < Duration::from_secs(2),
+        "tracer took {took:?} to report 131 072 stacks and exit after Ctrl-C"
+    );
+}
