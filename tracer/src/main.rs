@@ -1,7 +1,7 @@
 //! tracer: finds the call stacks that hold growing memory in running
 //! processes, with eBPF. `main` wires the stages together: cli -> attach ->
 //! collect -> model -> symbolize -> output.
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 
 use tracer::{
     analyze,
@@ -47,9 +47,6 @@ fn floor(config: &FloorConfig) -> Result<()> {
         probes.probe_count(),
         config.pid
     );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("could not start the tokio runtime")?;
+    let runtime = collect::runtime()?;
     runtime.block_on(collect::wait_for_stop(config.pid))
 }

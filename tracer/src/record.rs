@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 
 use crate::{
     cli::RecordConfig,
@@ -40,10 +40,7 @@ pub fn run(config: &RecordConfig) -> Result<()> {
     };
     session::resume(&collector);
     let mut model = Model::new();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("could not start the tokio runtime")?;
+    let runtime = crate::collect::runtime()?;
     let reason = runtime.block_on(collect(
         &mut collector,
         &mut model,

@@ -30,10 +30,7 @@ pub fn run(config: &Config) -> Result<()> {
     };
     session::resume(&collector);
     let mut model = Model::new();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("could not start the tokio runtime")?;
+    let runtime = crate::collect::runtime()?;
     runtime.block_on(async {
         loop {
             match collector.next().await? {

@@ -566,6 +566,14 @@ impl Collector {
     }
 }
 
+/// The runtime `Collector::next` runs on: one thread, timers and signals.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the tokio runtime")
+}
+
 /// Waits for SIGINT, SIGTERM or the exit of `pid`.
 pub async fn wait_for_stop(pid: u32) -> Result<()> {
     let mut interrupt = signal(SignalKind::interrupt()).context("could not catch SIGINT")?;
