@@ -307,3 +307,58 @@ fn share_reaching_entry(report: &Report) -> f64 {
         .as_f64()
         .unwrap_or_else(|| panic!("no stack quality in the report:\n{report}"))
 }
+
+/// `--unwind fp` on code without frame pointers: the walk reads junk as
+/// return addresses. Each stack is cut where its addresses leave the
+/// target's code and marked, so each leak site is one stack again (both
+/// callers in it: the walk cannot tell them apart), and the report warns
+/// that stacks are cut short.
+#[test]
+fn frame_pointer_walk_of_a_rust_release_build_ends_in_a_marker_not_junk() {
+    let session = record_with(
+        "rust_leak",
+        &["--unwind", "fp"],
+        &[&format!("leak {RUST_LEAK_ROUNDS}")],
+    );
+    let report = &session.report;
+    let leaked = &session.answers[0];
+    let count = field(leaked, "first") + field(leaked, "second");
+    for (site, bytes) in [
+        ("leak_vec", field(leaked, "vec_bytes")),
+        ("leak_box", field(leaked, "box_bytes")),
+        ("leak_string", field(leaked, "string_bytes")),
+    ] {
+        let stacks = report.heap_stacks_with(site);
+        assert_eq!(stacks.len(), 1, "{site} in one stack:\n{report}");
+        assert_eq!(
+            live(stacks[0]),
+            Live {
+                bytes: bytes * count,
+                allocs: count
+            },
+            "{site}:\n{report}"
+        );
+        let names = function_names(stacks[0]);
+        assert_eq!(
+            names.last().map(String::as_str),
+            Some("[unwinding stopped: return address outside the target's code]"),
+            "{site}: {names:?}\n{report}"
+        );
+        assert!(
+            names[..names.len() - 1]
+                .iter()
+                .all(|name| !name.starts_with("0x") && name != "?"),
+            "{site}: junk frames {names:?}\n{report}"
+        );
+    }
+    assert!(
+        report.int("/unwinding_stopped/frame_pointers_outside_code") >= 3,
+        "\n{report}"
+    );
+    assert!(share_reaching_entry(report) < 0.9, "\n{report}");
+    assert!(
+        session.output.stdout.starts_with("WARNING: PID "),
+        "{}",
+        session.output
+    );
+}

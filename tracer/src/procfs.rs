@@ -55,6 +55,25 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
     })
 }
 
+/// The address ranges of every executable mapping of a live process, file
+/// backed or not (JIT code, the vDSO); empty once it is gone.
+pub fn executable_ranges(pid: u32) -> Vec<(u64, u64)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let (range, rest) = line.split_once(' ')?;
+            if rest.as_bytes().get(2) != Some(&b'x') {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
 /// The file-backed mappings of a live process.
 pub fn read_maps(pid: u32) -> Result<Vec<Mapping>> {
     let path = format!("/proc/{pid}/maps");

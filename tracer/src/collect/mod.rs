@@ -15,6 +15,7 @@
 //! so tracer's own cost does not grow with the target's allocation rate.
 mod contexts;
 mod copied;
+mod kernel_stacks;
 mod mappings;
 mod targets;
 
@@ -37,9 +38,11 @@ use crate::{
     },
     procfs,
     symbolize::Symbols,
+    unwind::StopReason as UnwindStop,
 };
 use contexts::EpochEntry;
 use copied::CopiedStacks;
+use kernel_stacks::KernelStacks;
 use mappings::MappingTracker;
 pub use targets::{Watched, live_pids};
 
@@ -132,6 +135,7 @@ impl Clock {
 /// Probes in place on the targets, and what collection builds from them.
 pub struct Collector {
     probes: Probes,
+    kernel_stacks: KernelStacks,
     copied: CopiedStacks,
     mappings: MappingTracker,
     symbols: Symbols,
@@ -161,6 +165,7 @@ impl Collector {
         }
         Ok(Collector {
             probes,
+            kernel_stacks: KernelStacks::default(),
             copied,
             mappings: MappingTracker::new(rings.mapping_events),
             symbols: Symbols::new(),
@@ -425,13 +430,18 @@ impl Collector {
     /// kept here for blocks with copied stacks, after draining every copy
     /// sent so far.
     fn epoch_entries(&mut self) -> Result<Vec<EpochEntry>> {
-        let mut entries: Vec<EpochEntry> = self
-            .probes
-            .maps()
+        let maps = self.probes.maps();
+        let mut entries: Vec<EpochEntry> = maps
             .by_stack()?
             .iter()
             .filter_map(|(key, totals)| EpochEntry::from_kernel(key, totals))
             .collect();
+        for entry in &mut entries {
+            if let StackId::Kernel(id) = entry.key.stack_id {
+                let canonical = self.kernel_stacks.canonical(entry.key.pid, id, &maps);
+                entry.key.stack_id = StackId::Kernel(canonical);
+            }
+        }
         self.copied.drain();
         entries.extend(self.copied.epoch_entries());
         Ok(entries)
@@ -475,13 +485,14 @@ impl Collector {
     /// The CUDA function of each GPU stack: the kernel's STACK_API and the
     /// copied stacks'.
     fn read_apis(&mut self) {
-        for (key, api) in self.probes.maps().stack_apis() {
+        let maps = self.probes.maps();
+        for (key, api) in maps.stack_apis() {
             let (Some(kind), Some(api)) = (Kind::from_raw(key.kind), cuda::api_name(api)) else {
                 continue;
             };
             let stack_id = match key.stack_id {
                 tracer_ebpf::NO_STACK => StackId::Lost,
-                id => StackId::Kernel(id),
+                id => StackId::Kernel(self.kernel_stacks.canonical(key.tgid, id, &maps)),
             };
             let key = StackKey {
                 pid: key.tgid,
@@ -508,7 +519,19 @@ impl Collector {
         let maps = self.probes.maps();
         let frames = match key.stack_id {
             StackId::Lost => Vec::new(),
-            StackId::Kernel(id) => self.symbols.stack_frames(key.pid, &maps.stack(id)),
+            StackId::Kernel(id) => match self.kernel_stacks.addresses(key.pid, id) {
+                Some((addresses, stopped)) => {
+                    let mut frames = self.symbols.stack_frames(key.pid, addresses);
+                    if stopped {
+                        frames.push(Frame {
+                            function: Some(UnwindStop::OutsideCode.marker()),
+                            ..Frame::default()
+                        });
+                    }
+                    frames
+                }
+                None => self.symbols.stack_frames(key.pid, &maps.stack(id)),
+            },
             StackId::Copied(index) => self
                 .copied
                 .frames(index, &mut self.symbols)
@@ -541,7 +564,11 @@ impl Collector {
         let maps = self.probes.maps();
         let addresses = match key.stack_id {
             StackId::Lost => return false,
-            StackId::Kernel(id) => maps.stack(id),
+            StackId::Kernel(id) => match self.kernel_stacks.addresses(key.pid, id) {
+                Some((_, true)) => return false,
+                Some((addresses, false)) => addresses.to_vec(),
+                None => maps.stack(id),
+            },
             StackId::Copied(index) if self.copied.ends_early(index) => return false,
             StackId::Copied(index) => self.copied.addresses(index).to_vec(),
             StackId::Mapping(_) => return self.frames(key).last().is_some_and(is_thread_entry),
@@ -555,9 +582,14 @@ impl Collector {
             .is_some_and(is_thread_entry)
     }
 
-    /// Copies whose unwinding stopped early, by reason.
+    /// Stacks whose unwinding stopped early, by reason: copies unwound
+    /// here, and distinct frame-pointer stacks (`frame_pointers_...`).
     pub fn unwinding_stops(&self) -> BTreeMap<String, u64> {
-        self.copied.stops()
+        let mut stops = self.copied.stops();
+        for (reason, count) in self.kernel_stacks.stops() {
+            stops.insert(format!("frame_pointers_{}", reason.name()), *count);
+        }
+        stops
     }
 
     /// The objects hooked so far, as the report lists them.

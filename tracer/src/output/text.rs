@@ -137,7 +137,7 @@ pub fn render(report: &Report) -> String {
             .map(|(reason, count)| format!("{reason}={count}"))
             .collect();
         lines.push(format!(
-            "unwinding stopped early in {} stack copies ({})",
+            "unwinding stopped early in {} stacks ({})",
             report.unwinding_stopped.values().sum::<u64>(),
             reasons.join(", ")
         ));
@@ -398,7 +398,7 @@ mod tests {
         );
         assert_eq!(
             lines[6],
-            "unwinding stopped early in 2 stack copies (outside_code=2)"
+            "unwinding stopped early in 2 stacks (outside_code=2)"
         );
         assert_eq!(
             lines[7],

@@ -1,0 +1,106 @@
+//! Frame-pointer stacks as the kernel walked them, checked. A walk through
+//! code built without frame pointers reads whatever the frame register
+//! holds as the next frame, and stack addresses or loop counters come out
+//! as return addresses, a different one at every call: one leak then shows
+//! as thousands of one-block stacks. Here a stack is cut at its first
+//! return address outside the target's code and ends in an
+//! `[unwinding stopped: ...]` frame, and stacks equal up to that point are
+//! one stack: every kernel id is mapped to the first id with the same
+//! checked frames.
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
+
+use crate::{attach::KernelMaps, procfs, unwind::StopReason};
+
+/// A process's code is read again at most this often, when a return
+/// address falls outside every range known (a library loaded since).
+const CODE_REFRESH_EVERY: Duration = Duration::from_millis(200);
+
+/// A kernel stack, checked.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Checked {
+    pid: u32,
+    addresses: Vec<u64>,
+    stopped: bool,
+}
+
+#[derive(Default)]
+pub struct KernelStacks {
+    /// The id standing for each (process, kernel id).
+    canonical: HashMap<(u32, u32), u32>,
+    /// The first id of each checked stack.
+    first_id: HashMap<Checked, u32>,
+    /// Each canonical stack, checked, by (process, id).
+    stacks: HashMap<(u32, u32), Checked>,
+    /// Each process's executable ranges, and when they were read.
+    code: HashMap<u32, (Vec<(u64, u64)>, Instant)>,
+    /// Stacks cut short, by reason.
+    stops: BTreeMap<StopReason, u64>,
+}
+
+impl KernelStacks {
+    /// The id that stands for kernel stack `id` of `pid`: its own, or that
+    /// of the first stack with the same checked frames.
+    pub fn canonical(&mut self, pid: u32, id: u32, maps: &KernelMaps<'_>) -> u32 {
+        if let Some(&canonical) = self.canonical.get(&(pid, id)) {
+            return canonical;
+        }
+        let checked = self.check(pid, maps.stack(id));
+        let canonical = *self.first_id.entry(checked.clone()).or_insert(id);
+        if canonical == id {
+            if checked.stopped {
+                *self.stops.entry(StopReason::OutsideCode).or_default() += 1;
+            }
+            self.stacks.insert((pid, id), checked);
+        }
+        self.canonical.insert((pid, id), canonical);
+        canonical
+    }
+
+    /// The checked return addresses of a canonical stack, and whether it
+    /// was cut short.
+    pub fn addresses(&self, pid: u32, id: u32) -> Option<(&[u64], bool)> {
+        let checked = self.stacks.get(&(pid, id))?;
+        Some((&checked.addresses, checked.stopped))
+    }
+
+    /// Distinct stacks cut short, by reason.
+    pub fn stops(&self) -> &BTreeMap<StopReason, u64> {
+        &self.stops
+    }
+
+    fn check(&mut self, pid: u32, mut addresses: Vec<u64>) -> Checked {
+        let outside = addresses
+            .iter()
+            .position(|&address| !self.in_code(pid, address));
+        if let Some(first) = outside {
+            addresses.truncate(first);
+        }
+        Checked {
+            pid,
+            addresses,
+            stopped: outside.is_some(),
+        }
+    }
+
+    /// Whether `address` is in an executable mapping of `pid`; true when
+    /// the process is gone and nothing can be checked.
+    fn in_code(&mut self, pid: u32, address: u64) -> bool {
+        let contains = |ranges: &[(u64, u64)]| {
+            ranges
+                .iter()
+                .any(|&(start, end)| (start..end).contains(&address))
+        };
+        if let Some((ranges, read_at)) = self.code.get(&pid)
+            && (contains(ranges) || read_at.elapsed() < CODE_REFRESH_EVERY)
+        {
+            return contains(ranges) || ranges.is_empty();
+        }
+        let ranges = procfs::executable_ranges(pid);
+        let known = contains(&ranges) || ranges.is_empty();
+        self.code.insert(pid, (ranges, Instant::now()));
+        known
+    }
+}
