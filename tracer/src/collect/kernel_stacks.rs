@@ -7,16 +7,9 @@
 //! `[unwinding stopped: ...]` frame, and stacks equal up to that point are
 //! one stack: every kernel id is mapped to the first id with the same
 //! checked frames.
-use std::{
-    collections::{BTreeMap, HashMap},
-    time::{Duration, Instant},
-};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::{attach::KernelMaps, procfs, unwind::StopReason};
-
-/// A process's code is read again at most this often, when a return
-/// address falls outside every range known (a library loaded since).
-const CODE_REFRESH_EVERY: Duration = Duration::from_millis(200);
 
 /// A kernel stack, checked.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -34,8 +27,8 @@ pub struct KernelStacks {
     first_id: HashMap<Checked, u32>,
     /// Each canonical stack, checked, by (process, id).
     stacks: HashMap<(u32, u32), Checked>,
-    /// Each process's executable ranges, and when they were read.
-    code: HashMap<u32, (Vec<(u64, u64)>, Instant)>,
+    /// Each process's executable ranges, as last read.
+    code: HashMap<u32, Vec<(u64, u64)>>,
     /// Stacks cut short, by reason.
     stops: BTreeMap<StopReason, u64>,
 }
@@ -72,9 +65,13 @@ impl KernelStacks {
     }
 
     fn check(&mut self, pid: u32, mut addresses: Vec<u64>) -> Checked {
-        let outside = addresses
-            .iter()
-            .position(|&address| !self.in_code(pid, address));
+        let mut outside = self.first_outside_code(pid, &addresses);
+        if outside.is_some() {
+            // A library mapped since, or a new image (exec): read the
+            // process's code again, once per stack checked.
+            self.code.insert(pid, procfs::executable_ranges(pid));
+            outside = self.first_outside_code(pid, &addresses);
+        }
         if let Some(first) = outside {
             addresses.truncate(first);
         }
@@ -85,22 +82,20 @@ impl KernelStacks {
         }
     }
 
-    /// Whether `address` is in an executable mapping of `pid`; true when
-    /// the process is gone and nothing can be checked.
-    fn in_code(&mut self, pid: u32, address: u64) -> bool {
-        let contains = |ranges: &[(u64, u64)]| {
-            ranges
+    /// The index of the first address outside `pid`'s code as last read
+    /// (none when the process is gone and nothing can be checked).
+    fn first_outside_code(&mut self, pid: u32, addresses: &[u64]) -> Option<usize> {
+        let ranges = self
+            .code
+            .entry(pid)
+            .or_insert_with(|| procfs::executable_ranges(pid));
+        if ranges.is_empty() {
+            return None;
+        }
+        addresses.iter().position(|&address| {
+            !ranges
                 .iter()
                 .any(|&(start, end)| (start..end).contains(&address))
-        };
-        if let Some((ranges, read_at)) = self.code.get(&pid)
-            && (contains(ranges) || read_at.elapsed() < CODE_REFRESH_EVERY)
-        {
-            return contains(ranges) || ranges.is_empty();
-        }
-        let ranges = procfs::executable_ranges(pid);
-        let known = contains(&ranges) || ranges.is_empty();
-        self.code.insert(pid, (ranges, Instant::now()));
-        known
+        })
     }
 }
