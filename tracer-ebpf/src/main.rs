@@ -46,15 +46,16 @@ mod probes {
         EbpfContext as _,
         bindings::{BPF_ANY, BPF_NOEXIST},
         helpers::{
-            bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_send_signal,
+            bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+            bpf_probe_read_kernel, bpf_probe_read_user, bpf_send_signal,
         },
         macros::{map, uprobe, uretprobe},
         maps::{HashMap, LruHashMap, PerCpuArray, StackTrace},
         programs::{ProbeContext, RetProbeContext},
     };
     use tracer_ebpf::{
-        LiveAlloc, LiveKey, Pending, StackKey, StackTotals, call, is_copied_stack, kind,
-        stack_record, stat,
+        LiveAlloc, LiveKey, Pending, StackKey, StackTotals, argument_register, call,
+        is_copied_stack, kind, stack_record, stat,
     };
 
     /// Per thread (pid_tgid): the allocator call in progress. LRU, so the
@@ -379,6 +380,22 @@ mod probes {
         ctx.arg::<u64>(index).unwrap_or(0)
     }
 
+    /// Argument `index` of a malloc-family call: from the register the
+    /// attach cookie names when the probe sits after the function moved it
+    /// (`tracer_ebpf::argument_register`), else from its own. The moved
+    /// register is read with a helper: the verifier allows only constant
+    /// offsets into the context.
+    #[inline(always)]
+    fn call_arg(ctx: &ProbeContext, index: usize) -> u64 {
+        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+        let register = ((cookie >> (8 * index)) & 0xff) as usize;
+        if register == 0 || register > argument_register::RDI as usize {
+            return arg(ctx, index);
+        }
+        let word = unsafe { (ctx.regs as *const u64).add(register - 1) };
+        unsafe { bpf_probe_read_kernel(word) }.unwrap_or(0)
+    }
+
     /// `bpf_session_is_return()`: a kfunc, which aya cannot relocate. The
     /// call is emitted with a placeholder helper id that tracer's session
     /// loader (`attach/session.rs`) rewrites into a kfunc call; aya never
@@ -429,7 +446,7 @@ mod probes {
         &ctx,
         in_session,
         call::RETURNS_POINTER,
-        arg(&ctx, 0),
+        call_arg(&ctx, 0),
         0,
         false
     ));
@@ -437,7 +454,7 @@ mod probes {
         &ctx,
         in_session,
         call::RETURNS_POINTER,
-        arg(&ctx, 0).wrapping_mul(arg(&ctx, 1)),
+        call_arg(&ctx, 0).wrapping_mul(call_arg(&ctx, 1)),
         0,
         false
     ));
@@ -446,7 +463,7 @@ mod probes {
         &ctx,
         in_session,
         call::RETURNS_POINTER,
-        arg(&ctx, 1),
+        call_arg(&ctx, 1),
         0,
         false
     ));
@@ -455,7 +472,7 @@ mod probes {
         &ctx,
         in_session,
         call::RETURNS_POINTER,
-        arg(&ctx, 0).max(1).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1),
+        call_arg(&ctx, 0).max(1).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1),
         0,
         false
     ));
@@ -466,13 +483,13 @@ mod probes {
             &ctx,
             in_session,
             call::OUT_PARAMETER,
-            arg(&ctx, 2),
-            arg(&ctx, 0),
+            call_arg(&ctx, 2),
+            call_arg(&ctx, 0),
             false
         )
     );
     entry_programs!(realloc_enter, realloc_session, |ctx, in_session| {
-        realloc_common(&ctx, in_session, arg(&ctx, 0), arg(&ctx, 1))
+        realloc_common(&ctx, in_session, call_arg(&ctx, 0), call_arg(&ctx, 1))
     });
     entry_programs!(
         reallocarray_enter,
@@ -481,8 +498,8 @@ mod probes {
             realloc_common(
                 &ctx,
                 in_session,
-                arg(&ctx, 0),
-                arg(&ctx, 1).wrapping_mul(arg(&ctx, 2)),
+                call_arg(&ctx, 0),
+                call_arg(&ctx, 1).wrapping_mul(call_arg(&ctx, 2)),
             )
         }
     );
@@ -521,7 +538,7 @@ mod probes {
     /// before attach, or not sampled).
     #[uprobe]
     pub fn free_enter(ctx: ProbeContext) -> u32 {
-        let address = arg(&ctx, 0);
+        let address = call_arg(&ctx, 0);
         if address == 0 {
             count(stat::FREES_NULL);
             return 0;
@@ -532,13 +549,22 @@ mod probes {
             pad: 0,
             address,
         };
+        let nested = || {
+            PENDING
+                .get_ptr(&thread)
+                .is_some_and(|pending| unsafe { (*pending).depth } > 0)
+        };
         let Some(block) = (unsafe { LIVE.get(&key) }).copied() else {
-            count(stat::FREES_UNKNOWN);
+            // mimalloc's realloc frees the old block through `free`, after
+            // realloc's entry took it off: not a block from before attach.
+            count(if nested() {
+                stat::NESTED_CALLS
+            } else {
+                stat::FREES_UNKNOWN
+            });
             return 0;
         };
-        if let Some(pending) = PENDING.get_ptr(&thread)
-            && unsafe { (*pending).depth } > 0
-        {
+        if nested() {
             count(stat::NESTED_CALLS);
             return 0;
         }

@@ -432,6 +432,7 @@ impl Probes {
                         &site.host_path,
                         site.offset,
                         pid,
+                        site.function.cookie,
                     )
                     .map_err(|error| attach_error(error, pid))?,
                 _ => {

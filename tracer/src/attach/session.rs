@@ -145,13 +145,14 @@ impl SessionPrograms {
     }
 
     /// Attaches the session twin of `entry_program` at `file_offset` of
-    /// `path`, for process `pid` only.
+    /// `path`, for process `pid` only, with attach cookie `cookie`.
     pub fn attach(
         &mut self,
         entry_program: &str,
         path: &Path,
         file_offset: u64,
         pid: u32,
+        cookie: u64,
     ) -> Result<()> {
         let program = self
             .programs
@@ -160,11 +161,13 @@ impl SessionPrograms {
         let path_c = CString::new(path.as_os_str().as_encoded_bytes())
             .with_context(|| format!("{} has a NUL byte", path.display()))?;
         let offsets = [file_offset];
+        let cookies = [cookie];
         let attr = UprobeMultiLinkAttr {
             prog_fd: program.as_raw_fd() as u32,
             attach_type: BPF_TRACE_UPROBE_SESSION,
             path: path_c.as_ptr() as u64,
             offsets: offsets.as_ptr() as u64,
+            cookies: cookies.as_ptr() as u64,
             cnt: 1,
             pid,
             ..UprobeMultiLinkAttr::default()

@@ -5,7 +5,9 @@
 use std::{collections::BTreeMap, fs, path::PathBuf};
 
 use anyhow::{Context as _, Result};
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+use object::{
+    Object as _, ObjectSegment as _, ObjectSymbol as _, ObjectSymbolTable as _, SymbolKind,
+};
 
 use super::{cuda::CUDA_FUNCTIONS, prologue};
 use crate::procfs::{self, Mapping};
@@ -42,7 +44,10 @@ const fn function(
 
 /// Every function looked up in a mapped object.
 fn hooked_functions() -> impl Iterator<Item = &'static AllocatorFunction> {
-    ALLOCATOR_FUNCTIONS.iter().chain(&CUDA_FUNCTIONS)
+    ALLOCATOR_FUNCTIONS
+        .iter()
+        .chain(&OWN_API_FUNCTIONS)
+        .chain(&CUDA_FUNCTIONS)
 }
 
 /// Every function tracer hooks, with its programs. C++'s `operator new`
@@ -68,6 +73,100 @@ pub const ALLOCATOR_FUNCTIONS: [AllocatorFunction; 18] = [
     function("_ZnamSt11align_val_t", "malloc_enter", true),
     function("_ZnwmSt11align_val_tRKSt9nothrow_t", "malloc_enter", true),
     function("_ZnamSt11align_val_tRKSt9nothrow_t", "malloc_enter", true),
+];
+
+/// What a target may call besides the C functions: `operator delete`
+/// (libstdc++'s passes on to `free`, but jemalloc's sized one does not),
+/// and the own entry points of jemalloc, tcmalloc and mimalloc, which
+/// programs call directly (Rust's tikv-jemallocator: `_rjem_sdallocx`;
+/// redis built with its jemalloc: `je_malloc`). A function that only
+/// passes its call on to another hooked one gets no probe of its own
+/// (`forwards_to_hooked`); a block that passes through several hooked
+/// layers is counted once (the kernel's per-thread depth).
+pub const OWN_API_FUNCTIONS: [AllocatorFunction; 79] = [
+    // operator delete, all variants (the pointer comes first).
+    function("_ZdlPv", "free_enter", false),
+    function("_ZdaPv", "free_enter", false),
+    function("_ZdlPvm", "free_enter", false),
+    function("_ZdaPvm", "free_enter", false),
+    function("_ZdlPvRKSt9nothrow_t", "free_enter", false),
+    function("_ZdaPvRKSt9nothrow_t", "free_enter", false),
+    function("_ZdlPvSt11align_val_t", "free_enter", false),
+    function("_ZdaPvSt11align_val_t", "free_enter", false),
+    function("_ZdlPvmSt11align_val_t", "free_enter", false),
+    function("_ZdaPvmSt11align_val_t", "free_enter", false),
+    function("_ZdlPvSt11align_val_tRKSt9nothrow_t", "free_enter", false),
+    function("_ZdaPvSt11align_val_tRKSt9nothrow_t", "free_enter", false),
+    // jemalloc: its own API, plain and with the prefixes of static builds.
+    function("mallocx", "malloc_enter", true),
+    function("rallocx", "realloc_enter", true),
+    function("dallocx", "free_enter", false),
+    function("sdallocx", "free_enter", false),
+    function("je_malloc", "malloc_enter", true),
+    function("je_calloc", "calloc_enter", true),
+    function("je_realloc", "realloc_enter", true),
+    function("je_free", "free_enter", false),
+    function("je_posix_memalign", "posix_memalign_enter", true),
+    function("je_aligned_alloc", "aligned_enter", true),
+    function("je_mallocx", "malloc_enter", true),
+    function("je_rallocx", "realloc_enter", true),
+    function("je_dallocx", "free_enter", false),
+    function("je_sdallocx", "free_enter", false),
+    function("_rjem_malloc", "malloc_enter", true),
+    function("_rjem_calloc", "calloc_enter", true),
+    function("_rjem_realloc", "realloc_enter", true),
+    function("_rjem_free", "free_enter", false),
+    function("_rjem_posix_memalign", "posix_memalign_enter", true),
+    function("_rjem_aligned_alloc", "aligned_enter", true),
+    function("_rjem_mallocx", "malloc_enter", true),
+    function("_rjem_rallocx", "realloc_enter", true),
+    function("_rjem_dallocx", "free_enter", false),
+    function("_rjem_sdallocx", "free_enter", false),
+    // tcmalloc: its own names (aliases in a shared tcmalloc, hooked once).
+    function("tc_malloc", "malloc_enter", true),
+    function("tc_malloc_skip_new_handler", "malloc_enter", true),
+    function("tc_calloc", "calloc_enter", true),
+    function("tc_realloc", "realloc_enter", true),
+    function("tc_free", "free_enter", false),
+    function("tc_free_sized", "free_enter", false),
+    function("tc_memalign", "aligned_enter", true),
+    function("tc_posix_memalign", "posix_memalign_enter", true),
+    function("tc_valloc", "malloc_enter", true),
+    function("tc_pvalloc", "pvalloc_enter", true),
+    function("tc_new", "malloc_enter", true),
+    function("tc_newarray", "malloc_enter", true),
+    function("tc_new_nothrow", "malloc_enter", true),
+    function("tc_newarray_nothrow", "malloc_enter", true),
+    function("tc_delete", "free_enter", false),
+    function("tc_deletearray", "free_enter", false),
+    function("tc_delete_sized", "free_enter", false),
+    function("tc_deletearray_sized", "free_enter", false),
+    // mimalloc: its own API (mi_heap_* and the *_at variants are not hooked).
+    function("mi_malloc", "malloc_enter", true),
+    function("mi_zalloc", "malloc_enter", true),
+    function("mi_calloc", "calloc_enter", true),
+    function("mi_mallocn", "calloc_enter", true),
+    function("mi_realloc", "realloc_enter", true),
+    function("mi_reallocn", "reallocarray_enter", true),
+    function("mi_reallocarray", "reallocarray_enter", true),
+    function("mi_free", "free_enter", false),
+    function("mi_free_size", "free_enter", false),
+    function("mi_free_aligned", "free_enter", false),
+    function("mi_free_size_aligned", "free_enter", false),
+    function("mi_malloc_aligned", "malloc_enter", true),
+    function("mi_zalloc_aligned", "malloc_enter", true),
+    function("mi_calloc_aligned", "calloc_enter", true),
+    function("mi_realloc_aligned", "realloc_enter", true),
+    function("mi_aligned_alloc", "aligned_enter", true),
+    function("mi_posix_memalign", "posix_memalign_enter", true),
+    function("mi_memalign", "aligned_enter", true),
+    function("mi_valloc", "malloc_enter", true),
+    function("mi_pvalloc", "pvalloc_enter", true),
+    function("mi_new", "malloc_enter", true),
+    function("mi_new_nothrow", "malloc_enter", true),
+    function("mi_new_aligned", "malloc_enter", true),
+    function("mi_new_aligned_nothrow", "malloc_enter", true),
+    function("mi_new_n", "calloc_enter", true),
 ];
 
 /// One place to attach: an allocator function in one mapped file.
@@ -135,9 +234,21 @@ pub fn hook_sites_in(pid: u32, paths: &[PathBuf]) -> Result<Vec<HookSite>> {
         for found in functions {
             let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
             let code = data.get(start..).unwrap_or_default();
-            let site = prologue::choose_site(code, found.size_bytes);
+            // The CUDA programs take their cookie for the API: only the
+            // malloc family can read a moved argument.
+            let follow_copies = found.function.cookie == 0;
+            let site = prologue::choose_site(
+                code,
+                found.size_bytes,
+                prologue::argument_registers(found.function.name),
+                follow_copies,
+            );
+            let mut function = found.function;
+            if follow_copies {
+                function.cookie = moved_arguments_cookie(&site.moved_arguments);
+            }
             sites.push(HookSite {
-                function: found.function,
+                function,
                 path: path.clone(),
                 host_path: host_path.clone(),
                 function_offset: found.file_offset,
@@ -188,6 +299,7 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
         }
     }
     let mut found: Vec<FoundFunction> = Vec::new();
+    let hooked_addresses: Vec<u64> = addresses.values().map(|&(address, _)| address).collect();
     for &function in hooked_functions() {
         let Some(&(address, size_bytes)) = addresses.get(function.name) else {
             continue;
@@ -195,7 +307,9 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
         let Some(offset) = file_offset(&file, address) else {
             continue;
         };
-        if found.iter().all(|seen| seen.file_offset != offset) {
+        if found.iter().all(|seen| seen.file_offset != offset)
+            && !forwards_to_hooked(&file, data, address, offset, &hooked_addresses)
+        {
             found.push(FoundFunction {
                 function,
                 file_offset: offset,
@@ -204,6 +318,80 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
         }
     }
     Ok(found)
+}
+
+/// Whether the function at `address` (file offset `offset`) only passes
+/// its call on to another hooked function: directly (`_Znam`: `jmp _Znwm`)
+/// or through the PLT (`operator delete`: `jmp free@plt`). Its target's
+/// probe sees the call; a probe of its own would see it twice (a free
+/// counted twice is a free of an unknown block).
+fn forwards_to_hooked(
+    file: &object::File<'_>,
+    data: &[u8],
+    address: u64,
+    offset: u64,
+    hooked_addresses: &[u64],
+) -> bool {
+    let code = |offset: u64| data.get(usize::try_from(offset).ok()?..);
+    let Some(target) = code(offset)
+        .and_then(prologue::tail_jump_target)
+        .map(|relative| address.wrapping_add_signed(relative))
+    else {
+        return false;
+    };
+    if hooked_addresses.contains(&target) {
+        return true;
+    }
+    let Some(slot) = file_offset(file, target)
+        .and_then(code)
+        .and_then(|stub| prologue::plt_slot(stub, target))
+    else {
+        return false;
+    };
+    let (Some(relocations), Some(dynamic_symbols)) =
+        (file.dynamic_relocations(), file.dynamic_symbol_table())
+    else {
+        return false;
+    };
+    relocations
+        .filter(|(at, _)| *at == slot)
+        .filter_map(|(_, relocation)| match relocation.target() {
+            object::RelocationTarget::Symbol(index) => dynamic_symbols.symbol_by_index(index).ok(),
+            _ => None,
+        })
+        .filter_map(|symbol| symbol.name().ok())
+        .any(|name| hooked_functions().any(|function| function.name == name))
+}
+
+/// The attach cookie that tells a malloc-family entry program where its
+/// moved arguments are (`tracer_ebpf::argument_register`).
+fn moved_arguments_cookie(moved: &[(usize, iced_x86::Register)]) -> u64 {
+    use iced_x86::Register;
+    use tracer_ebpf::argument_register as slot;
+    moved
+        .iter()
+        .map(|&(argument, register)| {
+            let slot = match register {
+                Register::R15 => slot::R15,
+                Register::R14 => slot::R14,
+                Register::R13 => slot::R13,
+                Register::R12 => slot::R12,
+                Register::RBP => slot::RBP,
+                Register::RBX => slot::RBX,
+                Register::R11 => slot::R11,
+                Register::R10 => slot::R10,
+                Register::R9 => slot::R9,
+                Register::R8 => slot::R8,
+                Register::RAX => slot::RAX,
+                Register::RCX => slot::RCX,
+                Register::RDX => slot::RDX,
+                Register::RSI => slot::RSI,
+                Register::RDI => slot::RDI,
+                _ => 0,
+            };
+            slot << (8 * argument)
+        })
+        .sum()
 }
 
 /// Converts a virtual address of the ELF file to a file offset through the
@@ -269,8 +457,34 @@ mod tests {
                 continue;
             }
             let code = &data[found.file_offset as usize..];
-            let site = prologue::choose_site(code, found.size_bytes);
+            let site = prologue::choose_site(
+                code,
+                found.size_bytes,
+                prologue::argument_registers(found.function.name),
+                true,
+            );
             assert!(site.emulated, "{}: {}", found.function.name, site.reason);
+        }
+    }
+
+    /// libstdc++'s `operator delete` variants and `operator new[]` only
+    /// jump on (to `free`, `operator delete`, `operator new`): no probes of
+    /// their own, so no free is seen twice.
+    #[test]
+    fn libstdcxx_forwarders_get_no_probe() {
+        let data = fs::read("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
+            .expect("libstdc++ is installed with g++");
+        let found = allocator_offsets(&data, SymbolTables::Dynamic).unwrap();
+        let names: Vec<&str> = found.iter().map(|found| found.function.name).collect();
+        assert!(names.contains(&"_Znwm"), "{names:?}");
+        for forwarder in [
+            "_Znam",
+            "_ZdlPv",
+            "_ZdlPvm",
+            "_ZdaPv",
+            "_ZdlPvSt11align_val_t",
+        ] {
+            assert!(!names.contains(&forwarder), "{forwarder} in {names:?}");
         }
     }
 
