@@ -92,9 +92,15 @@ pub struct Fixture {
 impl Fixture {
     /// Starts `target/fixtures/<name>` and waits for its `ready pid=N` line.
     pub fn start(name: &str, args: &[&str]) -> Self {
+        Self::start_with_env(name, args, &[])
+    }
+
+    /// [`Fixture::start`] with more environment variables (`LD_PRELOAD`).
+    pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let path = fixture(name);
         let mut child = Command::new(&path)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -529,7 +535,18 @@ pub fn record_attached(pid: u32, json: &Path, extra_args: &[&str]) -> Tracer {
 /// [`record_while`] with more `tracer record` arguments.
 pub fn record_with(name: &str, extra_args: &[&str], commands: &[&str]) -> Session {
     require_root();
-    let mut fixture = Fixture::start(name, &[]);
+    record_in(Fixture::start(name, &[]), name, extra_args, commands)
+}
+
+/// [`record_with`] on a fixture already started (`name` names the JSON
+/// report).
+pub fn record_in(
+    mut fixture: Fixture,
+    name: &str,
+    extra_args: &[&str],
+    commands: &[&str],
+) -> Session {
+    require_root();
     let json = json_path(name);
     let tracer = record_attached(fixture.pid, &json, extra_args);
     let answers = commands
