@@ -307,9 +307,11 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
         let Some(offset) = file_offset(&file, address) else {
             continue;
         };
-        if found.iter().all(|seen| seen.file_offset != offset)
-            && !forwards_to_hooked(&file, data, address, offset, &hooked_addresses)
-        {
+        // CUDA layers stay apart even when one only forwards to the other:
+        // the report names the API a block came through.
+        let forwards = function.cookie == 0
+            && forwards_to_hooked(&file, data, address, offset, &hooked_addresses);
+        if found.iter().all(|seen| seen.file_offset != offset) && !forwards {
             found.push(FoundFunction {
                 function,
                 file_offset: offset,
