@@ -103,8 +103,13 @@ pub struct Fixture {
 impl Fixture {
     /// Starts `target/fixtures/<name>` and waits for its `ready pid=N` line.
     pub fn start(name: &str, args: &[&str]) -> Self {
+        Self::start_with_env(name, args, &[])
+    }
+
+    /// [`Fixture::start`] with more environment variables (`LD_PRELOAD`).
+    pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(fixture(name));
-        command.args(args);
+        command.args(args).envs(env.iter().copied());
         let (fixture, ready) = Self::spawn(command);
         assert_eq!(
             ready,
@@ -548,7 +553,12 @@ pub fn record_attached(pid: u32, json: &Path, extra_args: &[&str]) -> Tracer {
 /// [`record_while`] with more `tracer record` arguments.
 pub fn record_with(name: &str, extra_args: &[&str], commands: &[&str]) -> Session {
     require_root();
-    let mut fixture = Fixture::start(name, &[]);
+    record_in(Fixture::start(name, &[]), extra_args, commands)
+}
+
+/// [`record_with`] on a fixture already started.
+pub fn record_in(mut fixture: Fixture, extra_args: &[&str], commands: &[&str]) -> Session {
+    require_root();
     let trace = Record::pid(fixture.pid).args(extra_args).attach();
     let answers = commands
         .iter()

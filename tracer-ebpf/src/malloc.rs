@@ -23,7 +23,7 @@ use aya_ebpf::{
 use tracer_ebpf::{LiveAlloc, Pending, call, kind, stat};
 
 use crate::{
-    args::arg,
+    args::call_arg,
     counters::count,
     live::{find_live, free_live, live_key, put_live, take_live},
     pending::PENDING,
@@ -211,7 +211,7 @@ entry_programs!(malloc_enter, malloc_session, |ctx, in_session| enter(
     &ctx,
     in_session,
     call::RETURNS_POINTER,
-    arg(&ctx, 0),
+    call_arg(&ctx, 0),
     0,
     false
 ));
@@ -219,7 +219,7 @@ entry_programs!(calloc_enter, calloc_session, |ctx, in_session| enter(
     &ctx,
     in_session,
     call::RETURNS_POINTER,
-    arg(&ctx, 0).wrapping_mul(arg(&ctx, 1)),
+    call_arg(&ctx, 0).wrapping_mul(call_arg(&ctx, 1)),
     0,
     false
 ));
@@ -228,7 +228,7 @@ entry_programs!(aligned_enter, aligned_session, |ctx, in_session| enter(
     &ctx,
     in_session,
     call::RETURNS_POINTER,
-    arg(&ctx, 1),
+    call_arg(&ctx, 1),
     0,
     false
 ));
@@ -237,7 +237,7 @@ entry_programs!(pvalloc_enter, pvalloc_session, |ctx, in_session| enter(
     &ctx,
     in_session,
     call::RETURNS_POINTER,
-    arg(&ctx, 0).max(1).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1),
+    call_arg(&ctx, 0).max(1).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1),
     0,
     false
 ));
@@ -248,13 +248,13 @@ entry_programs!(
         &ctx,
         in_session,
         call::OUT_PARAMETER,
-        arg(&ctx, 2),
-        arg(&ctx, 0),
+        call_arg(&ctx, 2),
+        call_arg(&ctx, 0),
         false
     )
 );
 entry_programs!(realloc_enter, realloc_session, |ctx, in_session| {
-    realloc_common(&ctx, in_session, arg(&ctx, 0), arg(&ctx, 1))
+    realloc_common(&ctx, in_session, call_arg(&ctx, 0), call_arg(&ctx, 1))
 });
 entry_programs!(
     reallocarray_enter,
@@ -263,8 +263,8 @@ entry_programs!(
         realloc_common(
             &ctx,
             in_session,
-            arg(&ctx, 0),
-            arg(&ctx, 1).wrapping_mul(arg(&ctx, 2)),
+            call_arg(&ctx, 0),
+            call_arg(&ctx, 1).wrapping_mul(call_arg(&ctx, 2)),
         )
     }
 );
@@ -303,20 +303,29 @@ fn realloc_common(ctx: &ProbeContext, in_session: bool, old: u64, size: u64) -> 
 /// before attach, or not sampled).
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
-    let address = arg(&ctx, 0);
+    let address = call_arg(&ctx, 0);
     if address == 0 {
         count(stat::FREES_NULL);
         return 0;
     }
     let thread = bpf_get_current_pid_tgid();
     let key = live_key((thread >> 32) as u32, address);
+    let nested = || {
+        PENDING
+            .get_ptr(&thread)
+            .is_some_and(|pending| unsafe { (*pending).depth } > 0)
+    };
     let Some(block) = find_live(&key) else {
-        count(stat::FREES_UNKNOWN);
+        // mimalloc's realloc frees the old block through `free`, after
+        // realloc's entry took it off: not a block from before attach.
+        count(if nested() {
+            stat::NESTED_CALLS
+        } else {
+            stat::FREES_UNKNOWN
+        });
         return 0;
     };
-    if let Some(pending) = PENDING.get_ptr(&thread)
-        && unsafe { (*pending).depth } > 0
-    {
+    if nested() {
         count(stat::NESTED_CALLS);
         return 0;
     }

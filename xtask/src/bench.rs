@@ -15,7 +15,8 @@
 //!
 //! `--short` (CI, also run at the end of `cargo xtask test`) fails when
 //! exact mode is slower than the naive floor or when malloc's or free's
-//! probe is single-stepped.
+//! probe is single-stepped. The full run adds Debian's redis-server and the
+//! other allocators Debian ships (`bench_real`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
@@ -37,12 +38,15 @@ const SAMPLE_BYTES: u64 = 524_288;
 
 /// How a measurement run is traced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Mode {
+pub(crate) enum Mode {
     Baseline,
     Exact,
     Sampled,
     /// Every stack copied and unwound in userspace (`--unwind dwarf`).
     Dwarf,
+    /// Frame pointers whatever the target maps (`--unwind fp`): what the
+    /// probes cost with an allocator library that has none (`bench_real`).
+    FramePointers,
     NaiveFloor,
     SiteFloor,
     SiteEntryFloor,
@@ -59,12 +63,13 @@ const MODES: [Mode; 7] = [
 ];
 
 impl Mode {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Baseline => "no tracer",
             Mode::Exact => "tracer exact",
             Mode::Sampled => "tracer --sample-bytes 524288",
             Mode::Dwarf => "tracer --unwind dwarf",
+            Mode::FramePointers => "tracer --unwind fp",
             Mode::NaiveFloor => "naive floor (entries)",
             Mode::SiteFloor => "site floor",
             Mode::SiteEntryFloor => "site floor, entry only",
@@ -96,6 +101,7 @@ impl Mode {
             // A ring that holds every copy of the run: each one is unwound,
             // none falls back to frame pointers (checked).
             Mode::Dwarf => Some(record(&["--unwind", "dwarf", "--stack-ring-mib", "256"])),
+            Mode::FramePointers => Some(record(&["--unwind", "fp"])),
             Mode::NaiveFloor => Some(floor("entry", &[])),
             Mode::SiteFloor => Some(floor("chosen", &[])),
             Mode::SiteEntryFloor => Some(floor("chosen", &["--entry-only"])),
@@ -117,7 +123,7 @@ impl Mode {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Workload {
+pub(crate) enum Workload {
     Pairs,
     Mixed,
 }
@@ -140,12 +146,12 @@ impl Workload {
 }
 
 /// A tracer (or floor) attached to a fixture.
-struct Attached {
+pub(crate) struct Attached {
     child: KillOnDrop,
 }
 
 impl Attached {
-    fn start(root: &Path, args: &[String]) -> Result<Self> {
+    pub(crate) fn start(root: &Path, args: &[String]) -> Result<Self> {
         let mut child = Command::new(root.join("target/release/tracer"))
             .args(args)
             .stdout(Stdio::null())
@@ -184,12 +190,12 @@ impl Attached {
         }
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.0.id()
     }
 
     /// SIGINT, then wait: the tracer writes its report.
-    fn stop(mut self) -> Result<()> {
+    pub(crate) fn stop(mut self) -> Result<()> {
         // SAFETY: signals our own child, which has not been reaped.
         unsafe { libc::kill(self.pid() as i32, libc::SIGINT) };
         let status = self
@@ -211,7 +217,23 @@ fn measure(
     workload: Workload,
     short: bool,
 ) -> Result<(f64, Option<Value>)> {
-    let mut fixture = FixtureProcess::start(&root.join("target/fixtures/bench"), false)?;
+    measure_preloaded(root, mode, workload, short, None)
+}
+
+/// [`measure`] with an allocator library in the fixture's `LD_PRELOAD`.
+pub(crate) fn measure_preloaded(
+    root: &Path,
+    mode: Mode,
+    workload: Workload,
+    short: bool,
+    preload: Option<&str>,
+) -> Result<(f64, Option<Value>)> {
+    let env: Vec<(&str, &str)> = preload
+        .map(|library| ("LD_PRELOAD", library))
+        .into_iter()
+        .collect();
+    let mut fixture =
+        FixtureProcess::start_with_env(&root.join("target/fixtures/bench"), false, &env)?;
     let json_path = std::env::temp_dir().join(format!("tracer-bench-{}.json", std::process::id()));
     let attached = match mode.tracer_args(fixture.pid, &json_path) {
         Some(args) => Some(Attached::start(root, &args)?),
@@ -233,7 +255,7 @@ fn measure(
     Ok((ns_per_pair, report))
 }
 
-fn answer_field(answer: &str, key: &str) -> Result<f64> {
+pub(crate) fn answer_field(answer: &str, key: &str) -> Result<f64> {
     answer
         .split_whitespace()
         .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
@@ -241,7 +263,7 @@ fn answer_field(answer: &str, key: &str) -> Result<f64> {
         .with_context(|| format!("no `{key}=` in {answer:?}"))
 }
 
-fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let middle = sorted.len() / 2;
@@ -308,7 +330,7 @@ fn peak_rss_kib(pid: u32) -> Result<u64> {
 }
 
 /// The machine, for the table's heading.
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|info| {
@@ -381,7 +403,14 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         .cloned()
         .unwrap_or(Value::Null);
 
-    let table = render_table(&medians, &cpu, reps, short);
+    let mut table = render_table(&medians, &cpu, reps, short);
+    let real = if short {
+        Value::Null
+    } else {
+        let real = crate::bench_real::bench_real(root, reps)?;
+        table.push_str(&real.table);
+        real.json
+    };
     print!("{table}");
     let mut checks = checks(&medians, &probes);
     checks.push((
@@ -407,6 +436,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         "runs_per_mode": reps,
         "results": results,
         "tracer_cpu": cpu,
+        "real_allocators_and_redis": real,
         "probes": probes,
         "checks": checks.iter().map(|(name, passed, detail)| json!({"name": name, "passed": passed, "detail": detail})).collect::<Vec<_>>(),
         "table": table,
@@ -441,7 +471,7 @@ fn bench_json_path(root: &Path, short: bool) -> PathBuf {
     })
 }
 
-fn date() -> String {
+pub(crate) fn date() -> String {
     Command::new("date")
         .args(["-u", "+%Y-%m-%d"])
         .output()

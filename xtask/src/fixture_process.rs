@@ -34,8 +34,17 @@ pub struct FixtureProcess {
 impl FixtureProcess {
     /// Starts the fixture at `path` and waits for its `ready pid=N` line.
     pub fn start(path: &Path, echo: bool) -> Result<Self> {
+        Self::start_with_env(path, echo, &[])
+    }
+
+    /// [`FixtureProcess::start`] with more environment variables
+    /// (`LD_PRELOAD`).
+    pub fn start_with_env(path: &Path, echo: bool, env: &[(&str, &str)]) -> Result<Self> {
         let mut command = Command::new(path);
-        command.stdin(Stdio::piped()).stdout(Stdio::piped());
+        command
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
         if echo {
             eprintln!("$ {} &", shell::display(&command));
         }

@@ -164,13 +164,31 @@ fn ensure_tracefs(shell: &Shell) -> Result<()> {
 
 /// Debian packages the build and the tests need, by the command each
 /// provides: the C compilers for the fixtures, bpftool for the test that
-/// checks a killed tracer leaves no eBPF program behind, and go for
-/// `go tool pprof`, which reads the pprof profiles in the tests.
-const PACKAGES: [(&str, &str); 4] = [
+/// checks a killed tracer leaves no eBPF program behind, go for
+/// `go tool pprof`, which reads the pprof profiles in the tests, and redis
+/// (server, cli and benchmark), the real server of tests/allocators.rs and
+/// the benchmark.
+const PACKAGES: [(&str, &str); 6] = [
     ("gcc", "gcc"),
     ("g++", "g++"),
     ("bpftool", "bpftool"),
     ("go", "golang-go"),
+    ("redis-server", "redis-server"),
+    ("redis-benchmark", "redis-tools"),
+];
+
+/// The allocators Debian ships besides glibc's, by the library each
+/// provides: the tests and the benchmark preload them into the fixtures.
+pub const ALLOCATOR_LIBRARIES: [(&str, &str); 3] = [
+    ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "libjemalloc2"),
+    (
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        "libtcmalloc-minimal4",
+    ),
+    (
+        "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",
+        "libmimalloc2.0",
+    ),
 ];
 
 fn ensure_packages(shell: &Shell) -> Result<()> {
@@ -180,9 +198,15 @@ fn ensure_packages(shell: &Shell) -> Result<()> {
             find_on_path(command).is_none() && !Path::new("/usr/sbin").join(command).exists()
         })
         .map(|&(_, package)| package)
+        .chain(
+            ALLOCATOR_LIBRARIES
+                .iter()
+                .filter(|(library, _)| !Path::new(library).exists())
+                .map(|&(_, package)| package),
+        )
         .collect();
     if missing.is_empty() {
-        eprintln!("xtask: gcc, g++, bpftool, go: present");
+        eprintln!("xtask: gcc, g++, bpftool, go, redis, jemalloc, tcmalloc, mimalloc: present");
         return Ok(());
     }
     let apt_get = |args: &[&str]| {
@@ -193,7 +217,7 @@ fn ensure_packages(shell: &Shell) -> Result<()> {
             sudo.arg("apt-get");
             sudo
         };
-        command.args(args);
+        command.env("DEBIAN_FRONTEND", "noninteractive").args(args);
         command
     };
     shell.run(&mut apt_get(&["update"]))?;

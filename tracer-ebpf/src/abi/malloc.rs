@@ -65,3 +65,26 @@ pub struct SignalLevel {
     pub level: u32,
     pub pad: u32,
 }
+
+/// The attach cookie of a malloc-family probe placed after the function
+/// copied an argument into another register and reused its own (mimalloc's
+/// `malloc`: `mov %rdi,%rsi`, then the heap into `%rdi`): byte `i` names
+/// the register that holds argument `i` there, as 1 + its index in the
+/// x86-64 `struct pt_regs`; 0: its own register.
+pub mod argument_register {
+    pub const R15: u64 = 1;
+    pub const R14: u64 = 2;
+    pub const R13: u64 = 3;
+    pub const R12: u64 = 4;
+    pub const RBP: u64 = 5;
+    pub const RBX: u64 = 6;
+    pub const R11: u64 = 7;
+    pub const R10: u64 = 8;
+    pub const R9: u64 = 9;
+    pub const R8: u64 = 10;
+    pub const RAX: u64 = 11;
+    pub const RCX: u64 = 12;
+    pub const RDX: u64 = 13;
+    pub const RSI: u64 = 14;
+    pub const RDI: u64 = 15;
+}

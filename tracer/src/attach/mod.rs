@@ -223,7 +223,13 @@ impl Probes {
                 .as_ref()
                 .is_some_and(|session| session.covers(function.entry_program));
             if in_session {
-                add_to_batch(&mut sessions, function.entry_program, site, site.offset, 0);
+                add_to_batch(
+                    &mut sessions,
+                    function.entry_program,
+                    site,
+                    site.offset,
+                    function.cookie,
+                );
                 continue;
             }
             if let Some(return_program) = function.return_program {

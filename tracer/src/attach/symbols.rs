@@ -5,19 +5,20 @@
 use std::{collections::BTreeMap, fs, path::PathBuf};
 
 use anyhow::{Context as _, Result};
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+use object::{
+    Object as _, ObjectSegment as _, ObjectSymbol as _, ObjectSymbolTable as _, SymbolKind,
+};
 
 use super::{cuda::CUDA_FUNCTIONS, function::HookedFunction, prologue};
 use crate::{
-    model::allocators::ALLOCATORS,
+    model::allocators::all_allocators,
     procfs::{self, Mapping},
 };
 
 /// Every function looked up in a mapped object: the allocators, then the
 /// CUDA entry points.
 fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
-    ALLOCATORS
-        .iter()
+    all_allocators()
         .map(HookedFunction::allocator)
         .chain(CUDA_FUNCTIONS)
 }
@@ -87,9 +88,21 @@ pub fn hook_sites_in(pid: u32, paths: &[PathBuf]) -> Result<Vec<HookSite>> {
         for found in functions {
             let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
             let code = data.get(start..).unwrap_or_default();
-            let site = prologue::choose_site(code, found.size_bytes);
+            // The CUDA programs take their cookie for the API: only the
+            // malloc family can read a moved argument.
+            let follow_copies = found.function.cookie == 0;
+            let site = prologue::choose_site(
+                code,
+                found.size_bytes,
+                prologue::argument_registers(found.function.name),
+                follow_copies,
+            );
+            let mut function = found.function;
+            if follow_copies {
+                function.cookie = moved_arguments_cookie(&site.moved_arguments);
+            }
             sites.push(HookSite {
-                function: found.function,
+                function,
                 path: path.clone(),
                 host_path: host_path.clone(),
                 function_offset: found.file_offset,
@@ -140,6 +153,7 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
         }
     }
     let mut found: Vec<FoundFunction> = Vec::new();
+    let hooked_addresses: Vec<u64> = addresses.values().map(|&(address, _)| address).collect();
     for function in hooked_functions() {
         let Some(&(address, size_bytes)) = addresses.get(function.name) else {
             continue;
@@ -147,7 +161,11 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
         let Some(offset) = file_offset(&file, address) else {
             continue;
         };
-        if found.iter().all(|seen| seen.file_offset != offset) {
+        // CUDA layers stay apart even when one only forwards to the other:
+        // the report names the API a block came through.
+        let forwards = function.cookie == 0
+            && forwards_to_hooked(&file, data, address, offset, &hooked_addresses);
+        if found.iter().all(|seen| seen.file_offset != offset) && !forwards {
             found.push(FoundFunction {
                 function,
                 file_offset: offset,
@@ -156,6 +174,80 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
         }
     }
     Ok(found)
+}
+
+/// Whether the function at `address` (file offset `offset`) only passes
+/// its call on to another hooked function: directly (`_Znam`: `jmp _Znwm`)
+/// or through the PLT (`operator delete`: `jmp free@plt`). Its target's
+/// probe sees the call; a probe of its own would see it twice (a free
+/// counted twice is a free of an unknown block).
+fn forwards_to_hooked(
+    file: &object::File<'_>,
+    data: &[u8],
+    address: u64,
+    offset: u64,
+    hooked_addresses: &[u64],
+) -> bool {
+    let code = |offset: u64| data.get(usize::try_from(offset).ok()?..);
+    let Some(target) = code(offset)
+        .and_then(prologue::tail_jump_target)
+        .map(|relative| address.wrapping_add_signed(relative))
+    else {
+        return false;
+    };
+    if hooked_addresses.contains(&target) {
+        return true;
+    }
+    let Some(slot) = file_offset(file, target)
+        .and_then(code)
+        .and_then(|stub| prologue::plt_slot(stub, target))
+    else {
+        return false;
+    };
+    let (Some(relocations), Some(dynamic_symbols)) =
+        (file.dynamic_relocations(), file.dynamic_symbol_table())
+    else {
+        return false;
+    };
+    relocations
+        .filter(|(at, _)| *at == slot)
+        .filter_map(|(_, relocation)| match relocation.target() {
+            object::RelocationTarget::Symbol(index) => dynamic_symbols.symbol_by_index(index).ok(),
+            _ => None,
+        })
+        .filter_map(|symbol| symbol.name().ok())
+        .any(|name| hooked_functions().any(|function| function.name == name))
+}
+
+/// The attach cookie that tells a malloc-family entry program where its
+/// moved arguments are (`tracer_ebpf::argument_register`).
+fn moved_arguments_cookie(moved: &[(usize, iced_x86::Register)]) -> u64 {
+    use iced_x86::Register;
+    use tracer_ebpf::argument_register as slot;
+    moved
+        .iter()
+        .map(|&(argument, register)| {
+            let slot = match register {
+                Register::R15 => slot::R15,
+                Register::R14 => slot::R14,
+                Register::R13 => slot::R13,
+                Register::R12 => slot::R12,
+                Register::RBP => slot::RBP,
+                Register::RBX => slot::RBX,
+                Register::R11 => slot::R11,
+                Register::R10 => slot::R10,
+                Register::R9 => slot::R9,
+                Register::R8 => slot::R8,
+                Register::RAX => slot::RAX,
+                Register::RCX => slot::RCX,
+                Register::RDX => slot::RDX,
+                Register::RSI => slot::RSI,
+                Register::RDI => slot::RDI,
+                _ => 0,
+            };
+            slot << (8 * argument)
+        })
+        .sum()
 }
 
 /// Converts a virtual address of the ELF file to a file offset through the
@@ -221,8 +313,34 @@ mod tests {
                 continue;
             }
             let code = &data[found.file_offset as usize..];
-            let site = prologue::choose_site(code, found.size_bytes);
+            let site = prologue::choose_site(
+                code,
+                found.size_bytes,
+                prologue::argument_registers(found.function.name),
+                true,
+            );
             assert!(site.emulated, "{}: {}", found.function.name, site.reason);
+        }
+    }
+
+    /// libstdc++'s `operator delete` variants and `operator new[]` only
+    /// jump on (to `free`, `operator delete`, `operator new`): no probes of
+    /// their own, so no free is seen twice.
+    #[test]
+    fn libstdcxx_forwarders_get_no_probe() {
+        let data = fs::read("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
+            .expect("libstdc++ is installed with g++");
+        let found = allocator_offsets(&data, SymbolTables::Dynamic).unwrap();
+        let names: Vec<&str> = found.iter().map(|found| found.function.name).collect();
+        assert!(names.contains(&"_Znwm"), "{names:?}");
+        for forwarder in [
+            "_Znam",
+            "_ZdlPv",
+            "_ZdlPvm",
+            "_ZdaPv",
+            "_ZdlPvSt11align_val_t",
+        ] {
+            assert!(!names.contains(&forwarder), "{forwarder} in {names:?}");
         }
     }
 

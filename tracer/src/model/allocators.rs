@@ -62,7 +62,106 @@ pub const ALLOCATORS: [Allocator; 18] = [
     allocator("_ZnamSt11align_val_tRKSt9nothrow_t", AllocatorCall::Malloc),
 ];
 
-/// Whether a symbolized function name is one of [`ALLOCATORS`]: as
+/// What a target may call besides the C functions: `operator delete`
+/// (libstdc++'s passes on to `free`, but jemalloc's sized one does not),
+/// and the own entry points of jemalloc, tcmalloc and mimalloc, which
+/// programs call directly (Rust's tikv-jemallocator: `_rjem_sdallocx`;
+/// redis built with its jemalloc: `je_malloc`). A function that only
+/// passes its call on to another hooked one gets no probe of its own
+/// (`forwards_to_hooked`); a block that passes through several hooked
+/// layers is counted once (the kernel's per-thread depth).
+pub const OWN_API_ALLOCATORS: [Allocator; 79] = [
+    // operator delete, all variants (the pointer comes first).
+    allocator("_ZdlPv", AllocatorCall::Free),
+    allocator("_ZdaPv", AllocatorCall::Free),
+    allocator("_ZdlPvm", AllocatorCall::Free),
+    allocator("_ZdaPvm", AllocatorCall::Free),
+    allocator("_ZdlPvRKSt9nothrow_t", AllocatorCall::Free),
+    allocator("_ZdaPvRKSt9nothrow_t", AllocatorCall::Free),
+    allocator("_ZdlPvSt11align_val_t", AllocatorCall::Free),
+    allocator("_ZdaPvSt11align_val_t", AllocatorCall::Free),
+    allocator("_ZdlPvmSt11align_val_t", AllocatorCall::Free),
+    allocator("_ZdaPvmSt11align_val_t", AllocatorCall::Free),
+    allocator("_ZdlPvSt11align_val_tRKSt9nothrow_t", AllocatorCall::Free),
+    allocator("_ZdaPvSt11align_val_tRKSt9nothrow_t", AllocatorCall::Free),
+    // jemalloc: its own API, plain and with the prefixes of static builds.
+    allocator("mallocx", AllocatorCall::Malloc),
+    allocator("rallocx", AllocatorCall::Realloc),
+    allocator("dallocx", AllocatorCall::Free),
+    allocator("sdallocx", AllocatorCall::Free),
+    allocator("je_malloc", AllocatorCall::Malloc),
+    allocator("je_calloc", AllocatorCall::Calloc),
+    allocator("je_realloc", AllocatorCall::Realloc),
+    allocator("je_free", AllocatorCall::Free),
+    allocator("je_posix_memalign", AllocatorCall::PosixMemalign),
+    allocator("je_aligned_alloc", AllocatorCall::Aligned),
+    allocator("je_mallocx", AllocatorCall::Malloc),
+    allocator("je_rallocx", AllocatorCall::Realloc),
+    allocator("je_dallocx", AllocatorCall::Free),
+    allocator("je_sdallocx", AllocatorCall::Free),
+    allocator("_rjem_malloc", AllocatorCall::Malloc),
+    allocator("_rjem_calloc", AllocatorCall::Calloc),
+    allocator("_rjem_realloc", AllocatorCall::Realloc),
+    allocator("_rjem_free", AllocatorCall::Free),
+    allocator("_rjem_posix_memalign", AllocatorCall::PosixMemalign),
+    allocator("_rjem_aligned_alloc", AllocatorCall::Aligned),
+    allocator("_rjem_mallocx", AllocatorCall::Malloc),
+    allocator("_rjem_rallocx", AllocatorCall::Realloc),
+    allocator("_rjem_dallocx", AllocatorCall::Free),
+    allocator("_rjem_sdallocx", AllocatorCall::Free),
+    // tcmalloc: its own names (aliases in a shared tcmalloc, hooked once).
+    allocator("tc_malloc", AllocatorCall::Malloc),
+    allocator("tc_malloc_skip_new_handler", AllocatorCall::Malloc),
+    allocator("tc_calloc", AllocatorCall::Calloc),
+    allocator("tc_realloc", AllocatorCall::Realloc),
+    allocator("tc_free", AllocatorCall::Free),
+    allocator("tc_free_sized", AllocatorCall::Free),
+    allocator("tc_memalign", AllocatorCall::Aligned),
+    allocator("tc_posix_memalign", AllocatorCall::PosixMemalign),
+    allocator("tc_valloc", AllocatorCall::Malloc),
+    allocator("tc_pvalloc", AllocatorCall::Pvalloc),
+    allocator("tc_new", AllocatorCall::Malloc),
+    allocator("tc_newarray", AllocatorCall::Malloc),
+    allocator("tc_new_nothrow", AllocatorCall::Malloc),
+    allocator("tc_newarray_nothrow", AllocatorCall::Malloc),
+    allocator("tc_delete", AllocatorCall::Free),
+    allocator("tc_deletearray", AllocatorCall::Free),
+    allocator("tc_delete_sized", AllocatorCall::Free),
+    allocator("tc_deletearray_sized", AllocatorCall::Free),
+    // mimalloc: its own API (mi_heap_* and the *_at variants are not hooked).
+    allocator("mi_malloc", AllocatorCall::Malloc),
+    allocator("mi_zalloc", AllocatorCall::Malloc),
+    allocator("mi_calloc", AllocatorCall::Calloc),
+    allocator("mi_mallocn", AllocatorCall::Calloc),
+    allocator("mi_realloc", AllocatorCall::Realloc),
+    allocator("mi_reallocn", AllocatorCall::ReallocArray),
+    allocator("mi_reallocarray", AllocatorCall::ReallocArray),
+    allocator("mi_free", AllocatorCall::Free),
+    allocator("mi_free_size", AllocatorCall::Free),
+    allocator("mi_free_aligned", AllocatorCall::Free),
+    allocator("mi_free_size_aligned", AllocatorCall::Free),
+    allocator("mi_malloc_aligned", AllocatorCall::Malloc),
+    allocator("mi_zalloc_aligned", AllocatorCall::Malloc),
+    allocator("mi_calloc_aligned", AllocatorCall::Calloc),
+    allocator("mi_realloc_aligned", AllocatorCall::Realloc),
+    allocator("mi_aligned_alloc", AllocatorCall::Aligned),
+    allocator("mi_posix_memalign", AllocatorCall::PosixMemalign),
+    allocator("mi_memalign", AllocatorCall::Aligned),
+    allocator("mi_valloc", AllocatorCall::Malloc),
+    allocator("mi_pvalloc", AllocatorCall::Pvalloc),
+    allocator("mi_new", AllocatorCall::Malloc),
+    allocator("mi_new_nothrow", AllocatorCall::Malloc),
+    allocator("mi_new_aligned", AllocatorCall::Malloc),
+    allocator("mi_new_aligned_nothrow", AllocatorCall::Malloc),
+    allocator("mi_new_n", AllocatorCall::Calloc),
+];
+
+/// Every allocator function: the C and C++ ones, then the allocators' own.
+pub fn all_allocators() -> impl Iterator<Item = &'static Allocator> {
+    ALLOCATORS.iter().chain(&OWN_API_ALLOCATORS)
+}
+
+/// Whether a symbolized function name is one of [`all_allocators`]: as
 /// exported, with glibc's internal `__libc_` / `__GI_` prefixes, or
 /// demangled (`operator new(unsigned long)`, any `operator new`).
 pub fn is_allocator_function(function: &str) -> bool {
@@ -75,7 +174,7 @@ pub fn is_allocator_function(function: &str) -> bool {
     // glibc's internal aliases stack both prefixes: `__GI___libc_malloc`.
     let name = function.strip_prefix("__GI_").unwrap_or(function);
     let name = name.strip_prefix("__libc_").unwrap_or(name);
-    ALLOCATORS.iter().any(|allocator| allocator.name == name)
+    all_allocators().any(|allocator| allocator.name == name)
 }
 
 #[cfg(test)]
@@ -84,7 +183,7 @@ mod tests {
 
     #[test]
     fn every_hooked_name_is_trimmed_and_look_alikes_are_not() {
-        for allocator in ALLOCATORS {
+        for allocator in all_allocators() {
             assert!(is_allocator_function(allocator.name), "{}", allocator.name);
         }
         for name in [

@@ -1,0 +1,288 @@
+//! tracer on the allocators Debian ships besides glibc's, and on a real
+//! server: jemalloc, tcmalloc and mimalloc preloaded into the leak fixture
+//! (exact figures, every call counted once, and no probe of the allocator
+//! on a single-stepped instruction), and Debian's redis-server (linked
+//! with jemalloc) growing its keyspace while tracer is attached.
+
+#[allow(dead_code, reason = "other test files use the rest of the harness")]
+mod harness;
+
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use harness::{
+    Fixture, Live, Report, field, frames_contain, json_path, record_attached, record_in,
+    require_root, stack_int,
+};
+use serde_json::Value;
+
+/// `malloc` size in leaky.c's `leak_here`.
+const LEAK_SIZE_BYTES: i64 = 1337;
+/// Allocator calls that return a block in one `churn` round of leaky.c.
+const CHURN_ALLOCS_PER_ROUND: i64 = 10;
+
+const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+const TCMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4";
+const MIMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2";
+
+/// The functions every allocator must have a probe on in its own library.
+const HOT: [&str; 4] = ["malloc", "calloc", "realloc", "free"];
+
+/// The probes tracer put in `library` (a path whose file name may carry a
+/// longer version: libmimalloc.so.2 is libmimalloc.so.2.0).
+fn probes_in<'a>(report: &'a Report, library: &str) -> Vec<&'a Value> {
+    let file_name = library.rsplit('/').next().expect("a path");
+    report
+        .json
+        .get("probes")
+        .and_then(Value::as_array)
+        .expect("the report lists its probes")
+        .iter()
+        .filter(|probe| {
+            probe["module"]
+                .as_str()
+                .and_then(|module| module.rsplit('/').next())
+                .is_some_and(|module| module.starts_with(file_name))
+        })
+        .collect()
+}
+
+/// leaky with `library` preloaded, traced through `leak 50` and
+/// `churn 20`: the leak exact and named, every allocation counted once,
+/// the churn freed, no free seen twice, and every probe in the allocator
+/// at an emulated instruction.
+fn exact_under(library: &str) {
+    require_root();
+    assert!(
+        std::path::Path::new(library).is_file(),
+        "{library} is missing: run `cargo xtask setup`"
+    );
+    let fixture = Fixture::start_with_env("leaky", &[], &[("LD_PRELOAD", library)]);
+    let session = record_in(fixture, &[], &["leak 50", "churn 20"]);
+    let report = &session.report;
+
+    assert_eq!(field(&session.answers[0], "bytes"), 50 * LEAK_SIZE_BYTES);
+    let top = report.stacks().first().expect("the report has no stacks");
+    assert!(frames_contain(top, "leak_here"), "\n{report}");
+    assert_eq!(
+        report.heap_live_with("leak_here"),
+        Live {
+            bytes: 50 * LEAK_SIZE_BYTES,
+            allocs: 50
+        },
+        "\n{report}"
+    );
+    assert_eq!(
+        report.int("/events/allocs"),
+        50 + 20 * CHURN_ALLOCS_PER_ROUND,
+        "every allocator call counted once, whichever layer it passed:\n{}",
+        report.json
+    );
+    assert_eq!(
+        report.int("/events/frees_unknown"),
+        0,
+        "no free seen twice (a forwarder and its target):\n{}",
+        report.json
+    );
+    let keep = report.heap_live_with("churn_keep");
+    assert_eq!(
+        keep.bytes,
+        field(&session.answers[1], "churn_keep"),
+        "\n{report}"
+    );
+    for function in harness::CHURN_FREED {
+        assert_eq!(
+            report.heap_live_with(function),
+            Live::default(),
+            "{function} frees everything it allocates:\n{report}"
+        );
+    }
+
+    let probes = probes_in(report, library);
+    for function in HOT {
+        assert!(
+            probes.iter().any(|probe| probe["symbol"] == function),
+            "no probe on {function} in {library}: {probes:#?}"
+        );
+    }
+    let stepped: Vec<&&Value> = probes
+        .iter()
+        .filter(|probe| probe["single_stepped"] != false)
+        .collect();
+    assert!(
+        stepped.is_empty(),
+        "probes in {library} at single-stepped instructions: {stepped:#?}"
+    );
+}
+
+#[test]
+fn jemalloc_preloaded_is_exact_and_never_single_stepped() {
+    exact_under(JEMALLOC);
+}
+
+#[test]
+fn tcmalloc_preloaded_is_exact_and_never_single_stepped() {
+    exact_under(TCMALLOC);
+}
+
+#[test]
+fn mimalloc_preloaded_is_exact_and_never_single_stepped() {
+    // mimalloc's malloc, calloc and realloc move their arguments before
+    // the first emulated instruction: the probes read them from the copies.
+    exact_under(MIMALLOC);
+}
+
+/// Keys the redis test writes.
+const REDIS_KEYS: usize = 2000;
+/// SETs sent at once.
+const REDIS_BATCH: usize = 50;
+/// `sizeof(dictEntry)` in redis 7.0: one per key.
+const DICT_ENTRY_BYTES: i64 = 24;
+
+/// Debian's redis-server on a free loopback port, without persistence;
+/// killed when dropped.
+struct RedisServer {
+    child: Child,
+    port: u16,
+}
+
+impl RedisServer {
+    fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed by `cargo xtask setup`");
+        let server = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.connect().is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn connect(&self) -> std::io::Result<TcpStream> {
+        let stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(stream)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One command in the redis protocol (RESP).
+fn resp(args: &[&str]) -> Vec<u8> {
+    let mut command = format!("*{}\r\n", args.len());
+    for arg in args {
+        command.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    command.into_bytes()
+}
+
+/// Sends `commands` at once and reads until `replies` replies ending in
+/// `\r\n` have come back; returns the replies' text.
+fn pipeline(stream: &mut TcpStream, commands: &[u8], replies: usize) -> String {
+    stream
+        .write_all(commands)
+        .expect("redis takes the commands");
+    let mut text = Vec::new();
+    let mut chunk = [0u8; 65536];
+    while text.windows(2).filter(|pair| pair == b"\r\n").count() < replies {
+        let read = stream.read(&mut chunk).expect("redis answers");
+        assert!(read > 0, "redis closed the connection");
+        text.extend_from_slice(&chunk[..read]);
+    }
+    String::from_utf8(text).expect("redis answers in text")
+}
+
+/// The live blocks of the stacks that contain every one of `functions`
+/// and none of `excluded`.
+fn live_under(report: &Report, functions: &[&str], excluded: &[&str]) -> Live {
+    report
+        .stacks()
+        .iter()
+        .filter(|stack| stack["kind"] == "heap")
+        .filter(|stack| functions.iter().all(|f| frames_contain(stack, f)))
+        .filter(|stack| !excluded.iter().any(|f| frames_contain(stack, f)))
+        .fold(Live::default(), |live, stack| Live {
+            bytes: live.bytes + stack_int(stack, "live_bytes"),
+            allocs: live.allocs + stack_int(stack, "live_allocs"),
+        })
+}
+
+#[test]
+fn redis_keyspace_growth_is_counted_under_redis_frames() {
+    require_root();
+    let server = RedisServer::start();
+    let mut client = server.connect().expect("redis listens");
+    assert_eq!(pipeline(&mut client, &resp(&["PING"]), 1), "+PONG\r\n");
+    let json = json_path("redis");
+    let tracer = record_attached(server.child.id(), &json, &[]);
+
+    // In pipelined batches, as a busy client would: each SET copies ~6
+    // stacks for DWARF unwinding (redis has no frame pointers), and a
+    // burst of all of them at once overflows the copy ring (counted).
+    for batch in (0..REDIS_KEYS).collect::<Vec<_>>().chunks(REDIS_BATCH) {
+        let sets: Vec<u8> = batch
+            .iter()
+            .flat_map(|key| resp(&["SET", &format!("key:{key:06}"), &format!("value:{key:010}")]))
+            .collect();
+        let replies = pipeline(&mut client, &sets, batch.len());
+        assert_eq!(replies, "+OK\r\n".repeat(batch.len()));
+    }
+    let started = Instant::now();
+    assert_eq!(
+        pipeline(&mut client, &resp(&["DBSIZE"]), 1),
+        format!(":{REDIS_KEYS}\r\n")
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "redis answered DBSIZE in {:?} with tracer attached",
+        started.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let output = tracer.stop();
+    output.assert_success();
+    let report = Report::read(&json);
+    assert!(
+        report.json["drops"]
+            .as_object()
+            .is_some_and(serde_json::Map::is_empty),
+        "nothing may be dropped: {}",
+        report.json["drops"]
+    );
+
+    // One dictEntry per new key, allocated in dictAddRaw (the table
+    // itself grows in _dictExpand, under dictAddRaw too).
+    assert_eq!(
+        live_under(&report, &["dictAddRaw", "dbAdd"], &["dictExpand"]),
+        Live {
+            bytes: REDIS_KEYS as i64 * DICT_ENTRY_BYTES,
+            allocs: REDIS_KEYS as i64
+        },
+        "\n{report}"
+    );
+    // One value object per key (an embedded string: robj and sds in one
+    // block) and one copy of each key's name.
+    let values = live_under(
+        &report,
+        &["createEmbeddedStringObject", "processMultibulkBuffer"],
+        &[],
+    );
+    let key_names = live_under(&report, &["sdsnewlen", "dbAdd"], &["dictAddRaw"]);
+    assert_eq!(values.allocs, REDIS_KEYS as i64, "\n{report}");
+    assert_eq!(key_names.allocs, REDIS_KEYS as i64, "\n{report}");
+}
