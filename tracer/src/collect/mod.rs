@@ -26,6 +26,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use tokio::{
+    io::{Interest, unix::AsyncFd},
     signal::unix::{Signal, SignalKind, signal},
     time::{Interval, MissedTickBehavior, interval},
 };
@@ -110,6 +111,18 @@ struct Clock {
     interrupt: Signal,
     terminate: Signal,
     deadline: Option<Instant>,
+    /// Readable when a burst of stack copies fills a quarter of their ring.
+    copies_ready: Option<AsyncFd<RingFd>>,
+}
+
+/// The stack-copy ring's descriptor, owned by `CopiedStacks`, for tokio to
+/// wait on.
+struct RingFd(std::os::fd::RawFd);
+
+impl std::os::fd::AsRawFd for RingFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0
+    }
 }
 
 impl Clock {
@@ -128,6 +141,7 @@ impl Clock {
             interrupt: signal(SignalKind::interrupt()).context("could not catch SIGINT")?,
             terminate: signal(SignalKind::terminate()).context("could not catch SIGTERM")?,
             deadline: schedule.duration.map(|duration| attached_at + duration),
+            copies_ready: None,
         })
     }
 }
@@ -147,6 +161,9 @@ pub struct Collector {
     frames: HashMap<StackKey, Vec<Frame>>,
     /// The CUDA function that made each GPU stack's memory.
     apis: HashMap<StackKey, &'static str>,
+    /// Whether each outermost return address seen is a thread's start, by
+    /// process: stacks share them, and there may be 10^5 stacks.
+    thread_entries: HashMap<(u32, u64), bool>,
     schedule: Schedule,
     /// When every probe was in place: time zero of every series.
     attached_at: Instant,
@@ -173,6 +190,7 @@ impl Collector {
             exec_baselines: HashMap::new(),
             frames: HashMap::new(),
             apis: HashMap::new(),
+            thread_entries: HashMap::new(),
             schedule,
             attached_at: Instant::now(),
             clock: None,
@@ -255,7 +273,22 @@ impl Collector {
                 }
             };
             let copying = self.probes.copies_any_stacks();
+            if clock.copies_ready.is_none()
+                && let Some(fd) = self.copied.ring_fd()
+            {
+                // SAFETY: the descriptor stays open as long as the clock:
+                // `copied` owns it and lives as long as the collector.
+                clock.copies_ready =
+                    unsafe { AsyncFd::register_with_interest(RingFd(fd), Interest::READABLE) }.ok();
+            }
+            let copies_ready = async {
+                match &clock.copies_ready {
+                    Some(ready) => ready.readable().await.map(|mut guard| guard.clear_ready()),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                _ = copies_ready => self.copied.drain(),
                 _ = clock.snapshot.tick() => {
                     for pid in live_pids(&self.watched) {
                         self.symbols.refresh(pid);
@@ -573,13 +606,22 @@ impl Collector {
             StackId::Copied(index) => self.copied.addresses(index).to_vec(),
             StackId::Mapping(_) => return self.frames(key).last().is_some_and(is_thread_entry),
         };
+        let Some(&outermost) = addresses.last() else {
+            return false;
+        };
+        if let Some(&known) = self.thread_entries.get(&(key.pid, outermost)) {
+            return known;
+        }
         // The address before it, so that the last one is symbolized as a
         // return address.
         let tail = &addresses[addresses.len().saturating_sub(2)..];
-        self.symbols
+        let reaches = self
+            .symbols
             .stack_frames(key.pid, tail)
             .last()
-            .is_some_and(is_thread_entry)
+            .is_some_and(is_thread_entry);
+        self.thread_entries.insert((key.pid, outermost), reaches);
+        reaches
     }
 
     /// Stacks whose unwinding stopped early, by reason: copies unwound
