@@ -15,12 +15,13 @@
 //! so tracer's own cost does not grow with the target's allocation rate.
 mod contexts;
 mod copied;
+mod frames;
 mod kernel_stacks;
 mod mappings;
 mod targets;
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{HashMap, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -33,13 +34,9 @@ use tokio::{
 
 use crate::{
     attach::{Probes, Rings, cuda, libraries},
-    model::{
-        Counters, Frame, Kind, Snapshot, StackId, StackKey, Target, quality::is_thread_entry,
-        run::LibraryReport,
-    },
+    model::{Counters, Frame, Kind, Snapshot, StackId, StackKey, Target, run::LibraryReport},
     procfs,
     symbolize::Symbols,
-    unwind::StopReason as UnwindStop,
 };
 use contexts::EpochEntry;
 use copied::CopiedStacks;
@@ -535,103 +532,6 @@ impl Collector {
             self.apis.insert(key, api);
         }
         self.apis.extend(self.copied.apis());
-    }
-
-    /// The CUDA function that made a GPU stack's memory.
-    pub fn api(&self, key: &StackKey) -> Option<&'static str> {
-        self.apis.get(key).copied()
-    }
-
-    /// The symbolized frames of a stack, innermost first (empty when the
-    /// kernel could not store it). Each stack is read and symbolized once;
-    /// frames outside every known object are tried again later.
-    pub fn frames(&mut self, key: &StackKey) -> Vec<Frame> {
-        if let Some(frames) = self.frames.get(key) {
-            return frames.clone();
-        }
-        let maps = self.probes.maps();
-        let frames = match key.stack_id {
-            StackId::Lost => Vec::new(),
-            StackId::Kernel(id) => match self.kernel_stacks.addresses(key.pid, id) {
-                Some((addresses, stopped)) => {
-                    let mut frames = self.symbols.stack_frames(key.pid, addresses);
-                    if stopped {
-                        frames.push(Frame {
-                            function: Some(UnwindStop::OutsideCode.marker()),
-                            ..Frame::default()
-                        });
-                    }
-                    frames
-                }
-                None => self.symbols.stack_frames(key.pid, &maps.stack(id)),
-            },
-            StackId::Copied(index) => self
-                .copied
-                .frames(index, &mut self.symbols)
-                .unwrap_or_default(),
-            StackId::Mapping(index) => {
-                let copied = &self.copied;
-                self.mappings
-                    .frames(index, &mut self.symbols, |code_stack| match code_stack {
-                        StackId::Kernel(id) => maps.stack(id),
-                        StackId::Copied(index) => copied.addresses(index).to_vec(),
-                        StackId::Mapping(_) | StackId::Lost => Vec::new(),
-                    })
-            }
-        };
-        let complete = frames
-            .iter()
-            .all(|frame| frame.module.is_some() || frame.address == 0);
-        if complete {
-            self.frames.insert(*key, frames.clone());
-        }
-        frames
-    }
-
-    /// Whether a stack reaches its thread's start (`model::quality`):
-    /// only its outermost frame is symbolized, unless it was already.
-    pub fn reaches_entry(&mut self, key: &StackKey) -> bool {
-        if let Some(frames) = self.frames.get(key) {
-            return frames.last().is_some_and(is_thread_entry);
-        }
-        let maps = self.probes.maps();
-        let addresses = match key.stack_id {
-            StackId::Lost => return false,
-            StackId::Kernel(id) => match self.kernel_stacks.addresses(key.pid, id) {
-                Some((_, true)) => return false,
-                Some((addresses, false)) => addresses.to_vec(),
-                None => maps.stack(id),
-            },
-            StackId::Copied(index) if self.copied.ends_early(index) => return false,
-            StackId::Copied(index) => self.copied.addresses(index).to_vec(),
-            StackId::Mapping(_) => return self.frames(key).last().is_some_and(is_thread_entry),
-        };
-        let Some(&outermost) = addresses.last() else {
-            return false;
-        };
-        if let Some(&known) = self.thread_entries.get(&(key.pid, outermost)) {
-            return known;
-        }
-        // The address before it, so that the last one is symbolized as a
-        // return address.
-        let tail = &addresses[addresses.len().saturating_sub(2)..];
-        let reaches = self
-            .symbols
-            .stack_frames(key.pid, tail)
-            .last()
-            .is_some_and(is_thread_entry);
-        self.thread_entries.insert((key.pid, outermost), reaches);
-        reaches
-    }
-
-    /// Stacks whose unwinding stopped early, by reason: copies unwound
-    /// here, and distinct frame-pointer stacks (`frame_pointers_...`).
-    pub fn unwinding_stops(&self) -> BTreeMap<String, u64> {
-        let mut stops = self.copied.stops();
-        for (reason, count) in self.kernel_stacks.stops() {
-            stops.insert(format!("frame_pointers_{}", reason.name()), *count);
-        }
-        stops
     }
 
     /// The objects hooked so far, as the report lists them.
