@@ -10,6 +10,8 @@
 //! kept as running sums instead of being recomputed from the points.
 
 pub mod allocators;
+#[cfg(test)]
+pub mod fixtures;
 pub mod leak;
 pub mod mappings;
 pub mod quality;

@@ -2,13 +2,7 @@
 use super::*;
 use tracer_ebpf::stat;
 
-fn heap(pid: u32, stack_id: u32) -> StackKey {
-    StackKey {
-        pid,
-        stack_id: StackId::Kernel(stack_id),
-        kind: Kind::Heap,
-    }
-}
+use super::fixtures::heap_key as heap;
 
 fn live(live_bytes: i64) -> Counters {
     Counters {

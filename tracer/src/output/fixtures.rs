@@ -3,29 +3,13 @@ use std::collections::BTreeMap;
 
 use super::{Report, ReportInput, frames::tests::frame};
 use crate::model::{
-    Counters, Frame, Kind, MemoryStatus, Model, Snapshot, StackId, StackKey, Target,
+    Frame, MemoryStatus, Model, Snapshot, StackId, StackKey, Target,
+    fixtures::{counters, heap_key},
     run::{LibraryReport, NoticedBy, ProbeReport, SamplingReport},
 };
 
 const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
 const APP: &str = "/opt/app/bin/server";
-
-fn key(pid: u32, stack_id: u32) -> StackKey {
-    StackKey {
-        pid,
-        stack_id: StackId::Kernel(stack_id),
-        kind: Kind::Heap,
-    }
-}
-
-fn counters(live_bytes: i64) -> Counters {
-    Counters {
-        live_bytes,
-        live_allocs: live_bytes / 64,
-        alloc_bytes_total: 2 * live_bytes as u64,
-        alloc_count_total: 2 * (live_bytes / 64) as u64,
-    }
-}
 
 /// Two processes; pid 10 leaks 64 KiB/s on stack 1.
 pub(crate) fn sample_model() -> Model {
@@ -37,10 +21,10 @@ pub(crate) fn sample_model() -> Model {
         model.push(Snapshot {
             elapsed_s: second as f64,
             stacks: vec![
-                (key(10, 1), counters(65536 * second)),
-                (key(10, 2), counters(4096)),
-                (key(20, 1), counters(8192)),
-                (key(20, 3), counters(0)),
+                (heap_key(10, 1), counters(65536 * second)),
+                (heap_key(10, 2), counters(4096)),
+                (heap_key(20, 1), counters(8192)),
+                (heap_key(20, 3), counters(0)),
             ],
             stats,
             ..Snapshot::default()

@@ -8,25 +8,11 @@ use proptest::prelude::*;
 use super::*;
 use crate::{
     error::{ExitCode, exit_code},
-    model::{Counters, Frame, Kind, Model, Snapshot, StackId, StackKey, Target},
+    model::{
+        Frame, Model, Snapshot, StackKey, Target,
+        fixtures::{counters, heap_key},
+    },
 };
-
-fn key(pid: u32, stack_id: u32) -> StackKey {
-    StackKey {
-        pid,
-        stack_id: StackId::Kernel(stack_id),
-        kind: Kind::Heap,
-    }
-}
-
-fn counters(live_bytes: i64) -> Counters {
-    Counters {
-        live_bytes,
-        live_allocs: live_bytes / 64,
-        alloc_bytes_total: 2 * live_bytes as u64,
-        alloc_count_total: 2 * (live_bytes / 64) as u64,
-    }
-}
 
 fn frames_of(key: &StackKey) -> Vec<Frame> {
     vec![Frame {
@@ -73,11 +59,11 @@ fn snapshots(count: usize) -> Vec<Snapshot> {
     (1..=count as i64)
         .map(|step| {
             let mut stacks = vec![
-                (key(10, 1), counters(65536 * step)),
-                (key(10, 2), counters(4096)),
+                (heap_key(10, 1), counters(65536 * step)),
+                (heap_key(10, 2), counters(4096)),
             ];
             if step >= 3 {
-                stacks.push((key(20, 1), counters(640 * step)));
+                stacks.push((heap_key(20, 1), counters(640 * step)));
             }
             let mut stats = vec![0; tracer_ebpf::stat::COUNT as usize];
             stats[tracer_ebpf::stat::ALLOCS as usize] = 100 * step as u64;
@@ -200,7 +186,7 @@ fn filters_select_pid_kind_and_window() {
     let model = recording.model(&only_20);
     let top = model.top_stacks(10);
     assert_eq!(top.len(), 1);
-    assert_eq!(top[0].key, key(20, 1));
+    assert_eq!(top[0].key, heap_key(20, 1));
     assert_eq!(recording.targets(&only_20).len(), 1);
     assert_eq!(recording.targets(&only_20)[0].exited_after_s, Some(0.9));
 
@@ -213,7 +199,7 @@ fn filters_select_pid_kind_and_window() {
     assert_eq!(model.snapshot_count(), 4);
     assert_eq!(model.window_s(), 1.0);
     let leak = model.top_stacks(1)[0].clone();
-    assert_eq!(leak.key, key(10, 1));
+    assert_eq!(leak.key, heap_key(10, 1));
     assert_eq!(
         leak.latest.live_bytes,
         4 * 65536,
@@ -224,7 +210,7 @@ fn filters_select_pid_kind_and_window() {
         model
             .top_stacks(10)
             .iter()
-            .all(|stack| stack.key != key(10, 2))
+            .all(|stack| stack.key != heap_key(10, 2))
     );
     assert_eq!(model.stats()[tracer_ebpf::stat::ALLOCS as usize], 400);
 }
