@@ -234,8 +234,20 @@ pub fn render(report: &Report) -> String {
 
 /// One target's traced memory next to its RSS.
 fn describe_memory(pid: u32, memory: &MemoryReconciliation) -> String {
-    let parts = match (memory.rss_anon_bytes, memory.rss_file_bytes) {
-        (Some(anon), Some(file)) => format!(
+    let parts = match (
+        memory.rss_anon_bytes,
+        memory.rss_file_bytes,
+        memory.rss_shmem_bytes,
+    ) {
+        // Shared memory (PostgreSQL's shared buffers) is often most of a
+        // gap: named whenever there is some.
+        (Some(anon), Some(file), Some(shmem)) if shmem > 0 => format!(
+            " (anon {}, file {}, shmem {})",
+            human_bytes(anon as f64),
+            human_bytes(file as f64),
+            human_bytes(shmem as f64)
+        ),
+        (Some(anon), Some(file), _) => format!(
             " (anon {}, file {})",
             human_bytes(anon as f64),
             human_bytes(file as f64)
@@ -496,6 +508,27 @@ mod tests {
             ..Frame::default()
         };
         assert_eq!(describe_frame(&marker), "[unwinding stopped: outside code]");
+    }
+
+    #[test]
+    fn rss_breakdown_names_shared_memory_when_there_is_some() {
+        let memory = |shmem| MemoryReconciliation {
+            rss_bytes: 3 << 20,
+            rss_anon_bytes: Some(1 << 20),
+            rss_file_bytes: Some(1 << 20),
+            rss_shmem_bytes: Some(shmem),
+            traced_bytes: 512 << 10,
+            gap_bytes: (3 << 20) - (512 << 10),
+        };
+        assert_eq!(
+            describe_memory(7, &memory(1 << 20)),
+            "PID 7: RSS 3.0 MiB (anon 1.0 MiB, file 1.0 MiB, shmem 1.0 MiB), \
+             traced live 512.0 KiB, gap 2.5 MiB"
+        );
+        assert_eq!(
+            describe_memory(7, &memory(0)),
+            "PID 7: RSS 3.0 MiB (anon 1.0 MiB, file 1.0 MiB), traced live 512.0 KiB, gap 2.5 MiB"
+        );
     }
 
     #[test]
