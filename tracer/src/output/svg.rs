@@ -152,34 +152,41 @@ fn totals_lines(report: &Report, model: &Model) -> Vec<Line> {
 /// A one-time step or a cache that filled early is not growing any more
 /// and would only squash the scale.
 fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
-    let mut candidates: Vec<(String, &StackReport)> = report
+    // (label, rank among suspected leaks, stack)
+    let mut candidates: Vec<(String, Option<usize>, &StackReport)> = report
         .suspected_leaks
         .iter()
-        .map(|stack| (format!("L{}", stack.rank), stack))
+        .map(|stack| (format!("L{}", stack.rank), Some(stack.rank), stack))
         .collect();
     for stack in &report.stacks {
         let same = |other: &&StackReport| {
             other.pid == stack.pid && other.stack_id == stack.stack_id && other.kind == stack.kind
         };
-        match candidates.iter_mut().find(|(_, other)| same(other)) {
-            Some((rank, _)) => rank.push_str(&format!(" #{}", stack.rank)),
-            None => candidates.push((format!("#{}", stack.rank), stack)),
+        match candidates.iter_mut().find(|(_, _, other)| same(other)) {
+            Some((rank, _, _)) => rank.push_str(&format!(" #{}", stack.rank)),
+            None => candidates.push((format!("#{}", stack.rank), None, stack)),
         }
     }
-    candidates
-        .retain(|(_, stack)| stack.suspected_leak || stack.growth.late_rate_bytes_per_s > 0.0);
-    candidates.sort_by(|a, b| {
-        b.1.suspected_leak.cmp(&a.1.suspected_leak).then(
-            b.1.growth
+    candidates.retain(|(_, leak_rank, stack)| {
+        leak_rank.is_some() || stack.growth.late_rate_bytes_per_s > 0.0
+    });
+    // Suspected leaks in the order the report ranks them (L1, L2, ...),
+    // then the fastest late growth.
+    candidates.sort_by(|a, b| match (a.1, b.1) {
+        (Some(a_rank), Some(b_rank)) => a_rank.cmp(&b_rank),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => {
+            b.2.growth
                 .late_rate_bytes_per_s
-                .total_cmp(&a.1.growth.late_rate_bytes_per_s),
-        )
+                .total_cmp(&a.2.growth.late_rate_bytes_per_s)
+        }
     });
     candidates.truncate(count);
     let several = report.targets.len() > 1;
     candidates
         .into_iter()
-        .map(|(rank, stack)| Line {
+        .map(|(rank, _, stack)| Line {
             label: format!("{rank} {}", useful_frame(stack)),
             detail: format!(
                 "{}+{}/s, {} live{}",
@@ -435,6 +442,24 @@ mod tests {
             unwinding_stopped: Default::default(),
         });
         (report, model)
+    }
+
+    #[test]
+    fn legend_lists_suspected_leaks_in_rank_order() {
+        let (mut report, _) = synthetic(3);
+        assert_eq!(
+            report.suspected_leaks.len(),
+            3,
+            "{:?}",
+            report.suspected_leaks
+        );
+        // The last-ranked leak grew fastest at the end: still listed last.
+        report.suspected_leaks[2].growth.late_rate_bytes_per_s = 1e12;
+        let labels: Vec<String> = stack_lines_of(&report, STACK_LINES)
+            .into_iter()
+            .map(|line| line.label.split(' ').next().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(labels, ["L1", "L2", "L3"]);
     }
 
     #[test]
