@@ -86,11 +86,11 @@ pub fn write_svg(report: &Report, model: &Model, stack_lines: usize, path: &Path
     super::file::write_private(path, svg.as_bytes())
 }
 
+/// The title: the target and its command, or with several targets their
+/// PIDs only (the legend names each line's PID), so that it fits the width.
 fn title(report: &Report) -> String {
-    let targets: Vec<String> = report
-        .targets
-        .iter()
-        .map(|target| {
+    let targets = match report.targets.as_slice() {
+        [target] => {
             let command = &target.target.command;
             let short: String = command.chars().take(40).collect();
             let ellipsis = if short.len() < command.len() {
@@ -99,11 +99,17 @@ fn title(report: &Report) -> String {
                 ""
             };
             format!("PID {} ({short}{ellipsis})", target.target.pid)
-        })
-        .collect();
+        }
+        targets => {
+            let pids: Vec<String> = targets
+                .iter()
+                .map(|target| target.target.pid.to_string())
+                .collect();
+            format!("PID {}", pids.join(", "))
+        }
+    };
     format!(
-        "tracer: {} — {} window from attach",
-        targets.join(", "),
+        "tracer: {targets} — {} window from attach",
         format_time(report.window_s, report.window_s)
     )
 }
@@ -442,6 +448,28 @@ mod tests {
             unwinding_stopped: Default::default(),
         });
         (report, model)
+    }
+
+    #[test]
+    fn the_title_fits_with_three_targets() {
+        let (mut report, _) = synthetic(1);
+        let target = report.targets[0].clone();
+        report.targets = (1..=3)
+            .map(|pid| {
+                let mut target = target.clone();
+                target.target.pid = 1000 + pid;
+                target.target.command =
+                    format!("/usr/lib/postgresql/15/bin/postgres -D /var/lib/db{pid}");
+                target
+            })
+            .collect();
+        let title = title(&report);
+        assert!(title.chars().count() <= 100, "{title}");
+        assert!(
+            title.starts_with("tracer: PID 1001, 1002, 1003 — "),
+            "{title}"
+        );
+        assert!(title.ends_with("window from attach"), "{title}");
     }
 
     #[test]
