@@ -8,12 +8,12 @@
 //! framework's own shared object. `cuMemAddressReserve` is not hooked: it
 //! reserves address space, not memory. Context destruction and reset are
 //! hooked too: they release the memory the context owns without a free.
-use tracer_ebpf::{GPU_API_NAMES, gpu_api as api, gpu_cookie, kind};
+use tracer_ebpf::{GPU_API_NAMES, gpu_api as api, gpu_cookie, kind, program};
 
 use super::function::HookedFunction;
 
 /// The return program shared by every CUDA function.
-const GPU_RETURN_PROGRAM: &str = tracer_ebpf::program::GPU_RETURN;
+const GPU_RETURN_PROGRAM: &str = program::GPU_RETURN;
 
 /// A CUDA function handing out memory of `memory_kind`, or, for frees,
 /// unmaps, releases and context destructions, taking it back
@@ -32,133 +32,45 @@ const MANAGED: u32 = kind::GPU_MANAGED;
 const PINNED: u32 = kind::GPU_HOST_PINNED;
 
 pub const CUDA_FUNCTIONS: [HookedFunction; api::COUNT as usize] = [
-    cuda(
-        api::CUDA_MALLOC,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
-        DEVICE,
-    ),
-    cuda(
-        api::CUDA_MALLOC_MANAGED,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
-        MANAGED,
-    ),
-    cuda(
-        api::CUDA_MALLOC_HOST,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
-        PINNED,
-    ),
-    cuda(
-        api::CUDA_HOST_ALLOC,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
-        PINNED,
-    ),
-    cuda(
-        api::CUDA_MALLOC_PITCH,
-        tracer_ebpf::program::GPU_PITCH_ENTER,
-        DEVICE,
-    ),
-    cuda(
-        api::CUDA_MALLOC_ASYNC,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
-        DEVICE,
-    ),
+    cuda(api::CUDA_MALLOC, program::GPU_ALLOC_ENTER, DEVICE),
+    cuda(api::CUDA_MALLOC_MANAGED, program::GPU_ALLOC_ENTER, MANAGED),
+    cuda(api::CUDA_MALLOC_HOST, program::GPU_ALLOC_ENTER, PINNED),
+    cuda(api::CUDA_HOST_ALLOC, program::GPU_ALLOC_ENTER, PINNED),
+    cuda(api::CUDA_MALLOC_PITCH, program::GPU_PITCH_ENTER, DEVICE),
+    cuda(api::CUDA_MALLOC_ASYNC, program::GPU_ALLOC_ENTER, DEVICE),
     cuda(
         api::CUDA_MALLOC_FROM_POOL_ASYNC,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        program::GPU_ALLOC_ENTER,
         DEVICE,
     ),
-    cuda(api::CUDA_FREE, tracer_ebpf::program::GPU_FREE_ENTER, DEVICE),
-    cuda(
-        api::CUDA_FREE_HOST,
-        tracer_ebpf::program::GPU_FREE_ENTER,
-        PINNED,
-    ),
-    cuda(
-        api::CUDA_FREE_ASYNC,
-        tracer_ebpf::program::GPU_FREE_ENTER,
-        DEVICE,
-    ),
-    cuda(
-        api::CU_MEM_ALLOC,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
-        DEVICE,
-    ),
-    cuda(
-        api::CU_MEM_ALLOC_PITCH,
-        tracer_ebpf::program::GPU_PITCH_ENTER,
-        DEVICE,
-    ),
-    cuda(
-        api::CU_MEM_ALLOC_MANAGED,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
-        MANAGED,
-    ),
-    cuda(
-        api::CU_MEM_ALLOC_HOST,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
-        PINNED,
-    ),
-    cuda(
-        api::CU_MEM_HOST_ALLOC,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
-        PINNED,
-    ),
-    cuda(
-        api::CU_MEM_ALLOC_ASYNC,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
-        DEVICE,
-    ),
+    cuda(api::CUDA_FREE, program::GPU_FREE_ENTER, DEVICE),
+    cuda(api::CUDA_FREE_HOST, program::GPU_FREE_ENTER, PINNED),
+    cuda(api::CUDA_FREE_ASYNC, program::GPU_FREE_ENTER, DEVICE),
+    cuda(api::CU_MEM_ALLOC, program::GPU_ALLOC_ENTER, DEVICE),
+    cuda(api::CU_MEM_ALLOC_PITCH, program::GPU_PITCH_ENTER, DEVICE),
+    cuda(api::CU_MEM_ALLOC_MANAGED, program::GPU_ALLOC_ENTER, MANAGED),
+    cuda(api::CU_MEM_ALLOC_HOST, program::GPU_ALLOC_ENTER, PINNED),
+    cuda(api::CU_MEM_HOST_ALLOC, program::GPU_ALLOC_ENTER, PINNED),
+    cuda(api::CU_MEM_ALLOC_ASYNC, program::GPU_ALLOC_ENTER, DEVICE),
     cuda(
         api::CU_MEM_ALLOC_FROM_POOL_ASYNC,
-        tracer_ebpf::program::GPU_ALLOC_ENTER,
+        program::GPU_ALLOC_ENTER,
         DEVICE,
     ),
-    cuda(
-        api::CU_MEM_FREE,
-        tracer_ebpf::program::GPU_FREE_ENTER,
-        DEVICE,
-    ),
-    cuda(
-        api::CU_MEM_FREE_HOST,
-        tracer_ebpf::program::GPU_FREE_ENTER,
-        PINNED,
-    ),
-    cuda(
-        api::CU_MEM_FREE_ASYNC,
-        tracer_ebpf::program::GPU_FREE_ENTER,
-        DEVICE,
-    ),
-    cuda(
-        api::CU_MEM_CREATE,
-        tracer_ebpf::program::GPU_CREATE_ENTER,
-        DEVICE,
-    ),
-    cuda(
-        api::CU_MEM_RELEASE,
-        tracer_ebpf::program::GPU_RELEASE_ENTER,
-        DEVICE,
-    ),
-    cuda(api::CU_MEM_MAP, tracer_ebpf::program::GPU_MAP_ENTER, DEVICE),
-    cuda(
-        api::CU_MEM_UNMAP,
-        tracer_ebpf::program::GPU_UNMAP_ENTER,
-        DEVICE,
-    ),
-    cuda(
-        api::CU_CTX_DESTROY,
-        tracer_ebpf::program::GPU_CONTEXT_ENTER,
-        DEVICE,
-    ),
+    cuda(api::CU_MEM_FREE, program::GPU_FREE_ENTER, DEVICE),
+    cuda(api::CU_MEM_FREE_HOST, program::GPU_FREE_ENTER, PINNED),
+    cuda(api::CU_MEM_FREE_ASYNC, program::GPU_FREE_ENTER, DEVICE),
+    cuda(api::CU_MEM_CREATE, program::GPU_CREATE_ENTER, DEVICE),
+    cuda(api::CU_MEM_RELEASE, program::GPU_RELEASE_ENTER, DEVICE),
+    cuda(api::CU_MEM_MAP, program::GPU_MAP_ENTER, DEVICE),
+    cuda(api::CU_MEM_UNMAP, program::GPU_UNMAP_ENTER, DEVICE),
+    cuda(api::CU_CTX_DESTROY, program::GPU_CONTEXT_ENTER, DEVICE),
     cuda(
         api::CU_DEVICE_PRIMARY_CTX_RESET,
-        tracer_ebpf::program::GPU_CONTEXT_ENTER,
+        program::GPU_CONTEXT_ENTER,
         DEVICE,
     ),
-    cuda(
-        api::CUDA_DEVICE_RESET,
-        tracer_ebpf::program::GPU_CONTEXT_ENTER,
-        DEVICE,
-    ),
+    cuda(api::CUDA_DEVICE_RESET, program::GPU_CONTEXT_ENTER, DEVICE),
 ];
 
 /// The name of a `gpu_api` id, `None` for one this build does not know.

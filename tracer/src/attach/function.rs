@@ -1,9 +1,11 @@
 //! A function tracer hooks (an allocator or a CUDA entry point) and the
 //! eBPF programs that trace it.
+use tracer_ebpf::program;
+
 use crate::model::allocators::{Allocator, AllocatorCall};
 
 /// The return program shared by the malloc family.
-const ALLOC_RETURN_PROGRAM: &str = tracer_ebpf::program::ALLOC_RETURN;
+const ALLOC_RETURN_PROGRAM: &str = program::ALLOC_RETURN;
 
 /// A hooked function and the eBPF programs that trace it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,14 +24,14 @@ impl HookedFunction {
     /// shape (tracer-ebpf's malloc programs).
     pub const fn allocator(allocator: &Allocator) -> HookedFunction {
         let (entry_program, has_return) = match allocator.call {
-            AllocatorCall::Malloc => (tracer_ebpf::program::MALLOC_ENTER, true),
-            AllocatorCall::Calloc => (tracer_ebpf::program::CALLOC_ENTER, true),
-            AllocatorCall::Realloc => (tracer_ebpf::program::REALLOC_ENTER, true),
-            AllocatorCall::ReallocArray => (tracer_ebpf::program::REALLOCARRAY_ENTER, true),
-            AllocatorCall::Free => (tracer_ebpf::program::FREE_ENTER, false),
-            AllocatorCall::PosixMemalign => (tracer_ebpf::program::POSIX_MEMALIGN_ENTER, true),
-            AllocatorCall::Aligned => (tracer_ebpf::program::ALIGNED_ENTER, true),
-            AllocatorCall::Pvalloc => (tracer_ebpf::program::PVALLOC_ENTER, true),
+            AllocatorCall::Malloc => (program::MALLOC_ENTER, true),
+            AllocatorCall::Calloc => (program::CALLOC_ENTER, true),
+            AllocatorCall::Realloc => (program::REALLOC_ENTER, true),
+            AllocatorCall::ReallocArray => (program::REALLOCARRAY_ENTER, true),
+            AllocatorCall::Free => (program::FREE_ENTER, false),
+            AllocatorCall::PosixMemalign => (program::POSIX_MEMALIGN_ENTER, true),
+            AllocatorCall::Aligned => (program::ALIGNED_ENTER, true),
+            AllocatorCall::Pvalloc => (program::PVALLOC_ENTER, true),
         };
         HookedFunction {
             name: allocator.name,
