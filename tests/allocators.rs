@@ -92,13 +92,7 @@ fn exact_under(library: &str) {
         field(&session.answers[1], "churn_keep"),
         "\n{report}"
     );
-    for function in harness::CHURN_FREED {
-        assert_eq!(
-            report.heap_live_with(function),
-            Live::default(),
-            "{function} frees everything it allocates:\n{report}"
-        );
-    }
+    harness::assert_churn_frees_everything(report);
 
     let probes = probes_in(report, library);
     for function in HOT {

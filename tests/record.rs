@@ -109,13 +109,7 @@ fn churn_exact() {
         "\n{report}"
     );
 
-    for function in harness::CHURN_FREED {
-        assert_eq!(
-            report.heap_live_with(function),
-            Live::default(),
-            "{function} frees everything it allocates:\n{report}"
-        );
-    }
+    harness::assert_churn_frees_everything(report);
     // Freed to zero, not gone negative (the report lists neither).
     assert_eq!(report.total("heap"), churn_held(answer), "\n{report}");
 }

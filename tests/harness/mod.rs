@@ -83,6 +83,18 @@ pub const CHURN_FREED: &[&str] = &[
     "churn_memalign_legacy",
 ];
 
+/// Asserts that every churn function of leaky holds nothing at the end:
+/// what it allocated, it freed.
+pub fn assert_churn_frees_everything(report: &Report) {
+    for function in CHURN_FREED {
+        assert_eq!(
+            report.heap_live_with(function),
+            Live::default(),
+            "{function} frees everything it allocates:\n{report}"
+        );
+    }
+}
+
 /// The value of `key=value` in a fixture's answer line.
 pub fn field(answer: &str, key: &str) -> i64 {
     answer

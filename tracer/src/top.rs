@@ -217,14 +217,7 @@ mod tests {
                 ..Snapshot::default()
             });
         }
-        let targets = [Target {
-            pid: 7,
-            command: "leaky".into(),
-            exited_after_s: None,
-            followed_after_s: None,
-            execs_after_s: Vec::new(),
-            gpu_contexts_destroyed: Vec::new(),
-        }];
+        let targets = [Target::new(7, "leaky".into())];
         let table = render_table(&model, &targets, 5, |key| {
             format!("frame{}", key.stack_id.to_raw())
         });

@@ -13,14 +13,7 @@ impl Watched {
     /// A process traced from now on.
     pub fn new(pid: u32, spawned: bool) -> Watched {
         Watched {
-            target: Target {
-                pid,
-                command: procfs::command_line(pid),
-                exited_after_s: None,
-                followed_after_s: None,
-                execs_after_s: Vec::new(),
-                gpu_contexts_destroyed: Vec::new(),
-            },
+            target: Target::new(pid, procfs::command_line(pid)),
             spawned,
         }
     }

@@ -174,6 +174,21 @@ pub struct Target {
     pub gpu_contexts_destroyed: Vec<ContextDestroyed>,
 }
 
+impl Target {
+    /// A process traced from its attach on: not exited, not a followed
+    /// child, no exec and no CUDA context destroyed yet.
+    pub fn new(pid: u32, command: String) -> Target {
+        Target {
+            pid,
+            command,
+            exited_after_s: None,
+            followed_after_s: None,
+            execs_after_s: Vec::new(),
+            gpu_contexts_destroyed: Vec::new(),
+        }
+    }
+}
+
 /// A CUDA context a process destroyed or reset (cuCtxDestroy_v2,
 /// cuDevicePrimaryCtxReset_v2, cudaDeviceReset): the GPU memory its
 /// contexts owned was released without frees.

@@ -52,21 +52,10 @@ pub(crate) fn sample_frames(key: &StackKey) -> Vec<Frame> {
 pub(crate) fn sample_report(top: usize) -> Report {
     let model = sample_model();
     let targets = [
+        Target::new(10, "./leak --fast".to_owned()),
         Target {
-            pid: 10,
-            command: "./leak --fast".to_owned(),
-            exited_after_s: None,
-            followed_after_s: None,
-            execs_after_s: Vec::new(),
-            gpu_contexts_destroyed: Vec::new(),
-        },
-        Target {
-            pid: 20,
-            command: "python3 export.py".to_owned(),
             exited_after_s: Some(3.2),
-            followed_after_s: None,
-            execs_after_s: Vec::new(),
-            gpu_contexts_destroyed: Vec::new(),
+            ..Target::new(20, "python3 export.py".to_owned())
         },
     ];
     Report::build(ReportInput {

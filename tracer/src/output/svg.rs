@@ -424,14 +424,7 @@ mod tests {
                 ..Frame::default()
             }]
         };
-        let targets = [Target {
-            pid: 42,
-            command: "leaky --serve".into(),
-            exited_after_s: None,
-            followed_after_s: None,
-            execs_after_s: Vec::new(),
-            gpu_contexts_destroyed: Vec::new(),
-        }];
+        let targets = [Target::new(42, "leaky --serve".into())];
         let report = Report::build(ReportInput {
             sampling: crate::model::run::SamplingReport::exact(),
             unwinding: None,
