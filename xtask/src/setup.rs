@@ -167,14 +167,19 @@ fn ensure_tracefs(shell: &Shell) -> Result<()> {
 /// checks a killed tracer leaves no eBPF program behind, go for
 /// `go tool pprof`, which reads the pprof profiles in the tests, and redis
 /// (server, cli and benchmark), the real server of tests/allocators.rs and
-/// the benchmark.
-const PACKAGES: [(&str, &str); 6] = [
+/// the benchmark; Debian's python3.11 with numpy (the Python frames'
+/// tests), prometheus (the scrape test of `--listen`) and nodejs (JIT frames
+/// through `--perf-basic-prof`).
+const PACKAGES: [(&str, &str); 9] = [
     ("gcc", "gcc"),
     ("g++", "g++"),
     ("bpftool", "bpftool"),
     ("go", "golang-go"),
     ("redis-server", "redis-server"),
     ("redis-benchmark", "redis-tools"),
+    ("prometheus", "prometheus"),
+    ("node", "nodejs"),
+    ("python3.11", "python3.11"),
 ];
 
 /// The allocators Debian ships besides glibc's, by the library each
@@ -191,6 +196,12 @@ pub const ALLOCATOR_LIBRARIES: [(&str, &str); 3] = [
     ),
 ];
 
+/// Packages known by a file they install rather than a command.
+const PACKAGE_FILES: [(&str, &str); 1] = [(
+    "/usr/lib/python3/dist-packages/numpy/__init__.py",
+    "python3-numpy",
+)];
+
 fn ensure_packages(shell: &Shell) -> Result<()> {
     let missing: Vec<&str> = PACKAGES
         .iter()
@@ -204,9 +215,17 @@ fn ensure_packages(shell: &Shell) -> Result<()> {
                 .filter(|(library, _)| !Path::new(library).exists())
                 .map(|&(_, package)| package),
         )
+        .chain(
+            PACKAGE_FILES
+                .iter()
+                .filter(|(file, _)| !Path::new(file).exists())
+                .map(|&(_, package)| package),
+        )
         .collect();
     if missing.is_empty() {
-        eprintln!("xtask: gcc, g++, bpftool, go, redis, jemalloc, tcmalloc, mimalloc: present");
+        eprintln!(
+            "xtask: gcc, g++, bpftool, go, redis, jemalloc, tcmalloc, mimalloc, python3.11, numpy, prometheus, nodejs: present"
+        );
         return Ok(());
     }
     let apt_get = |args: &[&str]| {
