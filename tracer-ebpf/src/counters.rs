@@ -10,8 +10,14 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 
 #[inline(always)]
 pub(crate) fn count(index: u32) {
+    count_by(index, 1);
+}
+
+/// Adds `value` to a STATS counter (a byte count).
+#[inline(always)]
+pub(crate) fn count_by(index: u32, value: u64) {
     if let Some(counter) = STATS.get_ptr_mut(index) {
-        atomic_add(counter, 1);
+        atomic_add(counter, value);
     }
 }
 

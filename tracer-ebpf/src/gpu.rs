@@ -67,6 +67,13 @@ static VMM_MAPPINGS: HashMap<LiveKey, u64> = HashMap::with_max_entries(1 << 16, 
 #[map]
 static STACK_API: HashMap<StackKey, u32> = HashMap::with_max_entries(1 << 14, 0);
 
+/// Whether a traced CUDA call is in progress on this thread (its
+/// mappings are the driver's: pinned host memory, counted as such).
+#[inline(always)]
+pub(crate) fn inside_gpu_call(thread: u64) -> bool {
+    unsafe { GPU_PENDING.get(&thread) }.is_some_and(|pending| pending.depth > 0)
+}
+
 /// Starts a CUDA call unless one is already in progress on this thread.
 #[inline(always)]
 fn enter(ctx: &ProbeContext, call: GpuPending) -> u32 {
@@ -326,7 +333,12 @@ fn created(ctx: &RetProbeContext, tgid: u32, pending: &GpuPending, handle: u64) 
         count(stat::DROP_LIVE_FULL);
         if tracer_ebpf::is_copied_stack(block.stack_id) {
             // Userspace counted the copy as live: take it off again.
-            crate::stacks::send_free(tgid, block.stack_id, tracer_ebpf::stack_record::FREE);
+            crate::stacks::send_free(
+                tgid,
+                block.stack_id,
+                block.size,
+                tracer_ebpf::stack_record::FREE,
+            );
         }
         return;
     }

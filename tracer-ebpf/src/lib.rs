@@ -61,5 +61,6 @@ mod pod {
     unsafe impl aya::Pod for MappingEvent {}
     unsafe impl aya::Pod for StackCopy {}
     unsafe impl aya::Pod for StackFree {}
+    unsafe impl aya::Pod for CopyRef {}
     unsafe impl aya::Pod for StackFrames {}
 }

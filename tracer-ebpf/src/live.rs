@@ -10,7 +10,8 @@
 //! alone (`retire`). free's `free_live` does not ask.
 //!
 //! Copied-stack blocks (`--unwind dwarf`) are counted by userspace instead
-//! of in BY_STACK: their removals are sent to it as free records.
+//! of in BY_STACK: their removals are sent to it as free records (through
+//! the ring, or COPY_FREES when it is full; see `stacks.rs`).
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     macros::map,
@@ -123,7 +124,7 @@ pub(crate) fn add_to_stack(tgid: u32, block: &LiveAlloc, allocated: bool) {
 #[inline(always)]
 pub(crate) fn remove_from_stack(tgid: u32, block: &LiveAlloc) {
     if is_copied_stack(block.stack_id) {
-        send_free(tgid, block.stack_id, stack_record::FREE);
+        send_free(tgid, block.stack_id, block.size, stack_record::FREE);
         return;
     }
     let Some(totals) = totals_of(&stack_key(tgid, block)) else {
@@ -207,7 +208,7 @@ pub(crate) fn put_live(tgid: u32, address: u64, block: &LiveAlloc, allocated: bo
         count(stat::DROP_LIVE_FULL);
         if is_copied_stack(block.stack_id) {
             // Userspace counted the copy as live: take it off again.
-            send_free(tgid, block.stack_id, stack_record::FREE);
+            send_free(tgid, block.stack_id, block.size, stack_record::FREE);
             return;
         }
         // Keep the call in the running totals; the live figures stay
@@ -222,7 +223,7 @@ pub(crate) fn put_live(tgid: u32, address: u64, block: &LiveAlloc, allocated: bo
     }
     if !allocated && is_copied_stack(block.stack_id) {
         // A failed realloc's old block, taken off at its entry.
-        send_free(tgid, block.stack_id, stack_record::RESTORE);
+        send_free(tgid, block.stack_id, block.size, stack_record::RESTORE);
     }
     add_to_stack(tgid, block, allocated);
 }

@@ -132,14 +132,35 @@ fn inside_unrecorded_call(ctx: &ProbeContext, pending: &mut Pending) -> bool {
         return false;
     }
     let sp = unsafe { (*ctx.regs).rsp };
-    if sp < pending.unrecorded_sp
-        && unsafe { bpf_probe_read_user(pending.unrecorded_sp as *const u64) }
-            .is_ok_and(|word| word == pending.unrecorded_return || is_uprobe_trampoline(word))
-    {
+    if still_inside(pending.unrecorded_sp, pending.unrecorded_return, sp) {
         return true;
     }
     pending.unrecorded_sp = 0;
     false
+}
+
+/// Whether a call entered with its stack pointer at `marked_sp` and the
+/// return address `marked_return` there is still in progress when the
+/// thread's stack pointer is `sp`: `sp` is below it and the word is still
+/// in place (or the uprobe trampoline's, which a return probe writes over
+/// it).
+#[inline(always)]
+fn still_inside(marked_sp: u64, marked_return: u64, sp: u64) -> bool {
+    marked_sp != 0
+        && sp < marked_sp
+        && unsafe { bpf_probe_read_user(marked_sp as *const u64) }
+            .is_ok_and(|word| word == marked_return || is_uprobe_trampoline(word))
+}
+
+/// Whether the thread whose user stack pointer is `sp` is inside an
+/// allocator call of the malloc family: an outermost call in progress
+/// (recorded or not), an unrecorded call whose return was skipped, or a
+/// free (which has no return probe) that has not returned yet.
+#[inline(always)]
+pub(crate) fn inside_allocator_call(pending: &Pending, sp: u64) -> bool {
+    pending.depth > 0
+        || still_inside(pending.unrecorded_sp, pending.unrecorded_return, sp)
+        || still_inside(pending.free_sp, pending.free_return, sp)
 }
 
 /// Whether a return address is the uprobe trampoline's, which the kernel
@@ -300,7 +321,10 @@ fn realloc_common(ctx: &ProbeContext, in_session: bool, old: u64, size: u64) -> 
 }
 
 /// free: one LIVE lookup for a block that was never recorded (allocated
-/// before attach, or not sampled).
+/// before attach, or not sampled). An outermost free is marked in the
+/// thread's PENDING slot (its stack pointer and return address), so the
+/// mappings it makes (glibc makes a thread's arena inside its first
+/// free) are known to be the allocator's.
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
     let address = call_arg(&ctx, 0);
@@ -309,29 +333,49 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let thread = bpf_get_current_pid_tgid();
-    let key = live_key((thread >> 32) as u32, address);
-    let nested = || {
-        PENDING
-            .get_ptr(&thread)
-            .is_some_and(|pending| unsafe { (*pending).depth } > 0)
+    let nested = match pending_slot(thread) {
+        Some(pending) => {
+            let pending = unsafe { &mut *pending };
+            if pending.depth > 0 {
+                true
+            } else {
+                mark_free_call(&ctx, pending);
+                false
+            }
+        }
+        None => false,
     };
+    let key = live_key((thread >> 32) as u32, address);
     let Some(block) = find_live(&key) else {
         // mimalloc's realloc frees the old block through `free`, after
         // realloc's entry took it off: not a block from before attach.
-        count(if nested() {
+        count(if nested {
             stat::NESTED_CALLS
         } else {
             stat::FREES_UNKNOWN
         });
         return 0;
     };
-    if nested() {
+    if nested {
         count(stat::NESTED_CALLS);
         return 0;
     }
     free_live(&key, &block);
     count(stat::FREES);
     0
+}
+
+/// Remembers the free entered now (see `Pending::free_sp`).
+#[inline(always)]
+fn mark_free_call(ctx: &ProbeContext, pending: &mut Pending) {
+    let sp = unsafe { (*ctx.regs).rsp };
+    match unsafe { bpf_probe_read_user(sp as *const u64) } {
+        Ok(return_address) => {
+            pending.free_sp = sp;
+            pending.free_return = return_address;
+        }
+        Err(_) => pending.free_sp = 0,
+    }
 }
 
 /// One return probe for every allocator function: what to do is in the

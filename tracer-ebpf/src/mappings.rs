@@ -7,7 +7,8 @@
 //! arithmetic (partial unmaps, moves, MAP_FIXED replacing, protection
 //! changes) lives in userspace, where a B-tree handles 100 k mappings in
 //! microseconds; the kernel only carries the arguments from entry to exit,
-//! takes the stack and notes whether the thread was inside an allocator.
+//! takes the stack and notes whether the thread was inside an allocator
+//! call (`inside_allocator_call`): such a mapping is the allocator's.
 use aya_ebpf::{
     Global,
     bindings::{BPF_ANY, BPF_RB_NO_WAKEUP},
@@ -73,9 +74,7 @@ fn enter(ctx: &TracePointContext, mut event: MappingEvent, with_stack: bool) {
     }
     event.tgid = tgid;
     event.stack_id = NO_STACK;
-    if let Some(pending) = unsafe { PENDING.get(&thread) }
-        && pending.depth > 0
-    {
+    if inside_allocator_call(thread) {
         event.in_allocator = 1;
     } else if with_stack {
         // A copied stack is unwound through the syscall wrapper itself.
@@ -118,17 +117,44 @@ fn exit(ctx: &TracePointContext) {
     }
 }
 
+/// Whether the thread is inside a traced allocator call: any call of the
+/// malloc family (free and operator delete included, recorded or not), or
+/// a CUDA call. A mapping made there is the allocator's own (a glibc
+/// arena, a large block, pinned host memory), counted once, as the
+/// allocator's blocks.
+#[inline(always)]
+fn inside_allocator_call(thread: u64) -> bool {
+    if let Some(pending) = unsafe { PENDING.get(&thread) } {
+        if pending.depth > 0 {
+            return true;
+        }
+        if (pending.unrecorded_sp != 0 || pending.free_sp != 0)
+            && let Some(sp) = user_sp()
+            && crate::malloc::inside_allocator_call(pending, sp)
+        {
+            return true;
+        }
+    }
+    crate::gpu::inside_gpu_call(thread)
+}
+
+/// The user stack pointer of the current thread at its system call.
+#[inline(always)]
+fn user_sp() -> Option<u64> {
+    unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u64;
+        bpf_probe_read_kernel(regs.add(crate::stacks::PT_REGS_SP_INDEX)).ok()
+    }
+}
+
 /// The word at the user stack pointer: a leaf syscall wrapper's return
 /// address (userspace keeps it only when the innermost frame is one).
 #[inline(always)]
 fn word_at_user_sp() -> u64 {
-    unsafe {
-        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u64;
-        let Ok(sp) = bpf_probe_read_kernel(regs.add(crate::stacks::PT_REGS_SP_INDEX)) else {
-            return 0;
-        };
-        bpf_probe_read_user(sp as *const u64).unwrap_or(0)
-    }
+    let Some(sp) = user_sp() else {
+        return 0;
+    };
+    unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0)
 }
 
 #[tracepoint]

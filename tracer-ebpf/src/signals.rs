@@ -42,6 +42,9 @@ pub fn signal_deliver(_ctx: TracePointContext) -> u32 {
     if SIGNAL_SAVED.insert(&level, &*pending, 0).is_ok() {
         pending.signal_level += 1;
         pending.depth = 0;
+        // The handler's own calls are not inside the interrupted ones.
+        pending.unrecorded_sp = 0;
+        pending.free_sp = 0;
     }
     0
 }

@@ -7,7 +7,9 @@
 //! record carries its size, and when it leaves the live set a free record
 //! follows in the same ring buffer. The ring hands records out in the order
 //! they were reserved, and a block's copy is reserved before its LIVE entry
-//! exists, so its free can never come first.
+//! exists, so its free can never come first. A free that finds the ring
+//! full is not lost: it goes to COPY_FREES, a map with room for every live
+//! block, which userspace reads after the ring at each drain.
 use aya_ebpf::{
     EbpfContext,
     bindings::{
@@ -24,11 +26,11 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_ebpf::{
-    COPIED_STACK, COPIED_STACK_MASK, MAX_STACK_FRAMES, MAX_STACK_PAGES, NO_STACK, STACK_PAGE_BYTES,
-    StackCopy, StackFrames, StackFree, stack_record, stat,
+    COPIED_STACK, COPIED_STACK_MASK, CopyRef, MAX_STACK_FRAMES, MAX_STACK_PAGES, NO_STACK,
+    STACK_PAGE_BYTES, StackCopy, StackFrames, StackFree, stack_record, stat,
 };
 
-use crate::counters::{count, fetch_add};
+use crate::counters::{atomic_add, count, count_by, fetch_add};
 
 /// 0: every stack is walked by frame pointers; 1: every stack is copied;
 /// 2: stacks of the processes in COPY_STACKS_OF are copied.
@@ -71,6 +73,12 @@ static COPY_STACKS_OF: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 /// Copy, free and restore records, drained by userspace on a timer.
 #[map]
 static STACK_COPIES: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
+
+/// Frees and restores of copied-stack blocks that found STACK_COPIES full:
+/// per block, frees minus restores. Sized like LIVE by userspace (a block
+/// can only be freed while it is in LIVE), with entries made on use.
+#[map]
+static COPY_FREES: HashMap<CopyRef, i64> = HashMap::with_max_entries(1 << 20, BPF_F_NO_PREALLOC);
 
 /// The next copied-stack reference.
 #[map]
@@ -326,10 +334,12 @@ fn wakeup_flag() -> u64 {
     }
 }
 
-/// Tells userspace that the copied-stack block `stack_ref` left the live
-/// set (`stack_record::FREE`) or came back (`stack_record::RESTORE`).
+/// Tells userspace that the copied-stack block `stack_ref` of `size`
+/// bytes left the live set (`stack_record::FREE`) or came back
+/// (`stack_record::RESTORE`): through the ring, or, when it is full,
+/// through COPY_FREES.
 #[inline(always)]
-pub(crate) fn send_free(tgid: u32, stack_ref: u32, record: u32) {
+pub(crate) fn send_free(tgid: u32, stack_ref: u32, size: u64, record: u32) {
     let free = StackFree {
         record,
         tgid,
@@ -338,8 +348,28 @@ pub(crate) fn send_free(tgid: u32, stack_ref: u32, record: u32) {
     };
     if STACK_COPIES
         .output::<StackFree>(&free, wakeup_flag())
-        .is_err()
+        .is_ok()
     {
-        count(stat::DROP_STACK_FREE_LOST);
+        return;
+    }
+    let key = CopyRef { tgid, stack_ref };
+    let change: i64 = if record == stack_record::FREE { 1 } else { -1 };
+    if COPY_FREES.insert(&key, &change, BPF_NOEXIST as u64).is_ok() {
+        count(stat::STACK_FREES_DEFERRED);
+        return;
+    }
+    // Another record of this block waits there (a free, then its failed
+    // realloc's restore), or the map is full.
+    match COPY_FREES.get_ptr_mut(&key) {
+        Some(waiting) => {
+            atomic_add(waiting.cast(), change as u64);
+            count(stat::STACK_FREES_DEFERRED);
+        }
+        None => {
+            count(stat::DROP_STACK_FREE_LOST);
+            if record == stack_record::FREE {
+                count_by(stat::STACK_FREE_LOST_BYTES, size);
+            }
+        }
     }
 }

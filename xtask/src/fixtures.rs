@@ -42,6 +42,7 @@ const EXTRA_FLAGS: &[(&str, &[&str])] = &[
     ),
     ("kernel_cache", NO_FRAME_POINTERS),
     ("nested_nofp", NO_FRAME_POINTERS),
+    ("burst", NO_FRAME_POINTERS),
     // A library (dlopen()ed by plugin_host by path), without frame pointers.
     ("nofp_plugin", &["-fomit-frame-pointer", "-shared", "-fPIC"]),
 ];

@@ -43,6 +43,13 @@ pub struct Pending {
     /// is no longer below it. 0: none.
     pub unrecorded_sp: u64,
     pub unrecorded_return: u64,
+    /// The thread's last free (or operator delete): its stack pointer at
+    /// entry and the return address there, as for `unrecorded_sp`. free
+    /// has no return probe; a mapping the thread makes while that word is
+    /// still in place below it (glibc making a thread's arena inside its
+    /// first free) is the allocator's. 0: none.
+    pub free_sp: u64,
+    pub free_return: u64,
     /// realloc: what the old block held, removed at entry and restored if
     /// the call fails.
     pub old: LiveAlloc,

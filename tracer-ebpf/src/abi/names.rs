@@ -24,6 +24,7 @@ pub mod map {
         CONTEXT_EPOCH = "CONTEXT_EPOCH",
         COPY_STACKS_OF = "COPY_STACKS_OF",
         STACK_COPIES = "STACK_COPIES",
+        COPY_FREES = "COPY_FREES",
         EVENTS = "EVENTS",
         TRACED_TGIDS = "TRACED_TGIDS",
         TARGETS = "TARGETS",

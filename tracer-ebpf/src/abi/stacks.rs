@@ -40,6 +40,9 @@ pub const fn is_copied_stack(stack_id: u32) -> bool {
 
 /// Record types of the STACK_COPIES ring buffer. Records are read in the
 /// order they were reserved, so a block's copy always comes before its free.
+/// A free or restore that finds the ring full goes to the COPY_FREES map
+/// instead (never lost while that map has room: it holds as many entries
+/// as LIVE), where userspace finds it at its next drain.
 pub mod stack_record {
     /// [`super::StackCopy`] followed by `length` bytes of user stack.
     pub const COPY: u32 = 1;
@@ -89,6 +92,15 @@ pub struct StackCopy {
     /// page) and how many bytes follow the header (whole pages).
     pub base: u64,
     pub length: u64,
+}
+
+/// Key of COPY_FREES: a copied-stack block, by its process and the
+/// reference its LIVE entry carries.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CopyRef {
+    pub tgid: u32,
+    pub stack_ref: u32,
 }
 
 /// A copied-stack block that left the live set.

@@ -63,9 +63,15 @@ pub mod stat {
             /// Stack copies that did not fit in the STACK_COPIES ring buffer: the
             /// block is still counted, with its frame-pointer stack.
             DROP_STACK_COPY_RING_FULL => ("stack_copy_ring_full", Drop),
-            /// Frees of copied-stack blocks that did not fit in the ring buffer:
-            /// userspace keeps counting those blocks as live.
+            /// Frees of copied-stack blocks that fit neither in the ring buffer nor
+            /// in COPY_FREES: userspace keeps counting those blocks as live.
             DROP_STACK_FREE_LOST => ("stack_free_lost", Drop),
+            /// Frees (and restores) of copied-stack blocks that found the ring
+            /// buffer full and went to the COPY_FREES map instead: not lost.
+            STACK_FREES_DEFERRED => ("stack_frees_deferred", Event),
+            /// Bytes of the blocks whose frees were lost (`stack_free_lost`):
+            /// live bytes may be too high by up to this much.
+            STACK_FREE_LOST_BYTES => ("stack_free_lost_bytes", Event),
         }
     }
 }

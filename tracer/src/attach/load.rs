@@ -84,6 +84,9 @@ pub struct Rings {
     /// into tracer only once a process needs copies, as the ring costs its
     /// size in resident memory.
     pub stack_copies: Map,
+    /// The frees of copied-stack blocks that found STACK_COPIES full
+    /// (COPY_FREES).
+    pub copy_frees: Map,
 }
 
 impl Probes {
@@ -115,6 +118,9 @@ impl Probes {
         })?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(tracer_ebpf::map::LIVE, max_live_allocs)
+            // A block can only be freed while it is in LIVE: room for the
+            // frees of every live block (entries made on use).
+            .map_max_entries(tracer_ebpf::map::COPY_FREES, max_live_allocs)
             .map_max_entries(tracer_ebpf::map::STACKS, max_stacks)
             .map_max_entries(tracer_ebpf::map::STACK_IDS, max_stacks)
             .override_global(tracer_ebpf::global::MAX_STACKS, &max_stacks, true)
@@ -225,6 +231,9 @@ impl Probes {
             stack_copies: ebpf
                 .take_map(tracer_ebpf::map::STACK_COPIES)
                 .context("eBPF object lacks STACK_COPIES")?,
+            copy_frees: ebpf
+                .take_map(tracer_ebpf::map::COPY_FREES)
+                .context("eBPF object lacks COPY_FREES")?,
         };
         let probes = Probes {
             ebpf,

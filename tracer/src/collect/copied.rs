@@ -3,13 +3,16 @@
 //! each copy is unwound, and the per-stack totals of these blocks are kept
 //! here, as exact as BY_STACK's: a block is counted at its copy and taken
 //! off at its free, both sent by the kernel in the order they happened.
+//! A free that found the ring full waits in the kernel's COPY_FREES map
+//! instead, read after the ring at every drain: no free is lost to a full
+//! ring, so a burst never leaves phantom live blocks behind.
 //!
 //! Each distinct unwound stack is numbered here: `StackId::Copied`.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{Context as _, Result};
-use aya::maps::{Map, MapData, RingBuf};
-use tracer_ebpf::{StackCopy, StackFree, stack_record};
+use aya::maps::{HashMap as KernelHashMap, Map, MapData, RingBuf};
+use tracer_ebpf::{CopyRef, StackCopy, StackFree, stack_record};
 
 use super::contexts::EpochEntry;
 use crate::{
@@ -21,6 +24,15 @@ use crate::{
 
 /// Recently freed blocks kept for a failed realloc's restore.
 const RECENTLY_FREED: usize = 1 << 16;
+
+/// Inserts into a set of references waiting for their other half, which
+/// only a lost record leaves unmatched: emptied when it grows too large.
+fn bounded_insert(set: &mut HashSet<(u32, u32)>, reference: (u32, u32)) {
+    if set.len() >= RECENTLY_FREED {
+        set.clear();
+    }
+    set.insert(reference);
+}
 
 #[derive(Clone, Copy)]
 struct Block {
@@ -44,6 +56,15 @@ pub struct CopiedStacks {
     /// Live blocks by (tgid, reference).
     live: HashMap<(u32, u32), Block>,
     recently_freed: HashMap<(u32, u32), Block>,
+    /// The kernel's COPY_FREES: frees (minus restores) that found the
+    /// ring full.
+    deferred: KernelHashMap<MapData, CopyRef, i64>,
+    /// Frees from COPY_FREES of blocks whose copy was not read yet (it
+    /// waits in the ring behind a record still being written).
+    early_frees: HashSet<(u32, u32)>,
+    /// Restores read from the ring for blocks whose free waits in
+    /// COPY_FREES: that free is cancelled when it is read.
+    early_restores: HashSet<(u32, u32)>,
     /// Per stack and CUDA context epoch, like the kernel's BY_STACK: the
     /// live counters of an ended epoch are what its destruction released.
     counters: HashMap<(StackKey, u32), Counters>,
@@ -51,8 +72,8 @@ pub struct CopiedStacks {
 }
 
 impl CopiedStacks {
-    pub fn new(map: Map) -> Self {
-        CopiedStacks {
+    pub fn new(map: Map, copy_frees: Map) -> Result<Self> {
+        Ok(CopiedStacks {
             unused: Some(map),
             records: None,
             unwinder: Unwinder::new(),
@@ -61,9 +82,13 @@ impl CopiedStacks {
             mapping_stacks: HashMap::new(),
             live: HashMap::new(),
             recently_freed: HashMap::new(),
+            deferred: KernelHashMap::try_from(copy_frees)
+                .context("COPY_FREES is not a hash map")?,
+            early_frees: HashSet::new(),
+            early_restores: HashSet::new(),
             counters: HashMap::new(),
             apis: HashMap::new(),
-        }
+        })
     }
 
     /// Maps the ring buffer, once a process's stacks are copied.
@@ -122,6 +147,45 @@ impl CopiedStacks {
                     }
                 }
                 _ => {}
+            }
+        }
+        self.drain_deferred();
+    }
+
+    /// Applies the frees and restores that found the ring full, after
+    /// every record the ring held: each block's copy came before them
+    /// (unless it waits behind a record still being written).
+    fn drain_deferred(&mut self) {
+        if self.records.is_none() {
+            return;
+        }
+        let keys: Vec<CopyRef> = self.deferred.keys().filter_map(Result::ok).collect();
+        for key in keys {
+            // A failed realloc's restore added between the read and the
+            // removal would be missed: rare twice over (a full ring, and
+            // a realloc failing), and bounded to that block.
+            let Ok(change) = self.deferred.get(&key, 0) else {
+                continue;
+            };
+            let _ = self.deferred.remove(&key);
+            let free = StackFree {
+                record: stack_record::FREE,
+                tgid: key.tgid,
+                stack_ref: key.stack_ref,
+                pad: 0,
+            };
+            let reference = (key.tgid, key.stack_ref);
+            if change > 0 {
+                if self.early_restores.remove(&reference) {
+                    continue;
+                }
+                if !self.live.contains_key(&reference) {
+                    bounded_insert(&mut self.early_frees, reference);
+                    continue;
+                }
+                self.freed(&free);
+            } else if change < 0 {
+                self.restored(&free);
             }
         }
     }
@@ -201,6 +265,16 @@ impl CopiedStacks {
             size: copy.size,
             context_epoch: copy.context_epoch,
         };
+        if self.early_frees.remove(&(copy.tgid, copy.stack_ref)) {
+            // Freed already (its free found the ring full and was read
+            // first): counted in the running totals only.
+            if self.recently_freed.len() >= RECENTLY_FREED {
+                self.recently_freed.clear();
+            }
+            self.recently_freed
+                .insert((copy.tgid, copy.stack_ref), block);
+            return;
+        }
         if let Some(stale) = self.live.insert((copy.tgid, copy.stack_ref), block) {
             // A reference reused after 2^30 copies: the old block's free
             // was never seen.
@@ -222,9 +296,13 @@ impl CopiedStacks {
     }
 
     fn restored(&mut self, free: &StackFree) {
-        if let Some(block) = self.recently_freed.remove(&(free.tgid, free.stack_ref)) {
-            self.live.insert((free.tgid, free.stack_ref), block);
+        let reference = (free.tgid, free.stack_ref);
+        if let Some(block) = self.recently_freed.remove(&reference) {
+            self.live.insert(reference, block);
             self.put_on(block);
+        } else if self.live.contains_key(&reference) {
+            // Its free found the ring full and waits in COPY_FREES.
+            bounded_insert(&mut self.early_restores, reference);
         }
     }
 

@@ -173,7 +173,7 @@ impl Collector {
     /// A collector of what `probes` will see; targets are added with
     /// `add_target`, and time starts at `start`.
     pub fn new(probes: Probes, rings: Rings, schedule: Schedule) -> Result<Collector> {
-        let mut copied = CopiedStacks::new(rings.stack_copies);
+        let mut copied = CopiedStacks::new(rings.stack_copies, rings.copy_frees)?;
         if probes.copies_any_stacks() {
             copied.activate()?;
         }

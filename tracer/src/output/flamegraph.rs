@@ -24,10 +24,7 @@ pub fn render(report: &Report, value: FoldedValue) -> Result<Vec<u8>> {
         report.window_s
     );
     options.count_name = unit.to_owned();
-    options.subtitle = (!report.drops.is_empty()).then(|| {
-        let dropped: u64 = report.drops.values().sum();
-        format!("{dropped} events dropped: numbers are lower bounds")
-    });
+    options.subtitle = report.drop_summary();
     let mut svg = Vec::new();
     if lines.is_empty() {
         // inferno refuses an empty graph; say so in a valid SVG instead.

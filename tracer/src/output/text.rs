@@ -14,16 +14,7 @@ use crate::model::{Frame, Kind, quality::StackQuality, run::NoticedBy};
 pub fn render(report: &Report) -> String {
     let mut lines = Vec::new();
     if !report.drops.is_empty() {
-        let dropped: u64 = report.drops.values().sum();
-        let reasons: Vec<String> = report
-            .drops
-            .iter()
-            .map(|(name, count)| format!("{name}={count}"))
-            .collect();
-        lines.push(format!(
-            "WARNING: {dropped} events dropped ({}): numbers below are lower bounds",
-            reasons.join(", ")
-        ));
+        lines.extend(report.drop_warning());
         for name in report.drops.keys() {
             if let Some(hint) = drop_hint(name) {
                 lines.push(format!("  {name}: {hint}"));
@@ -276,6 +267,10 @@ fn drop_hint(name: &str) -> Option<&'static str> {
         }
         "mapping_pending_full" => "more threads were inside a mapping call at once than tracked",
         "out_param_unreadable" => "posix_memalign results that could not be read",
+        "stack_copy_ring_full" => {
+            "stack copies came faster than tracer unwound them: raise --stack-ring-mib"
+        }
+        "stack_free_lost" => "frees found both the copy ring and its overflow table full",
         _ => return None,
     })
 }
