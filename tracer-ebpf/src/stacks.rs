@@ -80,6 +80,11 @@ static STACK_COPIES: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
 #[map]
 static COPY_FREES: HashMap<CopyRef, i64> = HashMap::with_max_entries(1 << 20, BPF_F_NO_PREALLOC);
 
+/// How many entries were ever made in COPY_FREES: userspace walks the map
+/// only when this moved (a walk of an empty hash map visits every bucket).
+#[map]
+static COPY_FREES_MADE: Array<u64> = Array::with_max_entries(1, 0);
+
 /// The next copied-stack reference.
 #[map]
 static NEXT_COPY: Array<u64> = Array::with_max_entries(1, 0);
@@ -355,6 +360,9 @@ pub(crate) fn send_free(tgid: u32, stack_ref: u32, size: u64, record: u32) {
     let key = CopyRef { tgid, stack_ref };
     let change: i64 = if record == stack_record::FREE { 1 } else { -1 };
     if COPY_FREES.insert(&key, &change, BPF_NOEXIST as u64).is_ok() {
+        if let Some(made) = COPY_FREES_MADE.get_ptr_mut(0) {
+            atomic_add(made, 1);
+        }
         count(stat::STACK_FREES_DEFERRED);
         return;
     }

@@ -25,6 +25,7 @@ pub mod map {
         COPY_STACKS_OF = "COPY_STACKS_OF",
         STACK_COPIES = "STACK_COPIES",
         COPY_FREES = "COPY_FREES",
+        COPY_FREES_MADE = "COPY_FREES_MADE",
         EVENTS = "EVENTS",
         TRACED_TGIDS = "TRACED_TGIDS",
         TARGETS = "TARGETS",

@@ -85,8 +85,10 @@ pub struct Rings {
     /// size in resident memory.
     pub stack_copies: Map,
     /// The frees of copied-stack blocks that found STACK_COPIES full
-    /// (COPY_FREES).
+    /// (COPY_FREES), and how many entries were ever made there
+    /// (COPY_FREES_MADE).
     pub copy_frees: Map,
+    pub copy_frees_made: Map,
 }
 
 impl Probes {
@@ -234,6 +236,9 @@ impl Probes {
             copy_frees: ebpf
                 .take_map(tracer_ebpf::map::COPY_FREES)
                 .context("eBPF object lacks COPY_FREES")?,
+            copy_frees_made: ebpf
+                .take_map(tracer_ebpf::map::COPY_FREES_MADE)
+                .context("eBPF object lacks COPY_FREES_MADE")?,
         };
         let probes = Probes {
             ebpf,

@@ -215,9 +215,10 @@ struct TargetArgs {
     stack_bytes: u32,
 
     /// With dwarf unwinding: size of the ring buffer of stack copies, in
-    /// MiB (a power of two); copies beyond it between two drains (every
-    /// 5 ms) fall back to frame pointers and are counted.
-    #[arg(long, value_name = "MIB", default_value_t = 16)]
+    /// MiB (a power of two); a thread of tracer empties it every 5 ms, and
+    /// at once when a quarter is full; copies that find it full fall back
+    /// to frame pointers and are counted.
+    #[arg(long, value_name = "MIB", default_value_t = Unwinding::DEFAULT_RING_MIB)]
     stack_ring_mib: u32,
 
     /// Print where each probe went and why.

@@ -1,6 +1,7 @@
 //! Blocks whose stacks the kernel copied (`--unwind dwarf`): their copy,
-//! free and restore records are drained from the STACK_COPIES ring buffer,
-//! each copy is unwound, and the per-stack totals of these blocks are kept
+//! free and restore records are read from the STACK_COPIES ring buffer and
+//! each copy is unwound on a thread of its own (`copy_reader`), and the
+//! per-stack totals of these blocks are kept
 //! here, as exact as BY_STACK's: a block is counted at its copy and taken
 //! off at its free, both sent by the kernel in the order they happened.
 //! A free that found the ring full waits in the kernel's COPY_FREES map
@@ -10,16 +11,19 @@
 //! Each distinct unwound stack is numbered here: `StackId::Copied`.
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use anyhow::{Context as _, Result};
-use aya::maps::{HashMap as KernelHashMap, Map, MapData, RingBuf};
+use anyhow::Result;
+use aya::maps::Map;
 use tracer_ebpf::{CopyRef, StackCopy, StackFree, stack_record};
 
-use super::contexts::EpochEntry;
+use super::{
+    contexts::EpochEntry,
+    copy_reader::{CopyReader, Message},
+};
 use crate::{
     attach::cuda,
     model::{Counters, Frame, Kind, StackId, StackKey},
     symbolize::Symbols,
-    unwind::{Unwinder, Unwound},
+    unwind::Unwound,
 };
 
 /// Recently freed blocks kept for a failed realloc's restore.
@@ -43,11 +47,11 @@ struct Block {
 }
 
 pub struct CopiedStacks {
-    /// The STACK_COPIES map until a process needs copies: mapping the ring
-    /// into tracer costs its size in resident memory.
-    unused: Option<Map>,
-    records: Option<RingBuf<MapData>>,
-    unwinder: Unwinder,
+    /// The STACK_COPIES and COPY_FREES maps until a process needs copies:
+    /// mapping the ring into tracer costs its size in resident memory.
+    unused: Option<(Map, [Map; 2])>,
+    /// The thread that reads and unwinds the copies.
+    reader: Option<CopyReader>,
     stacks: Vec<(u32, Unwound)>,
     stack_ids: HashMap<(u32, Unwound), StackId>,
     /// Stacks of mapping calls (mmap, brk), by (tgid, reference), until
@@ -56,15 +60,14 @@ pub struct CopiedStacks {
     /// Live blocks by (tgid, reference).
     live: HashMap<(u32, u32), Block>,
     recently_freed: HashMap<(u32, u32), Block>,
-    /// The kernel's COPY_FREES: frees (minus restores) that found the
-    /// ring full.
-    deferred: KernelHashMap<MapData, CopyRef, i64>,
     /// Frees from COPY_FREES of blocks whose copy was not read yet (it
     /// waits in the ring behind a record still being written).
     early_frees: HashSet<(u32, u32)>,
     /// Restores read from the ring for blocks whose free waits in
     /// COPY_FREES: that free is cancelled when it is read.
     early_restores: HashSet<(u32, u32)>,
+    /// Copies whose unwinding stopped early, by reason.
+    stopped: BTreeMap<String, u64>,
     /// Per stack and CUDA context epoch, like the kernel's BY_STACK: the
     /// live counters of an ended epoch are what its destruction released.
     counters: HashMap<(StackKey, u32), Counters>,
@@ -72,121 +75,91 @@ pub struct CopiedStacks {
 }
 
 impl CopiedStacks {
-    pub fn new(map: Map, copy_frees: Map) -> Result<Self> {
-        Ok(CopiedStacks {
-            unused: Some(map),
-            records: None,
-            unwinder: Unwinder::new(),
+    /// `copy_frees`: COPY_FREES and COPY_FREES_MADE.
+    pub fn new(ring: Map, copy_frees: [Map; 2]) -> Self {
+        CopiedStacks {
+            unused: Some((ring, copy_frees)),
+            reader: None,
             stacks: Vec::new(),
             stack_ids: HashMap::new(),
             mapping_stacks: HashMap::new(),
             live: HashMap::new(),
             recently_freed: HashMap::new(),
-            deferred: KernelHashMap::try_from(copy_frees)
-                .context("COPY_FREES is not a hash map")?,
             early_frees: HashSet::new(),
             early_restores: HashSet::new(),
+            stopped: BTreeMap::new(),
             counters: HashMap::new(),
             apis: HashMap::new(),
-        })
+        }
     }
 
-    /// Maps the ring buffer, once a process's stacks are copied.
+    /// Maps the ring buffer and starts reading it, once a process's
+    /// stacks are copied.
     pub fn activate(&mut self) -> Result<()> {
-        if let Some(map) = self.unused.take() {
-            self.records =
-                Some(RingBuf::try_from(map).context("STACK_COPIES is not a ring buffer")?);
+        if let Some((ring, copy_frees)) = self.unused.take() {
+            self.reader = Some(CopyReader::start(ring, copy_frees)?);
         }
         Ok(())
     }
 
-    /// The ring's file descriptor, readable when the kernel wakes tracer
-    /// (a burst filled a quarter of it); None until it is mapped.
-    pub fn ring_fd(&self) -> Option<std::os::fd::RawFd> {
-        use std::os::fd::{AsFd as _, AsRawFd as _};
-        self.records
-            .as_ref()
-            .map(|records| records.as_fd().as_raw_fd())
-    }
-
-    /// Applies every record the kernel sent since the last drain.
+    /// Applies what the reader read so far, without waiting.
     pub fn drain(&mut self) {
-        loop {
-            let Some(item) = self.records.as_mut().and_then(RingBuf::next) else {
-                break;
-            };
-            let record = item
-                .get(..4)
-                .map(|bytes| u32::from_ne_bytes(bytes.try_into().expect("4 bytes")));
-            match record {
-                Some(record @ (stack_record::COPY | stack_record::MAPPING_COPY))
-                    if item.len() >= size_of::<StackCopy>() =>
-                {
-                    // SAFETY: the item starts with a whole StackCopy.
-                    let copy: StackCopy = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                    let stack = &item[size_of::<StackCopy>()..];
-                    let length = (copy.length as usize).min(stack.len());
-                    let unwound = self.unwinder.unwind(&copy, &stack[..length]);
-                    drop(item);
-                    if record == stack_record::COPY {
-                        self.copied(&copy, unwound);
-                    } else {
-                        self.mapping_copied(&copy, unwound);
-                    }
-                }
-                Some(kind @ (stack_record::FREE | stack_record::RESTORE))
-                    if item.len() >= size_of::<StackFree>() =>
-                {
-                    // SAFETY: the item holds a whole StackFree.
-                    let free: StackFree = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                    drop(item);
-                    if kind == stack_record::FREE {
-                        self.freed(&free);
-                    } else {
-                        self.restored(&free);
-                    }
-                }
-                _ => {}
-            }
+        while let Some(message) = self.reader.as_ref().and_then(CopyReader::try_next) {
+            self.apply(message);
         }
-        self.drain_deferred();
     }
 
-    /// Applies the frees and restores that found the ring full, after
-    /// every record the ring held: each block's copy came before them
-    /// (unless it waits behind a record still being written).
-    fn drain_deferred(&mut self) {
-        if self.records.is_none() {
+    /// Applies every record the kernel sent until now (waits for the
+    /// reader to read them).
+    pub fn flush(&mut self) {
+        let Some(mut reader) = self.reader.take() else {
             return;
-        }
-        let keys: Vec<CopyRef> = self.deferred.keys().filter_map(Result::ok).collect();
-        for key in keys {
-            // A failed realloc's restore added between the read and the
-            // removal would be missed: rare twice over (a full ring, and
-            // a realloc failing), and bounded to that block.
-            let Ok(change) = self.deferred.get(&key, 0) else {
-                continue;
-            };
-            let _ = self.deferred.remove(&key);
-            let free = StackFree {
-                record: stack_record::FREE,
-                tgid: key.tgid,
-                stack_ref: key.stack_ref,
-                pad: 0,
-            };
-            let reference = (key.tgid, key.stack_ref);
-            if change > 0 {
-                if self.early_restores.remove(&reference) {
-                    continue;
+        };
+        reader.flush(|message| self.apply(message));
+        self.reader = Some(reader);
+    }
+
+    fn apply(&mut self, message: Message) {
+        match message {
+            Message::Copy(copy, unwound) => {
+                if let Some(reason) = unwound.stopped {
+                    *self.stopped.entry(reason.name().to_owned()).or_default() += 1;
                 }
-                if !self.live.contains_key(&reference) {
-                    bounded_insert(&mut self.early_frees, reference);
-                    continue;
+                if copy.record == stack_record::COPY {
+                    self.copied(&copy, unwound);
+                } else {
+                    self.mapping_copied(&copy, unwound);
                 }
-                self.freed(&free);
-            } else if change < 0 {
-                self.restored(&free);
             }
+            Message::Free(free) if free.record == stack_record::FREE => self.freed(&free),
+            Message::Free(restore) => self.restored(&restore),
+            Message::Deferred(key, change) => self.deferred(key, change),
+            Message::Flushed(_) => {}
+        }
+    }
+
+    /// Applies the frees minus restores of a block that found the ring
+    /// full, read after every ring record before them: its copy came
+    /// first, unless it waits behind a record still being written.
+    fn deferred(&mut self, key: CopyRef, change: i64) {
+        let free = StackFree {
+            record: stack_record::FREE,
+            tgid: key.tgid,
+            stack_ref: key.stack_ref,
+            pad: 0,
+        };
+        let reference = (key.tgid, key.stack_ref);
+        if change > 0 {
+            if self.early_restores.remove(&reference) {
+                return;
+            }
+            if !self.live.contains_key(&reference) {
+                bounded_insert(&mut self.early_frees, reference);
+                return;
+            }
+            self.freed(&free);
+        } else if change < 0 {
+            self.restored(&free);
         }
     }
 
@@ -230,11 +203,7 @@ impl CopiedStacks {
 
     /// Copies whose unwinding stopped early, by reason.
     pub fn stops(&self) -> BTreeMap<String, u64> {
-        self.unwinder
-            .stopped()
-            .iter()
-            .map(|(reason, count)| (reason.name().to_owned(), *count))
-            .collect()
+        self.stopped.clone()
     }
 
     /// The return addresses of the copied stack `index`, innermost first.

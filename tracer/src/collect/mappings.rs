@@ -72,11 +72,13 @@ impl MappingTracker {
                 events.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) });
             }
         }
+        copied.drain();
+        let mut flushed = false;
         for event in events {
             let adds = matches!(event.call, mapping_call::MMAP | mapping_call::BRK)
                 && event.in_allocator == 0;
             let stack_id = if adds {
-                self.stack_id(&event, code_stack(&event, copied))
+                self.stack_id(&event, code_stack(&event, copied, &mut flushed))
             } else {
                 StackId::Lost
             };
@@ -150,9 +152,9 @@ impl MappingTracker {
 
 /// The code's stack of a mapping call: the kernel's, or, when its stack
 /// was copied (`--unwind dwarf`), the unwound one. The copy went into its
-/// ring at the call's entry, before the event at its exit: one more drain
-/// finds a copy not read yet.
-fn code_stack(event: &MappingEvent, copied: &mut CopiedStacks) -> StackId {
+/// ring at the call's entry, before the event at its exit: one flush (once
+/// per drain of the events) finds a copy not read yet.
+fn code_stack(event: &MappingEvent, copied: &mut CopiedStacks, flushed: &mut bool) -> StackId {
     if event.stack_id == NO_STACK {
         return StackId::Lost;
     }
@@ -162,7 +164,10 @@ fn code_stack(event: &MappingEvent, copied: &mut CopiedStacks) -> StackId {
     copied
         .take_mapping_stack(event.tgid, event.stack_id)
         .or_else(|| {
-            copied.drain();
+            if !*flushed {
+                copied.flush();
+                *flushed = true;
+            }
             copied.take_mapping_stack(event.tgid, event.stack_id)
         })
         .unwrap_or(StackId::Lost)

@@ -15,6 +15,7 @@
 //! so tracer's own cost does not grow with the target's allocation rate.
 mod contexts;
 mod copied;
+mod copy_reader;
 mod frames;
 mod kernel_stacks;
 mod mappings;
@@ -27,7 +28,6 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use tokio::{
-    io::{Interest, unix::AsyncFd},
     signal::unix::{Signal, SignalKind, signal},
     time::{Interval, MissedTickBehavior, interval},
 };
@@ -49,8 +49,9 @@ const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// How often the mapping events are drained: often enough that the 1 MiB
 /// ring buffer holds a burst (~12 k calls) between two drains.
 const MAPPING_DRAIN_EVERY: Duration = Duration::from_millis(20);
-/// How often stack copies are drained and unwound (`--unwind dwarf`): a
-/// 16 MiB ring holds about 1 000 copies of 16 KiB.
+/// How often the stack copies unwound by their reader thread are applied
+/// (`--unwind dwarf`); the thread itself empties the ring every 5 ms, and
+/// at once when a quarter of it is full.
 pub const COPIES_DRAIN_EVERY: Duration = Duration::from_millis(5);
 
 /// Why collection stopped.
@@ -108,18 +109,6 @@ struct Clock {
     interrupt: Signal,
     terminate: Signal,
     deadline: Option<Instant>,
-    /// Readable when a burst of stack copies fills a quarter of their ring.
-    copies_ready: Option<AsyncFd<RingFd>>,
-}
-
-/// The stack-copy ring's descriptor, owned by `CopiedStacks`, for tokio to
-/// wait on.
-struct RingFd(std::os::fd::RawFd);
-
-impl std::os::fd::AsRawFd for RingFd {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0
-    }
 }
 
 impl Clock {
@@ -138,7 +127,6 @@ impl Clock {
             interrupt: signal(SignalKind::interrupt()).context("could not catch SIGINT")?,
             terminate: signal(SignalKind::terminate()).context("could not catch SIGTERM")?,
             deadline: schedule.duration.map(|duration| attached_at + duration),
-            copies_ready: None,
         })
     }
 }
@@ -173,7 +161,10 @@ impl Collector {
     /// A collector of what `probes` will see; targets are added with
     /// `add_target`, and time starts at `start`.
     pub fn new(probes: Probes, rings: Rings, schedule: Schedule) -> Result<Collector> {
-        let mut copied = CopiedStacks::new(rings.stack_copies, rings.copy_frees)?;
+        let mut copied = CopiedStacks::new(
+            rings.stack_copies,
+            [rings.copy_frees, rings.copy_frees_made],
+        );
         if probes.copies_any_stacks() {
             copied.activate()?;
         }
@@ -270,22 +261,7 @@ impl Collector {
                 }
             };
             let copying = self.probes.copies_any_stacks();
-            if clock.copies_ready.is_none()
-                && let Some(fd) = self.copied.ring_fd()
-            {
-                // SAFETY: the descriptor stays open as long as the clock:
-                // `copied` owns it and lives as long as the collector.
-                clock.copies_ready =
-                    unsafe { AsyncFd::register_with_interest(RingFd(fd), Interest::READABLE) }.ok();
-            }
-            let copies_ready = async {
-                match &clock.copies_ready {
-                    Some(ready) => ready.readable().await.map(|mut guard| guard.clear_ready()),
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
-                _ = copies_ready => self.copied.drain(),
                 _ = clock.snapshot.tick() => {
                     for pid in live_pids(&self.watched) {
                         self.symbols.refresh(pid);
@@ -472,7 +448,7 @@ impl Collector {
                 entry.key.stack_id = StackId::Kernel(canonical);
             }
         }
-        self.copied.drain();
+        self.copied.flush();
         entries.extend(self.copied.epoch_entries());
         Ok(entries)
     }

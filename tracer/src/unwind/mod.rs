@@ -44,11 +44,17 @@ pub struct Unwinding {
 
 impl Unwinding {
     pub const DEFAULT_STACK_BYTES: u32 = 16 << 10;
+    /// The ring of stack copies, in MiB: about 4 000 copies of 16 KiB, so
+    /// that bursts of ordinary programs (Node.js, Python) fit while the
+    /// reader thread catches up on a busy machine (16 MiB lost copies
+    /// there). Kernel memory, mapped into tracer only once a process's
+    /// stacks are copied.
+    pub const DEFAULT_RING_MIB: u32 = 64;
     pub const MAX_STACK_BYTES: u32 = 64 << 10;
     pub const DEFAULT: Unwinding = Unwinding {
         mode: UnwindMode::Auto,
         stack_bytes: Self::DEFAULT_STACK_BYTES,
-        ring_bytes: 16 << 20,
+        ring_bytes: Self::DEFAULT_RING_MIB << 20,
     };
     /// Frame pointers only (benchmarks, `tracer floor`).
     pub const FRAME_POINTERS: Unwinding = Unwinding {
