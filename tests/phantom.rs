@@ -116,3 +116,25 @@ fn copies_keep_up_at_an_ordinary_allocation_rate() {
     assert_eq!(report.total("heap"), held, "\n{report}");
     assert_eq!(report.heap_live_with("burst_alloc"), Live::default());
 }
+
+#[test]
+fn a_block_mapped_inside_an_unrecorded_malloc_is_not_mmap_anon() {
+    let mut burst = Fixture::start("burst", &[]);
+    // --max-size leaves the 1 MiB blocks unrecorded: their malloc skips
+    // its return (a uprobe session) and glibc maps each block inside it.
+    // Those mappings are the allocator's, not mmap-anon.
+    let trace = Record::pid(burst.pid).args(["--max-size", "4096"]).attach();
+    let held = held_after(&mut burst, "hold 5 1048576");
+    assert_eq!(held, Live::blocks(5, 1 << 20));
+    let Traced { report, .. } = trace.stop();
+    let anonymous: Vec<_> = report
+        .stacks()
+        .iter()
+        .filter(|stack| stack["kind"] == "mmap-anon")
+        .collect();
+    assert!(
+        anonymous.is_empty(),
+        "blocks mapped by malloc counted as mmap-anon:\n{report}"
+    );
+    assert!(report.int("/events/allocs_not_recorded") >= 5);
+}
