@@ -24,6 +24,9 @@ use crate::unwind::{Unwinder, Unwound};
 
 /// How long the reader sleeps when the kernel does not wake it.
 const READ_EVERY: Duration = Duration::from_millis(5);
+/// Most records read in one round: more than the largest ring holds (1 GiB
+/// of 24-byte free records).
+const MAX_RECORDS_PER_ROUND: usize = 1 << 26;
 /// How long `CopyReader::flush` waits for the reader.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -155,7 +158,14 @@ impl Reader {
     /// Reads every record of the ring, then COPY_FREES; Err when the
     /// collector is gone.
     fn read(&mut self) -> Result<(), ()> {
-        while let Some(item) = self.records.next() {
+        // At most a full ring of the smallest records per round, so a
+        // target that keeps the ring busy cannot keep the thread from
+        // seeing that the collector is gone.
+        let mut budget = MAX_RECORDS_PER_ROUND;
+        while budget > 0
+            && let Some(item) = self.records.next()
+        {
+            budget -= 1;
             let record = item
                 .get(..4)
                 .map(|bytes| u32::from_ne_bytes(bytes.try_into().expect("4 bytes")));
