@@ -39,7 +39,7 @@ Exit codes:
   3  target not found, a kernel thread, a zombie, or exited during attach
   4  not root (tracer needs root, or CAP_BPF and CAP_PERFMON)
   5  kernel without BTF or uprobe support
-  6  no allocator function (malloc/free) found in the target
+  6  (no longer used: a target without malloc/free is traced for its mappings)
   7  the command after -- could not be started
   8  an output file cannot be written (missing or read-only directory)
   9  recording file missing, truncated before its metadata, corrupt, or from a newer tracer";
