@@ -305,3 +305,45 @@ fn go_program_is_traced_for_its_mappings() {
          {output}\n{report}"
     );
 }
+
+/// Node.js with `--perf-basic-prof` writes /tmp/perf-PID.map: the JS
+/// function that leaks is named in the leak's stack (V8 code keeps frame
+/// pointers, so `--unwind fp` walks through it).
+#[test]
+fn node_jit_frames_are_named_from_its_perf_map() {
+    require_root();
+    let script = std::env::temp_dir().join(format!("tracer-jit-{}.js", std::process::id()));
+    fs::write(
+        &script,
+        "const held = [];\n\
+         function leakBuffers(count) {\n\
+         \x20 for (let i = 0; i < count; i++) held.push(Buffer.allocUnsafeSlow(64 * 1024));\n\
+         }\n\
+         setInterval(() => leakBuffers(20), 50);\n\
+         console.log('leaking');\n",
+    )
+    .unwrap();
+    let mut node = Command::new("node")
+        .arg("--perf-basic-prof")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("node is installed by `cargo xtask setup`");
+    // Let V8 compile leakBuffers (and write its perf map line).
+    std::thread::sleep(Duration::from_millis(1000));
+    let Traced { output, report } = Record::pid(node.id())
+        .args(["--unwind", "fp", "--duration", "3s"])
+        .start()
+        .wait_exit();
+    let _ = node.kill();
+    let _ = node.wait();
+    let _ = fs::remove_file(&script);
+    let _ = fs::remove_file(format!("/tmp/perf-{}.map", node.id()));
+    let leak = report.heap_live_with("leakBuffers");
+    assert!(
+        // 20 blocks of 64 KiB every 50 ms for 3 s: ~77 MiB.
+        leak.bytes >= 16 << 20,
+        "the JS function leakBuffers is not named in any heap stack ({leak:?}): {output}\n{report}"
+    );
+}
