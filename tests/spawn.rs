@@ -5,7 +5,6 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use std::ffi::OsStr;
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -25,26 +24,9 @@ const KEPT: i64 = 20;
 /// its stdout.
 fn assert_constructor_blocks_seen(program: &Path) {
     let kept = KEPT.to_string();
-    let svg = std::env::temp_dir().join(format!(
-        "tracer-spawn-{}-{}.svg",
-        std::process::id(),
-        program.file_name().unwrap().to_string_lossy()
-    ));
     let Traced { output, report } = Record::command(program, &["--keep", &kept])
-        .args([OsStr::new("--svg"), svg.as_os_str()])
         .start()
         .wait_exit();
-    // The final plot of this short run (a few milliseconds) shows the
-    // stacks that grew until the end (stdout's buffer, at least).
-    let plot = fs::read_to_string(&svg).unwrap_or_default();
-    let _ = fs::remove_file(&svg);
-    assert!(
-        !plot.contains("nothing to plot yet")
-            && plot
-                .lines()
-                .any(|line| line.trim_start().starts_with("#2 ")),
-        "the plot of a short run leaves its growing stacks out: {plot}"
-    );
     assert_eq!(
         output.stdout,
         format!(
@@ -324,6 +306,8 @@ fn node_jit_frames_are_named_from_its_perf_map() {
     )
     .unwrap();
     let mut node = Command::new("node")
+        // V8 writes an isolate log next to it: not in the source tree.
+        .current_dir(std::env::temp_dir())
         .arg("--perf-basic-prof")
         .arg(&script)
         .stdin(Stdio::null())
