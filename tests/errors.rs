@@ -13,7 +13,6 @@ const EXIT_USAGE: i32 = 2;
 const EXIT_TARGET_NOT_FOUND: i32 = 3;
 const EXIT_NOT_PRIVILEGED: i32 = 4;
 const EXIT_KERNEL_UNSUPPORTED: i32 = 5;
-const EXIT_NO_ALLOCATOR: i32 = 6;
 const EXIT_SPAWN_FAILED: i32 = 7;
 const EXIT_OUTPUT: i32 = 8;
 
@@ -81,8 +80,10 @@ fn command_does_not_exist() {
     );
 }
 
+/// A process without malloc or free (Go, a static program with its own
+/// allocator) is no error any more: its mappings are traced, with a note.
 #[test]
-fn target_without_allocator() {
+fn target_without_allocator_is_traced_for_its_mappings() {
     require_root();
     let path = fixture("noalloc");
     let noalloc = KillOnDrop(
@@ -91,7 +92,21 @@ fn target_without_allocator() {
             .unwrap_or_else(|error| panic!("could not start {}: {error}", path.display())),
     );
     let pid = noalloc.0.id().to_string();
-    assert_error(&run_tracer(&["record", "--pid", &pid]), EXIT_NO_ALLOCATOR);
+    let output = run_tracer(&["record", "--duration", "300ms", "--pid", &pid]);
+    output.assert_success();
+    assert!(
+        output.stderr.contains(&format!(
+            "tracer: note: PID {pid} ({}) maps no object that defines malloc or free",
+            path.display()
+        )) && output
+            .stderr
+            .contains("only its mappings (mmap, munmap, brk) are traced"),
+        "no note that only mappings are traced: {output}"
+    );
+    assert!(
+        output.stdout.contains(&format!("target: PID {pid}")),
+        "no report: {output}"
+    );
 }
 
 #[test]

@@ -35,6 +35,11 @@ fn distinct_stacks_are_kept_apart(depth: u32) -> Duration {
         serde_json::json!({}),
         "no stack lost to the table: {output}"
     );
+    // Far from full: the report does not tell the user to raise it.
+    assert!(
+        !output.stdout.contains("raise --max-stacks") && !output.stdout.contains("WARNING"),
+        "{output}"
+    );
     assert_eq!(report.total("heap"), grown(&answer), "\n{report}");
     let stacks = report.heap_stacks_with("tree_leaf");
     assert_eq!(stacks.len(), 20, "\n{report}");

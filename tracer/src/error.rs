@@ -15,7 +15,8 @@ pub enum ExitCode {
     Permission = 4,
     /// The kernel lacks BTF or uprobe support.
     KernelUnsupported = 5,
-    /// No allocator function found in any object the target maps.
+    /// No longer raised: a target without malloc/free is traced for its
+    /// mappings. The code stays reserved.
     NoAllocator = 6,
     /// The command after `--` could not be started.
     SpawnFailed = 7,

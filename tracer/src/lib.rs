@@ -15,6 +15,7 @@ pub mod collect;
 pub mod error;
 pub mod model;
 pub mod output;
+pub mod perf_map;
 pub mod procfs;
 pub mod record;
 pub mod recording;

@@ -173,6 +173,19 @@ pub fn program_break(pid: u32) -> Option<u64> {
     u64::from_str_radix(end, 16).ok()
 }
 
+/// The PID `pid` has in its own (innermost) PID namespace, from the
+/// `NSpid:` line of /proc/PID/status: what the process itself sees.
+pub fn namespace_pid(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
 /// The process (thread group) a task belongs to, from /proc/TID/status.
 pub fn tgid(task: u32) -> Option<u32> {
     let status = fs::read_to_string(format!("/proc/{task}/status")).ok()?;

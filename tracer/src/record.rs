@@ -10,7 +10,7 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    cli::RecordConfig,
+    cli::{RecordConfig, Targets},
     collect::{Collector, Event, StopReason},
     error,
     model::Model,
@@ -24,9 +24,14 @@ const STATUS_EVERY: Duration = Duration::from_secs(5);
 
 /// Runs `tracer record`.
 pub fn run(config: &RecordConfig) -> Result<()> {
-    for path in [&config.json_path, &config.svg_path, &config.recording_path]
-        .into_iter()
-        .flatten()
+    for path in [
+        &config.json_path,
+        &config.svg_path,
+        &config.recording_path,
+        &config.text_path,
+    ]
+    .into_iter()
+    .flatten()
     {
         check_output_path(path)?;
     }
@@ -63,7 +68,8 @@ pub fn run(config: &RecordConfig) -> Result<()> {
         eprintln!("tracer: wrote {}", path.display());
     }
     let report = session::build_report(&mut collector, &model, memory_status, &config.trace);
-    print!("{}", output::text::render(&report));
+    session::end_spawned(collector, reason, config.trace.leave_running);
+    write_text_report(config, &output::text::render(&report))?;
     if let Some(path) = &config.json_path {
         output::json::write_json(&report, path)?;
         eprintln!("tracer: wrote {}", path.display());
@@ -72,6 +78,29 @@ pub fn run(config: &RecordConfig) -> Result<()> {
         output::svg::write_svg(&report, &model, config.plot_stacks, path)?;
         eprintln!("tracer: wrote {}", path.display());
     }
+    Ok(())
+}
+
+/// The text report: to `--text FILE`, else to stdout, or to stderr when
+/// tracer started the command (its stdout is the command's own).
+fn write_text_report(config: &RecordConfig, text: &str) -> Result<()> {
+    use std::io::Write as _;
+    if let Some(path) = &config.text_path {
+        std::fs::write(path, text).map_err(|error| {
+            error::fatal(
+                error::ExitCode::Output,
+                format!("could not write {}: {error}", path.display()),
+            )
+        })?;
+        eprintln!("tracer: wrote {}", path.display());
+        return Ok(());
+    }
+    if matches!(config.trace.targets, Targets::Spawn(_)) {
+        let mut stderr = std::io::stderr().lock();
+        stderr.write_all(text.as_bytes())?;
+        return Ok(());
+    }
+    print!("{text}");
     Ok(())
 }
 

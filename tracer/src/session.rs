@@ -3,7 +3,7 @@
 //! the verbs that trace (`record`, `top`).
 use std::{
     collections::{BTreeMap, HashMap},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::Result;
@@ -11,15 +11,15 @@ use anyhow::Result;
 use crate::{
     attach::{self, Probes, spawn},
     cli::{Config, Targets},
-    collect::{Collector, Schedule},
+    collect::{Collector, Schedule, StopReason},
     model::{Frame, MemoryStatus, Model, StackKey, Target},
     output::{Report, ReportInput},
     procfs,
 };
 
 /// Checks privileges, kernel and targets, loads the eBPF programs and
-/// attaches them. A spawned command is left stopped at its entry point
-/// until `resume`.
+/// attaches them. A spawned command is left stopped (its libraries mapped,
+/// none of their constructors run) until `resume`.
 pub fn attach(config: &Config) -> Result<Collector> {
     attach::check_privileges()?;
     attach::check_kernel()?;
@@ -51,10 +51,14 @@ pub fn attach(config: &Config) -> Result<Collector> {
             }
         }
         Targets::Spawn(command) => {
-            let child = spawn::spawn_stopped(collector.probes_mut(), command)?;
+            let child =
+                spawn::spawn_stopped(collector.probes_mut(), command, !config.leave_running)?;
             if let Err(error) = collector.add_target(child.pid, true) {
                 spawn::kill(child.pid);
                 return Err(error);
+            }
+            if child.gate_stays {
+                collector.gate(child.pid);
             }
         }
     }
@@ -94,6 +98,57 @@ pub fn resume(collector: &Collector) {
 pub fn kill_spawned(collector: &Collector) {
     for watched in collector.watched().iter().filter(|watched| watched.spawned) {
         spawn::kill(watched.target.pid);
+    }
+}
+
+/// How long a spawned command may take to exit once told to stop.
+const SPAWNED_EXIT_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Ends tracing (drops `collector`, removing every probe) and deals with
+/// the commands tracer started that still run, saying so on stderr: they
+/// are passed on the signal that stopped tracer (SIGINT for Ctrl-C,
+/// SIGTERM for SIGTERM and --duration) and waited for, as `perf record`
+/// does; with `--leave-running` they go on, untraced, and their PIDs are
+/// named.
+pub fn end_spawned(collector: Collector, reason: StopReason, leave_running: bool) {
+    let running: Vec<(u32, String)> = collector
+        .watched()
+        .iter()
+        .filter(|watched| watched.spawned && watched.exit.is_none())
+        .map(|watched| (watched.target.pid, watched.target.command.clone()))
+        .collect();
+    drop(collector);
+    for (pid, command) in running {
+        if let spawn::ChildState::Exited(status) = spawn::poll(pid) {
+            eprintln!("tracer: PID {pid} ({command}) ended: {status}");
+            continue;
+        }
+        if leave_running {
+            spawn::resume(pid);
+            eprintln!(
+                "tracer: PID {pid} ({command}) left running, no longer traced \
+                 (--leave-running); stop it with `kill {pid}`"
+            );
+            continue;
+        }
+        let signal = match reason {
+            StopReason::Interrupted => libc::SIGINT,
+            _ => libc::SIGTERM,
+        };
+        eprintln!(
+            "tracer: sending {} to PID {pid} ({command}), which tracer started, and waiting \
+             for it to exit (--leave-running leaves it running)",
+            spawn::signal_name(signal)
+        );
+        let (status, killed) = spawn::stop_and_wait(pid, signal, SPAWNED_EXIT_PATIENCE);
+        if killed {
+            eprintln!(
+                "tracer: PID {pid} did not exit within {} s: killed it (SIGKILL)",
+                SPAWNED_EXIT_PATIENCE.as_secs()
+            );
+        } else {
+            eprintln!("tracer: PID {pid} ended: {status}");
+        }
     }
 }
 

@@ -35,6 +35,8 @@ pub struct Symbols {
     /// Open mapped files, by (pid, path in the target).
     files: HashMap<(u32, PathBuf), Module>,
     cache: HashMap<(u32, u64), Vec<Frame>>,
+    /// Names of JIT code, from the runtimes' perf maps.
+    perf_maps: crate::perf_map::PerfMaps,
 }
 
 impl Default for Symbols {
@@ -53,6 +55,7 @@ impl Symbols {
             mappings: HashMap::new(),
             files: HashMap::new(),
             cache: HashMap::new(),
+            perf_maps: Default::default(),
         }
     }
 
@@ -75,6 +78,7 @@ impl Symbols {
         if !mappings.is_empty() {
             self.mappings.insert(pid, mappings);
         }
+        self.perf_maps.refresh(pid);
     }
 
     /// Frames of a user stack, innermost first. Every address of a stack
@@ -91,7 +95,13 @@ impl Symbols {
         if let Some(frames) = self.cache.get(&(pid, return_address)) {
             return frames.clone();
         }
-        let frames = self.resolve(pid, return_address);
+        let mut frames = self.resolve(pid, return_address);
+        if let [frame] = frames.as_mut_slice()
+            && frame.function.is_none()
+        {
+            // JIT code: named by its runtime's perf map, when it writes one.
+            frame.function = self.perf_maps.name(pid, return_address - 1);
+        }
         self.cache.insert((pid, return_address), frames.clone());
         frames
     }

@@ -23,7 +23,7 @@ use crate::{
 pub fn run(config: &Config) -> Result<()> {
     let mut collector = session::attach(config)?;
     let interactive = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
-    let _screen = if interactive {
+    let screen = if interactive {
         Some(Screen::enter()?)
     } else {
         None
@@ -31,19 +31,22 @@ pub fn run(config: &Config) -> Result<()> {
     session::resume(&collector);
     let mut model = Model::new();
     let runtime = crate::collect::runtime()?;
-    runtime.block_on(async {
+    let reason = runtime.block_on(async {
         loop {
             match collector.next().await? {
                 Event::Snapshot(snapshot) => {
                     model.push(snapshot);
                     draw(&mut collector, &model, config.top, interactive)?;
                 }
-                Event::Stopped(_) => return Ok(()),
+                Event::Stopped(reason) => return Ok::<_, anyhow::Error>(reason),
                 // The screen is the report: the rest shows in its header.
                 _ => {}
             }
         }
-    })
+    })?;
+    drop(screen);
+    session::end_spawned(collector, reason, config.leave_running);
+    Ok(())
 }
 
 /// Draws the table of `model` (a new screen when `interactive`).

@@ -12,6 +12,11 @@
 //! stable toolchain as users build theirs (`--release`, nothing more), and
 //! again with `panic = "abort"` (`rust_leak`, `rust_leak_abort`).
 //!
+//! tests/fixtures/ctor holds a library whose constructor allocates and the
+//! program linked to it (`ctor_main`), and a wrapper script that execs it
+//! (`ctor_wrapper`): the spawn tests. tests/fixtures/go_leak is a pure Go
+//! program (`go_leak`, built with CGO_ENABLED=0).
+//!
 //! tests/fixtures/cuda holds fixture CUDA libraries (`libcuda.so.1`,
 //! `libcudart.so.12`, with sonames, in target/fixtures/cuda) and the GPU
 //! programs built against them.
@@ -87,6 +92,24 @@ const CUDA_BUILDS: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// The spawn fixtures, built in this order from tests/fixtures/ctor: a
+/// library whose constructor allocates and the program linked to it.
+const CTOR_BUILDS: &[(&str, &str, &[&str])] = &[
+    (
+        "ctor/libctor.so",
+        "libctor.c",
+        &["-shared", "-fPIC", "-Wl,-soname,libctor.so"],
+    ),
+    (
+        "ctor_main",
+        "ctor_main.c",
+        &["ctor/libctor.so", "-Wl,-rpath,$ORIGIN/ctor"],
+    ),
+];
+
+/// Scripts copied next to the fixtures: (output, source in tests/fixtures).
+const SCRIPTS: &[(&str, &str)] = &[("ctor_wrapper", "ctor/ctor_wrapper.sh")];
+
 /// The Rust fixture, by cargo profile: (output name, profile, the
 /// profile's directory under the cargo target directory).
 const RUST_BUILDS: &[(&str, &str, &str)] = &[
@@ -121,7 +144,22 @@ pub fn build_all(shell: &Shell, root: &Path) -> Result<()> {
                 .arg(&build.source),
         )?;
     }
-    build_cuda(shell, &source_dir.join("cuda"), &output_dir)?;
+    build_group(
+        shell,
+        &source_dir.join("cuda"),
+        &output_dir,
+        "cuda",
+        CUDA_BUILDS,
+    )?;
+    build_group(
+        shell,
+        &source_dir.join("ctor"),
+        &output_dir,
+        "ctor",
+        CTOR_BUILDS,
+    )?;
+    copy_scripts(shell, &source_dir, &output_dir)?;
+    build_go(shell, &source_dir.join("go_leak"), &output_dir)?;
     build_mixed(shell, &source_dir.join("mixed"), &output_dir)?;
     build_rust(shell, &source_dir.join("rust_leak"), &output_dir)
 }
@@ -222,24 +260,32 @@ fn newest_in(dir: &Path) -> Result<SystemTime> {
     Ok(newest)
 }
 
-/// Builds [`CUDA_BUILDS`], all of them when any source (a header included)
-/// is newer than any output: the programs link the libraries.
-fn build_cuda(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<()> {
-    shell.create_dir_all(&output_dir.join("cuda"))?;
+/// Builds a group of libraries and the programs that link them
+/// ([`CUDA_BUILDS`], [`CTOR_BUILDS`]) into `output_dir/<name>` and
+/// `output_dir`, all of them when any source (a header included) is newer
+/// than any output.
+fn build_group(
+    shell: &Shell,
+    source_dir: &Path,
+    output_dir: &Path,
+    name: &str,
+    builds: &[(&str, &str, &[&str])],
+) -> Result<()> {
+    shell.create_dir_all(&output_dir.join(name))?;
     let newest_source = newest_in(source_dir)?;
     let mut up_to_date = true;
-    for (output, _, _) in CUDA_BUILDS {
+    for (output, _, _) in builds {
         let output = output_dir.join(output);
         up_to_date &= output.exists() && modified(&output)? >= newest_source;
     }
     if up_to_date {
         eprintln!(
-            "xtask: CUDA fixtures in {}: up to date",
+            "xtask: {name} fixtures in {}: up to date",
             output_dir.display()
         );
         return Ok(());
     }
-    for (output, source, flags) in CUDA_BUILDS {
+    for (output, source, flags) in builds {
         shell.run(
             shell
                 .cmd("gcc")
@@ -252,6 +298,58 @@ fn build_cuda(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<()>
         )?;
     }
     Ok(())
+}
+
+/// [`SCRIPTS`], copied (executable) when newer.
+fn copy_scripts(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<()> {
+    for (output, source) in SCRIPTS {
+        let (source, output) = (source_dir.join(source), output_dir.join(output));
+        if is_up_to_date(&source, &output)? {
+            continue;
+        }
+        if shell.is_dry_run() {
+            eprintln!(
+                "xtask: would run: cp {} {}",
+                source.display(),
+                output.display()
+            );
+            continue;
+        }
+        eprintln!("$ cp {} {}", source.display(), output.display());
+        std::fs::copy(&source, &output).with_context(|| {
+            format!(
+                "could not copy {} to {}",
+                source.display(),
+                output.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// `go_leak`: a pure Go program (CGO_ENABLED=0: static, no malloc), built
+/// with the Debian toolchain.
+fn build_go(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<()> {
+    let output = output_dir.join("go_leak");
+    if output.exists() && modified(&output)? >= newest_in(source_dir)? {
+        eprintln!("xtask: fixture {}: up to date", output.display());
+        return Ok(());
+    }
+    let cache = output_dir.join("go-build-cache");
+    shell.run(
+        shell
+            .cmd("go")
+            .current_dir(source_dir)
+            .args(["build", "-o"])
+            .arg(&output)
+            .arg(".")
+            .env("CGO_ENABLED", "0")
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOCACHE", &cache)
+            .env("GOPATH", output_dir.join("go-path"))
+            .env("GO111MODULE", "on")
+            .env("GOPROXY", "off"),
+    )
 }
 
 fn modified(path: &Path) -> Result<SystemTime> {

@@ -240,6 +240,17 @@ impl Probes {
         notes
     }
 
+    /// Hooks the objects `pid` maps that are not hooked yet, now (a
+    /// spawned command stopped by the loader gate). Returns lines for
+    /// stderr, as `watch_libraries` does.
+    pub fn hook_mapped_now(&mut self, pid: u32) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Err(error) = self.hook_new_libraries(pid, NoticedBy::LoaderStop, &mut notes) {
+            notes.push(format!("warning: PID {pid}: {error:#}"));
+        }
+        notes
+    }
+
     fn hook_new_libraries(
         &mut self,
         pid: u32,

@@ -153,14 +153,14 @@ impl Probes {
             .iter()
             .any(|site| site.function.name == "malloc" || site.function.name == "free")
         {
-            return Err(fatal(
-                ExitCode::NoAllocator,
-                format!(
-                    "PID {pid} ({}) maps no object that defines malloc or free: a static \
-                     binary without symbols, or an allocator tracer does not know",
-                    procfs::command_line(pid)
-                ),
-            ));
+            // A Go program, or a static one with its own allocator: what it
+            // maps is still followed (Go's heap arenas are mmap'd).
+            eprintln!(
+                "tracer: note: PID {pid} ({}) maps no object that defines malloc or free \
+                 (a Go program, or a static binary with its own allocator): only its \
+                 mappings (mmap, munmap, brk) are traced",
+                procfs::command_line(pid)
+            );
         }
         self.choose_unwinding(pid, &maps)?;
         let before = self.probe_count();

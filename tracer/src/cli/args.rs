@@ -231,7 +231,20 @@ struct TargetArgs {
     #[arg(long)]
     follow_forks: bool,
 
-    /// Command to start and trace from its first allocation.
+    // --- Spawned commands (`-- COMMAND`) ---
+    /// When tracing stops (--duration, Ctrl-C, SIGTERM) leave the command
+    /// tracer started running, untraced, and print its PID; by default it
+    /// is sent SIGINT (Ctrl-C) or SIGTERM (SIGTERM, --duration) and waited
+    /// for, as `perf record` does.
+    #[arg(long)]
+    leave_running: bool,
+
+    /// Command to start and trace from its start: tracing begins before
+    /// the dynamic loader runs any library constructor, follows the
+    /// command through exec (a `#!` script runs through its interpreter)
+    /// and hooks each library dlopen maps before its constructors run. The
+    /// text report goes to stderr (or --text FILE), so the command's
+    /// stdout is its own.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
 }
@@ -268,6 +281,12 @@ struct RecordArgs {
     /// Number of stacks drawn in the growth plot.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PLOT_STACKS)]
     plot_stacks: usize,
+
+    // --- Spawned commands: where the report goes ---
+    /// Write the text report to this file instead of stdout (stderr when
+    /// tracer started the command, whose stdout is its own).
+    #[arg(long, value_name = "PATH")]
+    text: Option<PathBuf>,
 }
 
 impl Cli {
@@ -282,6 +301,7 @@ impl Cli {
                 svg_every: args.svg_every,
                 plot_stacks: args.plot_stacks,
                 recording_path: args.output,
+                text_path: args.text,
             })),
             Verb::Top(args) => Ok(Parsed::Top(config_of(args.targets)?)),
             Verb::Report(args) => report_config(args).map(Parsed::Report),
@@ -391,6 +411,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         unwinding,
         verbose: args.verbose,
         follow_forks: args.follow_forks,
+        leave_running: args.leave_running,
     })
 }
 

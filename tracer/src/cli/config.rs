@@ -34,6 +34,9 @@ pub struct Config {
     pub unwinding: Unwinding,
     pub verbose: bool,
     pub follow_forks: bool,
+    /// A spawned command goes on, untraced, when tracing stops (else it is
+    /// passed the stop signal and waited for).
+    pub leave_running: bool,
 }
 
 /// `tracer record`: a run, and the files it writes.
@@ -46,6 +49,9 @@ pub struct RecordConfig {
     /// Stacks drawn in the growth plot.
     pub plot_stacks: usize,
     pub recording_path: Option<PathBuf>,
+    /// The text report goes here (else stdout, or stderr for a spawned
+    /// command).
+    pub text_path: Option<PathBuf>,
 }
 
 /// `tracer floor`: what the benchmark wants measured.

@@ -10,7 +10,7 @@ tracer attaches uprobes to the allocator functions (malloc, calloc, realloc, \
 reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc) \
 of a process that is already running, keeps the outstanding bytes of every \
 call stack in the kernel, and reports the stacks that hold the most memory \
-and how fast it grows. The target is never restarted, stopped or written to.
+and how fast it grows. A --pid target is never restarted, stopped or written to.
 
 GPU memory is followed at the CUDA driver and runtime allocation functions \
 (libcuda, libcudart, also when loaded later with dlopen) in kinds \
@@ -29,7 +29,20 @@ or growing an arena) is the allocator's, counted as heap under the caller of \
 malloc, never again as mmap. Reserved address space (PROT_NONE ranges, thread \
 stacks made with MAP_STACK) is reported apart as mmap-reserved and never \
 ranked: stacks rank by what they made usable. The report sets each target's \
-traced live bytes next to its RSS (RssAnon, RssFile) and shows the gap.";
+traced live bytes next to its RSS (RssAnon, RssFile) and shows the gap.
+
+A process without malloc or free (a pure Go program, a static binary with \
+its own allocator) is traced for its mappings, with a note. Frames in JIT \
+code are named from the runtime's /tmp/perf-PID.map when it writes one \
+(node --perf-basic-prof, Java's perf-map-agent, python3.12 -X perf).
+
+With `-- COMMAND`, tracer starts the command itself and traces it before the \
+dynamic loader runs any library constructor, through exec (a #! script runs \
+through its interpreter) and through dlopen. The text report then goes to \
+stderr (or --text FILE): the command's stdout is its own. When tracing stops \
+(--duration, Ctrl-C, SIGTERM) the command gets SIGINT (Ctrl-C) or SIGTERM and \
+tracer waits for it, saying so; --leave-running leaves it running and prints \
+its PID.";
 
 pub(super) const EXIT_CODES: &str = "\
 Exit codes:
@@ -39,7 +52,7 @@ Exit codes:
   3  target not found, a kernel thread, a zombie, or exited during attach
   4  not root (tracer needs root, or CAP_BPF and CAP_PERFMON)
   5  kernel without BTF or uprobe support
-  6  no allocator function (malloc/free) found in the target
+  6  (no longer used: a target without malloc/free is traced for its mappings)
   7  the command after -- could not be started
   8  an output file cannot be written (missing or read-only directory)
   9  recording file missing, truncated before its metadata, corrupt, or from a newer tracer";

@@ -201,6 +201,13 @@ impl CopiedStacks {
             .is_none_or(|(_, unwound)| unwound.end_marker().is_some())
     }
 
+    /// Unwinds what is in the ring, then rereads the objects `pid` maps:
+    /// its image changed (exec) or its loader mapped more.
+    pub fn remap(&mut self, pid: u32) {
+        self.drain();
+        self.unwinder.refresh(pid);
+    }
+
     /// Copies whose unwinding stopped early, by reason.
     pub fn stops(&self) -> BTreeMap<String, u64> {
         self.stopped.clone()

@@ -55,11 +55,11 @@ impl MappingTracker {
         }
     }
 
-    /// Starts following `pid`: growth of its break from now on counts.
+    /// Starts following `pid` (again, after an exec): growth of its break
+    /// from now on counts.
     pub fn start(&mut self, pid: u32) {
-        if let Some(program_break) = procfs::program_break(pid) {
-            self.ledger.set_program_break(pid, program_break);
-        }
+        self.ledger
+            .set_program_break(pid, procfs::program_break(pid));
     }
 
     /// Applies every event the kernel sent since the last drain; the

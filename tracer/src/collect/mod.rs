@@ -33,7 +33,10 @@ use tokio::{
 };
 
 use crate::{
-    attach::{Probes, Rings, cuda, libraries},
+    attach::{
+        Probes, Rings, cuda, libraries,
+        spawn::{self, ChildState},
+    },
     model::{Counters, Frame, Kind, Snapshot, StackId, StackKey, Target, run::LibraryReport},
     procfs,
     symbolize::Symbols,
@@ -269,7 +272,10 @@ impl Collector {
                     let snapshot = self.snapshot()?;
                     self.queued.push_back(Event::Snapshot(snapshot));
                 }
-                _ = clock.libraries.tick() => self.watch_libraries()?,
+                _ = clock.libraries.tick() => {
+                    self.watch_libraries()?;
+                    self.poll_spawned()?;
+                }
                 _ = clock.mappings.tick() => self.mappings.drain(&mut self.copied),
                 _ = clock.copies.tick(), if copying => {
                     self.copied.activate()?;
@@ -346,6 +352,54 @@ impl Collector {
                 pid: destroyed.tgid,
                 after_s: marked.after_s,
             });
+        }
+        Ok(())
+    }
+
+    /// Marks the spawned target `pid` as stopped by the loader gate
+    /// whenever its loader mapped new objects (see `attach::spawn`).
+    pub fn gate(&mut self, pid: u32) {
+        if let Some(watched) = self.watched.iter_mut().find(|w| w.target.pid == pid) {
+            watched.gated = true;
+        }
+    }
+
+    /// The spawned targets: those the loader gate stopped get the objects
+    /// just mapped hooked, before any of their constructors run, and go
+    /// on; those that exited are reaped (their exit is noted by
+    /// `watch_targets`).
+    fn poll_spawned(&mut self) -> Result<()> {
+        for index in 0..self.watched.len() {
+            let watched = &mut self.watched[index];
+            if !watched.spawned || watched.exit.is_some() {
+                continue;
+            }
+            let pid = watched.target.pid;
+            match spawn::poll(pid) {
+                ChildState::Exited(status) => watched.exit = Some(status),
+                ChildState::Stopped(libc::SIGSTOP) if watched.gated => {
+                    // An exec since the last drain is marked first, and the
+                    // copies taken before the new objects are unwound first.
+                    self.watch_libraries()?;
+                    self.copied.remap(pid);
+                    // The mapping calls made so far are applied; the break
+                    // is read again (a new image starts a new one).
+                    self.mappings.drain(&mut self.copied);
+                    self.mappings.start(pid);
+                    let hooked_before = self.probes.library_reports().len();
+                    for note in self.probes.hook_mapped_now(pid) {
+                        self.queued.push_back(Event::Notice(note));
+                    }
+                    let hooked = self.probes.library_reports();
+                    if hooked.len() > hooked_before {
+                        self.queued
+                            .push_back(Event::LibrariesHooked(hooked[hooked_before..].to_vec()));
+                    }
+                    self.symbols.refresh(pid);
+                    spawn::resume(pid);
+                }
+                _ => {}
+            }
         }
         Ok(())
     }

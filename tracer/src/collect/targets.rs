@@ -1,12 +1,17 @@
 //! The traced processes as collect follows them: how each one's exit is
 //! noticed.
-use crate::{attach::spawn, model::Target, procfs};
+use crate::{attach::spawn::ExitStatus, model::Target, procfs};
 
 /// A traced process and how to notice its exit.
 pub struct Watched {
     pub target: Target,
     /// Started by tracer: reaped with waitpid, not just looked up.
     pub spawned: bool,
+    /// Spawned, with the gate on its loader: it stops whenever the loader
+    /// mapped new objects, until tracer hooks them and resumes it.
+    pub gated: bool,
+    /// How a spawned process ended, once reaped.
+    pub exit: Option<ExitStatus>,
 }
 
 impl Watched {
@@ -15,6 +20,8 @@ impl Watched {
         Watched {
             target: Target::new(pid, procfs::command_line(pid)),
             spawned,
+            gated: false,
+            exit: None,
         }
     }
 
@@ -22,9 +29,11 @@ impl Watched {
         self.target.exited_after_s.is_none()
     }
 
+    /// Whether the process has exited. A spawned one is reaped by
+    /// `Collector::poll_spawned`, which sees its stops at the gate too.
     pub(super) fn has_exited(&self) -> bool {
         if self.spawned {
-            spawn::reap_if_exited(self.target.pid)
+            self.exit.is_some()
         } else {
             !procfs::is_alive(self.target.pid)
         }

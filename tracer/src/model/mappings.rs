@@ -87,6 +87,11 @@ pub struct MappingLedger {
     counters: HashMap<StackKey, Counters>,
 }
 
+/// A break that moves farther than this in one call is a new image's
+/// break, not growth: no allocator grows its heap by 64 GiB at once, and a
+/// new image's break lies anywhere (address randomization).
+const BREAK_JUMP_BYTES: u64 = 64 << 30;
+
 fn page_up(bytes: u64) -> u64 {
     bytes.saturating_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1)
 }
@@ -106,9 +111,11 @@ impl MappingLedger {
             .map_or_else(Vec::new, |process| process.ranges.iter().collect())
     }
 
-    /// The program break at attach, when known (growth from it counts).
-    pub fn set_program_break(&mut self, pid: u32, program_break: u64) {
-        self.processes.entry(pid).or_default().program_break = Some(program_break);
+    /// The program break at attach (or after an exec), when known: growth
+    /// from it counts. None (no heap yet, a new image): the next brk call
+    /// sets it.
+    pub fn set_program_break(&mut self, pid: u32, program_break: Option<u64>) {
+        self.processes.entry(pid).or_default().program_break = program_break;
     }
 
     /// Applies one successful mapping call; `stack_id` names its stack.
@@ -194,6 +201,11 @@ impl MappingLedger {
             return;
         };
         let (old_end, new_end) = (page_up(old_break), page_up(new_break));
+        if old_end.abs_diff(new_end) > BREAK_JUMP_BYTES {
+            // Not a move: a new image's break (after an exec, the loader's
+            // first brk call reports it before tracer hears of the exec).
+            return;
+        }
         if new_end < old_end {
             self.remove(pid, new_end, old_end);
         } else if new_end > old_end && added {

@@ -16,8 +16,10 @@ pub const WARN_BELOW_SHARE: f64 = 0.9;
 
 /// The functions a thread's stack starts in: glibc's program and thread
 /// entries (or `main` itself, when the walk cannot go through glibc's
-/// start code), Rust's thread start.
-const THREAD_ENTRIES: [&str; 10] = [
+/// start code), Rust's thread start, and the Go runtime's: a goroutine
+/// starts from `runtime.goexit` (its return address), an OS thread in
+/// `runtime.mstart`, the program in `runtime.rt0_go`.
+const THREAD_ENTRIES: [&str; 13] = [
     "_start",
     "__libc_start_main",
     "__libc_start_main_impl",
@@ -28,6 +30,9 @@ const THREAD_ENTRIES: [&str; 10] = [
     "clone3",
     "__clone",
     "__clone3",
+    "runtime.goexit",
+    "runtime.mstart",
+    "runtime.rt0_go",
 ];
 
 /// Whether `outermost`, the last frame of a stack, is where a thread
@@ -105,10 +110,18 @@ mod tests {
             "__GI___clone3",
             "start_thread",
             "std::sys::pal::unix::thread::Thread::new::thread_start",
+            "runtime.goexit",
+            "runtime.mstart",
+            "runtime.rt0_go",
         ] {
             assert!(is_thread_entry(&frame(name)), "{name}");
         }
-        for name in ["leak_here", "[unwinding stopped: outside code]", "maintain"] {
+        for name in [
+            "leak_here",
+            "[unwinding stopped: outside code]",
+            "maintain",
+            "runtime.mallocgc",
+        ] {
             assert!(!is_thread_entry(&frame(name)), "{name}");
         }
         assert!(!is_thread_entry(&Frame::default()));

@@ -95,6 +95,9 @@ worded_enum! {
         MmapEvent = "mmap-event",
         /// The poll of /proc/PID/maps found it.
         MapsPoll = "maps-poll",
+        /// A spawned command's loader had just mapped it: hooked while the
+        /// command was stopped, before its constructors ran.
+        LoaderStop = "loader-stop",
     }
 }
 

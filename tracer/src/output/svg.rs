@@ -173,9 +173,7 @@ fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
             None => candidates.push((format!("#{}", stack.rank), None, stack)),
         }
     }
-    candidates.retain(|(_, leak_rank, stack)| {
-        leak_rank.is_some() || stack.growth.late_rate_bytes_per_s > 0.0
-    });
+    candidates.retain(|(_, leak_rank, stack)| leak_rank.is_some() || still_growing(stack));
     // Suspected leaks in the order the report ranks them (L1, L2, ...),
     // then the fastest late growth.
     candidates.sort_by(|a, b| match (a.1, b.1) {
@@ -217,6 +215,26 @@ fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
             reference: false,
         })
         .collect()
+}
+
+/// Whether a stack's live bytes still rose in the second half of the
+/// window: its slope there, or, where that half holds too few snapshots
+/// for a slope (a short run, a stack that appeared at the last snapshot),
+/// a net rise across it.
+fn still_growing(stack: &StackReport) -> bool {
+    if stack.growth.late_rate_bytes_per_s > 0.0 {
+        return true;
+    }
+    let Some(&(end_s, last_bytes)) = stack.series.last() else {
+        return false;
+    };
+    let at_half = stack
+        .series
+        .iter()
+        .rev()
+        .find(|&&(t, _)| t <= end_s / 2.0)
+        .map_or(0, |&(_, bytes)| bytes);
+    last_bytes > at_half
 }
 
 /// The first frame with a function name (allocator frames are already
@@ -388,13 +406,19 @@ mod tests {
 
     /// A synthetic trace: a leak, a flat stack and a shrinking one.
     fn synthetic(stack_count: u32) -> (Report, Model) {
+        synthetic_at(stack_count, &(1..=30).map(f64::from).collect::<Vec<_>>())
+    }
+
+    /// `stack_count` growing stacks, one snapshot at each of `times_s`.
+    fn synthetic_at(stack_count: u32, times_s: &[f64]) -> (Report, Model) {
         let mut model = Model::new();
         let key = |stack_id| StackKey {
             pid: 42,
             stack_id: StackId::Kernel(stack_id),
             kind: Kind::Heap,
         };
-        for second in 1..=30_i64 {
+        for (index, &time_s) in times_s.iter().enumerate() {
+            let second = index as i64 + 1;
             let stacks = (1..=stack_count)
                 .map(|id| {
                     let bytes =
@@ -410,7 +434,7 @@ mod tests {
                 })
                 .collect();
             model.push(Snapshot {
-                elapsed_s: second as f64,
+                elapsed_s: time_s,
                 stacks,
                 rss_bytes: Vec::new(),
                 ..Snapshot::default()
@@ -517,6 +541,49 @@ mod tests {
             "{texts:?}"
         );
         assert!(texts.iter().any(|t| t == "time since attach"), "{texts:?}");
+    }
+
+    /// A spawned command that ran for a few milliseconds: two snapshots,
+    /// the second half of the window holds one. Its stacks grew until the
+    /// end and are plotted, not "nothing to plot yet".
+    #[test]
+    fn short_run_plots_its_stacks() {
+        let (report, model) = synthetic_at(2, &[0.004, 0.03]);
+        let svg = render(&report, &model, STACK_LINES).unwrap();
+        let texts = texts(&svg);
+        assert!(
+            !texts.iter().any(|t| t == "nothing to plot yet"),
+            "{texts:?}"
+        );
+        for name in ["grow_1", "grow_2"] {
+            assert!(
+                texts.iter().any(|t| t.starts_with('#') && t.contains(name)),
+                "{name} not in the growing stacks' legend: {texts:?}"
+            );
+        }
+    }
+
+    /// A stack that first held memory at the last snapshot grew until the
+    /// end: it is in the "stacks still growing" panel.
+    #[test]
+    fn stack_that_grew_at_the_end_is_plotted() {
+        let (mut report, model) = synthetic_at(2, &[1.0, 2.0, 3.0]);
+        let stack = report
+            .stacks
+            .iter_mut()
+            .find(|stack| stack.frames[0].function.as_deref() == Some("grow_2(int)"))
+            .expect("stack 2 listed");
+        stack.series = vec![(0.0, 0), (1.0, 0), (2.0, 0), (3.0, 9000)];
+        // Its second half holds one snapshot: no slope.
+        stack.growth.late_rate_bytes_per_s = 0.0;
+        let svg = render(&report, &model, STACK_LINES).unwrap();
+        let texts = texts(&svg);
+        assert!(
+            texts
+                .iter()
+                .any(|t| t.starts_with('#') && t.contains("grow_2")),
+            "{texts:?}"
+        );
     }
 
     #[test]

@@ -124,6 +124,12 @@ impl FramePointerShare {
 /// Some(true) when the object keeps frame pointers, None when there are no
 /// functions to check.
 pub fn keeps_frame_pointers(object: &ObjectInfo) -> Option<bool> {
+    if object.is_go {
+        // Go (1.7+, amd64) keeps frame pointers in all its code, stored
+        // with `mov %rbp,N(%rsp); lea N(%rsp),%rbp`, which the prologue
+        // check does not know; its objects have no `.eh_frame` either.
+        return Some(true);
+    }
     frame_pointer_share(object).map(|share| share.keeps_frame_pointers())
 }
 
@@ -367,6 +373,17 @@ mod tests {
             (2, 0),
             "mixed_fp's own functions keep no frame pointer"
         );
+    }
+
+    /// Go sets its frame pointers up without `push %rbp`: the Go fixture
+    /// is known by its sections and walked with frame pointers, which
+    /// reach its goroutine's functions through runtime.systemstack.
+    #[test]
+    fn go_program_keeps_frame_pointers() {
+        let go = object("target/fixtures/go_leak");
+        assert!(go.is_go);
+        assert_eq!(keeps_frame_pointers(&go), Some(true));
+        assert!(!object("target/fixtures/leaky").is_go);
     }
 
     #[test]

@@ -273,8 +273,8 @@ impl Unwinder {
     }
 
     /// (Re)reads the executable mappings of `pid` and gives each object's
-    /// unwind sections to a new unwinder.
-    fn refresh(&mut self, pid: u32) {
+    /// unwind sections to a new unwinder (also when its image changed).
+    pub fn refresh(&mut self, pid: u32) {
         let mut process = Process {
             unwinder: UnwinderX86_64::new(),
             code: Code::default(),

@@ -75,6 +75,10 @@ pub struct ObjectInfo {
     pub functions: Vec<Function>,
     /// The GNU build id, when the object has one.
     build_id: Option<Vec<u8>>,
+    /// Built by the Go toolchain (it has `.go.buildinfo` or a Go build
+    /// id note): Go keeps frame pointers on amd64, set up without
+    /// `push %rbp`.
+    pub is_go: bool,
 }
 
 impl ObjectInfo {
@@ -127,7 +131,10 @@ impl ObjectInfo {
         if named.is_empty() {
             named = functions(elf.dynamic_symbols());
         }
+        let is_go = elf.section_by_name(".go.buildinfo").is_some()
+            || elf.section_by_name(".note.go.buildid").is_some();
         Some(ObjectInfo {
+            is_go,
             build_id: elf.build_id().ok().flatten().map(<[u8]>::to_vec),
             functions: named,
             segments,
