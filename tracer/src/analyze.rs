@@ -56,6 +56,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         interval_ms: recording.metadata.interval_ms,
         top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),
+        wrappers: &config.wrappers,
         memory_status: recording.memory_status(&filter),
         reaches_entry: &mut |key| {
             frames

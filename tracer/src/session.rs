@@ -107,18 +107,12 @@ pub fn build_report(
     memory_status: BTreeMap<u32, MemoryStatus>,
     config: &Config,
 ) -> Report {
+    // Every stack's frames, not only the top ones': stacks with equal
+    // frames are merged before ranking (symbolized addresses are cached).
     let mut frames: HashMap<StackKey, Vec<Frame>> = HashMap::new();
     let mut apis: HashMap<StackKey, String> = HashMap::new();
-    let leaks = model
-        .suspected_leaks(config.top)
-        .into_iter()
-        .map(|(key, _)| key);
-    let top = model
-        .top_stacks(config.top)
-        .into_iter()
-        .map(|summary| summary.key);
-    for key in top.chain(leaks) {
-        frames.entry(key).or_insert_with(|| collector.frames(&key));
+    for (key, _) in model.latest_counters() {
+        frames.insert(key, collector.frames(&key));
         if let Some(api) = collector.api(&key) {
             apis.insert(key, api.to_owned());
         }
@@ -142,6 +136,7 @@ pub fn build_report(
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),
+        wrappers: &config.wrappers,
         api: &|key| apis.get(key).cloned(),
         memory_status,
         reaches_entry: &mut |key| collector.reaches_entry(key),

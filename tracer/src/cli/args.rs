@@ -18,7 +18,7 @@ use crate::{
     attach::{FloorSites, Sampling},
     error::{ExitCode, fatal},
     model::Kind,
-    output::folded::FoldedValue,
+    output::{Wrappers, folded::FoldedValue},
     unwind::{UnwindMode, Unwinding},
 };
 
@@ -71,6 +71,9 @@ struct ReportArgs {
     #[command(flatten)]
     filter: FilterArgs,
 
+    #[command(flatten)]
+    labels: LabelArgs,
+
     /// The value of each stack in folded stacks and flame graphs.
     #[arg(long, value_enum, default_value_t = FoldedValue::LiveBytes)]
     value: FoldedValue,
@@ -117,7 +120,38 @@ struct PlotArgs {
     /// Number of stacks drawn.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PLOT_STACKS)]
     plot_stacks: usize,
+
+    #[command(flatten)]
+    labels: LabelArgs,
 }
+
+// ---- How stacks are named (issue 17): shared by every verb that shows
+// stacks.
+
+#[derive(Debug, Args)]
+struct LabelArgs {
+    /// A function of the program's that only passes allocations on (a
+    /// regular expression matched against whole function names, e.g.
+    /// 'my_alloc.*'); repeat for several. A stack is named by its first
+    /// frame past the allocator and the wrappers; common ones (zmalloc,
+    /// g_malloc, xmalloc, PyMem_Malloc, std::allocator, av_malloc,
+    /// OPENSSL_malloc, ...) are built in.
+    #[arg(long = "wrapper", value_name = "REGEX")]
+    wrappers: Vec<String>,
+}
+
+impl LabelArgs {
+    fn wrappers(&self) -> Result<Wrappers> {
+        Wrappers::new(&self.wrappers).map_err(|error| {
+            fatal(
+                ExitCode::Usage,
+                format!("--wrapper is not a regular expression: {error}"),
+            )
+        })
+    }
+}
+
+// ---- end of the labels block.
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum UnwindArg {
@@ -148,6 +182,9 @@ enum FloorSitesArg {
 /// What to trace, shared by every verb that traces.
 #[derive(Debug, Args)]
 struct TargetArgs {
+    #[command(flatten)]
+    labels: LabelArgs,
+
     /// Process to trace; repeat to trace several.
     #[arg(short, long = "pid", value_name = "PID", conflicts_with = "command")]
     pids: Vec<u32>,
@@ -289,6 +326,7 @@ impl Cli {
                 format: ReportFormat::Svg,
                 top: None,
                 filter: args.filter,
+                labels: args.labels,
                 value: FoldedValue::LiveBytes,
                 output: Some(args.output),
             })
@@ -311,6 +349,7 @@ impl Cli {
 }
 
 fn config_of(args: TargetArgs) -> Result<Config> {
+    let wrappers = args.labels.wrappers()?;
     let targets = match (args.pids.is_empty(), args.command.is_empty()) {
         (false, true) => {
             let mut pids = args.pids;
@@ -390,6 +429,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         unwinding,
         verbose: args.verbose,
         follow_forks: args.follow_forks,
+        wrappers,
     })
 }
 
@@ -417,5 +457,6 @@ fn report_config(args: ReportArgs) -> Result<ReportConfig> {
         value: args.value,
         output_path: args.output,
         plot_stacks: DEFAULT_PLOT_STACKS,
+        wrappers: args.labels.wrappers()?,
     })
 }

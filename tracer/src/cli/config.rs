@@ -4,7 +4,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 use crate::{
     attach::{FloorSites, Sampling},
     model::Kind,
-    output::folded::FoldedValue,
+    output::{Wrappers, folded::FoldedValue},
     unwind::Unwinding,
 };
 
@@ -34,6 +34,8 @@ pub struct Config {
     pub unwinding: Unwinding,
     pub verbose: bool,
     pub follow_forks: bool,
+    /// What stacks are named past (`--wrapper` and the built-in list).
+    pub wrappers: Wrappers,
 }
 
 /// `tracer record`: a run, and the files it writes.
@@ -87,4 +89,6 @@ pub struct ReportConfig {
     pub output_path: Option<PathBuf>,
     /// Stacks drawn in the growth plot.
     pub plot_stacks: usize,
+    /// What stacks are named past (`--wrapper` and the built-in list).
+    pub wrappers: Wrappers,
 }

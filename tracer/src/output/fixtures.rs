@@ -91,6 +91,7 @@ pub(crate) fn sample_report(top: usize) -> Report {
         interval_ms: 1000,
         top,
         frames: &sample_frames,
+        wrappers: &super::Wrappers::default(),
         api: &|_| None,
         memory_status: BTreeMap::from([(
             10,

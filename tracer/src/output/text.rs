@@ -282,9 +282,9 @@ fn drop_hint(name: &str) -> Option<&'static str> {
 
 fn render_leak(stack: &StackReport, lines: &mut Vec<String>) {
     let growth = &stack.growth;
+    lines.push(format!("L{}  {}", stack.rank, site_label(stack)));
     lines.push(format!(
-        "L{}  {}  pid {}  growth +{}/s  live {} in {} allocs",
-        stack.rank,
+        "    {}  pid {}  growth +{}/s  live {} in {} allocs",
         kind_and_api(stack),
         stack.pid,
         human_bytes(growth.rate_bytes_per_s),
@@ -309,9 +309,9 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
     } else {
         ""
     };
+    lines.push(format!("#{}  {}", stack.rank, site_label(stack)));
     lines.push(format!(
-        "#{}  {}  pid {}  live {} in {} allocs  growth {growth_sign}{}/s{}",
-        stack.rank,
+        "    {}  pid {}  live {} in {} allocs  growth {growth_sign}{}/s{}",
         kind_and_api(stack),
         stack.pid,
         human_bytes(stack.live_bytes as f64),
@@ -329,6 +329,22 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
         stack.alloc_count_total
     ));
     render_frames(stack, lines);
+}
+
+/// What a stack is named by (`createStringObject (object.c:94) via
+/// zmalloc`), cut to fit a line.
+fn site_label(stack: &StackReport) -> String {
+    const WIDTH: usize = 90;
+    let label = match &stack.site {
+        Some(site) => site.label.clone(),
+        None => format!("stack {} (not recorded)", stack.stack_id),
+    };
+    if label.chars().count() <= WIDTH {
+        return label;
+    }
+    let mut cut: String = label.chars().take(WIDTH - 1).collect();
+    cut.push('…');
+    cut
 }
 
 /// `gpu-device via cudaMalloc`, or the kind alone.
@@ -435,11 +451,13 @@ mod tests {
         );
         assert!(text.contains("top 2 stacks by live bytes:\n"));
         assert!(text.contains(
-            "#1  heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \
+            "#1  grow_1 (leak.c:12)\n    heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \
              allocated 512.0 KiB in 8192 calls since attach, from:\n      \
              grow_1 (leak.c:12)\n      main [server] 0x1000\n"
         ));
-        assert!(text.contains("#2  heap  pid 20  live 8.0 KiB in 128 allocs"));
+        assert!(
+            text.contains("#2  grow_1 (leak.c:12)\n    heap  pid 20  live 8.0 KiB in 128 allocs")
+        );
         assert!(!text.contains("#3"));
         assert!(
             text.lines().all(|line| line.chars().count() <= 100),
@@ -559,7 +577,7 @@ mod tests {
         report.stacks[0].kind = Kind::GpuDevice;
         report.stacks[0].api = Some("cudaMalloc".to_owned());
         let text = render(&report);
-        assert!(text.contains("#1  gpu-device via cudaMalloc  pid 10  live 256.0 KiB"));
+        assert!(text.contains("\n    gpu-device via cudaMalloc  pid 10  live 256.0 KiB"));
     }
 
     #[test]
