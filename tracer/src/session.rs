@@ -41,6 +41,7 @@ pub fn attach(config: &Config) -> Result<Collector> {
         follow_forks: config.follow_forks,
     };
     let mut collector = Collector::new(probes, rings, schedule)?;
+    collector.set_debug_dirs(config.debug_dirs.clone());
     if config.follow_forks {
         collector.probes_mut().watch_forks()?;
     }

@@ -125,8 +125,8 @@ struct PlotArgs {
     labels: LabelArgs,
 }
 
-// ---- How stacks are named (issue 17): shared by every verb that shows
-// stacks.
+// ---- How stacks are named and symbolized (issue 17): shared by every
+// verb that shows stacks.
 
 #[derive(Debug, Args)]
 struct LabelArgs {
@@ -138,6 +138,14 @@ struct LabelArgs {
     /// OPENSSL_malloc, ...) are built in.
     #[arg(long = "wrapper", value_name = "REGEX")]
     wrappers: Vec<String>,
+
+    /// A directory of separate debug files (as /usr/lib/debug: its
+    /// .build-id/ab/cdef....debug, or files named by .gnu_debuglink),
+    /// searched before /usr/lib/debug; repeat for several. With `tracer
+    /// report`, frames the recording has no symbol for are looked up there
+    /// by build id.
+    #[arg(long = "debug-dir", value_name = "DIR")]
+    debug_dirs: Vec<PathBuf>,
 }
 
 impl LabelArgs {
@@ -430,6 +438,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         verbose: args.verbose,
         follow_forks: args.follow_forks,
         wrappers,
+        debug_dirs: args.labels.debug_dirs,
     })
 }
 
@@ -458,5 +467,6 @@ fn report_config(args: ReportArgs) -> Result<ReportConfig> {
         output_path: args.output,
         plot_stacks: DEFAULT_PLOT_STACKS,
         wrappers: args.labels.wrappers()?,
+        debug_dirs: args.labels.debug_dirs,
     })
 }

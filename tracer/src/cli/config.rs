@@ -36,6 +36,8 @@ pub struct Config {
     pub follow_forks: bool,
     /// What stacks are named past (`--wrapper` and the built-in list).
     pub wrappers: Wrappers,
+    /// Separate debug files are searched here first (`--debug-dir`).
+    pub debug_dirs: Vec<PathBuf>,
 }
 
 /// `tracer record`: a run, and the files it writes.
@@ -91,4 +93,7 @@ pub struct ReportConfig {
     pub plot_stacks: usize,
     /// What stacks are named past (`--wrapper` and the built-in list).
     pub wrappers: Wrappers,
+    /// Frames without a symbol are looked up in debug files here
+    /// (`--debug-dir`).
+    pub debug_dirs: Vec<PathBuf>,
 }

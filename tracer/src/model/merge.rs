@@ -180,6 +180,7 @@ mod tests {
             module: Some("/app".to_owned()),
             build_id: None,
             file_offset: Some(address - 0x1000),
+            offset: None,
         }
     }
 

@@ -222,6 +222,10 @@ pub struct Frame {
     pub build_id: Option<String>,
     /// Offset in `module`'s file of the return address.
     pub file_offset: Option<u64>,
+    /// The return address as `module`'s ELF virtual address: what `nm`,
+    /// `addr2line -e MODULE` and gdb take (the file offset plus the
+    /// difference its load segment has between the two).
+    pub offset: Option<u64>,
 }
 
 impl Frame {

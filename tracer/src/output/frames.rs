@@ -123,22 +123,33 @@ pub fn site(frames: &[Frame], wrappers: &Wrappers) -> Option<Site> {
 /// `function (file:line)` with C++ argument lists dropped, or the object
 /// and offset of a frame without a symbol.
 pub fn frame_label(frame: &Frame) -> String {
-    let name = match (&frame.function, &frame.module) {
-        (Some(function), _) => without_arguments(function).to_owned(),
-        (None, Some(module)) => {
-            let file_name = Path::new(module)
-                .file_name()
-                .map_or_else(|| module.into(), |name| name.to_string_lossy());
-            match frame.file_offset {
-                Some(offset) => format!("{file_name}+0x{offset:x}"),
-                None => format!("{file_name}+?"),
-            }
-        }
-        (None, None) => format!("0x{:x}", frame.address),
+    let name = match &frame.function {
+        Some(function) => without_arguments(function).to_owned(),
+        None => module_offset(frame),
     };
     match frame.short_location() {
         Some(location) => format!("{name} ({location})"),
         None => name,
+    }
+}
+
+/// Where a frame is in its object, readable after the process is gone:
+/// `libfoo.so+0x1a2b`, the ELF virtual address of the return address (what
+/// `nm` lists and `addr2line -e libfoo.so 0x1a2b` takes); `libfoo.so@file
+/// 0x1a2b` where only the file offset is known (recordings made before
+/// tracer kept addresses); the process address only when the address is
+/// in no mapped file.
+pub fn module_offset(frame: &Frame) -> String {
+    let Some(module) = &frame.module else {
+        return format!("0x{:x}", frame.address);
+    };
+    let file_name = Path::new(module)
+        .file_name()
+        .map_or_else(|| module.into(), |name| name.to_string_lossy());
+    match (frame.offset, frame.file_offset) {
+        (Some(offset), _) => format!("{file_name}+0x{offset:x}"),
+        (None, Some(file_offset)) => format!("{file_name}@file 0x{file_offset:x}"),
+        (None, None) => format!("{file_name} 0x{:x}", frame.address),
     }
 }
 
@@ -210,6 +221,7 @@ pub(super) mod tests {
             module: Some(module.to_owned()),
             build_id: Some("0123abcd".to_owned()),
             file_offset: Some(0x1000),
+            offset: Some(0x1000),
         }
     }
 
@@ -363,8 +375,11 @@ pub(super) mod tests {
         let mut frame = frame("Cache::insert(std::string const&)", APP);
         assert_eq!(frame_label(&frame), "Cache::insert");
         frame.function = None;
+        frame.offset = None;
         frame.file_offset = Some(0x1a2b);
-        assert_eq!(frame_label(&frame), "server+0x1a2b");
+        assert_eq!(frame_label(&frame), "server@file 0x1a2b");
+        frame.offset = Some(0x401a2b);
+        assert_eq!(frame_label(&frame), "server+0x401a2b");
     }
 
     #[test]

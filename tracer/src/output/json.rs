@@ -178,7 +178,8 @@ mod tests {
                 "file_offset",
                 "function",
                 "line",
-                "module"
+                "module",
+                "offset"
             ]
         );
         assert_eq!(frame["function"], "grow_1");

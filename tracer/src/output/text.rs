@@ -365,20 +365,13 @@ fn render_frames(stack: &StackReport, lines: &mut Vec<String>) {
 }
 
 /// `function (file:line)` when the source is known, otherwise the function
-/// and the object's file name with the address.
+/// and where it is in its object (`libfoo.so+0x1a2b`, see
+/// `frames::module_offset`).
 fn describe_frame(frame: &Frame) -> String {
-    let address = format!("0x{:x}", frame.address);
-    let module = frame.module.as_deref().map(|module| {
-        Path::new(module).file_name().map_or_else(
-            || module.to_owned(),
-            |name| name.to_string_lossy().into_owned(),
-        )
-    });
-    let location = match (&frame.file, frame.line, module) {
-        (Some(file), Some(line), _) => format!("({file}:{line})"),
-        (Some(file), None, _) => format!("({file})"),
-        (None, _, Some(module)) => format!("[{module}] {address}"),
-        (None, _, None) => address,
+    let location = match (&frame.file, frame.line) {
+        (Some(file), Some(line)) => format!("({file}:{line})"),
+        (Some(file), None) => format!("({file})"),
+        (None, _) => super::frames::module_offset(frame),
     };
     match &frame.function {
         // A marker frame (the stack ends here) has no address.
@@ -453,7 +446,7 @@ mod tests {
         assert!(text.contains(
             "#1  grow_1 (leak.c:12)\n    heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \
              allocated 512.0 KiB in 8192 calls since attach, from:\n      \
-             grow_1 (leak.c:12)\n      main [server] 0x1000\n"
+             grow_1 (leak.c:12)\n      main server+0x1000\n"
         ));
         assert!(
             text.contains("#2  grow_1 (leak.c:12)\n    heap  pid 20  live 8.0 KiB in 128 allocs")
@@ -501,6 +494,7 @@ mod tests {
             file: file.map(str::to_owned),
             line,
             module: module.map(str::to_owned),
+            offset: module.map(|_| 0x1234),
             ..Frame::default()
         };
         let module = Some("/usr/lib/libfoo.so.1");
@@ -514,11 +508,11 @@ mod tests {
         );
         assert_eq!(
             describe_frame(&with(Some("f"), None, None, module)),
-            "f [libfoo.so.1] 0x7f001234"
+            "f libfoo.so.1+0x1234"
         );
         assert_eq!(
             describe_frame(&with(None, None, None, module)),
-            "[libfoo.so.1] 0x7f001234"
+            "libfoo.so.1+0x1234"
         );
         assert_eq!(describe_frame(&with(None, None, None, None)), "0x7f001234");
         let marker = Frame {
