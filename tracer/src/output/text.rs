@@ -3,7 +3,7 @@
 //! stacks holding the most memory, each with the code that allocated it,
 //! innermost frame first. Lines stay readable at 100 columns.
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use tracer_ebpf::{GPU_API_NAMES, STAT_NAMES, stat};
 
@@ -160,17 +160,37 @@ pub fn render(report: &Report) -> String {
             stepped.join(", ")
         ));
     }
+    let file_name_of = |path: &str| {
+        Path::new(path)
+            .file_name()
+            .map_or_else(|| path.to_owned(), |n| n.to_string_lossy().into_owned())
+    };
+    let mut ahead: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for library in report
         .libraries
         .iter()
-        .filter(|l| l.noticed_by != NoticedBy::Attach)
+        .filter(|l| l.noticed_by == NoticedBy::Ahead)
     {
-        let file_name = Path::new(&library.path).file_name().map_or_else(
-            || library.path.clone(),
-            |n| n.to_string_lossy().into_owned(),
-        );
+        ahead
+            .entry(library.pid)
+            .or_default()
+            .push(file_name_of(&library.path));
+    }
+    for (pid, file_names) in ahead {
+        // Files it could load: probes in place before any mapping of them.
         lines.push(format!(
-            "hooked after attach: {file_name} in PID {} at {:.2} s ({}), {} functions",
+            "hooked ahead of their mapping in PID {pid}: {}",
+            file_names.join(", ")
+        ));
+    }
+    for library in report
+        .libraries
+        .iter()
+        .filter(|l| l.noticed_by != NoticedBy::Attach && l.noticed_by != NoticedBy::Ahead)
+    {
+        let file_name = file_name_of(&library.path);
+        lines.push(format!(
+            "hooked after attach: {file_name} in PID {} at {:.2} s ({}, late), {} functions",
             library.pid,
             library.hooked_after_s,
             library.noticed_by,
@@ -388,7 +408,6 @@ mod tests {
     use super::*;
     use crate::model::Totals;
     use crate::output::fixtures::sample_report;
-    use std::collections::BTreeMap;
 
     #[test]
     fn renders_the_key_lines_in_order() {
@@ -427,7 +446,7 @@ mod tests {
         );
         assert!(
             lines.contains(
-                &"hooked after attach: libcudart.so.12 in PID 10 at 2.50 s (mmap-event), 2 functions"
+                &"hooked after attach: libcudart.so.12 in PID 10 at 2.50 s (mmap-event, late), 2 functions"
             ),
             "{text}"
         );
