@@ -23,6 +23,9 @@ use std::{
 
 use super::{Frame, Kind, Model, StackKey};
 
+/// More stacks than this beginning with one stack: it is not merged.
+const MAX_EXTENSIONS: usize = 64;
+
 /// A distinct list of frames (as `place` leaves them) and the first stack
 /// that has it.
 type FrameList = (Vec<Frame>, StackKey);
@@ -98,32 +101,29 @@ fn only_extension(group: &[FrameList]) -> Vec<usize> {
                 return index;
             }
             let full_hash = prefix_hashes(list).last().unwrap_or_default();
-            let extensions: Vec<usize> = by_prefix
-                .get(&full_hash)
-                .into_iter()
-                .flatten()
-                .copied()
-                .filter(|&other| {
-                    let longer = &group[other].0;
-                    longer.len() > list.len() && longer.starts_with(list)
-                })
-                .collect();
-            let longest: Vec<usize> = extensions
-                .iter()
-                .copied()
-                .filter(|&candidate| {
-                    let candidate_list = &group[candidate].0;
-                    !extensions.iter().any(|&other| {
-                        let other_list = &group[other].0;
-                        other_list.len() > candidate_list.len()
-                            && other_list.starts_with(candidate_list)
-                    })
-                })
-                .collect();
-            match longest.as_slice() {
-                [only] => *only,
-                _ => index,
+            let mut extensions: Vec<&[Frame]> = Vec::new();
+            let mut longest = index;
+            for &other in by_prefix.get(&full_hash).into_iter().flatten() {
+                let longer = group[other].0.as_slice();
+                if extensions.len() > MAX_EXTENSIONS {
+                    break;
+                }
+                if longer.len() > list.len() && longer.starts_with(list) {
+                    extensions.push(longer);
+                    if longer.len() > group[longest].0.len() {
+                        longest = other;
+                    }
+                }
             }
+            // One longest stack extends it when every extension begins
+            // the longest (they form a chain); a common prefix of many
+            // stacks is ambiguous anyway, so its check is cut short.
+            let longest_list = group[longest].0.as_slice();
+            let only_one = extensions.len() <= MAX_EXTENSIONS
+                && extensions
+                    .iter()
+                    .all(|extension| longest_list.starts_with(extension));
+            if only_one { longest } else { index }
         })
         .collect()
 }
