@@ -108,11 +108,9 @@ pub fn build_report(
     memory_status: BTreeMap<u32, MemoryStatus>,
     config: &Config,
 ) -> Report {
-    // Every stack's frames, not only the top ones': stacks with equal
-    // frames are merged before ranking (symbolized addresses are cached).
     let mut frames: HashMap<StackKey, Vec<Frame>> = HashMap::new();
     let mut apis: HashMap<StackKey, String> = HashMap::new();
-    for (key, _) in model.latest_counters() {
+    for key in stacks_to_merge(model, config.top) {
         frames.insert(key, collector.frames(&key));
         if let Some(api) = collector.api(&key) {
             apis.insert(key, api.to_owned());
@@ -142,6 +140,34 @@ pub fn build_report(
         memory_status,
         reaches_entry: &mut |key| collector.reaches_entry(key),
     })
+}
+
+/// Stacks are merged with every stack of equal frames (`model::merge`)
+/// while there are at most this many; beyond, only among the stacks that
+/// could be shown, so that a target with 10^5 stacks still gets its report
+/// in seconds.
+const MERGE_ALL_UP_TO: usize = 20_000;
+
+/// The stacks to symbolize for a report or a `top` screen showing `top`
+/// stacks: every stack while there are at most [`MERGE_ALL_UP_TO`], else
+/// the ones that could be shown (the most live bytes, the fastest growth,
+/// the suspected leaks, several times `top` of each).
+pub fn stacks_to_merge(model: &Model, top: usize) -> Vec<StackKey> {
+    let all: Vec<StackKey> = model.latest_counters().map(|(key, _)| key).collect();
+    if all.len() <= MERGE_ALL_UP_TO {
+        return all;
+    }
+    let shown = top.saturating_mul(4);
+    let mut keys: Vec<StackKey> = model
+        .top_stacks(shown)
+        .into_iter()
+        .chain(model.fastest_growing(shown))
+        .map(|summary| summary.key)
+        .chain(model.suspected_leaks(top).into_iter().map(|(key, _)| key))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
 }
 
 /// RSS and its parts of the targets still alive, read now.

@@ -55,11 +55,25 @@ fn draw(
     interactive: bool,
 ) -> Result<()> {
     let watched = collector.targets();
-    let (merged, _) = merge::by_frames(model, |key| trim_allocator_frames(collector.frames(key)));
-    let table = render_table(&merged, &watched, config.top, |key| {
-        describe_site(&collector.frames(key), &config.wrappers)
-            .unwrap_or_else(|| format!("stack {}", key.stack_id.to_raw()))
+    let merged_keys: std::collections::HashSet<_> = session::stacks_to_merge(model, config.top)
+        .into_iter()
+        .collect();
+    let (merged, _) = merge::by_frames(model, |key| {
+        if merged_keys.contains(key) {
+            trim_allocator_frames(collector.frames(key))
+        } else {
+            Vec::new()
+        }
     });
+    let table = render_table(
+        merged.as_ref().unwrap_or(model),
+        &watched,
+        config.top,
+        |key| {
+            describe_site(&collector.frames(key), &config.wrappers)
+                .unwrap_or_else(|| format!("stack {}", key.stack_id.to_raw()))
+        },
+    );
     let mut stdout = std::io::stdout().lock();
     if interactive {
         // Raw mode: lines need a carriage return.

@@ -144,7 +144,8 @@ pub struct ReportInput<'a> {
     /// How many stacks to rank.
     pub top: usize,
     /// The raw symbolized frames of a stack, innermost first; asked for
-    /// every stack of the model, to merge the stacks with equal frames.
+    /// every stack of the model, to merge the stacks with equal frames (a
+    /// stack given no frames is merged with none).
     pub frames: &'a dyn Fn(&StackKey) -> Vec<Frame>,
     /// What stacks are named past (`site`).
     pub wrappers: &'a Wrappers,
@@ -164,7 +165,7 @@ impl Report {
         let (merged, canonical) = merge::by_frames(input.model, |key| {
             trim_allocator_frames((input.frames)(key))
         });
-        let model = &merged;
+        let model = merged.as_ref().unwrap_or(input.model);
         let targets = input
             .targets
             .iter()
