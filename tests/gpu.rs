@@ -140,6 +140,48 @@ fn executor_exact_when_cuda_is_loaded_after_attach() {
     );
 }
 
+/// `loadexec`: dlopen, then at once 2 threads of executors, the runtime
+/// found through LD_LIBRARY_PATH. tracer hooks it ahead of the mapping (a
+/// candidate from the target's LD_LIBRARY_PATH), so not one executor is
+/// missed, 20 times out of 20.
+#[test]
+fn executors_right_after_dlopen_are_all_counted_when_hooked_ahead() {
+    let cuda_dir = harness::workspace_root().join("target/fixtures/cuda");
+    let cuda_dir = cuda_dir.to_str().expect("a UTF-8 path");
+    for attempt in 0..20 {
+        let mut fixture = Fixture::start_with_env(
+            "gpu_executor_dlopen",
+            &[],
+            &[
+                ("LD_LIBRARY_PATH", cuda_dir),
+                ("GPU_EXECUTOR_DLOPEN_BY_NAME", "1"),
+            ],
+        );
+        let trace = Record::pid(fixture.pid).interval("100ms").attach();
+        let answer = fixture.cmd("loadexec 3");
+        let Traced { output, report } = trace.stop();
+        assert_executor_leak(&report, &answer, 6);
+        let libraries = report.json["libraries"].as_array().expect("libraries");
+        for name in ["libcudart.so.12", "libcuda.so.1"] {
+            let library = libraries
+                .iter()
+                .find(|library| library["path"].as_str().unwrap().ends_with(name))
+                .unwrap_or_else(|| panic!("attempt {attempt}: {name} is not listed: {output}"));
+            assert_eq!(
+                library["noticed_by"], "ahead",
+                "attempt {attempt}: {library}"
+            );
+        }
+        assert!(
+            output
+                .stdout
+                .contains("hooked ahead of their mapping in PID")
+                && output.stdout.contains("libcudart.so.12"),
+            "{output}"
+        );
+    }
+}
+
 #[test]
 fn pinned_host_exact() {
     let session = record_while("gpu_executor", &["pinned 5"]);

@@ -12,6 +12,7 @@ use crate::{
     model::quality::is_thread_entry,
     output::{self, Report, ReportInput},
     recording::{self, Filter},
+    symbolize::OfflineSymbols,
 };
 
 /// Stacks in a text or JSON report unless --top says otherwise: the live
@@ -36,7 +37,13 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         ReportFormat::Folded | ReportFormat::Pprof | ReportFormat::Flamegraph => usize::MAX,
     });
     let model = recording.model(&filter);
-    let frames = recording.frames_by_key();
+    let mut frames = recording.frames_by_key();
+    if !config.debug_dirs.is_empty() {
+        let mut symbols = OfflineSymbols::new(config.debug_dirs.clone());
+        for stack_frames in frames.values_mut() {
+            *stack_frames = symbols.fill(std::mem::take(stack_frames));
+        }
+    }
     let apis = recording.apis_by_key();
     let probes = recording
         .metadata
@@ -56,6 +63,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         interval_ms: recording.metadata.interval_ms,
         top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),
+        wrappers: &config.wrappers,
         memory_status: recording.memory_status(&filter),
         reaches_entry: &mut |key| {
             frames

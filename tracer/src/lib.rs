@@ -12,6 +12,7 @@ pub mod analyze;
 pub mod attach;
 pub mod cli;
 pub mod collect;
+pub mod debug_files;
 pub mod error;
 pub mod model;
 pub mod output;

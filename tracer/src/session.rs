@@ -41,6 +41,7 @@ pub fn attach(config: &Config) -> Result<Collector> {
         follow_forks: config.follow_forks,
     };
     let mut collector = Collector::new(probes, rings, schedule)?;
+    collector.set_debug_dirs(config.debug_dirs.clone());
     if config.follow_forks {
         collector.probes_mut().watch_forks()?;
     }
@@ -164,16 +165,8 @@ pub fn build_report(
 ) -> Report {
     let mut frames: HashMap<StackKey, Vec<Frame>> = HashMap::new();
     let mut apis: HashMap<StackKey, String> = HashMap::new();
-    let leaks = model
-        .suspected_leaks(config.top)
-        .into_iter()
-        .map(|(key, _)| key);
-    let top = model
-        .top_stacks(config.top)
-        .into_iter()
-        .map(|summary| summary.key);
-    for key in top.chain(leaks) {
-        frames.entry(key).or_insert_with(|| collector.frames(&key));
+    for key in stacks_to_merge(model, config.top) {
+        frames.insert(key, collector.frames(&key));
         if let Some(api) = collector.api(&key) {
             apis.insert(key, api.to_owned());
         }
@@ -197,10 +190,39 @@ pub fn build_report(
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),
+        wrappers: &config.wrappers,
         api: &|key| apis.get(key).cloned(),
         memory_status,
         reaches_entry: &mut |key| collector.reaches_entry(key),
     })
+}
+
+/// Stacks are merged with every stack of equal frames (`model::merge`)
+/// while there are at most this many; beyond, only among the stacks that
+/// could be shown, so that a target with 10^5 stacks still gets its report
+/// in seconds.
+const MERGE_ALL_UP_TO: usize = 20_000;
+
+/// The stacks to symbolize for a report or a `top` screen showing `top`
+/// stacks: every stack while there are at most [`MERGE_ALL_UP_TO`], else
+/// the ones that could be shown (the most live bytes, the fastest growth,
+/// the suspected leaks, several times `top` of each).
+pub fn stacks_to_merge(model: &Model, top: usize) -> Vec<StackKey> {
+    let all: Vec<StackKey> = model.latest_counters().map(|(key, _)| key).collect();
+    if all.len() <= MERGE_ALL_UP_TO {
+        return all;
+    }
+    let shown = top.saturating_mul(4);
+    let mut keys: Vec<StackKey> = model
+        .top_stacks(shown)
+        .into_iter()
+        .chain(model.fastest_growing(shown))
+        .map(|summary| summary.key)
+        .chain(model.suspected_leaks(top).into_iter().map(|(key, _)| key))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
 }
 
 /// RSS and its parts of the targets still alive, read now.

@@ -8,9 +8,14 @@
 //! Every frame also carries its module's build id and its file offset, so a
 //! recording can be symbolized again on another machine that has the same
 //! binaries (or their debug files).
-use std::{collections::HashMap, fs::File, os::fd::AsRawFd as _, path::PathBuf};
+use std::{
+    collections::HashMap,
+    fs::File,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+};
 
-use object::Object as _;
+use object::{Object as _, ObjectSegment as _};
 
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
@@ -18,14 +23,31 @@ use blazesym::symbolize::{
 };
 
 use crate::{
+    debug_files::{self, DebugLink},
     model::Frame,
     procfs::{self, Mapping},
 };
 
-/// A mapped file, kept open, and its build id.
+/// A mapped file, kept open, its build id and load segments.
 struct Module {
     file: File,
     build_id: Option<String>,
+    /// (file offset, size in the file, virtual address) of each load
+    /// segment: file offsets become ELF virtual addresses through them.
+    segments: Vec<(u64, u64, u64)>,
+    /// Its separate debug file (`debug_files`), when one is installed.
+    debug_file: Option<PathBuf>,
+}
+
+impl Module {
+    /// The ELF virtual address at `file_offset`, when a load segment
+    /// holds it.
+    fn virtual_address(&self, file_offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|&&(start, size, _)| (start..start + size).contains(&file_offset))
+            .map(|&(start, _, address)| address + (file_offset - start))
+    }
 }
 
 /// Symbolizer for every target, with a cache per (pid, address).
@@ -37,6 +59,8 @@ pub struct Symbols {
     cache: HashMap<(u32, u64), Vec<Frame>>,
     /// Names of JIT code, from the runtimes' perf maps.
     perf_maps: crate::perf_map::PerfMaps,
+    /// `--debug-dir`s, searched before /usr/lib/debug.
+    debug_dirs: Vec<PathBuf>,
 }
 
 impl Default for Symbols {
@@ -56,7 +80,14 @@ impl Symbols {
             files: HashMap::new(),
             cache: HashMap::new(),
             perf_maps: Default::default(),
+            debug_dirs: Vec::new(),
         }
+    }
+
+    /// Directories searched for separate debug files before
+    /// /usr/lib/debug (`--debug-dir`); set before the first refresh.
+    pub fn set_debug_dirs(&mut self, debug_dirs: Vec<PathBuf>) {
+        self.debug_dirs = debug_dirs;
     }
 
     /// Re-reads the target's mappings and opens files not seen before.
@@ -71,8 +102,18 @@ impl Symbols {
             if !self.files.contains_key(&key)
                 && let Ok(file) = File::open(procfs::host_path(pid, &mapping.path))
             {
-                let build_id = read_build_id(&file);
-                self.files.insert(key, Module { file, build_id });
+                let (link, segments) = read_identity(&file);
+                let root = PathBuf::from(format!("/proc/{pid}/root"));
+                let debug_file = debug_files::find(&link, &mapping.path, &root, &self.debug_dirs);
+                self.files.insert(
+                    key,
+                    Module {
+                        file,
+                        build_id: link.build_id,
+                        segments,
+                        debug_file,
+                    },
+                );
             }
         }
         if !mappings.is_empty() {
@@ -125,60 +166,167 @@ impl Symbols {
         // The return address's own offset: the one re-symbolization starts
         // from, like every other address in the frame.
         let return_offset = Some(mapping.file_offset_of(return_address));
+        let offset = opened
+            .zip(return_offset)
+            .and_then(|(opened, return_offset)| opened.virtual_address(return_offset));
         let file_offset = mapping.file_offset_of(address);
         let unresolved = vec![Frame {
             address: return_address,
             module: module.clone(),
             build_id: build_id.clone(),
             file_offset: return_offset,
+            offset,
             ..Frame::default()
         }];
         let Some(opened) = opened else {
             return unresolved;
         };
+        // The debug file first: the object itself may be stripped.
+        let from_debug_file = opened
+            .debug_file
+            .as_deref()
+            .zip(opened.virtual_address(file_offset))
+            .and_then(|(debug_file, virtual_address)| {
+                symbolize_in(
+                    &self.symbolizer,
+                    debug_file,
+                    virtual_address,
+                    &unresolved[0],
+                )
+            });
+        if let Some(frames) = from_debug_file {
+            return frames;
+        }
         let source = Source::Elf(Elf::new(format!(
             "/proc/self/fd/{}",
             opened.file.as_raw_fd()
         )));
-        let Ok(symbolized) = self
+        let Ok(Symbolized::Sym(symbol)) = self
             .symbolizer
             .symbolize_single(&source, Input::FileOffset(file_offset))
         else {
             return unresolved;
         };
-        let Symbolized::Sym(symbol) = symbolized else {
-            return unresolved;
-        };
-        let frame = |function: &str, code_info: Option<&blazesym::symbolize::CodeInfo<'_>>| Frame {
-            address: return_address,
-            function: Some(function.to_owned()),
-            file: code_info.map(|info| info.to_path().display().to_string()),
-            line: code_info.and_then(|info| info.line),
-            module: module.clone(),
-            build_id: build_id.clone(),
-            file_offset: return_offset,
-        };
-        // Inlined calls come outermost first; the innermost is the code
-        // that really runs at this address.
-        let mut frames: Vec<Frame> = symbol
-            .inlined
-            .iter()
-            .rev()
-            .map(|inlined| frame(&inlined.name, inlined.code_info.as_ref()))
-            .collect();
-        frames.push(frame(&symbol.name, symbol.code_info.as_deref()));
-        frames
+        frames_of(&symbol, &unresolved[0])
     }
 }
 
-/// The GNU build id note of an ELF file, in lowercase hex.
-fn read_build_id(file: &File) -> Option<String> {
+/// The frames at ELF virtual address `virtual_address` (already inside the
+/// call instruction) of the object whose symbols are in `path`, each a copy
+/// of `unresolved` with the function and source filled in; None when
+/// `path` has no symbol there.
+fn symbolize_in(
+    symbolizer: &Symbolizer,
+    path: &Path,
+    virtual_address: u64,
+    unresolved: &Frame,
+) -> Option<Vec<Frame>> {
+    let source = Source::Elf(Elf::new(path));
+    match symbolizer.symbolize_single(&source, Input::VirtOffset(virtual_address)) {
+        Ok(Symbolized::Sym(symbol)) => Some(frames_of(&symbol, unresolved)),
+        _ => None,
+    }
+}
+
+/// The frames of `symbol`, innermost first: inlined calls come outermost
+/// first from blazesym, and the innermost is the code that really runs at
+/// the address.
+fn frames_of(symbol: &blazesym::symbolize::Sym<'_>, unresolved: &Frame) -> Vec<Frame> {
+    let frame = |function: &str, code_info: Option<&blazesym::symbolize::CodeInfo<'_>>| Frame {
+        function: Some(function.to_owned()),
+        file: code_info.map(|info| info.to_path().display().to_string()),
+        line: code_info.and_then(|info| info.line),
+        ..unresolved.clone()
+    };
+    let mut frames: Vec<Frame> = symbol
+        .inlined
+        .iter()
+        .rev()
+        .map(|inlined| frame(&inlined.name, inlined.code_info.as_ref()))
+        .collect();
+    frames.push(frame(&symbol.name, symbol.code_info.as_deref()));
+    frames
+}
+
+/// Symbols for a recording made where the debug files were not
+/// installed (`tracer report --debug-dir`): frames without a function are
+/// looked up in separate debug files found by their build id in the
+/// directories given, then /usr/lib/debug, at their ELF virtual address.
+pub struct OfflineSymbols {
+    symbolizer: Symbolizer,
+    debug_dirs: Vec<PathBuf>,
+    /// The debug file of each build id, once looked up.
+    debug_files: HashMap<String, Option<PathBuf>>,
+}
+
+impl OfflineSymbols {
+    pub fn new(debug_dirs: Vec<PathBuf>) -> OfflineSymbols {
+        OfflineSymbols {
+            symbolizer: Symbolizer::builder()
+                .enable_code_info(true)
+                .enable_inlined_fns(true)
+                .build(),
+            debug_dirs,
+            debug_files: HashMap::new(),
+        }
+    }
+
+    /// `frames` with those that had no function symbolized where a debug
+    /// file has them.
+    pub fn fill(&mut self, frames: Vec<Frame>) -> Vec<Frame> {
+        frames
+            .into_iter()
+            .flat_map(|frame| self.symbolize(&frame).unwrap_or_else(|| vec![frame]))
+            .collect()
+    }
+
+    fn symbolize(&mut self, frame: &Frame) -> Option<Vec<Frame>> {
+        if frame.function.is_some() {
+            return None;
+        }
+        let (module, build_id, offset) = (
+            frame.module.as_ref()?,
+            frame.build_id.as_ref()?,
+            frame.offset?,
+        );
+        let debug_dirs = &self.debug_dirs;
+        let debug_file = self.debug_files.entry(build_id.clone()).or_insert_with(|| {
+            let link = DebugLink {
+                build_id: Some(build_id.clone()),
+                link_name: None,
+            };
+            debug_files::find(&link, Path::new(module), Path::new("/"), debug_dirs)
+        });
+        // A return address: look inside the call instruction.
+        symbolize_in(
+            &self.symbolizer,
+            debug_file.as_deref()?,
+            offset.saturating_sub(1),
+            frame,
+        )
+    }
+}
+
+/// The build id and debug link of an ELF file, and its load segments (see
+/// `Module::segments`).
+fn read_identity(file: &File) -> (DebugLink, Vec<(u64, u64, u64)>) {
     // SAFETY: the map is only read, and mapped libraries are not rewritten
     // in place (an updated library is a new file).
-    let map = unsafe { memmap2::Mmap::map(file) }.ok()?;
-    let elf = object::File::parse(&*map).ok()?;
-    let build_id = elf.build_id().ok()??;
-    Some(build_id.iter().map(|byte| format!("{byte:02x}")).collect())
+    let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
+        return (DebugLink::default(), Vec::new());
+    };
+    let Ok(elf) = object::File::parse(&*map) else {
+        return (DebugLink::default(), Vec::new());
+    };
+    let link = debug_files::read_debug_link(&elf);
+    let segments = elf
+        .segments()
+        .map(|segment| {
+            let (start, size) = segment.file_range();
+            (start, size, segment.address())
+        })
+        .collect();
+    (link, segments)
 }
 
 #[cfg(test)]
@@ -188,7 +336,9 @@ mod tests {
     #[test]
     fn reads_the_build_id_of_this_test_binary() {
         let file = File::open("/proc/self/exe").unwrap();
-        let build_id = read_build_id(&file).expect("rustc links a build id");
+        let (link, segments) = read_identity(&file);
+        let build_id = link.build_id.expect("rustc links a build id");
+        assert!(!segments.is_empty());
         assert!(build_id.len() >= 16, "{build_id}");
         assert!(
             build_id.chars().all(|c| c.is_ascii_hexdigit()),

@@ -14,8 +14,8 @@ use crossterm::{
 use crate::{
     cli::Config,
     collect::{Collector, Event},
-    model::{Model, Target},
-    output::{human_bytes, trim_allocator_frames},
+    model::{Model, Target, merge},
+    output::{Wrappers, human_bytes, site, trim_allocator_frames},
     session,
 };
 
@@ -36,7 +36,7 @@ pub fn run(config: &Config) -> Result<()> {
             match collector.next().await? {
                 Event::Snapshot(snapshot) => {
                     model.push(snapshot);
-                    draw(&mut collector, &model, config.top, interactive)?;
+                    draw(&mut collector, &model, config, interactive)?;
                 }
                 Event::Stopped(reason) => return Ok::<_, anyhow::Error>(reason),
                 // The screen is the report: the rest shows in its header.
@@ -49,17 +49,34 @@ pub fn run(config: &Config) -> Result<()> {
     Ok(())
 }
 
-/// Draws the table of `model` (a new screen when `interactive`).
-fn draw(collector: &mut Collector, model: &Model, rows: usize, interactive: bool) -> Result<()> {
+/// Draws the table of `model` (a new screen when `interactive`), stacks
+/// with equal frames merged into one row.
+fn draw(
+    collector: &mut Collector,
+    model: &Model,
+    config: &crate::cli::Config,
+    interactive: bool,
+) -> Result<()> {
     let watched = collector.targets();
-    let table = render_table(model, &watched, rows, |key| {
-        let frames = trim_allocator_frames(collector.frames(key));
-        frames
-            .into_iter()
-            .find(|frame| frame.function.is_some())
-            .map(|frame| describe_leaf(&frame))
-            .unwrap_or_else(|| format!("stack {}", key.stack_id.to_raw()))
+    let merged_keys: std::collections::HashSet<_> = session::stacks_to_merge(model, config.top)
+        .into_iter()
+        .collect();
+    let (merged, _) = merge::by_frames(model, |key| {
+        if merged_keys.contains(key) {
+            trim_allocator_frames(collector.frames(key))
+        } else {
+            Vec::new()
+        }
     });
+    let table = render_table(
+        merged.as_ref().unwrap_or(model),
+        &watched,
+        config.top,
+        |key| {
+            describe_site(&collector.frames(key), &config.wrappers)
+                .unwrap_or_else(|| format!("stack {}", key.stack_id.to_raw()))
+        },
+    );
     let mut stdout = std::io::stdout().lock();
     if interactive {
         // Raw mode: lines need a carriage return.
@@ -136,12 +153,9 @@ pub fn render_table(
     lines.join("\n")
 }
 
-fn describe_leaf(frame: &crate::model::Frame) -> String {
-    let function = frame.function.as_deref().unwrap_or("?");
-    match frame.short_location() {
-        Some(location) => format!("{function} ({location})"),
-        None => function.to_owned(),
-    }
+/// The WHERE of a stack: its site's label.
+fn describe_site(frames: &[crate::model::Frame], wrappers: &Wrappers) -> Option<String> {
+    site(frames, wrappers).map(|site| site.label)
 }
 
 /// The terminal in raw mode on the alternate screen, restored on drop. A

@@ -144,6 +144,7 @@ pub fn build_all(shell: &Shell, root: &Path) -> Result<()> {
                 .arg(&build.source),
         )?;
     }
+    build_stripped(shell, &output_dir)?;
     build_group(
         shell,
         &source_dir.join("cuda"),
@@ -162,6 +163,79 @@ pub fn build_all(shell: &Shell, root: &Path) -> Result<()> {
     build_go(shell, &source_dir.join("go_leak"), &output_dir)?;
     build_mixed(shell, &source_dir.join("mixed"), &output_dir)?;
     build_rust(shell, &source_dir.join("rust_leak"), &output_dir)
+}
+
+/// Stripped copies of `leaky` (no symbol table, no DWARF) for the tests
+/// of separate debug files, in target/fixtures/stripped: `leaky_buildid`,
+/// whose debug file is under debug/.build-id/ (found by build id with
+/// `--debug-dir target/fixtures/stripped/debug`); `leaky_debuglink`, whose
+/// .gnu_debuglink names `leaky_debuglink.debug` next to it; `leaky_nodebug`
+/// with none.
+fn build_stripped(shell: &Shell, output_dir: &Path) -> Result<()> {
+    let leaky = output_dir.join("leaky");
+    let dir = output_dir.join("stripped");
+    let nodebug = dir.join("leaky_nodebug");
+    if nodebug.exists() && modified(&nodebug)? >= modified(&leaky)? {
+        eprintln!("xtask: fixture {}: up to date", dir.display());
+        return Ok(());
+    }
+    let build_id_dir = dir.join("debug/.build-id");
+    if build_id_dir.exists() {
+        std::fs::remove_dir_all(&build_id_dir)
+            .with_context(|| format!("could not remove {}", build_id_dir.display()))?;
+    }
+    let debug_file = dir.join("leaky_debuglink.debug");
+    shell.create_dir_all(&dir)?;
+    shell.run(
+        shell
+            .cmd("objcopy")
+            .arg("--only-keep-debug")
+            .arg(&leaky)
+            .arg(&debug_file),
+    )?;
+    shell.run(
+        shell
+            .cmd("objcopy")
+            .arg("--strip-all")
+            .arg(&leaky)
+            .arg(dir.join("leaky_buildid")),
+    )?;
+    // objcopy finds the file to link to by the path given, and records
+    // its file name only.
+    shell.run(
+        shell
+            .cmd("objcopy")
+            .arg("--strip-all")
+            .arg(format!("--add-gnu-debuglink={}", debug_file.display()))
+            .arg(&leaky)
+            .arg(dir.join("leaky_debuglink")),
+    )?;
+    let build_id = build_id_of(&leaky)?;
+    let (head, tail) = build_id.split_at(2);
+    let by_id = build_id_dir.join(head);
+    shell.create_dir_all(&by_id)?;
+    std::fs::copy(&debug_file, by_id.join(format!("{tail}.debug")))
+        .context("could not install the build-id debug file")?;
+    shell.run(
+        shell
+            .cmd("objcopy")
+            .arg("--strip-all")
+            .arg(&leaky)
+            .arg(&nodebug),
+    )
+}
+
+/// The GNU build id of an ELF file, in hex, as `readelf -n` prints it.
+fn build_id_of(path: &Path) -> Result<String> {
+    let output = std::process::Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .context("could not run readelf")?;
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("Build ID: ").map(str::to_owned))
+        .with_context(|| format!("{} has no build id", path.display()))
 }
 
 /// `mixed_fp`: fp_library.c compiled with frame pointers into a static

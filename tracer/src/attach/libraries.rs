@@ -139,6 +139,12 @@ impl LibraryWatch {
         Ok(())
     }
 
+    /// Marks `paths` (hooked ahead of their mapping) as looked up for `pid`.
+    pub fn mark_seen(&mut self, pid: u32, paths: &[PathBuf]) {
+        self.seen
+            .extend(paths.iter().map(|path| (pid, path.clone())));
+    }
+
     /// Reads the pending events; returns the processes whose mappings are
     /// due to be read now.
     fn due(&mut self, pids: &[u32]) -> Vec<(u32, NoticedBy)> {

@@ -11,6 +11,7 @@
 //! When calls may go unrecorded (sampling, size filters) and the kernel
 //! has uprobe sessions, the entry and return programs of a function are one
 //! session program (`session`), so an unrecorded call skips its return.
+pub mod ahead;
 pub mod cuda;
 pub mod function;
 pub mod libraries;
@@ -27,7 +28,7 @@ mod maps;
 mod preflight;
 mod reports;
 
-use std::num::NonZeroU32;
+use std::{num::NonZeroU32, path::PathBuf};
 
 use anyhow::{Context as _, Result};
 use aya::{
@@ -166,7 +167,24 @@ impl Probes {
         let before = self.probe_count();
         self.watch.trace(pid, &maps)?;
         self.attach_sites(pid, &sites, NoticedBy::Attach)?;
+        self.attach_ahead(pid, &maps)?;
         Ok(self.probe_count() - before)
+    }
+
+    /// Hooks the CUDA and allocator libraries `pid` could load but has not
+    /// mapped (`ahead`), so that their first call after a dlopen is seen.
+    fn attach_ahead(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
+        let candidates = ahead::candidates(pid, maps);
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let sites = symbols::hook_sites_in(pid, &candidates)?;
+        let paths: Vec<PathBuf> = candidates
+            .into_iter()
+            .filter(|path| sites.iter().any(|site| site.path == *path))
+            .collect();
+        self.watch.mark_seen(pid, &paths);
+        self.attach_sites(pid, &sites, NoticedBy::Ahead)
     }
 
     /// `--unwind auto`: copies the stacks of `pid` when an object it maps

@@ -18,7 +18,7 @@ use crate::{
     attach::{FloorSites, Sampling},
     error::{ExitCode, fatal},
     model::Kind,
-    output::folded::FoldedValue,
+    output::{Wrappers, folded::FoldedValue},
     unwind::{UnwindMode, Unwinding},
 };
 
@@ -71,6 +71,9 @@ struct ReportArgs {
     #[command(flatten)]
     filter: FilterArgs,
 
+    #[command(flatten)]
+    labels: LabelArgs,
+
     /// The value of each stack in folded stacks and flame graphs.
     #[arg(long, value_enum, default_value_t = FoldedValue::LiveBytes)]
     value: FoldedValue,
@@ -117,7 +120,46 @@ struct PlotArgs {
     /// Number of stacks drawn.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PLOT_STACKS)]
     plot_stacks: usize,
+
+    #[command(flatten)]
+    labels: LabelArgs,
 }
+
+// ---- How stacks are named and symbolized (issue 17): shared by every
+// verb that shows stacks.
+
+#[derive(Debug, Args)]
+struct LabelArgs {
+    /// A function of the program's that only passes allocations on (a
+    /// regular expression matched against whole function names, e.g.
+    /// 'my_alloc.*'); repeat for several. A stack is named by its first
+    /// frame past the allocator and the wrappers; common ones (zmalloc,
+    /// g_malloc, xmalloc, PyMem_Malloc, std::allocator, av_malloc,
+    /// OPENSSL_malloc, ...) are built in.
+    #[arg(long = "wrapper", value_name = "REGEX")]
+    wrappers: Vec<String>,
+
+    /// A directory of separate debug files (as /usr/lib/debug: its
+    /// .build-id/ab/cdef....debug, or files named by .gnu_debuglink),
+    /// searched before /usr/lib/debug; repeat for several. With `tracer
+    /// report`, frames the recording has no symbol for are looked up there
+    /// by build id.
+    #[arg(long = "debug-dir", value_name = "DIR")]
+    debug_dirs: Vec<PathBuf>,
+}
+
+impl LabelArgs {
+    fn wrappers(&self) -> Result<Wrappers> {
+        Wrappers::new(&self.wrappers).map_err(|error| {
+            fatal(
+                ExitCode::Usage,
+                format!("--wrapper is not a regular expression: {error}"),
+            )
+        })
+    }
+}
+
+// ---- end of the labels block.
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum UnwindArg {
@@ -148,6 +190,9 @@ enum FloorSitesArg {
 /// What to trace, shared by every verb that traces.
 #[derive(Debug, Args)]
 struct TargetArgs {
+    #[command(flatten)]
+    labels: LabelArgs,
+
     /// Process to trace; repeat to trace several.
     #[arg(short, long = "pid", value_name = "PID", conflicts_with = "command")]
     pids: Vec<u32>,
@@ -310,6 +355,7 @@ impl Cli {
                 format: ReportFormat::Svg,
                 top: None,
                 filter: args.filter,
+                labels: args.labels,
                 value: FoldedValue::LiveBytes,
                 output: Some(args.output),
             })
@@ -332,6 +378,7 @@ impl Cli {
 }
 
 fn config_of(args: TargetArgs) -> Result<Config> {
+    let wrappers = args.labels.wrappers()?;
     let targets = match (args.pids.is_empty(), args.command.is_empty()) {
         (false, true) => {
             let mut pids = args.pids;
@@ -412,6 +459,8 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         verbose: args.verbose,
         follow_forks: args.follow_forks,
         leave_running: args.leave_running,
+        wrappers,
+        debug_dirs: args.labels.debug_dirs,
     })
 }
 
@@ -439,5 +488,7 @@ fn report_config(args: ReportArgs) -> Result<ReportConfig> {
         value: args.value,
         output_path: args.output,
         plot_stacks: DEFAULT_PLOT_STACKS,
+        wrappers: args.labels.wrappers()?,
+        debug_dirs: args.labels.debug_dirs,
     })
 }

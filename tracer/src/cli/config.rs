@@ -4,7 +4,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 use crate::{
     attach::{FloorSites, Sampling},
     model::Kind,
-    output::folded::FoldedValue,
+    output::{Wrappers, folded::FoldedValue},
     unwind::Unwinding,
 };
 
@@ -37,6 +37,10 @@ pub struct Config {
     /// A spawned command goes on, untraced, when tracing stops (else it is
     /// passed the stop signal and waited for).
     pub leave_running: bool,
+    /// What stacks are named past (`--wrapper` and the built-in list).
+    pub wrappers: Wrappers,
+    /// Separate debug files are searched here first (`--debug-dir`).
+    pub debug_dirs: Vec<PathBuf>,
 }
 
 /// `tracer record`: a run, and the files it writes.
@@ -93,4 +97,9 @@ pub struct ReportConfig {
     pub output_path: Option<PathBuf>,
     /// Stacks drawn in the growth plot.
     pub plot_stacks: usize,
+    /// What stacks are named past (`--wrapper` and the built-in list).
+    pub wrappers: Wrappers,
+    /// Frames without a symbol are looked up in debug files here
+    /// (`--debug-dir`).
+    pub debug_dirs: Vec<PathBuf>,
 }

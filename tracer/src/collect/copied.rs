@@ -204,8 +204,11 @@ impl CopiedStacks {
     /// Unwinds what is in the ring, then rereads the objects `pid` maps:
     /// its image changed (exec) or its loader mapped more.
     pub fn remap(&mut self, pid: u32) {
-        self.drain();
-        self.unwinder.refresh(pid);
+        if let Some(reader) = &self.reader {
+            reader.refresh(pid);
+        }
+        // Waits for the reader's round that applied the refresh.
+        self.flush();
     }
 
     /// Copies whose unwinding stopped early, by reason.

@@ -48,6 +48,8 @@ pub struct CopyReader {
     messages: Receiver<Message>,
     flush_requests: Sender<u64>,
     last_flush: u64,
+    /// Processes whose objects the unwinder rereads at its next round.
+    refreshes: Sender<u32>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -61,6 +63,7 @@ struct Reader {
     unwinder: Unwinder,
     messages: Sender<Message>,
     flush_requests: Receiver<u64>,
+    refreshes: Receiver<u32>,
 }
 
 impl CopyReader {
@@ -74,6 +77,7 @@ impl CopyReader {
         let deferred_made = Array::try_from(made).context("COPY_FREES_MADE is not an array")?;
         let (message_sender, messages) = channel();
         let (flush_requests, flush_receiver) = channel();
+        let (refreshes, refresh_receiver) = channel();
         let reader = Reader {
             records,
             deferred,
@@ -82,6 +86,7 @@ impl CopyReader {
             unwinder: Unwinder::new(),
             messages: message_sender,
             flush_requests: flush_receiver,
+            refreshes: refresh_receiver,
         };
         let thread = std::thread::Builder::new()
             .name("tracer-copies".to_owned())
@@ -91,6 +96,7 @@ impl CopyReader {
             messages,
             flush_requests,
             last_flush: 0,
+            refreshes,
             thread: Some(thread),
         })
     }
@@ -98,6 +104,12 @@ impl CopyReader {
     /// The messages read so far, without waiting.
     pub fn try_next(&self) -> Option<Message> {
         self.messages.try_recv().ok()
+    }
+
+    /// Has the unwinder reread the objects `pid` maps before it unwinds
+    /// anything read after the next `flush` began.
+    pub fn refresh(&self, pid: u32) {
+        let _ = self.refreshes.send(pid);
     }
 
     /// Has the reader read everything the kernel sent until now; gives
@@ -143,6 +155,11 @@ impl Reader {
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => return,
                 }
+            }
+            // After the flush requests: a refresh asked before a flush
+            // request that was taken is applied before this read.
+            while let Ok(pid) = self.refreshes.try_recv() {
+                self.unwinder.refresh(pid);
             }
             if self.read().is_err() {
                 return;

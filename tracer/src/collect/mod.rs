@@ -190,6 +190,12 @@ impl Collector {
         })
     }
 
+    /// Directories searched for separate debug files before
+    /// /usr/lib/debug (`--debug-dir`); set before the first target.
+    pub fn set_debug_dirs(&mut self, debug_dirs: Vec<std::path::PathBuf>) {
+        self.symbols.set_debug_dirs(debug_dirs);
+    }
+
     /// Puts the probes in place on `pid` (started by tracer if `spawned`)
     /// and follows its mapping calls from now on.
     pub fn add_target(&mut self, pid: u32, spawned: bool) -> Result<()> {

@@ -14,6 +14,7 @@ pub mod allocators;
 pub mod fixtures;
 pub mod leak;
 pub mod mappings;
+pub mod merge;
 pub mod quality;
 pub mod ranges;
 pub mod run;
@@ -181,6 +182,19 @@ pub struct Counters {
     pub alloc_count_total: u64,
 }
 
+impl Counters {
+    /// Both stacks' counters together (two's-complement sums, as the
+    /// kernel keeps them).
+    pub fn plus(self, other: Counters) -> Counters {
+        Counters {
+            live_bytes: self.live_bytes.wrapping_add(other.live_bytes),
+            live_allocs: self.live_allocs.wrapping_add(other.live_allocs),
+            alloc_bytes_total: self.alloc_bytes_total.wrapping_add(other.alloc_bytes_total),
+            alloc_count_total: self.alloc_count_total.wrapping_add(other.alloc_count_total),
+        }
+    }
+}
+
 /// What collect reads from the kernel at one instant.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
@@ -195,7 +209,7 @@ pub struct Snapshot {
 }
 
 /// One symbolized frame (filled by symbolize).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Frame {
     pub address: u64,
     pub function: Option<String>,
@@ -208,6 +222,10 @@ pub struct Frame {
     pub build_id: Option<String>,
     /// Offset in `module`'s file of the return address.
     pub file_offset: Option<u64>,
+    /// The return address as `module`'s ELF virtual address: what `nm`,
+    /// `addr2line -e MODULE` and gdb take (the file offset plus the
+    /// difference its load segment has between the two).
+    pub offset: Option<u64>,
 }
 
 impl Frame {
@@ -563,6 +581,78 @@ impl Model {
         self.stacks
             .get(key)
             .map_or(0.0, |state| self.growth_of(state))
+    }
+
+    /// The model with the stacks that `canonical` maps to one key summed
+    /// into that key: counters, series and growth fit added exactly, at
+    /// every snapshot (a stack adds 0 before it first appeared). A key
+    /// `canonical` maps to itself stays as it is.
+    pub fn merged(&self, canonical: impl Fn(&StackKey) -> StackKey) -> Model {
+        let mut groups: HashMap<StackKey, Vec<&StackState>> = HashMap::new();
+        for (key, state) in &self.stacks {
+            groups.entry(canonical(key)).or_default().push(state);
+        }
+        let stacks = groups
+            .into_iter()
+            .map(|(key, members)| {
+                let state = match members.as_slice() {
+                    [only] => (*only).clone(),
+                    _ => self.summed(&members),
+                };
+                (key, state)
+            })
+            .collect();
+        Model {
+            stacks,
+            ..self.clone_without_stacks()
+        }
+    }
+
+    fn clone_without_stacks(&self) -> Model {
+        Model {
+            stacks: HashMap::new(),
+            times_s: self.times_s.clone(),
+            kind_totals: self.kind_totals.clone(),
+            rss_bytes: self.rss_bytes.clone(),
+            time: self.time,
+            window_s: self.window_s,
+            snapshot_count: self.snapshot_count,
+            stats: self.stats.clone(),
+        }
+    }
+
+    /// One stack holding what every one of `members` holds.
+    fn summed(&self, members: &[&StackState]) -> StackState {
+        let first_s = members
+            .iter()
+            .filter_map(|member| member.series.points.first().map(|&(time_s, _)| time_s))
+            .fold(f64::INFINITY, f64::min);
+        // Per member: the next series point to take and the counters so far.
+        let mut cursors = vec![(0, Counters::default()); members.len()];
+        let mut series = Series::default();
+        for &time_s in self.times_s.iter().filter(|&&time_s| time_s >= first_s) {
+            let mut sum = Counters::default();
+            for (member, (next, current)) in members.iter().zip(cursors.iter_mut()) {
+                let points = member.series.points();
+                while *next < points.len() && points[*next].0 <= time_s {
+                    *current = points[*next].1;
+                    *next += 1;
+                }
+                sum = sum.plus(*current);
+            }
+            series.record(time_s, sum);
+        }
+        StackState {
+            latest: members
+                .iter()
+                .fold(Counters::default(), |sum, member| sum.plus(member.latest)),
+            series,
+            // The fit is linear in live bytes: the sum's is the sum of fits.
+            fit: LiveBytesFit {
+                mean_live_bytes: members.iter().map(|m| m.fit.mean_live_bytes).sum(),
+                co_moment_bytes_s: members.iter().map(|m| m.fit.co_moment_bytes_s).sum(),
+            },
+        }
     }
 
     fn growth_of(&self, state: &StackState) -> f64 {

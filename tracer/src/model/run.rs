@@ -91,6 +91,10 @@ worded_enum! {
     pub enum NoticedBy {
         /// Mapped when tracer attached.
         Attach = "attach",
+        /// Not mapped yet when tracer attached, but a library the target
+        /// could load (its RUNPATH, LD_LIBRARY_PATH, the loader cache,
+        /// Python's nvidia wheels): hooked by file ahead of its mapping.
+        Ahead = "ahead",
         /// The mmap tracepoint saw it being mapped.
         MmapEvent = "mmap-event",
         /// The poll of /proc/PID/maps found it.

@@ -44,6 +44,7 @@ pub(crate) fn sample_frames(key: &StackKey) -> Vec<Frame> {
             module: Some(APP.to_owned()),
             build_id: Some("0123abcd".to_owned()),
             file_offset: Some(0x1234),
+            offset: None,
         },
         frame("main", APP),
     ]
@@ -91,6 +92,7 @@ pub(crate) fn sample_report(top: usize) -> Report {
         interval_ms: 1000,
         top,
         frames: &sample_frames,
+        wrappers: &super::Wrappers::default(),
         api: &|_| None,
         memory_status: BTreeMap::from([(
             10,

@@ -59,16 +59,13 @@ fn value_of(stack: &StackReport, value: FoldedValue) -> i64 {
     }
 }
 
-/// The function's name, or `[module] 0xaddress` when it is unknown. The
-/// format's separators (`;`, and newlines) never appear inside a name.
+/// The function's name, or `module+0xoffset` when it is unknown (see
+/// `frames::module_offset`). The format's separators (`;`, and newlines)
+/// never appear inside a name.
 pub fn frame_name(frame: &Frame) -> String {
-    let name = match (&frame.function, &frame.module) {
-        (Some(function), _) => function.clone(),
-        (None, Some(module)) => {
-            let file_name = module.rsplit('/').next().unwrap_or(module);
-            format!("[{file_name}] 0x{:x}", frame.address)
-        }
-        (None, None) => format!("0x{:x}", frame.address),
+    let name = match &frame.function {
+        Some(function) => function.clone(),
+        None => super::frames::module_offset(frame),
     };
     name.replace([';', '\n', '\r'], ":")
 }
@@ -114,9 +111,10 @@ mod tests {
         let unknown = Frame {
             address: 0xbeef,
             module: Some("/usr/lib/libx.so".to_owned()),
+            offset: Some(0x1beef),
             ..Frame::default()
         };
-        assert_eq!(frame_name(&unknown), "[libx.so] 0xbeef");
+        assert_eq!(frame_name(&unknown), "libx.so+0x1beef");
         assert_eq!(frame_name(&Frame::default()), "0x0");
     }
 }

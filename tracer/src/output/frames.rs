@@ -1,8 +1,176 @@
 //! Allocator frames off the top of a stack, so the first frame shown is
-//! the code that asked for the memory.
+//! the code that asked for the memory; and the stack's site, the frame a
+//! stack is named by: the first one outside the allocator and the
+//! program's allocation wrappers (`zmalloc`, `g_malloc`, `PyMem_Malloc`,
+//! `--wrapper`), so that four stacks through `zmalloc` are told apart by
+//! their callers.
 use std::path::Path;
 
+use regex::RegexSet;
+
 use crate::model::{Frame, allocators};
+
+/// Functions that only pass an allocation on to the allocator, in common
+/// C, C++ and Python code bases and inside the allocators themselves;
+/// each matched against a whole function name.
+const BUILTIN_WRAPPERS: &[&str] = &[
+    // redis, and every project that took its zmalloc.
+    r"z(try)?(malloc|calloc|realloc)\w*",
+    r"zstrdup",
+    // GLib.
+    r"g_(try_)?(malloc|malloc0|realloc|malloc_n|malloc0_n|realloc_n)",
+    r"g_(memdup2?|strdup|strndup|slice_alloc|slice_alloc0|slice_copy)",
+    // GNU and BSD code, git, gcc.
+    r"x(malloc|calloc|realloc|zalloc|mallocz|memdup|strdup|strndup|reallocarray)",
+    // CPython's allocator API and pymalloc.
+    r"_?PyMem_(Raw)?(Malloc|Calloc|Realloc)",
+    r"_?PyObject_(Malloc|Calloc|Realloc)",
+    r"_PyMem_\w+|pymalloc_\w+|_PyObject_ArenaMmap|allocate_from_new_pool",
+    // C++ allocators, as demangled.
+    r"(std::|__gnu_cxx::)(__new_allocator|new_allocator|allocator|allocator_traits)<.*>::allocate.*",
+    // FFmpeg.
+    r"av_(malloc|mallocz|calloc|realloc|realloc_f|reallocp|malloc_array|mallocz_array|realloc_array|fast_malloc|fast_mallocz|fast_realloc|strdup|strndup|memdup)",
+    // OpenSSL.
+    r"(OPENSSL|CRYPTO)_(malloc|zalloc|realloc|clear_realloc|memdup|strdup|strndup|secure_malloc|secure_zalloc)",
+    // The allocators' own internals.
+    r"_int_(malloc|realloc|memalign|free)|sysmalloc|tcache_init|ptmalloc_init|malloc_hook_ini",
+    r"(je_|_rjem_)\w+|imalloc\w*|tcmalloc::.*|_mi_\w+",
+    r"tc_(malloc|calloc|realloc|new|newarray|memalign)\w*|mi_(malloc|calloc|realloc|zalloc|heap_malloc)\w*",
+    // Rust's global allocator shims.
+    r"__rust_(alloc|alloc_zeroed|realloc)|__rdl_\w+|__rg_\w+",
+];
+
+/// The allocation wrappers a stack's site is looked for past: the
+/// built-in list and the program's own (`--wrapper REGEX`).
+#[derive(Clone, Debug)]
+pub struct Wrappers {
+    set: RegexSet,
+}
+
+impl Default for Wrappers {
+    fn default() -> Self {
+        Wrappers::new(&[]).expect("the built-in wrapper patterns compile")
+    }
+}
+
+impl Wrappers {
+    /// The built-in list and `custom`, each pattern matched against a whole
+    /// function name (`my_alloc.*` matches `my_alloc_impl`, `my_alloc`
+    /// matches only itself).
+    pub fn new(custom: &[String]) -> Result<Wrappers, regex::Error> {
+        let patterns = BUILTIN_WRAPPERS
+            .iter()
+            .map(|pattern| (*pattern).to_owned())
+            .chain(custom.iter().cloned())
+            .map(|pattern| format!("^(?:{pattern})$"));
+        Ok(Wrappers {
+            set: RegexSet::new(patterns)?,
+        })
+    }
+
+    /// Whether `function` is an allocation wrapper.
+    pub fn matches(&self, function: &str) -> bool {
+        self.set.is_match(function)
+    }
+}
+
+/// The frame a stack is named by, and the wrapper it called.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Site {
+    #[serde(flatten)]
+    pub frame: Frame,
+    /// The outermost allocation wrapper between the site and the
+    /// allocator (the one the site called), if any.
+    pub via: Option<String>,
+    /// `function (file:line) via wrapper`: what headings, legends and
+    /// `tracer top` show.
+    pub label: String,
+}
+
+/// The site of a stack (frames innermost first, trimmed or not): the first
+/// frame that is neither an allocator frame nor an allocation wrapper nor
+/// a marker of where unwinding stopped; the outermost other frame when
+/// there is none. `None` for a stack without frames.
+pub fn site(frames: &[Frame], wrappers: &Wrappers) -> Option<Site> {
+    let is_wrapper = |frame: &Frame| {
+        frame
+            .function
+            .as_deref()
+            .is_some_and(|function| wrappers.matches(function))
+    };
+    // A marker frame (the walk stopped there) names no code.
+    let is_marker = |frame: &Frame| frame.address == 0 && frame.module.is_none();
+    let index = frames
+        .iter()
+        .position(|frame| !is_allocator_frame(frame) && !is_wrapper(frame) && !is_marker(frame))
+        .or_else(|| frames.iter().rposition(|frame| !is_marker(frame)))
+        .unwrap_or(frames.len().checked_sub(1)?);
+    let frame = frames[index].clone();
+    let via = index
+        .checked_sub(1)
+        .map(|inner| &frames[inner])
+        .filter(|inner| is_wrapper(inner))
+        .and_then(|inner| inner.function.as_deref())
+        .map(|function| without_arguments(function).to_owned());
+    let mut label = frame_label(&frame);
+    if let Some(via) = &via {
+        label.push_str(" via ");
+        label.push_str(via);
+    }
+    Some(Site { frame, via, label })
+}
+
+/// `function (file:line)` with C++ argument lists dropped, or the object
+/// and offset of a frame without a symbol.
+pub fn frame_label(frame: &Frame) -> String {
+    let name = match &frame.function {
+        Some(function) => without_arguments(function).to_owned(),
+        None => module_offset(frame),
+    };
+    match frame.short_location() {
+        Some(location) => format!("{name} ({location})"),
+        None => name,
+    }
+}
+
+/// Where a frame is in its object, readable after the process is gone:
+/// `libfoo.so+0x1a2b`, the ELF virtual address of the return address (what
+/// `nm` lists and `addr2line -e libfoo.so 0x1a2b` takes); `libfoo.so@file
+/// 0x1a2b` where only the file offset is known (recordings made before
+/// tracer kept addresses); the process address only when the address is
+/// in no mapped file.
+pub fn module_offset(frame: &Frame) -> String {
+    let Some(module) = &frame.module else {
+        return format!("0x{:x}", frame.address);
+    };
+    let file_name = Path::new(module)
+        .file_name()
+        .map_or_else(|| module.into(), |name| name.to_string_lossy());
+    match (frame.offset, frame.file_offset) {
+        (Some(offset), _) => format!("{file_name}+0x{offset:x}"),
+        (None, Some(file_offset)) => format!("{file_name}@file 0x{file_offset:x}"),
+        (None, None) => format!("{file_name} 0x{:x}", frame.address),
+    }
+}
+
+/// A C++ name without its argument list (`Cache::insert(int)` ->
+/// `Cache::insert`); `operator()` and names without one stay whole.
+fn without_arguments(function: &str) -> &str {
+    match function.rfind('(') {
+        Some(paren)
+            if paren > 0 && function.ends_with(')') && !function[..paren].ends_with("operator") =>
+        {
+            let name = &function[..paren];
+            // Template arguments may hold parentheses: only cut at a top-level one.
+            if name.matches('<').count() == name.matches('>').count() {
+                name
+            } else {
+                function
+            }
+        }
+        _ => function,
+    }
+}
 
 /// Allocator libraries whose every frame is noise at the top of a stack.
 const ALLOCATOR_LIBRARIES: [&str; 3] = ["libjemalloc", "libtcmalloc", "libmimalloc"];
@@ -53,6 +221,7 @@ pub(super) mod tests {
             module: Some(module.to_owned()),
             build_id: Some("0123abcd".to_owned()),
             file_offset: Some(0x1000),
+            offset: Some(0x1000),
         }
     }
 
@@ -119,6 +288,98 @@ pub(super) mod tests {
             frame("freelist_pop", APP),
         ];
         assert_eq!(trim_allocator_frames(frames.clone()), frames);
+    }
+
+    #[test]
+    fn site_is_the_first_frame_past_allocator_and_wrappers() {
+        let redis = "/usr/bin/redis-server";
+        let mut caller = frame("createStringObject", redis);
+        caller.file = Some("/build/redis/src/object.c".to_owned());
+        caller.line = Some(94);
+        let frames = vec![
+            frame("je_malloc_default", "/usr/lib/libjemalloc.so.2"),
+            frame("malloc", "/usr/lib/libjemalloc.so.2"),
+            frame("ztrymalloc_usable_internal", redis),
+            frame("zmalloc", redis),
+            caller,
+            frame("main", redis),
+        ];
+        let site = site(&frames, &Wrappers::default()).unwrap();
+        assert_eq!(site.frame.function.as_deref(), Some("createStringObject"));
+        assert_eq!(site.via.as_deref(), Some("zmalloc"));
+        assert_eq!(site.label, "createStringObject (object.c:94) via zmalloc");
+        let stopped = Frame {
+            function: Some("[unwinding stopped: outside code]".to_owned()),
+            ..Frame::default()
+        };
+        let cut_short = site_of(&[frame("zrealloc_usable", redis), stopped], &[]);
+        assert_eq!(cut_short.label, "zrealloc_usable");
+        let direct = site_of(&[frame("load_model", APP)], &[]);
+        assert_eq!(direct.label, "load_model");
+        assert_eq!(direct.via, None);
+    }
+
+    fn site_of(frames: &[Frame], custom: &[&str]) -> Site {
+        let custom: Vec<String> = custom.iter().map(|p| (*p).to_owned()).collect();
+        site(frames, &Wrappers::new(&custom).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn custom_wrappers_match_whole_names() {
+        let frames = [
+            frame("my_xmalloc_impl", APP),
+            frame("my_xmalloc", APP),
+            frame("load_config", APP),
+        ];
+        assert_eq!(site_of(&frames, &[]).label, "my_xmalloc_impl");
+        assert_eq!(site_of(&frames, &["my_xmalloc"]).label, "my_xmalloc_impl");
+        let site = site_of(&frames, &["my_xmalloc.*"]);
+        assert_eq!(site.label, "load_config via my_xmalloc");
+        assert!(Wrappers::new(&["(".to_owned()]).is_err());
+    }
+
+    #[test]
+    fn builtin_wrappers_cover_common_code_bases() {
+        let wrappers = Wrappers::default();
+        for function in [
+            "zmalloc_usable",
+            "zcalloc",
+            "g_malloc0",
+            "xmalloc",
+            "PyMem_Malloc",
+            "PyObject_Malloc",
+            "_PyObject_Malloc",
+            "std::allocator<char>::allocate(unsigned long, void const*)",
+            "__gnu_cxx::new_allocator<int>::allocate(unsigned long, void const*)",
+            "av_mallocz",
+            "CRYPTO_zalloc",
+            "OPENSSL_malloc",
+            "_int_malloc",
+            "je_malloc_default",
+        ] {
+            assert!(wrappers.matches(function), "{function}");
+        }
+        for function in [
+            "main",
+            "mi_state",
+            "g_main_loop_run",
+            "malloc_trim",
+            "my_xmalloc",
+        ] {
+            assert!(!wrappers.matches(function), "{function}");
+        }
+    }
+
+    #[test]
+    fn labels_drop_cxx_arguments_and_name_frames_without_symbols() {
+        let mut frame = frame("Cache::insert(std::string const&)", APP);
+        assert_eq!(frame_label(&frame), "Cache::insert");
+        frame.function = None;
+        frame.offset = None;
+        frame.file_offset = Some(0x1a2b);
+        assert_eq!(frame_label(&frame), "server@file 0x1a2b");
+        frame.offset = Some(0x401a2b);
+        assert_eq!(frame_label(&frame), "server+0x401a2b");
     }
 
     #[test]

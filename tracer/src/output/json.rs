@@ -141,6 +141,7 @@ mod tests {
                 "pid",
                 "rank",
                 "series",
+                "site",
                 "stack_id",
                 "suspected_leak"
             ]
@@ -177,7 +178,8 @@ mod tests {
                 "file_offset",
                 "function",
                 "line",
-                "module"
+                "module",
+                "offset"
             ]
         );
         assert_eq!(frame["function"], "grow_1");
@@ -187,6 +189,10 @@ mod tests {
         assert_eq!(frame["build_id"], "0123abcd");
         assert_eq!(frame["file_offset"], 0x1234);
         assert_eq!(stack["frames"][1]["file"], Value::Null);
+        assert_eq!(stack["site"]["function"], "grow_1");
+        assert_eq!(stack["site"]["line"], 12);
+        assert_eq!(stack["site"]["via"], Value::Null);
+        assert_eq!(stack["site"]["label"], "grow_1 (leak.c:12)");
     }
 
     #[test]

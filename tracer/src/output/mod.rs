@@ -8,7 +8,7 @@
 pub mod file;
 pub mod flamegraph;
 pub mod folded;
-mod frames;
+pub mod frames;
 pub mod json;
 pub mod pprof;
 mod report;
@@ -19,6 +19,6 @@ mod units;
 #[cfg(test)]
 mod fixtures;
 
-pub use frames::trim_allocator_frames;
+pub use frames::{Site, Wrappers, frame_label, site, trim_allocator_frames};
 pub use report::{MemoryReconciliation, Report, ReportInput, StackReport, TargetReport};
 pub use units::{human_bytes, live_totals};

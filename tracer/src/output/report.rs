@@ -2,9 +2,12 @@
 //! the symbolized stacks, in the shape of its JSON form.
 use std::collections::BTreeMap;
 
-use super::{frames::trim_allocator_frames, human_bytes};
+use super::{
+    frames::{Site, Wrappers, site, trim_allocator_frames},
+    human_bytes,
+};
 use crate::model::{
-    ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals,
+    ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals, merge,
     quality::{StackQuality, stack_quality},
     run::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
 };
@@ -123,6 +126,13 @@ pub struct StackReport {
     pub series: Vec<(f64, i64)>,
     /// Innermost first, allocator frames already trimmed.
     pub frames: Vec<Frame>,
+    /// The frame the stack is named by: the first outside the allocator
+    /// and the allocation wrappers; null for a stack not recorded.
+    pub site: Option<Site>,
+    /// Other stacks with the same frames, merged into this one (their
+    /// counters and series are included above).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub merged_stack_ids: Vec<u32>,
 }
 
 /// What a report is built from.
@@ -136,8 +146,12 @@ pub struct ReportInput<'a> {
     pub interval_ms: u64,
     /// How many stacks to rank.
     pub top: usize,
-    /// The raw symbolized frames of a stack, innermost first.
+    /// The raw symbolized frames of a stack, innermost first; asked for
+    /// every stack of the model, to merge the stacks with equal frames (a
+    /// stack given no frames is merged with none).
     pub frames: &'a dyn Fn(&StackKey) -> Vec<Frame>,
+    /// What stacks are named past (`site`).
+    pub wrappers: &'a Wrappers,
     /// The CUDA function that made a stack's memory, if any.
     pub api: &'a dyn Fn(&StackKey) -> Option<String>,
     /// RSS and its parts of the targets still alive, read at the end.
@@ -150,8 +164,11 @@ pub struct ReportInput<'a> {
 
 impl Report {
     pub fn build(mut input: ReportInput<'_>) -> Report {
-        let model = input.model;
-        let quality = stack_quality(model, &mut input.reaches_entry);
+        let quality = stack_quality(input.model, &mut input.reaches_entry);
+        let (merged, canonical) = merge::by_frames(input.model, |key| {
+            trim_allocator_frames((input.frames)(key))
+        });
+        let model = merged.as_ref().unwrap_or(input.model);
         let targets = input
             .targets
             .iter()
@@ -171,13 +188,13 @@ impl Report {
             .top_stacks(input.top)
             .into_iter()
             .enumerate()
-            .map(|(index, summary)| stack_report(&input, index + 1, summary.key))
+            .map(|(index, summary)| stack_report(&input, model, &canonical, index + 1, summary.key))
             .collect();
         let suspected_leaks = model
             .suspected_leaks(input.top)
             .into_iter()
             .enumerate()
-            .map(|(index, (key, _))| stack_report(&input, index + 1, key))
+            .map(|(index, (key, _))| stack_report(&input, model, &canonical, index + 1, key))
             .collect();
         Report {
             tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -199,13 +216,22 @@ impl Report {
     }
 }
 
-fn stack_report(input: &ReportInput<'_>, rank: usize, key: StackKey) -> StackReport {
-    let model = input.model;
+/// The report of stack `key` of the merged `model`; `canonical` maps
+/// every stack to the one it was merged into.
+fn stack_report(
+    input: &ReportInput<'_>,
+    model: &Model,
+    canonical: &BTreeMap<StackKey, StackKey>,
+    rank: usize,
+    key: StackKey,
+) -> StackReport {
     let latest = model
         .series(&key)
         .map(|series| series.latest())
         .unwrap_or_default();
     let growth = model.growth(&key);
+    let frames = trim_allocator_frames((input.frames)(&key));
+    let site = site(&frames, input.wrappers);
     StackReport {
         rank,
         pid: key.pid,
@@ -220,7 +246,13 @@ fn stack_report(input: &ReportInput<'_>, rank: usize, key: StackKey) -> StackRep
         suspected_leak: growth.suspected_leak,
         growth,
         series: model.live_bytes_at_every_snapshot(&key),
-        frames: trim_allocator_frames((input.frames)(&key)),
+        frames,
+        site,
+        merged_stack_ids: canonical
+            .iter()
+            .filter(|&(other, into)| *into == key && *other != key)
+            .map(|(other, _)| other.stack_id.to_raw())
+            .collect(),
     }
 }
 

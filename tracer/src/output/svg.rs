@@ -237,23 +237,29 @@ fn still_growing(stack: &StackReport) -> bool {
     last_bytes > at_half
 }
 
-/// The first frame with a function name (allocator frames are already
-/// trimmed), with file:line when known.
+/// The stack's site (first frame past the allocator and its wrappers),
+/// its function cut to 32 characters, with file:line when known.
 fn useful_frame(stack: &StackReport) -> String {
-    let Some(frame) = stack.frames.iter().find(|frame| frame.function.is_some()) else {
+    let Some(site) = &stack.site else {
         return format!("stack {}", stack.stack_id);
     };
-    let function = frame.function.as_deref().unwrap_or_default();
-    // Keep C++ names short: drop the argument list.
-    let function = match function.find('(') {
-        Some(paren) if paren > 0 => &function[..paren],
-        _ => function,
-    };
-    let function: String = function.chars().take(32).collect();
-    match frame.short_location() {
-        Some(location) => format!("{function} ({location})"),
-        None => function,
-    }
+    let mut name_only = site.frame.clone();
+    name_only.file = None;
+    let function: String = crate::output::frame_label(&name_only)
+        .chars()
+        .take(32)
+        .collect();
+    let location = site
+        .frame
+        .short_location()
+        .map(|location| format!(" ({location})"))
+        .unwrap_or_default();
+    let via = site
+        .via
+        .as_deref()
+        .map(|via| format!(" via {via}"))
+        .unwrap_or_default();
+    format!("{function}{location}{via}")
 }
 
 fn draw_panel(
@@ -459,6 +465,7 @@ mod tests {
             interval_ms: 1000,
             top: 10,
             frames: &frames,
+            wrappers: &crate::output::Wrappers::default(),
             api: &|_| None,
             memory_status: std::collections::BTreeMap::new(),
             reaches_entry: &mut |_| true,

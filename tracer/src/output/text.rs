@@ -3,7 +3,7 @@
 //! stacks holding the most memory, each with the code that allocated it,
 //! innermost frame first. Lines stay readable at 100 columns.
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use tracer_ebpf::{GPU_API_NAMES, STAT_NAMES, stat};
 
@@ -151,17 +151,37 @@ pub fn render(report: &Report) -> String {
             stepped.join(", ")
         ));
     }
+    let file_name_of = |path: &str| {
+        Path::new(path)
+            .file_name()
+            .map_or_else(|| path.to_owned(), |n| n.to_string_lossy().into_owned())
+    };
+    let mut ahead: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for library in report
         .libraries
         .iter()
-        .filter(|l| l.noticed_by != NoticedBy::Attach)
+        .filter(|l| l.noticed_by == NoticedBy::Ahead)
     {
-        let file_name = Path::new(&library.path).file_name().map_or_else(
-            || library.path.clone(),
-            |n| n.to_string_lossy().into_owned(),
-        );
+        ahead
+            .entry(library.pid)
+            .or_default()
+            .push(file_name_of(&library.path));
+    }
+    for (pid, file_names) in ahead {
+        // Files it could load: probes in place before any mapping of them.
         lines.push(format!(
-            "hooked after attach: {file_name} in PID {} at {:.2} s ({}), {} functions",
+            "hooked ahead of their mapping in PID {pid}: {}",
+            file_names.join(", ")
+        ));
+    }
+    for library in report
+        .libraries
+        .iter()
+        .filter(|l| l.noticed_by != NoticedBy::Attach && l.noticed_by != NoticedBy::Ahead)
+    {
+        let file_name = file_name_of(&library.path);
+        lines.push(format!(
+            "hooked after attach: {file_name} in PID {} at {:.2} s ({}, late), {} functions",
             library.pid,
             library.hooked_after_s,
             library.noticed_by,
@@ -277,9 +297,9 @@ fn drop_hint(name: &str) -> Option<&'static str> {
 
 fn render_leak(stack: &StackReport, lines: &mut Vec<String>) {
     let growth = &stack.growth;
+    lines.push(format!("L{}  {}", stack.rank, site_label(stack)));
     lines.push(format!(
-        "L{}  {}  pid {}  growth +{}/s  live {} in {} allocs",
-        stack.rank,
+        "    {}  pid {}  growth +{}/s  live {} in {} allocs",
         kind_and_api(stack),
         stack.pid,
         human_bytes(growth.rate_bytes_per_s),
@@ -304,9 +324,9 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
     } else {
         ""
     };
+    lines.push(format!("#{}  {}", stack.rank, site_label(stack)));
     lines.push(format!(
-        "#{}  {}  pid {}  live {} in {} allocs  growth {growth_sign}{}/s{}",
-        stack.rank,
+        "    {}  pid {}  live {} in {} allocs  growth {growth_sign}{}/s{}",
         kind_and_api(stack),
         stack.pid,
         human_bytes(stack.live_bytes as f64),
@@ -324,6 +344,22 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
         stack.alloc_count_total
     ));
     render_frames(stack, lines);
+}
+
+/// What a stack is named by (`createStringObject (object.c:94) via
+/// zmalloc`), cut to fit a line.
+fn site_label(stack: &StackReport) -> String {
+    const WIDTH: usize = 90;
+    let label = match &stack.site {
+        Some(site) => site.label.clone(),
+        None => format!("stack {} (not recorded)", stack.stack_id),
+    };
+    if label.chars().count() <= WIDTH {
+        return label;
+    }
+    let mut cut: String = label.chars().take(WIDTH - 1).collect();
+    cut.push('…');
+    cut
 }
 
 /// `gpu-device via cudaMalloc`, or the kind alone.
@@ -344,20 +380,13 @@ fn render_frames(stack: &StackReport, lines: &mut Vec<String>) {
 }
 
 /// `function (file:line)` when the source is known, otherwise the function
-/// and the object's file name with the address.
+/// and where it is in its object (`libfoo.so+0x1a2b`, see
+/// `frames::module_offset`).
 fn describe_frame(frame: &Frame) -> String {
-    let address = format!("0x{:x}", frame.address);
-    let module = frame.module.as_deref().map(|module| {
-        Path::new(module).file_name().map_or_else(
-            || module.to_owned(),
-            |name| name.to_string_lossy().into_owned(),
-        )
-    });
-    let location = match (&frame.file, frame.line, module) {
-        (Some(file), Some(line), _) => format!("({file}:{line})"),
-        (Some(file), None, _) => format!("({file})"),
-        (None, _, Some(module)) => format!("[{module}] {address}"),
-        (None, _, None) => address,
+    let location = match (&frame.file, frame.line) {
+        (Some(file), Some(line)) => format!("({file}:{line})"),
+        (Some(file), None) => format!("({file})"),
+        (None, _) => super::frames::module_offset(frame),
     };
     match &frame.function {
         // A marker frame (the stack ends here) has no address.
@@ -374,7 +403,6 @@ mod tests {
     use super::*;
     use crate::model::Totals;
     use crate::output::fixtures::sample_report;
-    use std::collections::BTreeMap;
 
     #[test]
     fn renders_the_key_lines_in_order() {
@@ -413,7 +441,7 @@ mod tests {
         );
         assert!(
             lines.contains(
-                &"hooked after attach: libcudart.so.12 in PID 10 at 2.50 s (mmap-event), 2 functions"
+                &"hooked after attach: libcudart.so.12 in PID 10 at 2.50 s (mmap-event, late), 2 functions"
             ),
             "{text}"
         );
@@ -430,11 +458,13 @@ mod tests {
         );
         assert!(text.contains("top 2 stacks by live bytes:\n"));
         assert!(text.contains(
-            "#1  heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \
+            "#1  grow_1 (leak.c:12)\n    heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \
              allocated 512.0 KiB in 8192 calls since attach, from:\n      \
-             grow_1 (leak.c:12)\n      main [server] 0x1000\n"
+             grow_1 (leak.c:12)\n      main server+0x1000\n"
         ));
-        assert!(text.contains("#2  heap  pid 20  live 8.0 KiB in 128 allocs"));
+        assert!(
+            text.contains("#2  grow_1 (leak.c:12)\n    heap  pid 20  live 8.0 KiB in 128 allocs")
+        );
         assert!(!text.contains("#3"));
         assert!(
             text.lines().all(|line| line.chars().count() <= 100),
@@ -478,6 +508,7 @@ mod tests {
             file: file.map(str::to_owned),
             line,
             module: module.map(str::to_owned),
+            offset: module.map(|_| 0x1234),
             ..Frame::default()
         };
         let module = Some("/usr/lib/libfoo.so.1");
@@ -491,11 +522,11 @@ mod tests {
         );
         assert_eq!(
             describe_frame(&with(Some("f"), None, None, module)),
-            "f [libfoo.so.1] 0x7f001234"
+            "f libfoo.so.1+0x1234"
         );
         assert_eq!(
             describe_frame(&with(None, None, None, module)),
-            "[libfoo.so.1] 0x7f001234"
+            "libfoo.so.1+0x1234"
         );
         assert_eq!(describe_frame(&with(None, None, None, None)), "0x7f001234");
         let marker = Frame {
@@ -554,7 +585,7 @@ mod tests {
         report.stacks[0].kind = Kind::GpuDevice;
         report.stacks[0].api = Some("cudaMalloc".to_owned());
         let text = render(&report);
-        assert!(text.contains("#1  gpu-device via cudaMalloc  pid 10  live 256.0 KiB"));
+        assert!(text.contains("\n    gpu-device via cudaMalloc  pid 10  live 256.0 KiB"));
     }
 
     #[test]

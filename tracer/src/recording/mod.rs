@@ -45,8 +45,11 @@ pub use write::Writer;
 /// catch files mangled by a text-mode transfer, as PNG's magic does.
 pub const MAGIC: [u8; 8] = *b"\x89TRACER\n";
 /// The format this build writes and the newest it reads (2 added
-/// `Record::TargetMemory`, 3 `Record::Unwinding`).
-pub const FORMAT_VERSION: u32 = 3;
+/// `Record::TargetMemory`, 3 `Record::Unwinding`, 4 the ELF virtual
+/// address of each frame, `Frame::offset`).
+pub const FORMAT_VERSION: u32 = 4;
+/// The last format whose frames are [`FrameV3`].
+const LAST_FORMAT_WITHOUT_OFFSETS: u32 = 3;
 /// Magic plus version.
 const PREAMBLE_BYTES: usize = 12;
 /// Payload length plus CRC.
@@ -74,11 +77,12 @@ pub struct Metadata {
     pub sampling: SamplingReport,
 }
 
-/// One entry of the file.
+/// One entry of the file; `F` is the frame of the format (only formats 3
+/// and older differ).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-enum Record {
+enum Record<F = Frame> {
     Metadata(Metadata),
-    Stack(StackRecord),
+    Stack(StackRecord<F>),
     Snapshot(SnapshotRecord),
     TargetExited {
         pid: u32,
@@ -98,15 +102,70 @@ enum Record {
 
 /// A stack seen for the first time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct StackRecord {
+struct StackRecord<F = Frame> {
     pid: u32,
     stack_id: u32,
     /// `Kind::as_str`: a name, so kinds added later never shift meaning.
     kind: String,
     /// Innermost first, as symbolized (allocator frames not trimmed).
-    frames: Vec<Frame>,
+    frames: Vec<F>,
     /// The CUDA function that made its memory, for GPU stacks.
     api: Option<String>,
+}
+
+/// A frame as formats 1 to 3 wrote it: without `offset`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct FrameV3 {
+    address: u64,
+    function: Option<String>,
+    file: Option<String>,
+    line: Option<u32>,
+    module: Option<String>,
+    build_id: Option<String>,
+    file_offset: Option<u64>,
+}
+
+impl From<Record<FrameV3>> for Record {
+    fn from(record: Record<FrameV3>) -> Record {
+        match record {
+            Record::Metadata(metadata) => Record::Metadata(metadata),
+            Record::Stack(stack) => Record::Stack(StackRecord {
+                pid: stack.pid,
+                stack_id: stack.stack_id,
+                kind: stack.kind,
+                frames: stack
+                    .frames
+                    .into_iter()
+                    .map(|frame| Frame {
+                        address: frame.address,
+                        function: frame.function,
+                        file: frame.file,
+                        line: frame.line,
+                        module: frame.module,
+                        build_id: frame.build_id,
+                        file_offset: frame.file_offset,
+                        ..Frame::default()
+                    })
+                    .collect(),
+                api: stack.api,
+            }),
+            Record::Snapshot(snapshot) => Record::Snapshot(snapshot),
+            Record::TargetExited { pid, after_s } => Record::TargetExited { pid, after_s },
+            Record::Library(library) => Record::Library(library),
+            Record::End => Record::End,
+            Record::TargetMemory { pid, status } => Record::TargetMemory { pid, status },
+            Record::Unwinding(unwinding) => Record::Unwinding(unwinding),
+        }
+    }
+}
+
+/// The record in `payload`, written in format `version`.
+fn decode(payload: &[u8], version: u32) -> postcard::Result<Record> {
+    if version <= LAST_FORMAT_WITHOUT_OFFSETS {
+        postcard::from_bytes::<Record<FrameV3>>(payload).map(Record::from)
+    } else {
+        postcard::from_bytes(payload)
+    }
 }
 
 /// The changes of one snapshot.

@@ -14,7 +14,7 @@ use anyhow::Result;
 
 use super::{
     FORMAT_VERSION, MAGIC, MAX_RECORD_BYTES, Metadata, PREAMBLE_BYTES, RECORD_HEADER_BYTES, Record,
-    SnapshotRecord, StackRecord, record_crc,
+    SnapshotRecord, StackRecord, decode, record_crc,
 };
 use crate::{
     error::{ExitCode, fatal},
@@ -146,7 +146,7 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
                 "is corrupt: the record at byte {offset} fails its checksum"
             )));
         }
-        let record: Record = postcard::from_bytes(payload).map_err(|error| {
+        let record = decode(payload, version).map_err(|error| {
             bad(format!(
                 "is corrupt: the record at byte {offset} does not decode ({error})"
             ))

@@ -23,6 +23,7 @@ fn frames_of(key: &StackKey) -> Vec<Frame> {
         module: Some("/opt/app".to_owned()),
         build_id: Some("abcdef01".to_owned()),
         file_offset: Some(0x1000 + u64::from(key.stack_id.to_raw())),
+        offset: None,
     }]
 }
 
@@ -373,4 +374,31 @@ proptest! {
         bytes.truncate(cut.index(bytes.len()));
         read_without_panic(&bytes);
     }
+}
+
+#[test]
+fn format_3_frames_read_without_offsets() {
+    let frame = super::FrameV3 {
+        address: 0x7f00_1234,
+        function: None,
+        file: None,
+        line: None,
+        module: Some("/usr/lib/libfoo.so".to_owned()),
+        build_id: Some("ab12".to_owned()),
+        file_offset: Some(0x1234),
+    };
+    let record: super::Record<super::FrameV3> = super::Record::Stack(super::StackRecord {
+        pid: 7,
+        stack_id: 3,
+        kind: "heap".to_owned(),
+        frames: vec![frame],
+        api: None,
+    });
+    let payload = postcard::to_allocvec(&record).unwrap();
+    let super::Record::Stack(stack) = super::decode(&payload, 3).unwrap() else {
+        panic!("a stack record");
+    };
+    assert_eq!(stack.frames[0].file_offset, Some(0x1234));
+    assert_eq!(stack.frames[0].offset, None);
+    assert_eq!(stack.frames[0].build_id.as_deref(), Some("ab12"));
 }

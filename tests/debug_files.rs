@@ -1,0 +1,154 @@
+//! Frames of stripped code: symbols and lines from separate debug files
+//! (found by build id under a `--debug-dir`, or through `.gnu_debuglink`
+//! next to the object), and `module+0xOFFSET` (the ELF virtual address,
+//! as `nm` lists it) where there is none; `tracer report --debug-dir`
+//! symbolizes such a recording later. The fixtures are stripped copies of
+//! `leaky` (`cargo xtask setup`, target/fixtures/stripped).
+
+#[allow(dead_code, reason = "other test files use the rest of the harness")]
+mod harness;
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::process::Command;
+
+use harness::{
+    EXIT_TIMEOUT, Fixture, Record, Report, Traced, Tracer, field, fixture, json_path, stack_int,
+    workspace_root,
+};
+use serde_json::Value;
+
+/// `malloc` size in leaky.c's `leak_here`.
+const LEAK_SIZE_BYTES: i64 = 1337;
+const LEAKS: i64 = 25;
+
+fn debug_dir() -> PathBuf {
+    workspace_root().join("target/fixtures/stripped/debug")
+}
+
+/// Traces stripped fixture `name` while it leaks, with `args`.
+fn trace_leaks(name: &str, args: &[&OsStr]) -> Traced {
+    let mut leaky = Fixture::start(&format!("stripped/{name}"), &[]);
+    let trace = Record::pid(leaky.pid).args(args).attach();
+    let answer = leaky.cmd(&format!("leak {LEAKS}"));
+    assert_eq!(field(&answer, "bytes"), LEAKS * LEAK_SIZE_BYTES);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    trace.stop()
+}
+
+/// The heap stack that holds exactly the leak.
+fn leak_stack(report: &Report) -> &Value {
+    let stacks: Vec<&Value> = report
+        .stacks()
+        .iter()
+        .filter(|stack| {
+            stack["kind"] == "heap" && stack_int(stack, "live_bytes") == LEAKS * LEAK_SIZE_BYTES
+        })
+        .collect();
+    assert_eq!(stacks.len(), 1, "one stack holds the leak:\n{report}");
+    stacks[0]
+}
+
+fn assert_leak_here_named_with_its_line(traced: &Traced) {
+    let stack = leak_stack(&traced.report);
+    let site = &stack["site"];
+    assert_eq!(site["function"], "leak_here", "{stack}");
+    assert!(
+        site["file"]
+            .as_str()
+            .is_some_and(|file| file.ends_with("leaky.c"))
+            && site["line"].as_u64().is_some(),
+        "file and line from the debug file: {site}"
+    );
+}
+
+#[test]
+fn a_debug_file_under_a_build_id_path_names_the_leak() {
+    let traced = trace_leaks(
+        "leaky_buildid",
+        &[OsStr::new("--debug-dir"), debug_dir().as_os_str()],
+    );
+    assert_leak_here_named_with_its_line(&traced);
+}
+
+#[test]
+fn a_debug_file_named_by_gnu_debuglink_names_the_leak() {
+    let traced = trace_leaks("leaky_debuglink", &[]);
+    assert_leak_here_named_with_its_line(&traced);
+}
+
+/// (start, size) of `function` in `nm -S` of the unstripped build.
+fn nm_range(function: &str) -> (u64, u64) {
+    let output = Command::new("nm")
+        .arg("-S")
+        .arg(fixture("leaky"))
+        .output()
+        .expect("nm runs");
+    let listing = String::from_utf8_lossy(&output.stdout);
+    let line = listing
+        .lines()
+        .find(|line| line.ends_with(&format!(" {function}")))
+        .unwrap_or_else(|| panic!("nm lists no {function}:\n{listing}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let hex = |text: &str| u64::from_str_radix(text, 16).expect("nm prints hex");
+    (hex(fields[0]), hex(fields[1]))
+}
+
+#[test]
+fn without_a_debug_file_frames_are_module_and_elf_address() {
+    let traced = trace_leaks("leaky_nodebug", &[]);
+    let stack = leak_stack(&traced.report);
+    let frame = &stack["site"];
+    assert_eq!(frame["function"], Value::Null, "stripped: {frame}");
+    assert!(
+        frame["module"]
+            .as_str()
+            .is_some_and(|module| module.ends_with("/leaky_nodebug"))
+    );
+    assert!(
+        frame["build_id"].as_str().is_some_and(|id| id.len() >= 16),
+        "{frame}"
+    );
+    let offset = frame["offset"].as_u64().expect("an ELF address");
+    let (start, size) = nm_range("leak_here");
+    // A return address: after the call, at most at the function's end.
+    assert!(
+        offset > start && offset <= start + size,
+        "offset 0x{offset:x} is in leak_here (0x{start:x}, {size} bytes)"
+    );
+    let label = format!("leaky_nodebug+0x{offset:x}");
+    assert_eq!(frame["label"], label.as_str());
+    assert!(
+        traced.output.stdout.contains(&label),
+        "the text report names {label}:\n{}",
+        traced.output
+    );
+    assert!(
+        !traced.output.stdout.contains("[leaky_nodebug] 0x"),
+        "no process address:\n{}",
+        traced.output
+    );
+}
+
+#[test]
+fn report_symbolizes_a_recording_from_a_debug_dir() {
+    let recording = json_path("debug_dir").with_extension("tracer");
+    trace_leaks("leaky_nodebug", &[OsStr::new("-o"), recording.as_os_str()]);
+    let json = json_path("debug_dir_report");
+    let output = Tracer::start([
+        OsStr::new("report"),
+        recording.as_os_str(),
+        OsStr::new("--format"),
+        OsStr::new("json"),
+        OsStr::new("--debug-dir"),
+        debug_dir().as_os_str(),
+        OsStr::new("-o"),
+        json.as_os_str(),
+    ])
+    .wait_exit(EXIT_TIMEOUT);
+    output.assert_success();
+    let _ = std::fs::remove_file(&recording);
+    let report = Report::read(&json);
+    let site = &leak_stack(&report)["site"];
+    assert_eq!(site["function"], "leak_here", "{site}");
+}

@@ -1,0 +1,250 @@
+//! Libraries hooked ahead of their mapping: uprobes are registered on a
+//! file (its inode), so probes attached for a process before it maps the
+//! file take effect the moment it does, and the first call after a
+//! `dlopen` is counted (frameworks dlopen the CUDA runtime and allocate
+//! their largest region right after). Without this, a library is hooked
+//! when its mapping is noticed (`libraries`), a few milliseconds late.
+//!
+//! The candidates are the CUDA and allocator libraries the target could
+//! load: those in its executable's RUNPATH/RPATH, in its LD_LIBRARY_PATH
+//! (/proc/PID/environ) and in Python's nvidia wheels
+//! (`site-packages/nvidia/*/lib` of the interpreter's prefix), and the CUDA
+//! libraries of the loader cache (allocators installed system-wide are
+//! linked or preloaded, hence mapped before attach, and hooking every one
+//! installed would cost every target their probes). Paths are read through
+//! /proc/PID/root, so a container's own files are found.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use object::read::elf::{Dyn as _, FileHeader as _, SectionHeader as _};
+
+use crate::procfs::{self, Mapping};
+
+/// File names (up to the first dot of the version) of the libraries worth
+/// hooking ahead: the CUDA runtime and driver, and the allocators.
+const LIBRARY_PREFIXES: [&str; 5] = [
+    "libcudart.so",
+    "libcuda.so",
+    "libjemalloc.so",
+    "libtcmalloc",
+    "libmimalloc.so",
+];
+
+/// The CUDA libraries among them: the ones taken from the loader cache.
+const CUDA_PREFIXES: [&str; 2] = ["libcudart.so", "libcuda.so"];
+
+/// Whether a file name is one of [`LIBRARY_PREFIXES`]'s libraries.
+pub fn is_candidate_name(file_name: &str) -> bool {
+    LIBRARY_PREFIXES
+        .iter()
+        .any(|prefix| file_name.starts_with(prefix) && file_name.contains(".so"))
+}
+
+/// The candidate libraries of `pid` that it has not mapped (`maps`), as
+/// the target sees them (symbolic links resolved), without repeats.
+pub fn candidates(pid: u32, maps: &[Mapping]) -> Vec<PathBuf> {
+    let executable = fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(executable) = &executable {
+        dirs.extend(run_paths(pid, executable));
+        dirs.extend(python_wheel_dirs(pid, executable));
+    }
+    dirs.extend(library_path(pid));
+    let mut files: Vec<PathBuf> = dirs
+        .iter()
+        .flat_map(|dir| files_in(pid, dir))
+        .chain(loader_cache(pid))
+        .filter_map(|path| resolve(pid, &path))
+        .filter(|path| !maps.iter().any(|mapping| mapping.path == *path))
+        .collect();
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// The target's path with its symbolic links resolved inside its root.
+fn resolve(pid: u32, path: &Path) -> Option<PathBuf> {
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let host = fs::canonicalize(procfs::host_path(pid, path)).ok()?;
+    // Through /proc/PID/root the kernel resolves within the target's root;
+    // a target that shares tracer's root gives the path itself.
+    let resolved = match host.strip_prefix(&root) {
+        Ok(inside) => Path::new("/").join(inside),
+        Err(_) => host,
+    };
+    resolved.is_absolute().then_some(resolved)
+}
+
+/// The candidate libraries in `dir` (a path as the target sees it).
+fn files_in(pid: u32, dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(procfs::host_path(pid, dir)) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_str().is_some_and(is_candidate_name))
+        .map(|entry| dir.join(entry.file_name()))
+        .collect()
+}
+
+/// The directories of the executable's DT_RUNPATH and DT_RPATH, with
+/// `$ORIGIN` replaced by its directory.
+fn run_paths(pid: u32, executable: &Path) -> Vec<PathBuf> {
+    let Ok(data) = fs::read(procfs::host_path(pid, executable)) else {
+        return Vec::new();
+    };
+    let origin = executable.parent().unwrap_or(Path::new("/"));
+    dynamic_paths(&data)
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|paths| paths.split(':'))
+        .filter(|dir| !dir.is_empty())
+        .map(|dir| {
+            let dir = dir
+                .replace("${ORIGIN}", &origin.to_string_lossy())
+                .replace("$ORIGIN", &origin.to_string_lossy());
+            PathBuf::from(dir)
+        })
+        .filter(|dir| dir.is_absolute())
+        .collect()
+}
+
+/// The DT_RUNPATH and DT_RPATH strings of a 64-bit ELF file.
+fn dynamic_paths(data: &[u8]) -> object::read::Result<Vec<String>> {
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(data)?;
+    let endian = header.endian()?;
+    let sections = header.sections(endian, data)?;
+    let Some((entries, index)) = sections.dynamic(endian, data)? else {
+        return Ok(Vec::new());
+    };
+    let strings = sections.strings(endian, data, sections.section(index)?.link(endian))?;
+    Ok(entries
+        .iter()
+        .filter(|entry| {
+            matches!(
+                entry.tag32(endian),
+                Some(object::elf::DT_RUNPATH | object::elf::DT_RPATH)
+            )
+        })
+        .filter_map(|entry| entry.string(endian, strings).ok())
+        .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+        .collect())
+}
+
+/// The target's LD_LIBRARY_PATH directories.
+fn library_path(pid: u32) -> Vec<PathBuf> {
+    let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
+        return Vec::new();
+    };
+    environ
+        .split(|&byte| byte == 0)
+        .filter_map(|variable| variable.strip_prefix(b"LD_LIBRARY_PATH="))
+        .flat_map(|value| value.split(|&byte| byte == b':'))
+        .filter(|dir| dir.first() == Some(&b'/'))
+        .map(|dir| PathBuf::from(String::from_utf8_lossy(dir).into_owned()))
+        .collect()
+}
+
+/// The candidate libraries the target's loader cache knows
+/// (`ldconfig -p` on its /etc/ld.so.cache).
+fn loader_cache(pid: u32) -> Vec<PathBuf> {
+    let cache = procfs::host_path(pid, Path::new("/etc/ld.so.cache"));
+    let Ok(output) = Command::new("ldconfig")
+        .arg("-p")
+        .arg("-C")
+        .arg(&cache)
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (name, path) = line.trim().split_once(" => ")?;
+            let name = name.split_whitespace().next()?;
+            let is_cuda = CUDA_PREFIXES.iter().any(|prefix| name.starts_with(prefix));
+            (is_cuda && is_candidate_name(name)).then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+/// `site-packages/nvidia/*/lib` and `dist-packages/nvidia/*/lib` of a
+/// Python executable's prefix (a virtual environment or conda's, or the
+/// system's `/usr` and `/usr/local`).
+fn python_wheel_dirs(pid: u32, executable: &Path) -> Vec<PathBuf> {
+    let is_python = executable
+        .file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.starts_with("python"));
+    if !is_python {
+        return Vec::new();
+    }
+    let prefix = executable
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("/usr"));
+    let mut lib_dirs = vec![prefix.join("lib")];
+    lib_dirs.extend(["/usr/lib", "/usr/local/lib"].map(PathBuf::from));
+    let mut dirs = Vec::new();
+    for lib_dir in lib_dirs {
+        let Ok(versions) = fs::read_dir(procfs::host_path(pid, &lib_dir)) else {
+            continue;
+        };
+        for version in versions.filter_map(Result::ok) {
+            if !version.file_name().to_string_lossy().starts_with("python") {
+                continue;
+            }
+            for packages in ["site-packages", "dist-packages"] {
+                let nvidia = lib_dir
+                    .join(version.file_name())
+                    .join(packages)
+                    .join("nvidia");
+                let Ok(wheels) = fs::read_dir(procfs::host_path(pid, &nvidia)) else {
+                    continue;
+                };
+                dirs.extend(
+                    wheels
+                        .filter_map(Result::ok)
+                        .map(|wheel| nvidia.join(wheel.file_name()).join("lib")),
+                );
+            }
+        }
+    }
+    dirs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_are_cuda_and_allocator_libraries() {
+        for name in [
+            "libcudart.so.12",
+            "libcuda.so.1",
+            "libjemalloc.so.2",
+            "libtcmalloc_minimal.so.4",
+        ] {
+            assert!(is_candidate_name(name), "{name}");
+        }
+        for name in [
+            "libc.so.6",
+            "libcudnn.so.9",
+            "libcuda_stub.a",
+            "libcudart_static.a",
+        ] {
+            assert!(!is_candidate_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn reads_the_runpath_of_an_elf_file() {
+        // This test binary has none; a library built with one is in the
+        // integration tests. At least it parses.
+        let data = fs::read("/proc/self/exe").unwrap();
+        assert!(dynamic_paths(&data).is_ok());
+    }
+}
