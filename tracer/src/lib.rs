@@ -18,6 +18,7 @@ pub mod output;
 pub mod procfs;
 pub mod record;
 pub mod recording;
+pub mod serve;
 pub mod session;
 pub mod symbolize;
 pub mod top;

@@ -16,7 +16,7 @@ use crate::{
     model::Model,
     output,
     recording::{self, Metadata},
-    session,
+    serve, session,
 };
 
 /// How often the status line is printed on stderr while recording.
@@ -30,6 +30,7 @@ pub fn run(config: &RecordConfig) -> Result<()> {
     {
         check_output_path(path)?;
     }
+    let mut server = serve::start_if_asked(&config.trace)?;
     let mut collector = session::attach(&config.trace)?;
     let mut recording = match start_recording(config, &collector) {
         Ok(recording) => recording,
@@ -45,6 +46,7 @@ pub fn run(config: &RecordConfig) -> Result<()> {
         &mut collector,
         &mut model,
         recording.as_mut(),
+        server.as_mut(),
         config,
     ))?;
     if reason != StopReason::TargetsExited {
@@ -82,6 +84,7 @@ async fn collect(
     collector: &mut Collector,
     model: &mut Model,
     mut recording: Option<&mut recording::Writer>,
+    mut server: Option<&mut serve::Server>,
     config: &RecordConfig,
 ) -> Result<StopReason> {
     let mut status_printed_at = Instant::now();
@@ -95,6 +98,9 @@ async fn collect(
                     })?;
                 }
                 model.push(snapshot);
+                if let Some(server) = server.as_deref_mut() {
+                    server.publish(collector, model, &config.trace, false);
+                }
                 if status_printed_at.elapsed() >= STATUS_EVERY {
                     status_printed_at = Instant::now();
                     eprintln!("{}", status_line(model));

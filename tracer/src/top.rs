@@ -21,6 +21,7 @@ use crate::{
 
 /// Runs `tracer top` until q, Ctrl-C, --duration or the targets' exit.
 pub fn run(config: &Config) -> Result<()> {
+    let mut server = crate::serve::start_if_asked(config)?;
     let mut collector = session::attach(config)?;
     let interactive = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
     let _screen = if interactive {
@@ -36,6 +37,9 @@ pub fn run(config: &Config) -> Result<()> {
             match collector.next().await? {
                 Event::Snapshot(snapshot) => {
                     model.push(snapshot);
+                    if let Some(server) = server.as_mut() {
+                        server.publish(&mut collector, &model, config, false);
+                    }
                     draw(&mut collector, &model, config.top, interactive)?;
                 }
                 Event::Stopped(_) => return Ok(()),

@@ -11,7 +11,7 @@ use super::{
     config::{
         Config, DEFAULT_PLOT_STACKS, FloorConfig, RecordConfig, ReportConfig, ReportFormat, Targets,
     },
-    help::{ABOUT, EXIT_CODES, LONG_ABOUT, SAMPLING_HELP, UNWIND_HELP},
+    help::{ABOUT, EXIT_CODES, LISTEN_HELP, LONG_ABOUT, SAMPLING_HELP, UNWIND_HELP},
     values::{parse_duration, parse_interval, parse_kind, parse_ring_kib, parse_time},
 };
 use crate::{
@@ -19,6 +19,7 @@ use crate::{
     error::{ExitCode, fatal},
     model::Kind,
     output::folded::FoldedValue,
+    serve::parse_listen,
     unwind::{UnwindMode, Unwinding},
 };
 
@@ -233,6 +234,9 @@ struct TargetArgs {
     /// Command to start and trace from its first allocation.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
+
+    #[command(flatten)]
+    fleet: FleetArgs,
 }
 
 #[derive(Debug, Args)]
@@ -390,6 +394,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         unwinding,
         verbose: args.verbose,
         follow_forks: args.follow_forks,
+        listen: args.fleet.listen,
     })
 }
 
@@ -418,4 +423,16 @@ fn report_config(args: ReportArgs) -> Result<ReportConfig> {
         output_path: args.output,
         plot_stacks: DEFAULT_PLOT_STACKS,
     })
+}
+
+// ---- Fleet: serving what tracer knows to Prometheus and pprof scrapers
+// (issue 18). Kept apart from the flags above.
+
+/// The flags that plug tracer into fleet-wide collection.
+#[derive(Debug, Args)]
+struct FleetArgs {
+    /// Serve /metrics (Prometheus), /debug/pprof/heap, /debug/pprof/growth
+    /// and /healthz over HTTP while tracing.
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen, long_help = LISTEN_HELP)]
+    listen: Option<std::net::SocketAddr>,
 }

@@ -34,6 +34,8 @@ pub struct Config {
     pub unwinding: Unwinding,
     pub verbose: bool,
     pub follow_forks: bool,
+    /// Where to serve metrics and profiles (`--listen`).
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// `tracer record`: a run, and the files it writes.
