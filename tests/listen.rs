@@ -450,3 +450,159 @@ fn listen_addresses_that_cannot_work_fail_in_one_line() {
         );
     }
 }
+
+/// A copy of leaky under another command name, in a fresh directory.
+fn leaky_named(name: &str) -> PathBuf {
+    let directory = std::env::temp_dir().join(format!("tracer-test-comm-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).expect("comm directory");
+    let path = directory.join(name);
+    std::fs::copy(fixture("leaky"), &path).expect("copy leaky");
+    path
+}
+
+/// Starts `program` (a leaky) and waits for its `ready` line.
+fn start_leaky_at(program: &PathBuf) -> Fixture {
+    let (fixture, ready) = Fixture::spawn(Command::new(program));
+    assert_eq!(ready, format!("ready pid={}", fixture.pid));
+    fixture
+}
+
+/// The `tracer_stack_live_bytes` samples of /metrics: (pid, site, bytes).
+fn stack_samples(address: &str) -> Vec<(u32, String, i64)> {
+    let (status, body) = http_get(address, "/metrics");
+    assert_eq!(status, 200);
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter_map(|line| line.strip_prefix("tracer_stack_live_bytes{"))
+        .map(|rest| {
+            let label = |name: &str| -> String {
+                let start = rest.find(&format!("{name}=\"")).expect("label") + name.len() + 2;
+                rest[start..].split('"').next().expect("value").to_owned()
+            };
+            let bytes = rest
+                .rsplit(' ')
+                .next()
+                .expect("value")
+                .parse()
+                .expect("bytes");
+            (label("pid").parse().expect("pid"), label("site"), bytes)
+        })
+        .collect()
+}
+
+/// Polls /metrics until `done` holds for the stack samples; returns them.
+fn wait_for_samples(
+    address: &str,
+    what: &str,
+    done: impl Fn(&[(u32, String, i64)]) -> bool,
+) -> Vec<(u32, String, i64)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let samples = stack_samples(address);
+        if done(&samples) {
+            return samples;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: last /metrics {samples:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn comm_follows_a_service_across_restarts_and_leaves_others_alone() {
+    let name = format!("lc{}", std::process::id() % 100_000_000);
+    let service = leaky_named(&name);
+    let bystander = leaky_named(&format!("lb{}", std::process::id() % 100_000_000));
+    let mut other = start_leaky_at(&bystander);
+    let mut first = start_leaky_at(&service);
+    let mut trace = Record::pids(&[])
+        .interval("200ms")
+        .args(["--comm", &name, "--listen", "0"])
+        .attach();
+    let address = listen_address(&mut trace.tracer);
+    other.cmd("leak 9");
+
+    // First life: running at attach.
+    let leaked = field(&first.cmd("leak 3"), "bytes");
+    let first_pid = first.pid;
+    wait_for_samples(&address, "the first life's leak", |samples| {
+        samples.iter().any(|(pid, site, bytes)| {
+            *pid == first_pid && site.starts_with("leak_here") && *bytes == leaked
+        })
+    });
+    drop(first); // killed: the service crashes
+    wait_for_samples(&address, "the first life's metrics gone", |samples| {
+        samples.iter().all(|(pid, _, _)| *pid != first_pid)
+    });
+
+    // Second life: started later under the same name.
+    let mut second = start_leaky_at(&service);
+    trace
+        .tracer
+        .wait_stderr(&format!("tracing PID {}", second.pid), ATTACH_TIMEOUT);
+    let leaked = field(&second.cmd("leak 5"), "bytes");
+    let second_pid = second.pid;
+    let samples = wait_for_samples(&address, "the second life's leak", |samples| {
+        samples.iter().any(|(pid, site, bytes)| {
+            *pid == second_pid && site.starts_with("leak_here") && *bytes == leaked
+        })
+    });
+    assert!(
+        samples.iter().all(|(pid, _, _)| *pid == second_pid),
+        "only the live service is listed: {samples:?}"
+    );
+    let (_, metrics) = http_get(&address, "/metrics");
+    let metrics = String::from_utf8_lossy(&metrics).into_owned();
+    assert!(metrics.contains("\ntracer_targets 1\n"), "{metrics}");
+
+    let traced = trace.stop();
+    let stderr = &traced.output.stderr;
+    assert!(
+        !stderr.contains(&format!("PID {}", other.pid)),
+        "the bystander was never traced: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("PID {first_pid} exited")),
+        "{stderr}"
+    );
+    let pids: Vec<i64> = traced.report.json["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|target| target["pid"].as_i64().expect("pid"))
+        .collect();
+    assert_eq!(pids, vec![i64::from(first_pid), i64::from(second_pid)]);
+    assert_eq!(
+        traced.report.heap_live_with("leak_here"),
+        Live::blocks(5, LEAK_SIZE_BYTES),
+        "the report holds the live service only:\n{}",
+        traced.report
+    );
+    let _ = std::fs::remove_dir_all(service.parent().expect("directory"));
+    drop(other);
+}
+
+#[test]
+fn comm_flags_that_cannot_work_fail_in_one_line() {
+    for (args, message) in [
+        (&["--comm", "a/b"][..], "a command name, without '/'"),
+        (
+            &["--comm-regex", "("][..],
+            "is not a regular expression: unclosed group",
+        ),
+        (&["--comm", "x", "--pid", "1"][..], "cannot be used with"),
+        (
+            &["--comm", "x", "--max-targets", "0"][..],
+            "--max-targets must be at least 1",
+        ),
+    ] {
+        let output = Tracer::start(std::iter::once("record").chain(args.iter().copied()))
+            .wait_exit(EXIT_TIMEOUT);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output}");
+        let lines: Vec<&str> = output.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {output}");
+        assert!(lines[0].contains(message), "{args:?}: {output}");
+    }
+}

@@ -119,6 +119,9 @@ async fn collect(
                     writer.append_exit(pid, after_s)?;
                 }
                 eprintln!("tracer: PID {pid} exited after {after_s:.1} s");
+                if collector.forgets_exited() {
+                    model.forget(pid);
+                }
             }
             Event::LibrariesHooked(libraries) => {
                 if let Some(writer) = recording.as_deref_mut() {

@@ -42,6 +42,9 @@ pub fn run(config: &Config) -> Result<()> {
                     }
                     draw(&mut collector, &model, config.top, interactive)?;
                 }
+                Event::TargetExited { pid, .. } if collector.forgets_exited() => {
+                    model.forget(pid);
+                }
                 Event::Stopped(_) => return Ok(()),
                 // The screen is the report: the rest shows in its header.
                 _ => {}

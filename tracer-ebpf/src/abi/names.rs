@@ -30,6 +30,8 @@ pub mod map {
         MAPPING_EVENTS = "MAPPING_EVENTS",
         FOLLOWED = "FOLLOWED",
         FORKS = "FORKS",
+        COMM_NAMES = "COMM_NAMES",
+        STARTED = "STARTED",
     }
 }
 
@@ -61,6 +63,7 @@ pub mod program {
         PROCESS_EXEC = "process_exec",
         EXEC_MAPPED = "exec_mapped",
         PROCESS_FORK = "process_fork",
+        COMM_EXEC = "comm_exec",
         SIGNAL_DELIVER = "signal_deliver",
         SIGNAL_RETURN = "signal_return",
         MMAP_ENTER = "mmap_enter",

@@ -66,6 +66,8 @@ pub mod stat {
             /// Frees of copied-stack blocks that did not fit in the ring buffer:
             /// userspace keeps counting those blocks as live.
             DROP_STACK_FREE_LOST => ("stack_free_lost", Drop),
+            /// Processes started with a --comm name that could not be announced.
+            DROP_EXEC_QUEUE_FULL => ("exec_queue_full", Drop),
         }
     }
 }

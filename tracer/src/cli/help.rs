@@ -88,3 +88,15 @@ ADDR is PORT (binds 127.0.0.1), IP:PORT or [IPv6]:PORT. WARNING: anyone who \
 can reach the address reads the traced processes' function names, source \
 files and memory sizes; bind another address than loopback only on a \
 trusted network. Read-only; no request touches the file system.";
+
+pub(super) const COMM_HELP: &str = "\
+Trace every process whose command name (the kernel's comm, \
+/proc/PID/comm, at most 15 bytes: longer names are compared on their \
+first 15) is NAME: those running at attach, and each one started later \
+(a sched_process_exec tracepoint announces it; tracer attaches within \
+about 100 ms plus the attach time, and what it allocated before is not \
+seen), so a service stays traced across restarts and crashes. Repeat for \
+several names; --comm-regex matches a pattern instead. tracer keeps \
+running while none is alive; the memory of a process that exited leaves \
+the model, the metrics (--listen) and the report. --max-targets bounds \
+the processes traced at once.";
