@@ -143,6 +143,10 @@ impl Probes {
     /// entry already gone is fine.
     pub fn forget(&mut self, pid: u32) {
         self.watch.forget(pid);
+        self.release_links_of(pid);
+        self.hooks.retain(|hook| hook.pid != pid);
+        self.libraries.retain(|library| library.pid != pid);
+        self.copying_stacks_of.retain(|(copied, _)| *copied != pid);
         for name in [
             tracer_ebpf::map::TARGETS,
             tracer_ebpf::map::FOLLOWED,

@@ -87,7 +87,9 @@ Values are those of the latest snapshot; exited processes are left out. \
 ADDR is PORT (binds 127.0.0.1), IP:PORT or [IPv6]:PORT. WARNING: anyone who \
 can reach the address reads the traced processes' function names, source \
 files and memory sizes; bind another address than loopback only on a \
-trusted network. Read-only; no request touches the file system.";
+trusted network. Read-only; no request touches the file system. Without \
+--duration, tracer runs until SIGTERM or Ctrl-C (with --pid, also until \
+every target has exited; with --comm, on while none is alive).";
 
 pub(super) const COMM_HELP: &str = "\
 Trace every process whose command name (the kernel's comm, \
