@@ -606,3 +606,20 @@ fn comm_flags_that_cannot_work_fail_in_one_line() {
         assert!(lines[0].contains(message), "{args:?}: {output}");
     }
 }
+
+#[test]
+fn top_serves_the_same_metrics() {
+    require_root();
+    let mut fixture = Fixture::start("leaky", &[]);
+    let pid = fixture.pid.to_string();
+    let mut tracer = Tracer::start(["top", "--pid", &pid, "--interval", "200ms", "--listen", "0"]);
+    let address = listen_address(&mut tracer);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    let leaked = field(&fixture.cmd("leak 4"), "bytes");
+    wait_for_samples(&address, "top's /metrics", |samples| {
+        samples.iter().any(|(sample_pid, site, bytes)| {
+            *sample_pid == fixture.pid && site.starts_with("leak_here") && *bytes == leaked
+        })
+    });
+    tracer.stop().assert_success();
+}

@@ -452,6 +452,8 @@ impl Collector {
     /// stays, without its stacks.
     fn forget(&mut self, pid: u32) {
         self.probes.forget(pid);
+        self.symbols.forget(pid);
+        self.copied.forget(pid);
         self.frames.retain(|key, _| key.pid != pid);
         self.apis.retain(|key, _| key.pid != pid);
         self.exec_baselines.retain(|key, _| key.pid != pid);
