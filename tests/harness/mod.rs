@@ -300,6 +300,17 @@ impl Tracer {
         }
     }
 
+    /// The stderr lines printed so far that contain `needle`.
+    pub fn stderr_lines_with(&self, needle: &str) -> Vec<String> {
+        self.stderr_lines
+            .lock()
+            .expect("stderr lock")
+            .iter()
+            .filter(|line| line.contains(needle))
+            .cloned()
+            .collect()
+    }
+
     /// Sends SIGINT (the tracer takes a final snapshot and writes its
     /// reports) and waits for it to exit.
     pub fn stop(self) -> TracerOutput {

@@ -4,7 +4,7 @@
 //! inherited, so without this a child costs nothing and is not traced.
 use aya_ebpf::{
     Global,
-    helpers::bpf_get_current_pid_tgid,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{map, tracepoint},
     maps::{HashMap, Queue},
     programs::TracePointContext,
@@ -39,6 +39,37 @@ pub fn process_fork(ctx: TracePointContext) -> u32 {
     };
     if FORKS.push(child, 0).is_err() {
         count(stat::DROP_FORK_QUEUE_FULL);
+    }
+    0
+}
+
+/// `--comm`: the command names (`comm`, NUL-padded) whose new processes are
+/// announced; the all-zero name announces every exec (`--comm-regex`, which
+/// userspace matches).
+#[map]
+static COMM_NAMES: HashMap<[u8; 16], u8> = HashMap::with_max_entries(256, 0);
+
+/// Processes that exec'd an image with a watched name, waiting to be
+/// attached (userspace checks the name again).
+#[map]
+static STARTED: Queue<u32> = Queue::with_max_entries(8192, 0);
+
+/// Every exec on the host, while `--comm` watches for names: announces
+/// the process when its new name is watched. At this tracepoint the task
+/// already bears the new image's name.
+#[tracepoint]
+pub fn comm_exec(_ctx: TracePointContext) -> u32 {
+    let Ok(comm) = bpf_get_current_comm() else {
+        return 0;
+    };
+    let watched = unsafe { COMM_NAMES.get(&comm) }.is_some()
+        || unsafe { COMM_NAMES.get(&[0u8; 16]) }.is_some();
+    if !watched {
+        return 0;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if STARTED.push(tgid, 0).is_err() {
+        count(stat::DROP_EXEC_QUEUE_FULL);
     }
     0
 }

@@ -20,6 +20,7 @@ pub mod perf_map;
 pub mod procfs;
 pub mod record;
 pub mod recording;
+pub mod serve;
 pub mod session;
 pub mod symbolize;
 pub mod top;

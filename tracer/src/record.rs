@@ -16,7 +16,7 @@ use crate::{
     model::Model,
     output,
     recording::{self, Metadata},
-    session,
+    serve, session,
 };
 
 /// How often the status line is printed on stderr while recording.
@@ -35,6 +35,7 @@ pub fn run(config: &RecordConfig) -> Result<()> {
     {
         check_output_path(path)?;
     }
+    let mut server = serve::start_if_asked(&config.trace)?;
     let mut collector = session::attach(&config.trace)?;
     let mut recording = match start_recording(config, &collector) {
         Ok(recording) => recording,
@@ -50,6 +51,7 @@ pub fn run(config: &RecordConfig) -> Result<()> {
         &mut collector,
         &mut model,
         recording.as_mut(),
+        server.as_mut(),
         config,
     ))?;
     if reason != StopReason::TargetsExited {
@@ -111,6 +113,7 @@ async fn collect(
     collector: &mut Collector,
     model: &mut Model,
     mut recording: Option<&mut recording::Writer>,
+    mut server: Option<&mut serve::Server>,
     config: &RecordConfig,
 ) -> Result<StopReason> {
     let mut status_printed_at = Instant::now();
@@ -124,6 +127,9 @@ async fn collect(
                     })?;
                 }
                 model.push(snapshot);
+                if let Some(server) = server.as_deref_mut() {
+                    server.publish(collector, model, &config.trace, false);
+                }
                 if status_printed_at.elapsed() >= STATUS_EVERY {
                     status_printed_at = Instant::now();
                     eprintln!("{}", status_line(model));
@@ -142,6 +148,9 @@ async fn collect(
                     writer.append_exit(pid, after_s)?;
                 }
                 eprintln!("tracer: PID {pid} exited after {after_s:.1} s");
+                if collector.forgets_exited() {
+                    model.forget(pid);
+                }
             }
             Event::LibrariesHooked(libraries) => {
                 if let Some(writer) = recording.as_deref_mut() {

@@ -62,6 +62,22 @@ pub fn attach(config: &Config) -> Result<Collector> {
                 collector.gate(child.pid);
             }
         }
+        Targets::Comms(comms) => {
+            for pid in collector
+                .watch_comms(comms)?
+                .into_iter()
+                .take(comms.max_targets)
+            {
+                // A process that exits or maps no allocator meanwhile is
+                // not an error: others may come.
+                if let Err(error) = collector.add_target(pid, false) {
+                    eprintln!(
+                        "tracer: not tracing PID {pid}: {}",
+                        crate::error::one_line(&error)
+                    );
+                }
+            }
+        }
     }
     let attached_at = collector.start();
     let probes = collector.probes();
@@ -235,6 +251,9 @@ pub fn memory_status(targets: &[Target]) -> BTreeMap<u32, MemoryStatus> {
 }
 
 fn describe_targets(targets: &[Target]) -> String {
+    if targets.is_empty() {
+        return "no process yet (waiting for one with a --comm name)".to_owned();
+    }
     targets
         .iter()
         .map(|target| format!("PID {} ({})", target.pid, target.command))

@@ -61,6 +61,15 @@ pub struct Symbols {
     perf_maps: crate::perf_map::PerfMaps,
     /// `--debug-dir`s, searched before /usr/lib/debug.
     debug_dirs: Vec<PathBuf>,
+    /// Processes forgotten so far.
+    forgotten: u64,
+}
+
+fn new_symbolizer() -> Symbolizer {
+    Symbolizer::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .build()
 }
 
 impl Default for Symbols {
@@ -72,15 +81,28 @@ impl Default for Symbols {
 impl Symbols {
     pub fn new() -> Symbols {
         Symbols {
-            symbolizer: Symbolizer::builder()
-                .enable_code_info(true)
-                .enable_inlined_fns(true)
-                .build(),
+            symbolizer: new_symbolizer(),
             mappings: HashMap::new(),
             files: HashMap::new(),
             cache: HashMap::new(),
             perf_maps: Default::default(),
             debug_dirs: Vec::new(),
+            forgotten: 0,
+        }
+    }
+
+    /// Forgets a process that exited (`--comm`): its mappings, open files
+    /// and cached frames. blazesym caches files by the path it was given
+    /// (`/proc/PID/root/...`), which differs for every process: every 16
+    /// processes forgotten its symbolizer starts afresh, so a service
+    /// restarted for days keeps tracer's memory and descriptors flat.
+    pub fn forget(&mut self, pid: u32) {
+        self.mappings.remove(&pid);
+        self.files.retain(|(file_pid, _), _| *file_pid != pid);
+        self.cache.retain(|(cache_pid, _), _| *cache_pid != pid);
+        self.forgotten += 1;
+        if self.forgotten.is_multiple_of(16) {
+            self.symbolizer = new_symbolizer();
         }
     }
 

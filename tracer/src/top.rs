@@ -21,6 +21,7 @@ use crate::{
 
 /// Runs `tracer top` until q, Ctrl-C, --duration or the targets' exit.
 pub fn run(config: &Config) -> Result<()> {
+    let mut server = crate::serve::start_if_asked(config)?;
     let mut collector = session::attach(config)?;
     let interactive = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
     let screen = if interactive {
@@ -36,7 +37,13 @@ pub fn run(config: &Config) -> Result<()> {
             match collector.next().await? {
                 Event::Snapshot(snapshot) => {
                     model.push(snapshot);
+                    if let Some(server) = server.as_mut() {
+                        server.publish(&mut collector, &model, config, false);
+                    }
                     draw(&mut collector, &model, config, interactive)?;
+                }
+                Event::TargetExited { pid, .. } if collector.forgets_exited() => {
+                    model.forget(pid);
                 }
                 Event::Stopped(reason) => return Ok::<_, anyhow::Error>(reason),
                 // The screen is the report: the rest shows in its header.

@@ -63,6 +63,10 @@ enum Task {
         /// How long, in seconds
         #[arg(long, default_value_t = 600)]
         seconds: u64,
+        /// tracer as a daemon (--comm, --listen) on a target killed and
+        /// started again every 10 s, scraped every second
+        #[arg(long)]
+        restarting: bool,
     },
     /// Run clippy (warnings are errors) and check formatting
     Lint,
@@ -100,10 +104,17 @@ fn run(task: Task) -> Result<()> {
             }
             Ok(())
         }
-        Task::Soak { seconds } => {
+        Task::Soak {
+            seconds,
+            restarting,
+        } => {
             let shell = setup_shell(&root)?;
             build(&shell)?;
-            soak::soak(&root, seconds)
+            if restarting {
+                soak::soak_restarting(&root, seconds)
+            } else {
+                soak::soak(&root, seconds)
+            }
         }
         Task::Bench { short } => {
             let shell = setup_shell(&root)?;

@@ -32,6 +32,8 @@ pub mod map {
         MAPPING_EVENTS = "MAPPING_EVENTS",
         FOLLOWED = "FOLLOWED",
         FORKS = "FORKS",
+        COMM_NAMES = "COMM_NAMES",
+        STARTED = "STARTED",
     }
 }
 
@@ -63,6 +65,7 @@ pub mod program {
         PROCESS_EXEC = "process_exec",
         EXEC_MAPPED = "exec_mapped",
         PROCESS_FORK = "process_fork",
+        COMM_EXEC = "comm_exec",
         SIGNAL_DELIVER = "signal_deliver",
         SIGNAL_RETURN = "signal_return",
         MMAP_ENTER = "mmap_enter",

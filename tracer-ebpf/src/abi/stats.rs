@@ -72,6 +72,8 @@ pub mod stat {
             /// Bytes of the blocks whose frees were lost (`stack_free_lost`):
             /// live bytes may be too high by up to this much.
             STACK_FREE_LOST_BYTES => ("stack_free_lost_bytes", Event),
+            /// Processes started with a --comm name that could not be announced.
+            DROP_EXEC_QUEUE_FULL => ("exec_queue_full", Drop),
         }
     }
 }

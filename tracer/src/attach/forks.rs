@@ -67,3 +67,124 @@ impl Probes {
         std::iter::from_fn(|| forks.pop(0).ok()).collect()
     }
 }
+
+/// The program that announces processes started with a watched name
+/// (`--comm`, tracer-ebpf/src/forks.rs).
+pub(super) const COMM_EXEC_PROGRAM: &str = tracer_ebpf::program::COMM_EXEC;
+
+impl Probes {
+    /// Starts announcing the processes that exec an image named one of
+    /// `names` (their `comm`, at most 15 bytes), or every exec when
+    /// `every_exec` (for a pattern userspace matches): attaches the
+    /// sched_process_exec tracepoint.
+    pub fn watch_execs(&mut self, names: &[String], every_exec: bool) -> Result<()> {
+        {
+            let mut comm_names: HashMap<&mut MapData, [u8; 16], u8> = HashMap::try_from(
+                self.ebpf
+                    .map_mut(tracer_ebpf::map::COMM_NAMES)
+                    .context("eBPF object lacks COMM_NAMES")?,
+            )?;
+            let keys = names
+                .iter()
+                .map(|name| comm_key(name))
+                .chain(every_exec.then_some([0; 16]));
+            for key in keys {
+                comm_names
+                    .insert(key, 1, 0)
+                    .context("could not watch for command names")?;
+            }
+        }
+        let program: &mut TracePoint = self
+            .ebpf
+            .program_mut(COMM_EXEC_PROGRAM)
+            .with_context(|| format!("eBPF object lacks program {COMM_EXEC_PROGRAM}"))?
+            .try_into()
+            .with_context(|| format!("eBPF program {COMM_EXEC_PROGRAM} is not a tracepoint"))?;
+        program
+            .load()
+            .map_err(|error| load_error(error.into()))
+            .with_context(|| format!("could not load eBPF program {COMM_EXEC_PROGRAM}"))?;
+        let link = attach_tracepoint(
+            &mut self.ebpf,
+            COMM_EXEC_PROGRAM,
+            "sched",
+            "sched_process_exec",
+        )?;
+        self.tracepoint_links.push(link);
+        Ok(())
+    }
+
+    /// Processes that exec'd a watched name since the last call.
+    pub fn take_started(&mut self) -> Vec<u32> {
+        let Some(map) = self.ebpf.map_mut(tracer_ebpf::map::STARTED) else {
+            return Vec::new();
+        };
+        let Ok(mut started) = Queue::<&mut MapData, u32>::try_from(map) else {
+            return Vec::new();
+        };
+        std::iter::from_fn(|| started.pop(0).ok()).collect()
+    }
+}
+
+/// A command name as the kernel keeps it: at most 15 bytes, NUL-padded.
+fn comm_key(name: &str) -> [u8; 16] {
+    let mut key = [0; 16];
+    for (slot, byte) in key.iter_mut().zip(name.bytes().take(15)) {
+        *slot = byte;
+    }
+    key
+}
+
+impl Probes {
+    /// Forgets a traced process that exited (`--comm`, where processes
+    /// come and go for as long as tracer runs): removes its entries from
+    /// the kernel's per-process tables and its live blocks and per-stack
+    /// totals, so they neither fill up nor are read again. Best effort: an
+    /// entry already gone is fine.
+    pub fn forget(&mut self, pid: u32) {
+        self.watch.forget(pid);
+        self.release_links_of(pid);
+        self.hooks.retain(|hook| hook.pid != pid);
+        self.libraries.retain(|library| library.pid != pid);
+        self.copying_stacks_of.retain(|(copied, _)| *copied != pid);
+        for name in [
+            tracer_ebpf::map::TARGETS,
+            tracer_ebpf::map::FOLLOWED,
+            tracer_ebpf::map::COPY_STACKS_OF,
+        ] {
+            if let Some(map) = self.ebpf.map_mut(name)
+                && let Ok(mut table) = HashMap::<&mut MapData, u32, u32>::try_from(map)
+            {
+                let _ = table.remove(&pid);
+            }
+        }
+        if let Some(map) = self.ebpf.map_mut(tracer_ebpf::map::LIVE)
+            && let Ok(mut live) =
+                HashMap::<&mut MapData, tracer_ebpf::LiveKey, tracer_ebpf::LiveAlloc>::try_from(map)
+        {
+            let keys: Vec<tracer_ebpf::LiveKey> = live
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|key| key.tgid == pid)
+                .collect();
+            for key in keys {
+                let _ = live.remove(&key);
+            }
+        }
+        if let Some(map) = self.ebpf.map_mut(tracer_ebpf::map::BY_STACK)
+            && let Ok(mut by_stack) =
+                HashMap::<&mut MapData, tracer_ebpf::StackKey, tracer_ebpf::StackTotals>::try_from(
+                    map,
+                )
+        {
+            let keys: Vec<tracer_ebpf::StackKey> = by_stack
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|key| key.tgid == pid)
+                .collect();
+            for key in keys {
+                let _ = by_stack.remove(&key);
+            }
+        }
+    }
+}

@@ -98,6 +98,13 @@ pub struct LibraryWatch {
 }
 
 impl LibraryWatch {
+    /// Stops watching `pid`, which exited (see `Probes::forget`).
+    pub fn forget(&mut self, pid: u32) {
+        let _ = self.traced_tgids.remove(&pid);
+        self.seen.retain(|(seen_pid, _)| *seen_pid != pid);
+        self.rescans.remove(&pid);
+    }
+
     /// Attaches the mmap and exec tracepoints (adding their links to
     /// `links`) and takes the watch's maps out of `ebpf`.
     pub(super) fn start(ebpf: &mut Ebpf, links: &mut Vec<TracepointLink>) -> Result<LibraryWatch> {

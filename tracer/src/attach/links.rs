@@ -58,7 +58,7 @@ impl Drop for Probes {
                 links.push(Box::new(link));
             }
         }
-        for (program, id) in self.perf_links.drain(..) {
+        for (_, program, id) in self.perf_links.drain(..) {
             if let Ok(link) = super::program(&mut self.ebpf, program)
                 .and_then(|uprobe| uprobe.take_link(id).map_err(Into::into))
             {
@@ -73,5 +73,35 @@ impl Drop for Probes {
             );
         }
         release_together(links);
+    }
+}
+
+impl Probes {
+    /// Detaches the uprobes of `pid`, which exited (`--comm`): its links
+    /// are closed on a thread of their own, since closing each one waits
+    /// for a grace period and collection must not.
+    pub(super) fn release_links_of(&mut self, pid: u32) {
+        let mut links: Vec<Box<dyn Send>> = Vec::new();
+        let (of_pid, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.perf_links)
+            .into_iter()
+            .partition(|(link_pid, _, _)| *link_pid == pid);
+        self.perf_links = others;
+        for (_, program, id) in of_pid {
+            if let Ok(link) = super::program(&mut self.ebpf, program)
+                .and_then(|uprobe| uprobe.take_link(id).map_err(Into::into))
+            {
+                links.push(Box::new(link));
+            }
+        }
+        for raw in [&mut self.multi, &mut self.session].into_iter().flatten() {
+            links.extend(
+                raw.take_links_of(pid)
+                    .into_iter()
+                    .map(|link| Box::new(link) as Box<dyn Send>),
+            );
+        }
+        if !links.is_empty() {
+            std::thread::spawn(move || release_together(links));
+        }
     }
 }

@@ -12,7 +12,7 @@ use tracer_ebpf::sampling::{PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TAB
 
 use super::{
     ProbeLinks, Probes, ReturnProbes,
-    forks::FORK_PROGRAM,
+    forks::{COMM_EXEC_PROGRAM, FORK_PROGRAM},
     libraries::LibraryWatch,
     links::{TracepointLink, attach_tracepoint},
     mappings,
@@ -185,7 +185,7 @@ impl Probes {
         // uprobe_multi links where the kernel has them: the uprobe programs
         // are then loaded apart (`raw`), like the session programs (only
         // when used); the fork tracepoint only with --follow-forks
-        // (`watch_forks`).
+        // (`watch_forks`), the exec one only with --comm (`watch_execs`).
         let (multi, links) = match RawPrograms::load(object, &ebpf, LinkKind::Multi) {
             Ok(multi) => (Some(multi), ProbeLinks::Multi),
             Err(error) => (None, ProbeLinks::PerProbe(format!("{error:#}"))),
@@ -195,6 +195,7 @@ impl Probes {
             if loaded_apart
                 || name.ends_with("_session")
                 || name == FORK_PROGRAM
+                || name == COMM_EXEC_PROGRAM
                 || mappings::is_mapping_program(name)
             {
                 continue;

@@ -131,7 +131,7 @@ pub struct Probes {
     /// How the uprobes are attached.
     pub links: ProbeLinks,
     /// Perf-event uprobes, where uprobe_multi links are not to be had.
-    perf_links: Vec<(&'static str, UProbeLinkId)>,
+    perf_links: Vec<(u32, &'static str, UProbeLinkId)>,
     /// Every tracepoint attached (signals, library watch, mapping calls,
     /// forks).
     tracepoint_links: Vec<TracepointLink>,
@@ -348,7 +348,7 @@ impl Probes {
                         pid,
                     )
                 })?;
-            self.perf_links.push((batch.program, link));
+            self.perf_links.push((pid, batch.program, link));
         }
         Ok(())
     }

@@ -103,7 +103,8 @@ pub struct RawPrograms {
     kind: LinkKind,
     /// Each program and whether it is a return probe.
     programs: HashMap<String, (OwnedFd, bool)>,
-    links: Vec<OwnedFd>,
+    /// Each link and the process it is for.
+    links: Vec<(u32, OwnedFd)>,
     /// Probes in the links.
     probe_count: usize,
 }
@@ -234,7 +235,7 @@ impl RawPrograms {
                 path.display()
             )
         })?;
-        self.links.push(link);
+        self.links.push((pid, link));
         self.probe_count += points.len();
         Ok(())
     }
@@ -242,6 +243,18 @@ impl RawPrograms {
     /// The links, to release (closing each costs a grace period).
     pub fn take_links(&mut self) -> Vec<OwnedFd> {
         std::mem::take(&mut self.links)
+            .into_iter()
+            .map(|(_, link)| link)
+            .collect()
+    }
+
+    /// The links of process `pid`, which exited, to release.
+    pub fn take_links_of(&mut self, pid: u32) -> Vec<OwnedFd> {
+        let (of_pid, others) = std::mem::take(&mut self.links)
+            .into_iter()
+            .partition(|(link_pid, _)| *link_pid == pid);
+        self.links = others;
+        of_pid.into_iter().map(|(_, link)| link).collect()
     }
 
     /// Number of links in place.

@@ -9,9 +9,10 @@ use tracer_ebpf::sampling::MAX_SAMPLE_BYTES;
 use super::{
     Parsed,
     config::{
-        Config, DEFAULT_PLOT_STACKS, FloorConfig, RecordConfig, ReportConfig, ReportFormat, Targets,
+        CommTargets, Config, DEFAULT_PLOT_STACKS, FloorConfig, RecordConfig, ReportConfig,
+        ReportFormat, Targets,
     },
-    help::{ABOUT, EXIT_CODES, LONG_ABOUT, SAMPLING_HELP, UNWIND_HELP},
+    help::{ABOUT, COMM_HELP, EXIT_CODES, LISTEN_HELP, LONG_ABOUT, SAMPLING_HELP, UNWIND_HELP},
     values::{parse_duration, parse_interval, parse_kind, parse_ring_kib, parse_time},
 };
 use crate::{
@@ -19,6 +20,7 @@ use crate::{
     error::{ExitCode, fatal},
     model::Kind,
     output::{Wrappers, folded::FoldedValue},
+    serve::parse_listen,
     unwind::{UnwindMode, Unwinding},
 };
 
@@ -292,6 +294,9 @@ struct TargetArgs {
     /// stdout is its own.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
+
+    #[command(flatten)]
+    fleet: FleetArgs,
 }
 
 #[derive(Debug, Args)]
@@ -379,7 +384,9 @@ impl Cli {
 
 fn config_of(args: TargetArgs) -> Result<Config> {
     let wrappers = args.labels.wrappers()?;
+    let comms = comm_targets(&args.fleet)?;
     let targets = match (args.pids.is_empty(), args.command.is_empty()) {
+        (true, true) if let Some(comms) = comms => Targets::Comms(comms),
         (false, true) => {
             let mut pids = args.pids;
             pids.sort_unstable();
@@ -390,7 +397,8 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         (true, true) => {
             return Err(fatal(
                 ExitCode::Usage,
-                "nothing to trace: give --pid PID or a command after -- (see tracer --help)",
+                "nothing to trace: give --pid PID, --comm NAME or a command after -- \
+                 (see tracer --help)",
             ));
         }
         (false, false) => unreachable!("clap rejects --pid with a command"),
@@ -461,6 +469,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         leave_running: args.leave_running,
         wrappers,
         debug_dirs: args.labels.debug_dirs,
+        listen: args.fleet.listen,
     })
 }
 
@@ -491,4 +500,66 @@ fn report_config(args: ReportArgs) -> Result<ReportConfig> {
         wrappers: args.labels.wrappers()?,
         debug_dirs: args.labels.debug_dirs,
     })
+}
+
+// ---- Fleet: serving what tracer knows to Prometheus and pprof scrapers
+// (issue 18). Kept apart from the flags above.
+
+/// The flags that plug tracer into fleet-wide collection.
+#[derive(Debug, Args)]
+struct FleetArgs {
+    /// Serve /metrics (Prometheus), /debug/pprof/heap, /debug/pprof/growth
+    /// and /healthz over HTTP while tracing.
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen, long_help = LISTEN_HELP)]
+    listen: Option<std::net::SocketAddr>,
+
+    /// Trace every process whose command name is NAME, running now or
+    /// started later; repeat for several names.
+    #[arg(long = "comm", value_name = "NAME", conflicts_with_all = ["pids", "command"], long_help = COMM_HELP)]
+    comms: Vec<String>,
+
+    /// Like --comm, for every command name the regular expression RE
+    /// matches (Rust regex syntax, unanchored: write ^name$ for a whole
+    /// name); repeatable.
+    #[arg(long = "comm-regex", value_name = "RE", conflicts_with_all = ["pids", "command"])]
+    comm_regexes: Vec<String>,
+
+    /// With --comm or --comm-regex: the most processes traced at once;
+    /// processes found beyond it are left alone (a notice says so).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_targets: usize,
+}
+
+/// The processes --comm and --comm-regex ask for, checked.
+fn comm_targets(fleet: &FleetArgs) -> Result<Option<CommTargets>> {
+    if fleet.comms.is_empty() && fleet.comm_regexes.is_empty() {
+        return Ok(None);
+    }
+    for name in &fleet.comms {
+        if name.is_empty() || name.contains('/') {
+            return Err(fatal(
+                ExitCode::Usage,
+                format!("--comm '{name}': a command name, without '/' (e.g. redis-server)"),
+            ));
+        }
+    }
+    for pattern in &fleet.comm_regexes {
+        if let Err(error) = regex::Regex::new(pattern) {
+            let first = error.to_string();
+            let first = first.lines().last().unwrap_or("invalid").trim();
+            let first = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+            return Err(fatal(
+                ExitCode::Usage,
+                format!("--comm-regex '{pattern}' is not a regular expression: {first}"),
+            ));
+        }
+    }
+    if fleet.max_targets == 0 {
+        return Err(fatal(ExitCode::Usage, "--max-targets must be at least 1"));
+    }
+    Ok(Some(CommTargets {
+        names: fleet.comms.clone(),
+        patterns: fleet.comm_regexes.clone(),
+        max_targets: fleet.max_targets,
+    }))
 }

@@ -16,6 +16,19 @@ pub const DEFAULT_PLOT_STACKS: usize = 8;
 pub enum Targets {
     Pids(Vec<u32>),
     Spawn(Vec<OsString>),
+    /// Every process with a matching command name, now and later.
+    Comms(CommTargets),
+}
+
+/// `--comm`, `--comm-regex` and `--max-targets`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommTargets {
+    /// Exact command names (compared on their first 15 bytes, as the
+    /// kernel keeps them).
+    pub names: Vec<String>,
+    /// Regular expressions, checked to compile.
+    pub patterns: Vec<String>,
+    pub max_targets: usize,
 }
 
 /// Everything a tracing run needs (`record` and `top`), from the command
@@ -41,6 +54,8 @@ pub struct Config {
     pub wrappers: Wrappers,
     /// Separate debug files are searched here first (`--debug-dir`).
     pub debug_dirs: Vec<PathBuf>,
+    /// Where to serve metrics and profiles (`--listen`).
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// `tracer record`: a run, and the files it writes.

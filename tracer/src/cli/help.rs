@@ -54,7 +54,8 @@ Exit codes:
   5  kernel without BTF or uprobe support
   6  (no longer used: a target without malloc/free is traced for its mappings)
   7  the command after -- could not be started
-  8  an output file cannot be written (missing or read-only directory)
+  8  an output file cannot be written (missing or read-only directory), or the
+     --listen address cannot be bound (port in use, address not on this host)
   9  recording file missing, truncated before its metadata, corrupt, or from a newer tracer";
 
 pub(super) const SAMPLING_HELP: &str = "\
@@ -83,3 +84,34 @@ see the README's Performance section); for targets making more than \
 executable or libraries (glibc's own objects aside) lack frame pointers, \
 decided per object at attach and for every library mapped later; fp for \
 the others.";
+
+pub(super) const LISTEN_HELP: &str = "\
+Serve what tracer sees over HTTP while it traces: /metrics (Prometheus/\
+OpenMetrics text: tracer_live_bytes and tracer_live_allocs per process and \
+kind, tracer_dropped_total by reason, and for the top --top stacks by live \
+bytes plus the suspected leaks tracer_stack_live_bytes, \
+tracer_stack_live_allocs, tracer_stack_growth_bytes_per_second and \
+tracer_stack_suspected_leak, labelled pid, comm, kind, site and stack (a \
+short hash of the frames): --top bounds the label cardinality), \
+/debug/pprof/heap (live memory now, a gzipped pprof profile like Go's: \
+`go tool pprof http://ADDR/debug/pprof/heap`), /debug/pprof/growth (what \
+grew since the previous fetch, or over ?seconds=N, N <= 300) and /healthz. \
+Values are those of the latest snapshot; exited processes are left out. \
+ADDR is PORT (binds 127.0.0.1), IP:PORT or [IPv6]:PORT. WARNING: anyone who \
+can reach the address reads the traced processes' function names, source \
+files and memory sizes; bind another address than loopback only on a \
+trusted network. Read-only; no request touches the file system. Without \
+--duration, tracer runs until SIGTERM or Ctrl-C (with --pid, also until \
+every target has exited; with --comm, on while none is alive).";
+
+pub(super) const COMM_HELP: &str = "\
+Trace every process whose command name (the kernel's comm, \
+/proc/PID/comm, at most 15 bytes: longer names are compared on their \
+first 15) is NAME: those running at attach, and each one started later \
+(a sched_process_exec tracepoint announces it; tracer attaches within \
+about 100 ms plus the attach time, and what it allocated before is not \
+seen), so a service stays traced across restarts and crashes. Repeat for \
+several names; --comm-regex matches a pattern instead. tracer keeps \
+running while none is alive; the memory of a process that exited leaves \
+the model, the metrics (--listen) and the report. --max-targets bounds \
+the processes traced at once.";

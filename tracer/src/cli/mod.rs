@@ -15,7 +15,8 @@ use clap::Parser as _;
 
 use crate::error::{ExitCode, fatal};
 pub use config::{
-    Config, DEFAULT_PLOT_STACKS, FloorConfig, RecordConfig, ReportConfig, ReportFormat, Targets,
+    CommTargets, Config, DEFAULT_PLOT_STACKS, FloorConfig, RecordConfig, ReportConfig,
+    ReportFormat, Targets,
 };
 pub use values::parse_duration;
 

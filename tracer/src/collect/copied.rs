@@ -75,6 +75,21 @@ pub struct CopiedStacks {
 }
 
 impl CopiedStacks {
+    /// Forgets a process that exited (`--comm`): its unwinder and blocks.
+    pub fn forget(&mut self, pid: u32) {
+        if let Some(reader) = &self.reader {
+            reader.forget(pid);
+        }
+        self.stack_ids.retain(|(stack_pid, _), _| *stack_pid != pid);
+        self.mapping_stacks
+            .retain(|(stack_pid, _), _| *stack_pid != pid);
+        self.live.retain(|(block_pid, _), _| *block_pid != pid);
+        self.recently_freed
+            .retain(|(block_pid, _), _| *block_pid != pid);
+        self.counters.retain(|(key, _), _| key.pid != pid);
+        self.apis.retain(|key, _| key.pid != pid);
+    }
+
     /// `copy_frees`: COPY_FREES and COPY_FREES_MADE.
     pub fn new(ring: Map, copy_frees: [Map; 2]) -> Self {
         CopiedStacks {

@@ -48,8 +48,8 @@ pub struct CopyReader {
     messages: Receiver<Message>,
     flush_requests: Sender<u64>,
     last_flush: u64,
-    /// Processes whose objects the unwinder rereads at its next round.
-    refreshes: Sender<u32>,
+    /// What the unwinder is to reread or forget at its next round.
+    refreshes: Sender<UnwinderRequest>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -63,7 +63,15 @@ struct Reader {
     unwinder: Unwinder,
     messages: Sender<Message>,
     flush_requests: Receiver<u64>,
-    refreshes: Receiver<u32>,
+    refreshes: Receiver<UnwinderRequest>,
+}
+
+/// A change of the processes the reader's unwinder knows.
+enum UnwinderRequest {
+    /// Reread the objects the process maps.
+    Refresh(u32),
+    /// The process is gone (`--comm`).
+    Forget(u32),
 }
 
 impl CopyReader {
@@ -109,7 +117,12 @@ impl CopyReader {
     /// Has the unwinder reread the objects `pid` maps before it unwinds
     /// anything read after the next `flush` began.
     pub fn refresh(&self, pid: u32) {
-        let _ = self.refreshes.send(pid);
+        let _ = self.refreshes.send(UnwinderRequest::Refresh(pid));
+    }
+
+    /// Has the unwinder forget a process that exited.
+    pub fn forget(&self, pid: u32) {
+        let _ = self.refreshes.send(UnwinderRequest::Forget(pid));
     }
 
     /// Has the reader read everything the kernel sent until now; gives
@@ -158,8 +171,11 @@ impl Reader {
             }
             // After the flush requests: a refresh asked before a flush
             // request that was taken is applied before this read.
-            while let Ok(pid) = self.refreshes.try_recv() {
-                self.unwinder.refresh(pid);
+            while let Ok(request) = self.refreshes.try_recv() {
+                match request {
+                    UnwinderRequest::Refresh(pid) => self.unwinder.refresh(pid),
+                    UnwinderRequest::Forget(pid) => self.unwinder.forget(pid),
+                }
             }
             if self.read().is_err() {
                 return;

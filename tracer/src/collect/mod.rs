@@ -13,6 +13,7 @@
 //!
 //! Reading BY_STACK costs one syscall pair per stack, never per allocation,
 //! so tracer's own cost does not grow with the target's allocation rate.
+mod comms;
 mod contexts;
 mod copied;
 mod copy_reader;
@@ -41,12 +42,15 @@ use crate::{
     procfs,
     symbolize::Symbols,
 };
+pub use comms::CommWatch;
 use contexts::EpochEntry;
 use copied::CopiedStacks;
 use kernel_stacks::KernelStacks;
 use mappings::MappingTracker;
 pub use targets::{Watched, live_pids};
 
+/// Exited targets kept in the list (`--comm`) for the report's targets.
+const MAX_EXITED_KEPT: usize = 64;
 /// How often targets are checked for exit.
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// How often the mapping events are drained: often enough that the 1 MiB
@@ -158,6 +162,9 @@ pub struct Collector {
     clock: Option<Clock>,
     queued: VecDeque<Event>,
     stopped: Option<StopReason>,
+    /// `--comm`: the command names followed; processes that exit are then
+    /// forgotten, and collection goes on while none is alive.
+    comm_watch: Option<CommWatch>,
 }
 
 impl Collector {
@@ -187,6 +194,7 @@ impl Collector {
             clock: None,
             queued: VecDeque::new(),
             stopped: None,
+            comm_watch: None,
         })
     }
 
@@ -213,6 +221,24 @@ impl Collector {
         self.mappings.start(pid);
         self.symbols.refresh(pid);
         Ok(())
+    }
+
+    /// `--comm`: announces the processes started from now on with a
+    /// matching name (attached by the liveness timer) and returns those
+    /// running now, for `add_target`.
+    pub fn watch_comms(&mut self, targets: &crate::cli::CommTargets) -> Result<Vec<u32>> {
+        let watch = CommWatch::new(targets)?;
+        self.probes
+            .watch_execs(&targets.names, !targets.patterns.is_empty())?;
+        let running = watch.running();
+        self.comm_watch = Some(watch);
+        Ok(running)
+    }
+
+    /// Whether processes that exit are forgotten (`--comm`): their stacks
+    /// leave the snapshots, and the model should drop them too.
+    pub fn forgets_exited(&self) -> bool {
+        self.comm_watch.is_some()
     }
 
     /// Marks the end of the initial attach: time zero of the window.
@@ -289,7 +315,7 @@ impl Collector {
                 }
                 _ = clock.liveness.tick() => {
                     self.watch_targets();
-                    if self.watched.iter().all(|w| !w.is_alive()) {
+                    if self.comm_watch.is_none() && self.watched.iter().all(|w| !w.is_alive()) {
                         self.finish(StopReason::TargetsExited)?;
                     }
                 }
@@ -435,14 +461,105 @@ impl Collector {
         if self.schedule.follow_forks {
             self.follow_children(after_s);
         }
+        if self.comm_watch.is_some() {
+            self.follow_started(after_s);
+        }
+        let mut exited = Vec::new();
         for watched in self.watched.iter_mut().filter(|w| w.is_alive()) {
             if watched.has_exited() {
                 watched.target.exited_after_s = Some(after_s);
+                exited.push(watched.target.pid);
                 self.queued.push_back(Event::TargetExited {
                     pid: watched.target.pid,
                     after_s,
                 });
             }
+        }
+        if self.comm_watch.is_some() {
+            for pid in exited {
+                self.forget(pid);
+            }
+        }
+    }
+
+    /// Drops what collection keeps of a process that exited, in the
+    /// kernel and here (`--comm`: processes come and go for as long as
+    /// tracer runs, and memory must stay flat). Its entry in `watched`
+    /// stays, without its stacks.
+    fn forget(&mut self, pid: u32) {
+        self.probes.forget(pid);
+        self.symbols.forget(pid);
+        self.copied.forget(pid);
+        self.frames.retain(|key, _| key.pid != pid);
+        self.apis.retain(|key, _| key.pid != pid);
+        self.exec_baselines.retain(|key, _| key.pid != pid);
+        self.thread_entries
+            .retain(|(entry_pid, _), _| *entry_pid != pid);
+        // Exited targets beyond the last few are dropped: a restarting
+        // service would otherwise grow the list forever.
+        let exited = self.watched.iter().filter(|w| !w.is_alive()).count();
+        if exited > MAX_EXITED_KEPT {
+            let mut to_drop = exited - MAX_EXITED_KEPT;
+            self.watched.retain(|watched| {
+                if to_drop > 0 && !watched.is_alive() {
+                    to_drop -= 1;
+                    return false;
+                }
+                true
+            });
+        }
+    }
+
+    /// `--comm`: attaches to the processes started with a matching name
+    /// since the last call, up to --max-targets alive at once.
+    fn follow_started(&mut self, after_s: f64) {
+        let mut started = self.probes.take_started();
+        started.sort_unstable();
+        started.dedup();
+        for pid in started {
+            let Some(watch) = &self.comm_watch else {
+                return;
+            };
+            let alive = self.watched.iter().filter(|w| w.is_alive()).count();
+            let name = comms::comm(pid);
+            let wanted = name.as_deref().is_some_and(|name| watch.matches(name))
+                && comms::is_user_process(pid)
+                && pid != std::process::id()
+                && !self
+                    .watched
+                    .iter()
+                    .any(|w| w.is_alive() && w.target.pid == pid);
+            if !wanted {
+                continue;
+            }
+            if alive >= watch.max_targets {
+                let max = watch.max_targets;
+                if self
+                    .comm_watch
+                    .as_mut()
+                    .is_some_and(|watch| watch.refused.insert(pid))
+                {
+                    self.notice(format!(
+                        "not tracing PID {pid} ({}): --max-targets {max} processes traced already",
+                        name.unwrap_or_default()
+                    ));
+                }
+                continue;
+            }
+            if let Err(error) = self.add_target(pid, false) {
+                if procfs::is_alive(pid) {
+                    self.notice(format!("warning: could not trace PID {pid}: {error:#}"));
+                }
+                continue;
+            }
+            let command = self
+                .watched
+                .last()
+                .map(|w| w.target.command.clone())
+                .unwrap_or_default();
+            self.notice(format!(
+                "tracing PID {pid} ({command}), started after {after_s:.1} s with a --comm name"
+            ));
         }
     }
 
@@ -529,6 +646,12 @@ impl Collector {
         self.mappings.drain(&mut self.copied);
         let mut stacks: Vec<(StackKey, Counters)> = stacks.into_iter().collect();
         stacks.extend(self.mappings.counters());
+        if self.comm_watch.is_some() {
+            // Processes that exited are forgotten (copied stacks and
+            // mappings keep their last counters here).
+            let alive = live_pids(&self.watched);
+            stacks.retain(|(key, _)| alive.contains(&key.pid));
+        }
         Ok(stacks)
     }
 

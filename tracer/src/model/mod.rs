@@ -412,6 +412,16 @@ impl Model {
         self.stats = stats;
     }
 
+    /// Forgets everything about `pid` (a process that exited, followed by
+    /// name with --comm): its stacks, totals and RSS, so a restarting
+    /// service does not grow the model.
+    pub fn forget(&mut self, pid: u32) {
+        self.stacks.retain(|key, _| key.pid != pid);
+        self.kind_totals
+            .retain(|(total_pid, _), _| *total_pid != pid);
+        self.rss_bytes.remove(&pid);
+    }
+
     /// Live bytes per (process, kind) over time, one point per snapshot
     /// from the one where the kind first appeared.
     pub fn kind_totals_series(&self) -> &BTreeMap<(u32, Kind), Vec<(f64, i64)>> {

@@ -184,6 +184,11 @@ impl Default for Unwinder {
 }
 
 impl Unwinder {
+    /// Forgets a process that exited (`--comm`).
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+
     pub fn new() -> Unwinder {
         Unwinder {
             processes: HashMap::new(),

@@ -1,0 +1,625 @@
+//! `--listen`: what tracer serves over HTTP, read by the real tools that
+//! gather it from a fleet: Debian's Prometheus scraping /metrics every
+//! second, and `go tool pprof` fetching /debug/pprof/heap.
+
+#[allow(dead_code, reason = "other test files use the rest of the harness")]
+mod harness;
+
+use std::collections::BTreeMap;
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use harness::*;
+use serde_json::Value;
+
+/// How long Prometheus may take to start, and to scrape a new value.
+const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `HOST:PORT` from the tracer's `serving ... on http://HOST:PORT` line.
+fn listen_address(tracer: &mut Tracer) -> String {
+    tracer.wait_stderr("tracer: serving /metrics", ATTACH_TIMEOUT);
+    let line = tracer
+        .stderr_lines_with("tracer: serving /metrics")
+        .pop()
+        .expect("the serving line");
+    line.rsplit("http://")
+        .next()
+        .expect("an address after http://")
+        .trim()
+        .to_owned()
+}
+
+/// GET `target` (path and query) from `address`: the status and body.
+fn http_get(address: &str, target: &str) -> (u16, Vec<u8>) {
+    let mut stream = TcpStream::connect(address)
+        .unwrap_or_else(|error| panic!("could not connect to {address}: {error}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    write!(
+        stream,
+        "GET {target} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .unwrap_or_else(|error| panic!("no answer from {address}{target}: {error}"));
+    let split = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP header in {:?}", String::from_utf8_lossy(&response)));
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    (status, response[split + 4..].to_vec())
+}
+
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (byte as char).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
+}
+
+/// Debian's Prometheus, on a free loopback port, scraping one target
+/// every second; its data lives in a temporary directory.
+struct Prometheus {
+    child: Child,
+    directory: PathBuf,
+    address: String,
+}
+
+impl Prometheus {
+    fn start(scraped: &str) -> Prometheus {
+        let directory =
+            std::env::temp_dir().join(format!("tracer-test-prometheus-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&directory);
+        std::fs::create_dir_all(&directory).expect("prometheus directory");
+        let config = directory.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: tracer\n    static_configs:\n      \
+                 - targets: ['{scraped}']\n"
+            ),
+        )
+        .expect("prometheus config");
+        let address = format!("127.0.0.1:{}", free_port());
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                directory.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={address}"))
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(directory.join("prometheus.log")).expect("prometheus log"),
+            )
+            .spawn()
+            .expect("could not start prometheus: run `cargo xtask setup` (Debian's prometheus)");
+        let prometheus = Prometheus {
+            child,
+            directory,
+            address,
+        };
+        let deadline = Instant::now() + PROMETHEUS_TIMEOUT;
+        while TcpStream::connect(&prometheus.address).is_err()
+            || http_get(&prometheus.address, "/-/ready").0 != 200
+        {
+            assert!(
+                Instant::now() < deadline,
+                "prometheus did not start: {}",
+                prometheus.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        prometheus
+    }
+
+    /// The instant vector of `expression` now: each series' labels and value.
+    fn query(&self, expression: &str) -> Vec<(BTreeMap<String, String>, String)> {
+        let (status, body) = http_get(
+            &self.address,
+            &format!("/api/v1/query?query={}", url_encode(expression)),
+        );
+        let json: Value = serde_json::from_slice(&body).expect("prometheus answers JSON");
+        assert_eq!(status, 200, "prometheus rejected {expression}: {json}");
+        json["data"]["result"]
+            .as_array()
+            .expect("a result vector")
+            .iter()
+            .map(|series| {
+                let labels = series["metric"]
+                    .as_object()
+                    .expect("labels")
+                    .iter()
+                    .map(|(key, value)| (key.clone(), value.as_str().unwrap_or("").to_owned()))
+                    .collect();
+                let value = series["value"][1].as_str().expect("a value").to_owned();
+                (labels, value)
+            })
+            .collect()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.directory.join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.directory);
+    }
+}
+
+#[test]
+fn prometheus_scrapes_the_leak_and_its_verdict() {
+    let mut fixture = Fixture::start("leaky", &[]);
+    let mut trace = Record::pid(fixture.pid)
+        .interval("250ms")
+        .top(20)
+        .args(["--listen", "0"])
+        .attach();
+    let address = listen_address(&mut trace.tracer);
+    let prometheus = Prometheus::start(&address);
+    // Churn once: its kept blocks are a one-time step, not a leak.
+    let churn = fixture.cmd("churn 20");
+    // Then leak steadily for 8 s, and hold still.
+    let mut leaked = 0;
+    for _ in 0..32 {
+        leaked += field(&fixture.cmd("leak 5"), "count");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let expected = (leaked * LEAK_SIZE_BYTES).to_string();
+
+    let leak_bytes = r#"tracer_stack_live_bytes{job="tracer",site=~"leak_here.*"}"#;
+    let leak_verdict = r#"tracer_stack_suspected_leak{job="tracer",site=~"leak_here.*"}"#;
+    let deadline = Instant::now() + PROMETHEUS_TIMEOUT;
+    let (bytes, verdict) = loop {
+        let bytes = prometheus.query(leak_bytes);
+        let verdict = prometheus.query(leak_verdict);
+        let done =
+            bytes.len() == 1 && bytes[0].1 == expected && verdict.len() == 1 && verdict[0].1 == "1";
+        if done || Instant::now() > deadline {
+            break (bytes, verdict);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("query {leak_bytes}: {bytes:?}\nquery {leak_verdict}: {verdict:?}");
+    assert_eq!(
+        bytes.len(),
+        1,
+        "one leak_here stack in Prometheus: {bytes:?}\n{}",
+        prometheus.log()
+    );
+    assert_eq!(
+        bytes[0].1, expected,
+        "Prometheus holds leaky's {leaked} blocks of {LEAK_SIZE_BYTES} B: {bytes:?}"
+    );
+    assert_eq!(bytes[0].0["pid"], fixture.pid.to_string());
+    assert_eq!(bytes[0].0["comm"], "leaky");
+    assert_eq!(bytes[0].0["kind"], "heap");
+    assert!(
+        bytes[0].0["site"].starts_with("leak_here (leaky.c:"),
+        "{bytes:?}"
+    );
+    assert_eq!(verdict.len(), 1);
+    assert_eq!(verdict[0].1, "1", "the steady leak is suspected");
+    assert_eq!(
+        verdict[0].0["stack"], bytes[0].0["stack"],
+        "on the same stack: {verdict:?}"
+    );
+
+    let churn_verdicts = prometheus.query(r#"tracer_stack_suspected_leak{site=~"churn.*"}"#);
+    let churn_bytes = prometheus.query(r#"tracer_stack_live_bytes{site=~"churn.*"}"#);
+    assert!(
+        churn_verdicts
+            .iter()
+            .any(|(labels, _)| labels["site"].starts_with("churn_keep")),
+        "churn_keep holds blocks and is listed: {churn_verdicts:?}"
+    );
+    for (labels, value) in &churn_verdicts {
+        assert_eq!(value, "0", "a one-time churn step is no leak: {labels:?}");
+    }
+    let keep: i64 = churn_bytes
+        .iter()
+        .find(|(labels, _)| labels["site"].starts_with("churn_keep"))
+        .map(|(_, value)| value.parse().expect("an integer"))
+        .expect("churn_keep's live bytes");
+    assert_eq!(
+        keep,
+        field(&churn, "churn_keep"),
+        "churn_keep holds what leaky says"
+    );
+    let up = prometheus.query(r#"up{job="tracer"}"#);
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0].1, "1", "every scrape succeeded");
+    trace.stop();
+}
+
+#[test]
+fn go_pprof_names_the_leak_with_exact_bytes() {
+    let mut fixture = Fixture::start("leaky", &[]);
+    let mut trace = Record::pid(fixture.pid)
+        .interval("200ms")
+        .args(["--listen", "0"])
+        .attach();
+    let address = listen_address(&mut trace.tracer);
+    let leaked = field(&fixture.cmd("leak 7"), "bytes");
+    let directory = std::env::temp_dir().join(format!("tracer-test-pprof-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).expect("pprof directory");
+    let url = format!("http://{address}/debug/pprof/heap");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let top = loop {
+        let output = Command::new("go")
+            .args(["tool", "pprof", "-top", "-unit=B", &url])
+            .env("PPROF_TMPDIR", &directory)
+            .env("HOME", &directory)
+            .output()
+            .expect("could not run go tool pprof: run `cargo xtask setup` (golang-go)");
+        let top = String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr);
+        let named = top.lines().any(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            words.first() == Some(&format!("{leaked}B").as_str())
+                && words.last() == Some(&"leak_here")
+        });
+        if named || Instant::now() > deadline {
+            break (named, top);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let _ = std::fs::remove_dir_all(&directory);
+    eprintln!("{}", top.1);
+    assert!(
+        top.0,
+        "go tool pprof -top shows leak_here holding {leaked}B flat:\n{}",
+        top.1
+    );
+    assert!(top.1.contains("Type: inuse_space"), "{}", top.1);
+    trace.stop();
+}
+
+#[test]
+fn growth_profile_holds_what_grew_since_the_previous_fetch() {
+    let mut fixture = Fixture::start("leaky", &[]);
+    let mut trace = Record::pid(fixture.pid)
+        .interval("100ms")
+        .args(["--listen", "0"])
+        .attach();
+    let address = listen_address(&mut trace.tracer);
+    fixture.cmd("leak 4");
+    std::thread::sleep(Duration::from_millis(800));
+    let (status, first) = http_get(&address, "/debug/pprof/growth");
+    assert_eq!(status, 200);
+    fixture.cmd("leak 3");
+    std::thread::sleep(Duration::from_millis(800));
+    let (status, second) = http_get(&address, "/debug/pprof/growth");
+    assert_eq!(status, 200);
+    assert_eq!(
+        pprof_flat_bytes(&first, "leak_here"),
+        Some(4 * LEAK_SIZE_BYTES),
+        "the first fetch: growth since attach"
+    );
+    assert_eq!(
+        pprof_flat_bytes(&second, "leak_here"),
+        Some(3 * LEAK_SIZE_BYTES),
+        "the second fetch: growth since the first"
+    );
+    assert_eq!(http_get(&address, "/debug/pprof/growth?seconds=0").0, 400);
+    assert_eq!(http_get(&address, "/debug/pprof/growth?seconds=x").0, 400);
+    assert_eq!(http_get(&address, "/healthz"), (200, b"ok\n".to_vec()));
+    assert_eq!(http_get(&address, "/../../etc/passwd").0, 404);
+    assert_eq!(http_get(&address, "/debug/pprof/").0, 404);
+    trace.stop();
+}
+
+/// The inuse_space `function` holds itself (flat) in a profile, read
+/// with `go tool pprof -top -unit=B`; `None` if it is not listed.
+fn pprof_flat_bytes(profile: &[u8], function: &str) -> Option<i64> {
+    let path = std::env::temp_dir().join(format!(
+        "tracer-test-growth-{}-{}.pb.gz",
+        std::process::id(),
+        profile.len()
+    ));
+    std::fs::write(&path, profile).expect("write the profile");
+    let output = Command::new("go")
+        .args(["tool", "pprof", "-top", "-unit=B", "-nodecount=1000"])
+        .arg(&path)
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .expect("go tool pprof");
+    let _ = std::fs::remove_file(&path);
+    let top = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "go tool pprof failed: {output:?}");
+    top.lines().find_map(|line| {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.last() != Some(&function) {
+            return None;
+        }
+        words.first()?.strip_suffix('B')?.parse().ok()
+    })
+}
+
+#[test]
+fn clients_that_never_read_do_not_stall_snapshots() {
+    let fixture = Fixture::start("leaky", &["--auto"]);
+    let mut trace = Record::pid(fixture.pid)
+        .interval("200ms")
+        .args(["--listen", "0", "--duration", "11s"])
+        .attach();
+    let address = listen_address(&mut trace.tracer);
+    // 20 connections that never send a request, and one that sends 500
+    // requests for a profile and never reads an answer.
+    let silent: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(&address).expect("connect"))
+        .collect();
+    let mut greedy = TcpStream::connect(&address).expect("connect");
+    greedy
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .expect("write timeout");
+    for _ in 0..500 {
+        if greedy
+            .write_all(b"GET /debug/pprof/heap HTTP/1.1\r\nHost: x\r\n\r\n")
+            .is_err()
+        {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let asked_at = Instant::now();
+    let (status, metrics) = http_get(&address, "/metrics");
+    let answered_in = asked_at.elapsed();
+    assert_eq!(status, 200);
+    assert!(
+        String::from_utf8_lossy(&metrics).contains("tracer_stack_live_bytes{"),
+        "{}",
+        String::from_utf8_lossy(&metrics)
+    );
+    assert!(
+        answered_in < Duration::from_secs(2),
+        "a new scrape is answered beside the stuck clients ({answered_in:?})"
+    );
+    let traced = trace.wait_exit();
+    drop((silent, greedy));
+    let snapshots = traced.report.int("/snapshots");
+    assert!(
+        snapshots >= 52,
+        "11 s every 200 ms is 55 snapshots; the stuck clients let {snapshots} happen"
+    );
+    let status_lines = traced
+        .output
+        .stderr
+        .lines()
+        .filter(|line| line.contains(" dropped") && line.starts_with("tracer: "))
+        .count();
+    assert!(
+        status_lines >= 2,
+        "the status line kept its pace (every 5 s):\n{}",
+        traced.output
+    );
+}
+
+#[test]
+fn listen_addresses_that_cannot_work_fail_in_one_line() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("address").port().to_string();
+    let pid = std::process::id().to_string();
+    for (listen, code, message) in [
+        (port.as_str(), 8, "cannot listen on 127.0.0.1:"),
+        ("192.0.2.1:9464", 8, "cannot listen on 192.0.2.1:9464"),
+        (":9464", 2, "has no address"),
+        ("localhost", 2, "is not PORT, IP:PORT"),
+        ("70000", 2, "is not PORT, IP:PORT"),
+    ] {
+        let output =
+            Tracer::start(["record", "--pid", &pid, "--listen", listen]).wait_exit(EXIT_TIMEOUT);
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "--listen {listen}: {output}"
+        );
+        let lines: Vec<&str> = output.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "--listen {listen}: one line: {output}");
+        assert!(
+            lines[0].starts_with("tracer: error: ") && lines[0].contains(message),
+            "--listen {listen}: {output}"
+        );
+    }
+}
+
+/// A copy of leaky under another command name, in a fresh directory.
+fn leaky_named(name: &str) -> PathBuf {
+    let directory = std::env::temp_dir().join(format!("tracer-test-comm-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).expect("comm directory");
+    let path = directory.join(name);
+    std::fs::copy(fixture("leaky"), &path).expect("copy leaky");
+    path
+}
+
+/// Starts `program` (a leaky) and waits for its `ready` line.
+fn start_leaky_at(program: &PathBuf) -> Fixture {
+    let (fixture, ready) = Fixture::spawn(Command::new(program));
+    assert_eq!(ready, format!("ready pid={}", fixture.pid));
+    fixture
+}
+
+/// The `tracer_stack_live_bytes` samples of /metrics: (pid, site, bytes).
+fn stack_samples(address: &str) -> Vec<(u32, String, i64)> {
+    let (status, body) = http_get(address, "/metrics");
+    assert_eq!(status, 200);
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter_map(|line| line.strip_prefix("tracer_stack_live_bytes{"))
+        .map(|rest| {
+            let label = |name: &str| -> String {
+                let start = rest.find(&format!("{name}=\"")).expect("label") + name.len() + 2;
+                rest[start..].split('"').next().expect("value").to_owned()
+            };
+            let bytes = rest
+                .rsplit(' ')
+                .next()
+                .expect("value")
+                .parse()
+                .expect("bytes");
+            (label("pid").parse().expect("pid"), label("site"), bytes)
+        })
+        .collect()
+}
+
+/// Polls /metrics until `done` holds for the stack samples; returns them.
+fn wait_for_samples(
+    address: &str,
+    what: &str,
+    done: impl Fn(&[(u32, String, i64)]) -> bool,
+) -> Vec<(u32, String, i64)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let samples = stack_samples(address);
+        if done(&samples) {
+            return samples;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: last /metrics {samples:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn comm_follows_a_service_across_restarts_and_leaves_others_alone() {
+    let name = format!("lc{}", std::process::id() % 100_000_000);
+    let service = leaky_named(&name);
+    let bystander = leaky_named(&format!("lb{}", std::process::id() % 100_000_000));
+    let mut other = start_leaky_at(&bystander);
+    let mut first = start_leaky_at(&service);
+    let mut trace = Record::pids(&[])
+        .interval("200ms")
+        .args(["--comm", &name, "--listen", "0"])
+        .attach();
+    let address = listen_address(&mut trace.tracer);
+    other.cmd("leak 9");
+
+    // First life: running at attach.
+    let leaked = field(&first.cmd("leak 3"), "bytes");
+    let first_pid = first.pid;
+    wait_for_samples(&address, "the first life's leak", |samples| {
+        samples.iter().any(|(pid, site, bytes)| {
+            *pid == first_pid && site.starts_with("leak_here") && *bytes == leaked
+        })
+    });
+    drop(first); // killed: the service crashes
+    wait_for_samples(&address, "the first life's metrics gone", |samples| {
+        samples.iter().all(|(pid, _, _)| *pid != first_pid)
+    });
+
+    // Second life: started later under the same name.
+    let mut second = start_leaky_at(&service);
+    trace
+        .tracer
+        .wait_stderr(&format!("tracing PID {}", second.pid), ATTACH_TIMEOUT);
+    let leaked = field(&second.cmd("leak 5"), "bytes");
+    let second_pid = second.pid;
+    let samples = wait_for_samples(&address, "the second life's leak", |samples| {
+        samples.iter().any(|(pid, site, bytes)| {
+            *pid == second_pid && site.starts_with("leak_here") && *bytes == leaked
+        })
+    });
+    assert!(
+        samples.iter().all(|(pid, _, _)| *pid == second_pid),
+        "only the live service is listed: {samples:?}"
+    );
+    let (_, metrics) = http_get(&address, "/metrics");
+    let metrics = String::from_utf8_lossy(&metrics).into_owned();
+    assert!(metrics.contains("\ntracer_targets 1\n"), "{metrics}");
+
+    let traced = trace.stop();
+    let stderr = &traced.output.stderr;
+    assert!(
+        !stderr.contains(&format!("PID {}", other.pid)),
+        "the bystander was never traced: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("PID {first_pid} exited")),
+        "{stderr}"
+    );
+    let pids: Vec<i64> = traced.report.json["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|target| target["pid"].as_i64().expect("pid"))
+        .collect();
+    assert_eq!(pids, vec![i64::from(first_pid), i64::from(second_pid)]);
+    assert_eq!(
+        traced.report.heap_live_with("leak_here"),
+        Live::blocks(5, LEAK_SIZE_BYTES),
+        "the report holds the live service only:\n{}",
+        traced.report
+    );
+    let _ = std::fs::remove_dir_all(service.parent().expect("directory"));
+    drop(other);
+}
+
+#[test]
+fn comm_flags_that_cannot_work_fail_in_one_line() {
+    for (args, message) in [
+        (&["--comm", "a/b"][..], "a command name, without '/'"),
+        (
+            &["--comm-regex", "("][..],
+            "is not a regular expression: unclosed group",
+        ),
+        (&["--comm", "x", "--pid", "1"][..], "cannot be used with"),
+        (
+            &["--comm", "x", "--max-targets", "0"][..],
+            "--max-targets must be at least 1",
+        ),
+    ] {
+        let output = Tracer::start(std::iter::once("record").chain(args.iter().copied()))
+            .wait_exit(EXIT_TIMEOUT);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output}");
+        let lines: Vec<&str> = output.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {output}");
+        assert!(lines[0].contains(message), "{args:?}: {output}");
+    }
+}
+
+#[test]
+fn top_serves_the_same_metrics() {
+    require_root();
+    let mut fixture = Fixture::start("leaky", &[]);
+    let pid = fixture.pid.to_string();
+    let mut tracer = Tracer::start(["top", "--pid", &pid, "--interval", "200ms", "--listen", "0"]);
+    let address = listen_address(&mut tracer);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    let leaked = field(&fixture.cmd("leak 4"), "bytes");
+    wait_for_samples(&address, "top's /metrics", |samples| {
+        samples.iter().any(|(sample_pid, site, bytes)| {
+            *sample_pid == fixture.pid && site.starts_with("leak_here") && *bytes == leaked
+        })
+    });
+    tracer.stop().assert_success();
+}

@@ -1,0 +1,347 @@
+//! `--listen ADDR`: a read-only HTTP server for the systems that gather
+//! from many hosts, Prometheus (`/metrics`) and the continuous profilers
+//! that scrape pprof endpoints (`/debug/pprof/heap`, `/debug/pprof/growth`),
+//! plus `/healthz`.
+//!
+//! The server runs on a thread and a tokio runtime of its own. The
+//! collection loop publishes a `View` of each snapshot into a watch
+//! channel and never waits on the server: a slow or stuck client holds only
+//! its own connection. No request reaches the file system; every response
+//! is built from the latest view, bounded by `--top`.
+mod view;
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use http_body_util::Full;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::{Bytes, Incoming},
+    header,
+    service::service_fn,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::{Semaphore, watch};
+
+use crate::{
+    cli::Config,
+    collect::Collector,
+    error::{ExitCode, fatal},
+    model::Model,
+    session,
+};
+pub use view::{StackView, TargetView, View, site_label, stack_hash};
+
+/// Connections served at once (a few KiB each); more wait in the kernel's
+/// backlog. Clients that connect and send nothing are closed after
+/// `HEADER_TIMEOUT`, so it takes this many at once to delay a scrape.
+const MAX_CONNECTIONS: usize = 256;
+/// How long a client may take to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may stay open beyond a growth profile's
+/// `seconds`, whatever the client does.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest `?seconds=N` of `/debug/pprof/growth`.
+const MAX_GROWTH_SECONDS: u64 = 300;
+/// Views are published at most this often (each builds a report).
+const PUBLISH_EVERY: Duration = Duration::from_millis(500);
+
+/// Parses `--listen`: `PORT` (127.0.0.1), `IP:PORT`, `[IPv6]:PORT` or
+/// `localhost:PORT`. A non-loopback address must be written out.
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    if let Some(port) = text.strip_prefix("localhost:") {
+        let port = port
+            .parse::<u16>()
+            .map_err(|_| format!("'{text}': the port must be 0..=65535"))?;
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    if text.starts_with(':') {
+        return Err(format!(
+            "'{text}' has no address: write 127.0.0.1{text}, or 0.0.0.0{text} to be \
+             reachable from other hosts"
+        ));
+    }
+    text.parse::<SocketAddr>().map_err(|_| {
+        format!("'{text}' is not PORT, IP:PORT or [IPv6]:PORT (e.g. 9464 or 0.0.0.0:9464)")
+    })
+}
+
+/// The server `--listen` asks for, started and announced on stderr.
+pub fn start_if_asked(config: &Config) -> Result<Option<Server>> {
+    let Some(address) = config.listen else {
+        return Ok(None);
+    };
+    let server = Server::start(address)?;
+    eprintln!(
+        "tracer: serving /metrics, /debug/pprof/heap, /debug/pprof/growth on http://{}",
+        server.address()
+    );
+    Ok(Some(server))
+}
+
+/// The server, bound: publishes views to its thread.
+pub struct Server {
+    address: SocketAddr,
+    views: watch::Sender<Arc<View>>,
+    published_at: Option<Instant>,
+    /// `comm` of each PID seen, read once.
+    comms: HashMap<u32, String>,
+}
+
+impl Server {
+    /// Binds `address` (before attaching, so a taken port fails fast with
+    /// exit code 8) and starts serving on a thread of its own.
+    pub fn start(address: SocketAddr) -> Result<Server> {
+        let listener = std::net::TcpListener::bind(address).map_err(|error| {
+            fatal(
+                ExitCode::Output,
+                format!("cannot listen on {address} (--listen): {error}"),
+            )
+        })?;
+        let address = listener.local_addr().unwrap_or(address);
+        listener
+            .set_nonblocking(true)
+            .context("could not set up the --listen socket")?;
+        let (views, receiver) = watch::channel(Arc::new(View::default()));
+        std::thread::Builder::new()
+            .name("tracer-listen".to_owned())
+            .spawn(move || serve(listener, receiver))
+            .context("could not start the --listen thread")?;
+        Ok(Server {
+            address,
+            views,
+            published_at: None,
+            comms: HashMap::new(),
+        })
+    }
+
+    /// Where it listens (the port chosen when 0 was asked for).
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Publishes a view of `model`'s latest snapshot, at most every
+    /// `PUBLISH_EVERY` unless `now` (the last snapshot).
+    pub fn publish(
+        &mut self,
+        collector: &mut Collector,
+        model: &Model,
+        config: &Config,
+        now: bool,
+    ) {
+        if !now
+            && self
+                .published_at
+                .is_some_and(|at| at.elapsed() < PUBLISH_EVERY)
+        {
+            return;
+        }
+        self.published_at = Some(Instant::now());
+        let report = session::build_report(collector, model, Default::default(), config);
+        let targets = collector.targets();
+        self.comms
+            .retain(|pid, _| targets.iter().any(|target| target.pid == *pid));
+        for target in &targets {
+            self.comms
+                .entry(target.pid)
+                .or_insert_with(|| comm_of(target.pid, &target.command));
+        }
+        let comms = &self.comms;
+        let view = View::build(model, report, &|pid| {
+            comms.get(&pid).cloned().unwrap_or_default()
+        });
+        self.views.send_replace(Arc::new(view));
+    }
+}
+
+/// The kernel's command name of `pid` (`/proc/PID/comm`), else the first
+/// word of its command line.
+fn comm_of(pid: u32, command: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|comm| comm.trim_end().to_owned())
+        .unwrap_or_else(|_| {
+            let first = command.split_whitespace().next().unwrap_or("");
+            first.rsplit('/').next().unwrap_or(first).to_owned()
+        })
+}
+
+/// The server thread: accepts connections until the process exits.
+fn serve(listener: std::net::TcpListener, views: watch::Receiver<Arc<View>>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tracer: --listen: could not start the server: {error}");
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(listener) => listener,
+            Err(error) => {
+                eprintln!("tracer: --listen: could not start the server: {error}");
+                return;
+            }
+        };
+        let state = Arc::new(State {
+            views,
+            growth_base: Mutex::new(None),
+        });
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        loop {
+            let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                return;
+            };
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let state = Arc::clone(&state);
+            tokio::spawn(async move {
+                let service = service_fn(move |request| {
+                    let state = Arc::clone(&state);
+                    async move { Ok::<_, std::convert::Infallible>(respond(&state, request).await) }
+                });
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                let limit = CONNECTION_TIMEOUT + Duration::from_secs(MAX_GROWTH_SECONDS);
+                let _ = tokio::time::timeout(limit, connection).await;
+                drop(permit);
+            });
+        }
+    });
+}
+
+/// What the handlers share.
+struct State {
+    views: watch::Receiver<Arc<View>>,
+    /// The view of the previous `/debug/pprof/growth` fetch.
+    growth_base: Mutex<Option<Arc<View>>>,
+}
+
+impl State {
+    fn view(&self) -> Arc<View> {
+        Arc::clone(&self.views.borrow())
+    }
+}
+
+type Body = Full<Bytes>;
+
+async fn respond(state: &State, request: Request<Incoming>) -> Response<Body> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "read-only: GET only\n");
+    }
+    let query = request.uri().query().unwrap_or("");
+    match request.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/metrics" => Response::builder()
+            .header(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+            .body(Full::new(Bytes::from(state.view().metrics())))
+            .expect("a valid response"),
+        "/debug/pprof/heap" => profile(state.view().heap_profile(), "heap"),
+        "/debug/pprof/growth" => growth(state, query).await,
+        "/" => text(
+            StatusCode::OK,
+            "tracer: /metrics /debug/pprof/heap /debug/pprof/growth[?seconds=N] /healthz\n",
+        ),
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+/// `/debug/pprof/growth`: what grew since the previous fetch (since attach
+/// for the first), or over the next `?seconds=N`.
+async fn growth(state: &State, query: &str) -> Response<Body> {
+    let seconds = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("seconds="));
+    let (base, now) = match seconds {
+        Some(seconds) => {
+            let Some(seconds) = seconds
+                .parse::<u64>()
+                .ok()
+                .filter(|seconds| (1..=MAX_GROWTH_SECONDS).contains(seconds))
+            else {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    &format!("seconds must be 1..={MAX_GROWTH_SECONDS}\n"),
+                );
+            };
+            let base = state.view();
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            (base, state.view())
+        }
+        None => {
+            let now = state.view();
+            let base = state
+                .growth_base
+                .lock()
+                .expect("growth base lock")
+                .replace(Arc::clone(&now))
+                .unwrap_or_default();
+            (base, now)
+        }
+    };
+    profile(now.growth_profile(&base), "growth")
+}
+
+fn profile(bytes: Option<Vec<u8>>, name: &str) -> Response<Body> {
+    match bytes {
+        Some(bytes) => Response::builder()
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .header(
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{name}.pb.gz\""),
+            )
+            .body(Full::new(Bytes::from(bytes)))
+            .expect("a valid response"),
+        None => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no snapshot yet: try again after the first interval\n",
+        ),
+    }
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("a valid response")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_alone_is_loopback_and_other_addresses_are_explicit() {
+        assert_eq!(parse_listen("9464"), Ok("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(
+            parse_listen("localhost:9464"),
+            Ok("127.0.0.1:9464".parse().unwrap())
+        );
+        assert_eq!(
+            parse_listen("0.0.0.0:9464"),
+            Ok("0.0.0.0:9464".parse().unwrap())
+        );
+        assert_eq!(parse_listen("[::1]:80"), Ok("[::1]:80".parse().unwrap()));
+        for bad in [":9464", "70000", "host:9464", "1.2.3:80", "", "9464x"] {
+            assert!(parse_listen(bad).is_err(), "{bad}");
+        }
+    }
+}
