@@ -16,6 +16,7 @@ pub mod error;
 pub mod model;
 pub mod output;
 pub mod procfs;
+pub mod python;
 pub mod record;
 pub mod recording;
 pub mod session;

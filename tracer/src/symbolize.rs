@@ -147,6 +147,7 @@ impl Symbols {
             module: module.clone(),
             build_id: build_id.clone(),
             file_offset: return_offset,
+            language: crate::model::Language::Native,
         };
         // Inlined calls come outermost first; the innermost is the code
         // that really runs at this address.

@@ -30,6 +30,11 @@ pub mod map {
         MAPPING_EVENTS = "MAPPING_EVENTS",
         FOLLOWED = "FOLLOWED",
         FORKS = "FORKS",
+        PYTHON_THREADS = "PYTHON_THREADS",
+        PYTHON_OFFSETS = "PYTHON_OFFSETS",
+        PYTHON_STACKS = "PYTHON_STACKS",
+        PYTHON_ON = "PYTHON_ON",
+        PYTHON_NEXT_ID = "PYTHON_NEXT_ID",
     }
 }
 

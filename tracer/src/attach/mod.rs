@@ -25,6 +25,7 @@ mod links;
 mod load;
 mod maps;
 mod preflight;
+mod python;
 mod reports;
 
 use std::num::NonZeroU32;

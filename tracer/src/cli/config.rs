@@ -34,6 +34,9 @@ pub struct Config {
     pub unwinding: Unwinding,
     pub verbose: bool,
     pub follow_forks: bool,
+    /// `--python`, `--python-depth`.
+    pub python: crate::python::PythonMode,
+    pub python_depth: u32,
 }
 
 /// `tracer record`: a run, and the files it writes.

@@ -101,8 +101,13 @@ impl CopiedStacks {
                     let copy: StackCopy = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                     let stack = &item[size_of::<StackCopy>()..];
                     let length = (copy.length as usize).min(stack.len());
-                    let unwound = self.unwinder.unwind(&copy, &stack[..length]);
+                    let mut unwound = self.unwinder.unwind(&copy, &stack[..length]);
                     drop(item);
+                    if copy.python_stack != 0 {
+                        // Its Python stack, as one more frame (collect::python).
+                        let tag = tracer_ebpf::PYTHON_FRAME_TAG | u64::from(copy.python_stack);
+                        unwound.addresses.push(tag);
+                    }
                     if record == stack_record::COPY {
                         self.copied(&copy, unwound);
                     } else {

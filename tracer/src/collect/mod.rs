@@ -18,6 +18,7 @@ mod copied;
 mod frames;
 mod kernel_stacks;
 mod mappings;
+mod python;
 mod targets;
 
 use std::{
@@ -167,6 +168,8 @@ pub struct Collector {
     clock: Option<Clock>,
     queued: VecDeque<Event>,
     stopped: Option<StopReason>,
+    /// Python frames (`--python`).
+    python: python::PythonState,
 }
 
 impl Collector {
@@ -193,6 +196,7 @@ impl Collector {
             clock: None,
             queued: VecDeque::new(),
             stopped: None,
+            python: python::PythonState::default(),
         })
     }
 
@@ -212,6 +216,7 @@ impl Collector {
         self.probes.trace_mappings(pid)?;
         self.mappings.start(pid);
         self.symbols.refresh(pid);
+        self.start_python(pid)?;
         Ok(())
     }
 
@@ -290,11 +295,15 @@ impl Collector {
                     for pid in live_pids(&self.watched) {
                         self.symbols.refresh(pid);
                     }
+                    self.refresh_python();
                     let snapshot = self.snapshot()?;
                     self.queued.push_back(Event::Snapshot(snapshot));
                 }
                 _ = clock.libraries.tick() => self.watch_libraries()?,
-                _ = clock.mappings.tick() => self.mappings.drain(&mut self.copied),
+                _ = clock.mappings.tick() => {
+                    self.mappings.drain(&mut self.copied);
+                    self.resolve_python_stacks();
+                }
                 _ = clock.copies.tick(), if copying => {
                     self.copied.activate()?;
                     self.copied.drain();
@@ -318,6 +327,7 @@ impl Collector {
     /// then `Stopped`.
     fn finish(&mut self, reason: StopReason) -> Result<()> {
         self.watch_libraries()?;
+        self.resolve_python_stacks();
         for pid in live_pids(&self.watched) {
             self.symbols.refresh(pid);
         }

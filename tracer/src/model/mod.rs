@@ -208,6 +208,20 @@ pub struct Frame {
     pub build_id: Option<String>,
     /// Offset in `module`'s file of the return address.
     pub file_offset: Option<u64>,
+    /// Native code, or a Python function (`file`/`line` then name its
+    /// source; no module, address 0).
+    pub language: Language,
+}
+
+/// What a frame runs.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    #[default]
+    Native,
+    Python,
 }
 
 impl Frame {

@@ -44,6 +44,7 @@ pub(crate) fn sample_frames(key: &StackKey) -> Vec<Frame> {
             module: Some(APP.to_owned()),
             build_id: Some("0123abcd".to_owned()),
             file_offset: Some(0x1234),
+            language: crate::model::Language::Native,
         },
         frame("main", APP),
     ]

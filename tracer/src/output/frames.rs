@@ -53,6 +53,7 @@ pub(super) mod tests {
             module: Some(module.to_owned()),
             build_id: Some("0123abcd".to_owned()),
             file_offset: Some(0x1000),
+            language: crate::model::Language::Native,
         }
     }
 

@@ -176,6 +176,7 @@ mod tests {
                 "file",
                 "file_offset",
                 "function",
+                "language",
                 "line",
                 "module"
             ]

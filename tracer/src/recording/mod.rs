@@ -45,8 +45,8 @@ pub use write::Writer;
 /// catch files mangled by a text-mode transfer, as PNG's magic does.
 pub const MAGIC: [u8; 8] = *b"\x89TRACER\n";
 /// The format this build writes and the newest it reads (2 added
-/// `Record::TargetMemory`, 3 `Record::Unwinding`).
-pub const FORMAT_VERSION: u32 = 3;
+/// `Record::TargetMemory`, 3 `Record::Unwinding`, 4 `Frame::language`).
+pub const FORMAT_VERSION: u32 = 4;
 /// Magic plus version.
 const PREAMBLE_BYTES: usize = 12;
 /// Payload length plus CRC.

@@ -114,6 +114,13 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
     if version == 0 {
         return Err(bad("is corrupt: its format version is 0".to_owned()));
     }
+    if version < FORMAT_VERSION {
+        // Format 4 added `Frame::language`: older frames do not decode.
+        return Err(bad(format!(
+            "was written by an older tracer (recording format {version}; this tracer reads \
+             format {FORMAT_VERSION}): read it with that tracer's `tracer report`"
+        )));
+    }
 
     let mut builder = Builder::default();
     let mut offset = PREAMBLE_BYTES;

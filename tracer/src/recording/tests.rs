@@ -23,6 +23,7 @@ fn frames_of(key: &StackKey) -> Vec<Frame> {
         module: Some("/opt/app".to_owned()),
         build_id: Some("abcdef01".to_owned()),
         file_offset: Some(0x1000 + u64::from(key.stack_id.to_raw())),
+        language: crate::model::Language::Native,
     }]
 }
 

@@ -1,0 +1,246 @@
+//! Python frames in every stack (issue 16), read by the kernel from a
+//! running Debian python3.11 with numpy (installed by `cargo xtask
+//! setup`). The fixture (tests/fixtures/python) leaks numpy buffers from
+//! one function reached from two Python callers, and churns buffers it
+//! frees; it prints its ground truth. File names and line numbers are
+//! taken from the fixture's source, by its marker comments.
+
+#[allow(dead_code, reason = "other test files use the rest of the harness")]
+mod harness;
+
+use std::{path::PathBuf, process::Command};
+
+use harness::{Fixture, Live, Record, Report, field, require_root, stack_live, workspace_root};
+use serde_json::Value;
+
+const PYTHON: &str = "/usr/bin/python3.11";
+
+fn fixture_dir() -> PathBuf {
+    workspace_root().join("tests/fixtures/python")
+}
+
+/// The line of `file` (under tests/fixtures/python) holding `marker`.
+fn marked_line(file: &str, marker: &str) -> i64 {
+    let source = std::fs::read_to_string(fixture_dir().join(file)).expect("fixture source");
+    let index = source
+        .lines()
+        .position(|line| line.contains(marker))
+        .unwrap_or_else(|| panic!("no {marker} in {file}"));
+    index as i64 + 1
+}
+
+fn start_fixture() -> Fixture {
+    assert!(
+        std::path::Path::new(PYTHON).exists(),
+        "{PYTHON} is missing: run `cargo xtask setup`"
+    );
+    let mut command = Command::new(PYTHON);
+    command.arg(fixture_dir().join("leaky_numpy.py"));
+    let (fixture, ready) = Fixture::spawn(command);
+    assert_eq!(
+        ready,
+        format!("ready pid={}", fixture.pid),
+        "fixture started oddly"
+    );
+    fixture
+}
+
+/// (function, file name, line, language) of each frame, innermost first.
+fn frames(stack: &Value) -> Vec<(String, String, i64, String)> {
+    stack["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .map(|frame| {
+            let file = frame["file"].as_str().unwrap_or("");
+            let name = std::path::Path::new(file)
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (
+                frame["function"].as_str().unwrap_or("?").to_owned(),
+                name,
+                frame["line"].as_i64().unwrap_or(-1),
+                frame["language"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The Python part of a stack: (function, file, line), innermost first.
+fn python_frames(stack: &Value) -> Vec<(String, String, i64)> {
+    frames(stack)
+        .into_iter()
+        .filter(|(_, _, _, language)| language == "python")
+        .map(|(function, file, line, _)| (function, file, line))
+        .collect()
+}
+
+/// The heap stacks through `caller`. The interpreter may reach numpy's
+/// allocation through different native paths (a call site specialized
+/// after its first runs), so one Python path can be several stacks.
+fn stacks_through<'a>(report: &'a Report, caller: &str) -> Vec<&'a Value> {
+    let stacks: Vec<&Value> = report
+        .stacks()
+        .iter()
+        .filter(|stack| {
+            stack["kind"] == "heap"
+                && python_frames(stack)
+                    .iter()
+                    .any(|(function, _, _)| function == caller)
+        })
+        .collect();
+    assert!(
+        !stacks.is_empty(),
+        "no heap stack through {caller}:\n{report}"
+    );
+    stacks
+}
+
+/// Debian's python3.11 has no frame pointers: `--unwind auto` copies its
+/// stacks (the DWARF path).
+#[test]
+fn numpy_leak_is_named_by_its_python_function_callers_and_lines() {
+    numpy_leak_named(&[]);
+}
+
+/// The kernel's frame-pointer walk stops early in python3.11, but the
+/// Python frames are all there.
+#[test]
+fn numpy_leak_is_named_with_frame_pointer_stacks_too() {
+    numpy_leak_named(&["--unwind", "fp"]);
+}
+
+fn numpy_leak_named(extra_args: &[&str]) {
+    require_root();
+    let mut fixture = start_fixture();
+    // Only the 1 MiB data buffers (numpy's dimension blocks are 16 B).
+    let trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536"])
+        .args(extra_args)
+        .attach();
+    let answer = fixture.cmd("leak 3");
+    let traced = trace.stop();
+    let (report, output) = (&traced.report, &traced.output);
+    assert!(
+        output.stderr.contains("Python frames on (PID") && output.stderr.contains("CPython 3.11"),
+        "the attach line says Python frames are on:\n{output}"
+    );
+
+    for (caller, call_marker, serve_marker, bytes_key, allocs_key) in [
+        ("caller_a", "# CALL-A", "# SERVE-A", "a_bytes", "a_allocs"),
+        ("caller_b", "# CALL-B", "# SERVE-B", "b_bytes", "b_allocs"),
+    ] {
+        let stacks = stacks_through(report, caller);
+        let live = stacks.iter().fold(Live::default(), |sum, stack| {
+            let live = stack_live(stack);
+            Live {
+                bytes: sum.bytes + live.bytes,
+                allocs: sum.allocs + live.allocs,
+            }
+        });
+        assert_eq!(
+            live,
+            Live {
+                bytes: field(&answer, bytes_key),
+                allocs: field(&answer, allocs_key),
+            },
+            "{caller}'s buffers, exactly: {answer}\n{report}"
+        );
+        for stack in stacks {
+            assert_named(stack, caller, call_marker, serve_marker, report);
+        }
+    }
+    // The churned buffers are all freed: no stack through `churn` holds
+    // anything (stacks without live bytes are not listed).
+    assert_eq!(
+        report.heap_live_with("churn"),
+        Live::default(),
+        "churn frees everything\n{report}"
+    );
+}
+
+/// The Python frames of a buffer stack through `caller`, with the files
+/// and lines of the fixture's markers, below numpy's own frames.
+fn assert_named(
+    stack: &Value,
+    caller: &str,
+    call_marker: &str,
+    serve_marker: &str,
+    report: &Report,
+) {
+    let buffers = "buffers.py";
+    let main = "leaky_numpy.py";
+    let leak_line = marked_line("pyleak/buffers.py", "# LEAK-SITE");
+    let python = python_frames(stack);
+    let expected = [
+        ("leak_buffer", buffers, leak_line),
+        (caller, main, marked_line(main, call_marker)),
+        ("serve", main, marked_line(main, serve_marker)),
+        ("<module>", main, marked_line(main, "# MODULE")),
+    ];
+    let position = python
+        .iter()
+        .position(|(function, _, _)| function == "leak_buffer")
+        .unwrap_or_else(|| panic!("no leak_buffer frame: {python:?}\n{report}"));
+    let found: Vec<(&str, &str, i64)> = python[position..]
+        .iter()
+        .map(|(function, file, line)| (function.as_str(), file.as_str(), *line))
+        .collect();
+    assert_eq!(
+        found, expected,
+        "Python frames of {caller}'s stack\n{report}"
+    );
+    // numpy's own Python (`ones`) runs inside leak_buffer, and the
+    // native frames of numpy's C code are kept, innermost.
+    let all = frames(stack);
+    assert_eq!(all[0].3, "native", "numpy's C code first: {all:?}");
+    assert!(
+        python
+            .first()
+            .is_some_and(|(function, file, _)| function == "ones" && file == "numeric.py"),
+        "numpy.ones named: {python:?}"
+    );
+    assert!(
+        !all.iter()
+            .any(|(function, ..)| function == "_PyEval_EvalFrameDefault"),
+        "evaluation frames replaced by Python frames: {all:?}"
+    );
+}
+
+#[test]
+fn python_off_keeps_native_frames_and_a_native_process_says_no_cpython() {
+    require_root();
+    let mut fixture = start_fixture();
+    let trace = Record::pid(fixture.pid).args(["--python", "off"]).attach();
+    fixture.cmd("leak 1");
+    let traced = trace.stop();
+    assert!(
+        traced
+            .output
+            .stderr
+            .contains("Python frames off (--python off)"),
+        "{}",
+        traced.output
+    );
+    assert!(
+        traced
+            .report
+            .stacks()
+            .iter()
+            .all(|stack| python_frames(stack).is_empty()),
+        "no Python frames with --python off\n{}",
+        traced.report
+    );
+
+    let leaky = Fixture::start("leaky", &[]);
+    let traced = Record::pid(leaky.pid).attach().stop();
+    assert!(
+        traced
+            .output
+            .stderr
+            .contains("no CPython found: native frames only"),
+        "{}",
+        traced.output
+    );
+}

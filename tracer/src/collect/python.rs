@@ -1,0 +1,162 @@
+//! Python frames (`--python`): at attach, the interpreter of each target
+//! (`python::find`) and the kernel's walk turned on for it; while tracing,
+//! its threads' thread states kept current and each new Python stack the
+//! kernel stored named at once (code objects may be gone by report time);
+//! and in every stack's frames, the Python stack merged in.
+use std::collections::HashMap;
+
+use tracer_ebpf::python_stack_of_frame;
+
+use super::{Collector, Event};
+use crate::{
+    model::{Frame, Language},
+    python::{self, Found, PythonMode},
+};
+
+/// What `--python` found and keeps per target.
+#[derive(Default)]
+pub struct PythonState {
+    pub mode: PythonMode,
+    pub depth: u32,
+    pub stacks: python::Stacks,
+    /// The thread ids set in the kernel, by process.
+    threads: HashMap<u32, Vec<u32>>,
+    /// Python stack ids named so far (1..=resolved).
+    resolved: u64,
+    /// One line per target with a CPython tracer cannot read.
+    pub unsupported: Vec<(u32, String)>,
+}
+
+impl Collector {
+    /// `--python` and `--python-depth`, before targets are added.
+    pub fn set_python(&mut self, mode: PythonMode, depth: u32) {
+        self.python.mode = mode;
+        self.python.depth = depth;
+    }
+
+    /// Looks for a CPython in `pid` and walks its frames from now on.
+    pub(super) fn start_python(&mut self, pid: u32) -> anyhow::Result<()> {
+        if self.python.mode == PythonMode::Off || self.python.stacks.interpreter(pid).is_some() {
+            return Ok(());
+        }
+        match python::find(pid) {
+            Found::Interpreter(interpreter) => {
+                self.probes
+                    .start_python(pid, interpreter.layout.frames, self.python.depth)?;
+                self.python.stacks.add(interpreter);
+                self.refresh_python_threads(pid);
+            }
+            Found::Unsupported(why) => {
+                if self.python.mode == PythonMode::On {
+                    anyhow::bail!("--python on: PID {pid}: {why}");
+                }
+                self.python.unsupported.push((pid, why));
+            }
+            Found::None => {
+                if self.python.mode == PythonMode::On {
+                    anyhow::bail!("--python on: PID {pid} runs no CPython tracer can find");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-reads the thread states of `pid` into the kernel's map.
+    pub(super) fn refresh_python_threads(&mut self, pid: u32) {
+        let Some(interpreter) = self.python.stacks.interpreter(pid) else {
+            return;
+        };
+        let threads = interpreter.threads();
+        let before = self.python.threads.remove(&pid).unwrap_or_default();
+        let gone: Vec<u32> = before
+            .into_iter()
+            .filter(|tid| !threads.iter().any(|(now, _)| now == tid))
+            .collect();
+        if let Err(error) = self.probes.set_python_threads(&threads, &gone) {
+            self.queued.push_back(Event::Notice(format!(
+                "warning: PID {pid}: Python thread states not updated: {error:#}"
+            )));
+        }
+        self.python
+            .threads
+            .insert(pid, threads.into_iter().map(|(tid, _)| tid).collect());
+    }
+
+    /// Keeps every live Python target's threads current.
+    pub(super) fn refresh_python(&mut self) {
+        let pids: Vec<u32> = self
+            .python
+            .stacks
+            .interpreters()
+            .map(|interpreter| interpreter.pid)
+            .filter(|&pid| crate::procfs::is_alive(pid))
+            .collect();
+        for pid in pids {
+            self.refresh_python_threads(pid);
+        }
+    }
+
+    /// Names the Python stacks the kernel stored since the last call.
+    pub(super) fn resolve_python_stacks(&mut self) {
+        if self.python.stacks.is_empty() {
+            return;
+        }
+        let count = self.probes.python_stack_count();
+        while self.python.resolved < count {
+            self.python.resolved += 1;
+            let id = self.python.resolved as u32;
+            if let Some(stack) = self.probes.python_stack(id) {
+                self.python.stacks.resolve(stack.tgid, id, &stack);
+            }
+        }
+    }
+
+    /// `frames` with the Python stack its tag frame names merged in.
+    pub(super) fn merge_python(&mut self, pid: u32, mut frames: Vec<Frame>) -> Vec<Frame> {
+        let Some(tagged) = frames
+            .iter()
+            .position(|frame| python_stack_of_frame(frame.address).is_some())
+        else {
+            return frames;
+        };
+        let id = python_stack_of_frame(frames.remove(tagged).address).expect("a tag");
+        if !self.python.stacks.knows(pid, id) {
+            self.resolve_python_stacks();
+        }
+        match self.python.stacks.frames(pid, id) {
+            Some((python, truncated)) => python::merge(frames, python, truncated),
+            None => {
+                frames.push(Frame {
+                    function: Some("[python frames unknown]".to_owned()),
+                    language: Language::Python,
+                    ..Frame::default()
+                });
+                frames
+            }
+        }
+    }
+
+    /// Says whether Python frames are on, for the attach line.
+    pub fn python_summary(&self) -> String {
+        let mut on: Vec<String> = self
+            .python
+            .stacks
+            .interpreters()
+            .map(|interpreter| {
+                let (major, minor, micro) = interpreter.version;
+                format!("PID {} CPython {major}.{minor}.{micro}", interpreter.pid)
+            })
+            .collect();
+        on.sort();
+        match (self.python.mode, on.is_empty()) {
+            (PythonMode::Off, _) => "Python frames off (--python off)".to_owned(),
+            (_, true) => "no CPython found: native frames only".to_owned(),
+            (_, false) => format!("Python frames on ({})", on.join(", ")),
+        }
+    }
+
+    /// Targets running a CPython tracer cannot read, and why.
+    pub fn python_unsupported(&self) -> &[(u32, String)] {
+        &self.python.unsupported
+    }
+}
