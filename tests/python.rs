@@ -244,3 +244,105 @@ fn python_off_keeps_native_frames_and_a_native_process_says_no_cpython() {
         traced.output
     );
 }
+
+/// The heap stacks with a Python frame `function` in `file` (a file name).
+fn stacks_with_python<'a>(report: &'a Report, function: &str, file: &str) -> Vec<&'a Value> {
+    report
+        .stacks()
+        .iter()
+        .filter(|stack| {
+            stack["kind"] == "heap"
+                && python_frames(stack)
+                    .iter()
+                    .any(|(name, in_file, _)| name == function && in_file == file)
+        })
+        .collect()
+}
+
+/// Four Python threads leak at once through a method, a generator, a
+/// lambda and a function of a module imported after attach: each site's
+/// bytes exactly, named with its qualified name, file and line, below the
+/// thread's own function.
+#[test]
+fn python_threads_methods_generators_lambdas_and_late_modules() {
+    require_root();
+    let mut fixture = start_fixture();
+    // The threads exist before attach; tracer reads their thread states
+    // when it attaches (threads started later are found at the next
+    // --interval).
+    let started = fixture.cmd("threads 4");
+    assert_eq!(started, "threads started=4");
+    let trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536"])
+        .attach();
+    let answer = fixture.cmd("tleak 2");
+    let traced = trace.stop();
+    let report = &traced.report;
+    let main = "leaky_numpy.py";
+    for (function, file, site_marker, worker_marker, bytes_key) in [
+        (
+            "Keeper.keep",
+            "shapes.py",
+            "# METHOD-SITE",
+            "# WORKER-METHOD",
+            "method_bytes",
+        ),
+        (
+            "make_buffers",
+            "shapes.py",
+            "# GENERATOR-SITE",
+            "# WORKER-GENERATOR",
+            "generator_bytes",
+        ),
+        (
+            "<lambda>",
+            "shapes.py",
+            "# LAMBDA-SITE",
+            "# WORKER-LAMBDA",
+            "lambda_bytes",
+        ),
+        (
+            "leak_late",
+            "late.py",
+            "# LATE-SITE",
+            "# WORKER-LATE",
+            "late_bytes",
+        ),
+    ] {
+        let stacks = stacks_with_python(report, function, file);
+        assert!(!stacks.is_empty(), "no stack through {function}\n{report}");
+        let bytes: i64 = stacks.iter().map(|stack| stack_live(stack).bytes).sum();
+        assert_eq!(
+            bytes,
+            field(&answer, bytes_key),
+            "{function}: the 4 threads' buffers, exactly: {answer}\n{report}"
+        );
+        let site_line = marked_line(&format!("pyleak/{file}"), site_marker);
+        let worker_line = marked_line(main, worker_marker);
+        for stack in stacks {
+            let python = python_frames(stack);
+            let at = python
+                .iter()
+                .position(|(name, _, _)| name == function)
+                .expect("the site's frame");
+            let found: Vec<(&str, &str, i64)> = python[at..]
+                .iter()
+                .take(3)
+                .map(|(name, file, line)| (name.as_str(), file.as_str(), *line))
+                .collect();
+            assert_eq!(
+                found,
+                [
+                    (function, file, site_line),
+                    ("worker", main, worker_line),
+                    ("Thread.run", "threading.py", found[2].2),
+                ],
+                "{function}'s Python frames\n{report}"
+            );
+            assert!(
+                python.first().is_some_and(|(name, _, _)| name == "ones"),
+                "numpy.ones innermost: {python:?}"
+            );
+        }
+    }
+}
