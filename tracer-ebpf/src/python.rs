@@ -88,7 +88,7 @@ fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
     let scratch = unsafe { &mut *scratch };
     let depth = PYTHON_ON.get(python_setting::DEPTH).copied().unwrap_or(0);
     // One branch in the loop body (its end), so that the verifier's walk
-    // of it stays linear: a failed read leaves a zero window, whose
+    // of it stays linear: a failed read leaves a zeroed window, whose
     // previous frame (0) ends the walk, and past --python-depth the next
     // frame is masked to 0.
     let mut count_frames = 0u32;
@@ -97,7 +97,7 @@ fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
         if frame == 0 {
             break;
         }
-        scratch.frame = [0; FRAME_WINDOW / 8];
+        // A failed read zeroes the window (bpf_probe_read_user).
         unsafe {
             bpf_probe_read_user(
                 scratch.frame.as_mut_ptr().cast(),
