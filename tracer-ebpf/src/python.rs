@@ -107,7 +107,8 @@ fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
         };
         let code = word(&scratch.frame, offsets.frame_code);
         let instruction = word(&scratch.frame, offsets.frame_instruction);
-        let entry = (byte(&scratch.frame, offsets.frame_entry) + 0xff) >> 8;
+        let entry_byte = byte(&scratch.frame, offsets.frame_entry) ^ offsets.entry_xor as u64;
+        let entry = (((entry_byte & 0xff) + 0xff) >> 8) ^ (offsets.entry_invert as u64 & 1);
         beyond = word(&scratch.frame, offsets.frame_previous);
         // All ones while index + 1 < depth.
         let more = (((index as u64 + 1).wrapping_sub(depth as u64)) as i64 >> 63) as u64;

@@ -83,16 +83,17 @@ pub struct PythonOffsets {
     pub frame_indirect: u32,
     pub current_frame: u32,
     /// Frame fields, each below `FRAME_WINDOW` bytes: the code object, the
-    /// previous frame, the last instruction (pointer), the entry flag
-    /// (byte), and the owner (byte; `u32::MAX`: none) with the owner value
-    /// of frames to skip (3.12+: owned by the C stack; not read by the
-    /// kernel yet: 3.11 has no such frames).
+    /// previous frame, the last instruction (pointer), and the byte that
+    /// marks an entry frame: the frame is packed with `python_frame::ENTRY`
+    /// when `(byte ^ entry_xor != 0) ^ entry_invert` (3.11: `is_entry`, 0,
+    /// 0; 3.12: `owner`, 3, 1: the frame owned by the C stack that
+    /// `_PyEval_EvalFrameDefault` puts below the first frame it runs).
     pub frame_code: u32,
     pub frame_previous: u32,
     pub frame_instruction: u32,
     pub frame_entry: u32,
-    pub frame_owner: u32,
-    pub skip_owner: u32,
+    pub entry_xor: u32,
+    pub entry_invert: u32,
     /// Code object -> its first instruction (`co_code_adaptive`).
     pub code_instructions: u32,
 }

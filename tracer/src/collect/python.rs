@@ -150,6 +150,9 @@ impl Collector {
         on.sort();
         match (self.python.mode, on.is_empty()) {
             (PythonMode::Off, _) => "Python frames off (--python off)".to_owned(),
+            (_, true) if !self.python.unsupported.is_empty() => {
+                "no CPython tracer can read: native frames only".to_owned()
+            }
             (_, true) => "no CPython found: native frames only".to_owned(),
             (_, false) => format!("Python frames on ({})", on.join(", ")),
         }

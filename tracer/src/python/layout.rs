@@ -2,7 +2,7 @@
 //! x86-64 release builds. 3.11 is from the v3.11.2 headers
 //! (Include/internal/pycore_runtime.h, pycore_interp.h, pycore_frame.h,
 //! Include/cpython/pystate.h, code.h, unicodeobject.h) and checked against
-//! Debian's python3.11 at attach (the version, then a thread state whose
+//! Debian's python3.11 (3.12: v3.12.1, checked on pyenv's 3.12.1) at attach (the version, then a thread state whose
 //! `native_thread_id` is one of the process's threads).
 use tracer_ebpf::PythonOffsets;
 
@@ -38,6 +38,9 @@ pub struct Layout {
     pub unicode_state: u64,
     /// `PyBytesObject.ob_sval`.
     pub bytes_data: u64,
+    /// Entry frames are the C stack's shim frames below the first frame
+    /// an evaluation runs (3.12+), not flagged Python frames (3.11).
+    pub entry_is_shim: bool,
 }
 
 /// CPython 3.11 (3.11.0 to 3.11.x: the layout did not move in 3.11's
@@ -54,14 +57,13 @@ pub const PYTHON_3_11: Layout = Layout {
         thread_frame: 56,
         frame_indirect: 1,
         current_frame: 8,
-        // _PyInterpreterFrame.f_code, .previous, .prev_instr, .is_entry,
-        // .owner (3.11 frames are never owned by the C stack).
+        // _PyInterpreterFrame.f_code, .previous, .prev_instr, .is_entry.
         frame_code: 32,
         frame_previous: 48,
         frame_instruction: 56,
         frame_entry: 68,
-        frame_owner: u32::MAX,
-        skip_owner: 0,
+        entry_xor: 0,
+        entry_invert: 0,
         // PyCodeObject.co_code_adaptive.
         code_instructions: 184,
     },
@@ -75,11 +77,49 @@ pub const PYTHON_3_11: Layout = Layout {
     compact_data: 72,
     unicode_state: 32,
     bytes_data: 32,
+    entry_is_shim: false,
+};
+
+/// CPython 3.12 (v3.12.1 headers; checked live on pyenv's 3.12.1).
+pub const PYTHON_3_12: Layout = Layout {
+    version: (3, 12),
+    runtime_interpreters: 40,
+    interpreter_next: 0,
+    interpreter_threads: 72,
+    thread_next: 8,
+    thread_native_id: 144,
+    frames: PythonOffsets {
+        // PyThreadState.cframe -> _PyCFrame.current_frame.
+        thread_frame: 56,
+        frame_indirect: 1,
+        current_frame: 0,
+        // _PyInterpreterFrame.f_code, .previous, .prev_instr, and .owner:
+        // FRAME_OWNED_BY_CSTACK (3) marks the shim below an entry frame.
+        frame_code: 0,
+        frame_previous: 8,
+        frame_instruction: 56,
+        frame_entry: 70,
+        entry_xor: 3,
+        entry_invert: 1,
+        // PyCodeObject.co_code_adaptive.
+        code_instructions: 192,
+    },
+    code_filename: 112,
+    code_name: 120,
+    code_qualname: Some(128),
+    code_first_line: 68,
+    code_line_table: 136,
+    code_header: 200,
+    ascii_data: 40,
+    compact_data: 56,
+    unicode_state: 32,
+    bytes_data: 32,
+    entry_is_shim: true,
 };
 
 /// The layout of a version tracer knows.
 pub fn for_version(major: u8, minor: u8) -> Option<&'static Layout> {
-    [&PYTHON_3_11]
+    [&PYTHON_3_11, &PYTHON_3_12]
         .into_iter()
         .find(|layout| layout.version == (major, minor))
 }
@@ -90,7 +130,12 @@ mod tests {
 
     #[test]
     fn frame_fields_fit_the_kernel_window() {
-        let frames = PYTHON_3_11.frames;
+        for layout in [PYTHON_3_11, PYTHON_3_12] {
+            check_window(layout.frames);
+        }
+    }
+
+    fn check_window(frames: PythonOffsets) {
         for offset in [
             frames.frame_code,
             frames.frame_previous,
@@ -103,8 +148,9 @@ mod tests {
     }
 
     #[test]
-    fn knows_3_11_only() {
+    fn knows_3_11_and_3_12() {
         assert_eq!(for_version(3, 11), Some(&PYTHON_3_11));
+        assert_eq!(for_version(3, 12), Some(&PYTHON_3_12));
         assert_eq!(for_version(3, 9), None);
     }
 }

@@ -1,6 +1,6 @@
 //! The line of an instruction, from a code object's line table.
 //!
-//! CPython 3.11+ keeps a "location table" (`co_linetable`, described in
+//! CPython 3.11+ (3.11, 3.12 and 3.13 alike) keeps a "location table" (`co_linetable`, described in
 //! CPython's Objects/locations.md): a sequence of entries, each covering
 //! 1-8 code units. An entry's first byte has its top bit set, a 4-bit code
 //! (bits 3-6) and the number of code units minus one (bits 0-2); the code
@@ -131,6 +131,34 @@ mod tests {
             );
         }
         assert_eq!(line_3_11(&TABLE_3_11, 1, 15), None, "past the end");
+    }
+
+    /// The same function compiled by pyenv's CPython 3.12.1 and 3.13.0
+    /// (built from python.org sources on this machine), with `co_lines()`.
+    const TABLE_3_12: [u8; 37] = [
+        128, 0, 216, 9, 10, 136, 3, 128, 65, 217, 7, 8, 216, 12, 13, 144, 1, 137, 69, 136, 1, 224,
+        12, 13, 216, 12, 13, 240, 3, 1, 12, 15, 240, 0, 1, 5, 15,
+    ];
+    const TABLE_3_13: [u8; 35] = [
+        128, 0, 216, 9, 10, 136, 3, 128, 65, 222, 7, 8, 216, 12, 13, 137, 69, 136, 1, 224, 12, 13,
+        216, 12, 13, 240, 3, 1, 12, 15, 240, 0, 1, 5, 15,
+    ];
+    const LINES_3_13: [u32; 19] = [1, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 6, 7, 6, 6];
+
+    #[test]
+    fn decodes_real_3_12_and_3_13_location_tables() {
+        for (table, lines) in [
+            (&TABLE_3_12[..], &LINES_3_11[..]),
+            (&TABLE_3_13, &LINES_3_13),
+        ] {
+            for (offset, &line) in lines.iter().enumerate() {
+                assert_eq!(
+                    line_3_11(table, 1, offset as u64),
+                    Some(line),
+                    "unit {offset}"
+                );
+            }
+        }
     }
 
     #[test]

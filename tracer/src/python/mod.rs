@@ -116,7 +116,7 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
     };
     let Some(layout) = layout::for_version(version.0, version.1) else {
         return Some(Found::Unsupported(format!(
-            "{}: CPython {}.{}.{}, whose layout tracer does not know (it knows 3.11)",
+            "{}: CPython {}.{}.{}, whose layout tracer does not know (it knows 3.11 and 3.12)",
             path.display(),
             version.0,
             version.1,
@@ -321,15 +321,20 @@ impl Stacks {
             return;
         };
         let count = (stack.count as usize).min(stack.frames.len());
-        let frames = stack.frames[..count]
-            .iter()
-            .map(|&packed| {
-                let address = packed & python_frame::ADDRESS_MASK;
-                let offset = packed >> python_frame::OFFSET_SHIFT;
-                let entry = packed & python_frame::ENTRY != 0;
-                (self.frame(&interpreter, address, offset), entry)
-            })
-            .collect();
+        let mut frames: Vec<(Frame, bool)> = Vec::with_capacity(count);
+        for &packed in &stack.frames[..count] {
+            let address = packed & python_frame::ADDRESS_MASK;
+            let offset = packed >> python_frame::OFFSET_SHIFT;
+            let entry = packed & python_frame::ENTRY != 0;
+            if entry && interpreter.layout.entry_is_shim {
+                // 3.12+: the C stack's shim below an entry frame.
+                if let Some((_, last_entry)) = frames.last_mut() {
+                    *last_entry = true;
+                }
+                continue;
+            }
+            frames.push((self.frame(&interpreter, address, offset), entry));
+        }
         self.frames.insert((pid, id), frames);
         self.truncated.insert((pid, id), stack.truncated != 0);
     }
