@@ -346,3 +346,81 @@ fn python_threads_methods_generators_lambdas_and_late_modules() {
         }
     }
 }
+
+/// The line in embedded.py (the script tests/fixtures/embed_python.c
+/// compiles under that name) that holds `marker`.
+fn embedded_line(marker: &str) -> i64 {
+    let source = std::fs::read_to_string(workspace_root().join("tests/fixtures/embed_python.c"))
+        .expect("fixture source");
+    let lines: Vec<&str> = source.lines().collect();
+    let first = lines
+        .iter()
+        .position(|line| line.contains(r#""kept = []\n""#))
+        .expect("the script's first line");
+    let marked = lines[first..]
+        .iter()
+        .position(|line| line.contains(marker))
+        .unwrap_or_else(|| panic!("no {marker} in embed_python.c's script"));
+    marked as i64 + 1
+}
+
+/// A C program that dlopen()s libpython3.11 after attach: tracer finds the
+/// interpreter when it is mapped, and the leak's stack holds both
+/// languages: the Python function and its caller, then the C function
+/// that ran the script and main.
+#[test]
+fn embedded_interpreter_loaded_after_attach_gets_python_frames_in_c_stacks() {
+    require_root();
+    let mut fixture = Fixture::start("embed_python", &[]);
+    let mut trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536"])
+        .attach();
+    assert_eq!(fixture.cmd("start"), "started");
+    trace.tracer.wait_stderr(
+        "Python frames on from now (CPython 3.11",
+        std::time::Duration::from_secs(20),
+    );
+    let answer = fixture.cmd("leak 3");
+    let traced = trace.stop();
+    let report = &traced.report;
+    let stacks = stacks_with_python(report, "leak_embedded", "embedded.py");
+    let live = stacks.iter().fold(Live::default(), |sum, stack| Live {
+        bytes: sum.bytes + stack_live(stack).bytes,
+        allocs: sum.allocs + stack_live(stack).allocs,
+    });
+    assert_eq!(
+        live,
+        Live {
+            bytes: field(&answer, "bytes"),
+            allocs: field(&answer, "count"),
+        },
+        "the embedded leak, exactly: {answer}\n{report}"
+    );
+    for stack in stacks {
+        let all = frames(stack);
+        let names: Vec<&str> = all.iter().map(|(name, ..)| name.as_str()).collect();
+        let at = |name: &str| {
+            names
+                .iter()
+                .position(|found| *found == name)
+                .unwrap_or_else(|| panic!("no {name} in {names:?}\n{report}"))
+        };
+        let (site, run, module) = (at("leak_embedded"), at("run"), at("<module>"));
+        let (c_caller, main) = (at("c_calls_python"), at("main"));
+        assert!(
+            site < run && run < module && module < c_caller && c_caller < main,
+            "Python frames inside the C caller, innermost first: {names:?}"
+        );
+        assert_eq!(
+            (all[site].1.as_str(), all[site].2, all[run].2),
+            (
+                "embedded.py",
+                embedded_line("# EMBED-SITE"),
+                embedded_line("# EMBED-CALL")
+            ),
+            "{all:?}"
+        );
+        assert_eq!(all[c_caller].3, "native");
+        assert_eq!(all[site].3, "python");
+    }
+}

@@ -25,6 +25,8 @@ pub struct PythonState {
     resolved: u64,
     /// One line per target with a CPython tracer cannot read.
     pub unsupported: Vec<(u32, String)>,
+    /// Targets whose later-mapped libpython was looked at already.
+    looked_again: Vec<u32>,
 }
 
 impl Collector {
@@ -82,8 +84,44 @@ impl Collector {
             .insert(pid, threads.into_iter().map(|(tid, _)| tid).collect());
     }
 
-    /// Keeps every live Python target's threads current.
+    /// Keeps every live Python target's threads current, and looks for
+    /// an interpreter in targets that mapped a libpython since attach
+    /// (programs embedding Python `dlopen` it).
     pub(super) fn refresh_python(&mut self) {
+        if self.python.mode != PythonMode::Off {
+            for pid in super::live_pids(&self.watched) {
+                if self.python.stacks.interpreter(pid).is_some()
+                    || self.python.looked_again.contains(&pid)
+                    || self
+                        .python
+                        .unsupported
+                        .iter()
+                        .any(|(known, _)| *known == pid)
+                    || !maps_libpython(pid)
+                {
+                    continue;
+                }
+                self.python.looked_again.push(pid);
+                let mode = self.python.mode;
+                // `on` was checked at attach: a later interpreter is a bonus.
+                self.python.mode = PythonMode::Auto;
+                let started = self.start_python(pid);
+                self.python.mode = mode;
+                if let Err(error) = started {
+                    self.queued.push_back(Event::Notice(format!(
+                        "warning: PID {pid}: no Python frames: {error:#}"
+                    )));
+                } else if let Some(interpreter) = self.python.stacks.interpreter(pid) {
+                    let (major, minor, micro) = interpreter.version;
+                    let note = format!(
+                        "PID {pid}: Python frames on from now (CPython {major}.{minor}.{micro} \
+                         in {}, mapped after attach)",
+                        interpreter.object.display()
+                    );
+                    self.queued.push_back(Event::Notice(note));
+                }
+            }
+        }
         let pids: Vec<u32> = self
             .python
             .stacks
@@ -162,4 +200,16 @@ impl Collector {
     pub fn python_unsupported(&self) -> &[(u32, String)] {
         &self.python.unsupported
     }
+}
+
+/// Whether `pid` maps a `libpython*` object.
+fn maps_libpython(pid: u32) -> bool {
+    crate::procfs::read_maps(pid).is_ok_and(|maps| {
+        maps.iter().any(|mapping| {
+            mapping
+                .path
+                .file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with("libpython"))
+        })
+    })
 }
