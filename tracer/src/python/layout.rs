@@ -1,6 +1,7 @@
 //! Where each CPython version keeps what tracer reads, in bytes, for
-//! x86-64 release builds. 3.11 is from the v3.11.2 headers
-//! (Include/internal/pycore_runtime.h, pycore_interp.h, pycore_frame.h,
+//! x86-64 release builds: tables for 3.11 and 3.12, and 3.13's read from
+//! the `_Py_DebugOffsets` at the start of its `_PyRuntime`. 3.11 is from
+//! the v3.11.2 headers (Include/internal/pycore_runtime.h, pycore_interp.h, pycore_frame.h,
 //! Include/cpython/pystate.h, code.h, unicodeobject.h) and checked against
 //! Debian's python3.11 (3.12: v3.12.1, checked on pyenv's 3.12.1) at attach (the version, then a thread state whose
 //! `native_thread_id` is one of the process's threads).
@@ -117,11 +118,81 @@ pub const PYTHON_3_12: Layout = Layout {
     entry_is_shim: true,
 };
 
-/// The layout of a version tracer knows.
-pub fn for_version(major: u8, minor: u8) -> Option<&'static Layout> {
-    [&PYTHON_3_11, &PYTHON_3_12]
+/// The layout of a version tracer ships a table for.
+pub fn for_version(major: u8, minor: u8) -> Option<Layout> {
+    [PYTHON_3_11, PYTHON_3_12]
         .into_iter()
         .find(|layout| layout.version == (major, minor))
+}
+
+/// `_Py_DebugOffsets`' cookie: the first bytes of `_PyRuntime` in 3.13+.
+pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
+/// Bytes of 3.13's `_Py_DebugOffsets` (73 words, from the v3.13.0
+/// Include/internal/pycore_runtime.h).
+pub const DEBUG_OFFSETS_3_13_BYTES: usize = 73 * 8;
+
+/// 3.13's layout, every offset read from the `_Py_DebugOffsets` that
+/// starts `_PyRuntime` (`bytes`, at least `DEBUG_OFFSETS_3_13_BYTES`):
+/// the words of its runtime, interpreter, thread, frame, code, bytes and
+/// unicode sections. None without the cookie or with a frame field beyond
+/// the kernel's window.
+pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<Layout> {
+    if bytes.len() < DEBUG_OFFSETS_3_13_BYTES || &bytes[..8] != DEBUG_COOKIE {
+        return None;
+    }
+    let word = |index: usize| {
+        u64::from_ne_bytes(bytes[index * 8..index * 8 + 8].try_into().expect("8 bytes"))
+    };
+    let small = |index: usize| u32::try_from(word(index)).ok();
+    let frames = PythonOffsets {
+        // PyThreadState.current_frame, read directly.
+        thread_frame: small(23)?,
+        frame_indirect: 0,
+        current_frame: 0,
+        // _PyInterpreterFrame.f_executable, .previous, .instr_ptr, .owner
+        // (FRAME_OWNED_BY_CSTACK, 3, marks the shim below an entry frame).
+        frame_code: small(30)?,
+        frame_previous: small(29)?,
+        frame_instruction: small(31)?,
+        frame_entry: small(33)?,
+        entry_xor: 3,
+        entry_invert: 1,
+        code_instructions: small(43)?,
+    };
+    let in_window = [
+        frames.frame_code,
+        frames.frame_previous,
+        frames.frame_instruction,
+    ]
+    .iter()
+    .all(|&offset| offset % 8 == 0 && offset as usize + 8 <= tracer_ebpf::FRAME_WINDOW)
+        && (frames.frame_entry as usize) < tracer_ebpf::FRAME_WINDOW;
+    if !in_window {
+        return None;
+    }
+    let code_fields = [word(35), word(36), word(37), word(38), word(39)];
+    let ascii_data = word(70);
+    Some(Layout {
+        version: (3, 13),
+        runtime_interpreters: word(5),
+        interpreter_next: word(8),
+        interpreter_threads: word(9),
+        thread_next: word(21),
+        thread_native_id: word(25),
+        frames,
+        code_filename: word(35),
+        code_name: word(36),
+        code_qualname: Some(word(37)),
+        code_first_line: word(39),
+        code_line_table: word(38),
+        code_header: (code_fields.iter().max()? + 8).min(4096) as usize,
+        ascii_data,
+        // PyCompactUnicodeObject: PyASCIIObject, utf8_length, utf8.
+        compact_data: ascii_data + 16,
+        unicode_state: word(68),
+        bytes_data: word(66),
+        entry_is_shim: true,
+    })
 }
 
 #[cfg(test)]
@@ -147,10 +218,135 @@ mod tests {
         assert!((frames.frame_entry as usize) < tracer_ebpf::FRAME_WINDOW);
     }
 
+    /// The first 73 words of `_PyRuntime` in pyenv's CPython 3.13.0 (built
+    /// from python.org sources on this machine), read with ctypes.
+    const DEBUG_OFFSETS_3_13_0: [u64; 73] = [
+        0x7970677562656478,
+        0x30d00f0,
+        0x0,
+        283320,
+        608,
+        632,
+        194968,
+        7272,
+        7264,
+        7344,
+        7400,
+        7656,
+        7640,
+        7648,
+        16,
+        7752,
+        0,
+        7768,
+        7760,
+        304,
+        0,
+        8,
+        16,
+        72,
+        152,
+        160,
+        232,
+        32,
+        80,
+        8,
+        0,
+        56,
+        72,
+        70,
+        208,
+        112,
+        120,
+        128,
+        136,
+        68,
+        52,
+        96,
+        104,
+        200,
+        16,
+        8,
+        416,
+        24,
+        88,
+        168,
+        32,
+        24,
+        16,
+        40,
+        24,
+        16,
+        48,
+        32,
+        40,
+        24,
+        16,
+        32,
+        16,
+        24,
+        40,
+        16,
+        32,
+        64,
+        32,
+        16,
+        40,
+        240,
+        200,
+    ];
+
+    #[test]
+    fn reads_3_13_layout_from_its_debug_offsets() {
+        let bytes: Vec<u8> = DEBUG_OFFSETS_3_13_0
+            .iter()
+            .flat_map(|word| word.to_ne_bytes())
+            .collect();
+        let layout = from_debug_offsets_3_13(&bytes).expect("a 3.13 layout");
+        assert_eq!(
+            (
+                layout.runtime_interpreters,
+                layout.interpreter_threads,
+                layout.thread_next,
+                layout.thread_native_id
+            ),
+            (632, 7344, 8, 160),
+            "as KERNEL-NOTES measured"
+        );
+        let frames = layout.frames;
+        assert_eq!(
+            (
+                frames.thread_frame,
+                frames.frame_indirect,
+                frames.frame_code,
+                frames.frame_previous,
+                frames.frame_instruction,
+                frames.frame_entry,
+                frames.code_instructions
+            ),
+            (72, 0, 0, 8, 56, 70, 200)
+        );
+        assert_eq!(
+            (
+                layout.code_filename,
+                layout.code_name,
+                layout.code_qualname,
+                layout.code_line_table,
+                layout.code_first_line
+            ),
+            (112, 120, Some(128), 136, 68)
+        );
+        assert_eq!((layout.ascii_data, layout.compact_data), (40, 56));
+        check_window(frames);
+        let mut damaged = bytes.clone();
+        damaged[0] = b'X';
+        assert_eq!(from_debug_offsets_3_13(&damaged), None, "no cookie");
+    }
+
     #[test]
     fn knows_3_11_and_3_12() {
-        assert_eq!(for_version(3, 11), Some(&PYTHON_3_11));
-        assert_eq!(for_version(3, 12), Some(&PYTHON_3_12));
+        assert_eq!(for_version(3, 11), Some(PYTHON_3_11));
+        assert_eq!(for_version(3, 12), Some(PYTHON_3_12));
         assert_eq!(for_version(3, 9), None);
     }
 }

@@ -47,7 +47,7 @@ pub struct Interpreter {
     pub version: (u8, u8, u8),
     /// The object that defines it.
     pub object: PathBuf,
-    pub layout: &'static Layout,
+    pub layout: Layout,
 }
 
 /// What looking for an interpreter found.
@@ -114,9 +114,15 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
             path.display()
         )));
     };
-    let Some(layout) = layout::for_version(version.0, version.1) else {
+    let layout = match version {
+        (3, 13, _) => read(pid, runtime, layout::DEBUG_OFFSETS_3_13_BYTES)
+            .and_then(|bytes| layout::from_debug_offsets_3_13(&bytes)),
+        (major, minor, _) => layout::for_version(major, minor),
+    };
+    let Some(layout) = layout else {
         return Some(Found::Unsupported(format!(
-            "{}: CPython {}.{}.{}, whose layout tracer does not know (it knows 3.11 and 3.12)",
+            "{}: CPython {}.{}.{}, whose layout tracer does not know (it knows 3.11, 3.12, and \
+             3.13 from its _Py_DebugOffsets)",
             path.display(),
             version.0,
             version.1,
@@ -216,7 +222,7 @@ const MAX_THREADS: usize = 1 << 14;
 impl Interpreter {
     /// Every thread state of every (sub-)interpreter: (thread id, address).
     pub fn threads(&self) -> Vec<(u32, u64)> {
-        let layout = self.layout;
+        let layout = &self.layout;
         let mut threads = Vec::new();
         let mut interpreter =
             read_u64(self.pid, self.runtime + layout.runtime_interpreters).unwrap_or(0);
@@ -354,7 +360,7 @@ impl Stacks {
 
     fn frame(&mut self, interpreter: &Interpreter, address: u64, offset: u64) -> Frame {
         let pid = interpreter.pid;
-        let layout = interpreter.layout;
+        let layout = &interpreter.layout;
         let header = read(pid, address, layout.code_header);
         let code = header.and_then(|header| {
             let identity = (
