@@ -424,3 +424,44 @@ fn embedded_interpreter_loaded_after_attach_gets_python_frames_in_c_stacks() {
         assert_eq!(all[site].3, "python");
     }
 }
+
+/// `--follow-forks`: a multiprocessing child (forked, as DataLoader
+/// workers are) gets Python frames too, with its leak's exact bytes.
+#[test]
+fn forked_multiprocessing_child_gets_python_frames() {
+    require_root();
+    let mut fixture = start_fixture();
+    let trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536", "--follow-forks"])
+        .attach();
+    let answer = fixture.cmd("fork 2");
+    let child = field(&answer, "pid");
+    let traced = trace.stop();
+    let report = &traced.report;
+    let stacks: Vec<&Value> = stacks_with_python(report, "child_leak", "leaky_numpy.py")
+        .into_iter()
+        .filter(|stack| stack["pid"].as_i64() == Some(child))
+        .collect();
+    let live = stacks.iter().fold(Live::default(), |sum, stack| Live {
+        bytes: sum.bytes + stack_live(stack).bytes,
+        allocs: sum.allocs + stack_live(stack).allocs,
+    });
+    assert_eq!(
+        live,
+        Live {
+            bytes: field(&answer, "bytes"),
+            allocs: field(&answer, "allocs"),
+        },
+        "the child's leak, exactly: {answer}\n{report}"
+    );
+    let line = marked_line("leaky_numpy.py", "# CHILD-LEAK");
+    for stack in stacks {
+        let python = python_frames(stack);
+        let at = python
+            .iter()
+            .position(|(name, _, _)| name == "child_leak")
+            .expect("child_leak");
+        assert_eq!(python[at].2, line, "{python:?}");
+        assert_eq!(python[at - 1].0, "leak_buffer", "{python:?}");
+    }
+}

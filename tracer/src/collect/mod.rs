@@ -438,6 +438,11 @@ impl Collector {
                 }
                 continue;
             }
+            if let Err(error) = self.start_python(child) {
+                self.notice(format!(
+                    "warning: child PID {child}: no Python frames: {error:#}"
+                ));
+            }
             if let Err(error) = self.probes.trace_mappings(child) {
                 self.notice(format!(
                     "warning: mappings of child PID {child} not followed: {error:#}"

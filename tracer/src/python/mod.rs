@@ -48,6 +48,8 @@ pub struct Interpreter {
     /// The object that defines it.
     pub object: PathBuf,
     pub layout: Layout,
+    /// Where `PyCode_Type` is (0: not found): a code object's `ob_type`.
+    pub code_type: u64,
 }
 
 /// What looking for an interpreter found.
@@ -135,6 +137,7 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
         version,
         object: path.to_owned(),
         layout,
+        code_type: symbol("PyCode_Type").map_or(0, |address| address + bias),
     };
     Some(match interpreter.check() {
         Ok(()) => Found::Interpreter(interpreter),
@@ -215,6 +218,9 @@ fn field_i32(bytes: &[u8], offset: u64) -> i32 {
         i32::from_ne_bytes(word.try_into().expect("4 bytes"))
     })
 }
+
+/// `PyObject.ob_type`.
+const OB_TYPE: u64 = 8;
 
 /// Most thread states read per interpreter (a guard against a cycle).
 const MAX_THREADS: usize = 1 << 14;
@@ -362,6 +368,11 @@ impl Stacks {
         let pid = interpreter.pid;
         let layout = &interpreter.layout;
         let header = read(pid, address, layout.code_header);
+        // Still a code object: a module's code is freed once it ran, and
+        // its memory may hold another object by now.
+        let header = header.filter(|header| {
+            interpreter.code_type == 0 || field_u64(header, OB_TYPE) == interpreter.code_type
+        });
         let code = header.and_then(|header| {
             let identity = (
                 field_u64(&header, layout.code_filename),
@@ -393,7 +404,9 @@ impl Stacks {
                 ..Frame::default()
             },
             None => Frame {
-                function: Some(format!("[python code object 0x{address:x}, gone]")),
+                function: Some(format!(
+                    "[python code object 0x{address:x}, freed before named]"
+                )),
                 language: Language::Python,
                 ..Frame::default()
             },
