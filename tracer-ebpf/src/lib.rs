@@ -37,13 +37,15 @@ mod abi {
     pub mod malloc;
     pub mod mappings;
     pub mod names;
+    pub mod python;
     pub mod sampling;
     pub mod stacks;
     pub mod stats;
 }
 
 pub use abi::{
-    events::*, gpu::*, live::*, malloc::*, mappings::*, names::*, sampling, stacks::*, stats::*,
+    events::*, gpu::*, live::*, malloc::*, mappings::*, names::*, python::*, sampling, stacks::*,
+    stats::*,
 };
 
 #[cfg(feature = "user")]
@@ -63,4 +65,6 @@ mod pod {
     unsafe impl aya::Pod for StackFree {}
     unsafe impl aya::Pod for CopyRef {}
     unsafe impl aya::Pod for StackFrames {}
+    unsafe impl aya::Pod for PythonStack {}
+    unsafe impl aya::Pod for PythonOffsets {}
 }

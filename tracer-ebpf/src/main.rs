@@ -5,7 +5,8 @@
 //! share, below them: the live set and its per-stack totals (`live.rs`),
 //! where a block's stack comes from (`stacks.rs`), which allocations are
 //! recorded (`sampling.rs`), rare events for userspace (`events.rs`), the
-//! per-thread allocator call (`pending.rs`), call arguments (`args.rs`),
+//! per-thread allocator call (`pending.rs`), Python frames (`python.rs`),
+//! call arguments (`args.rs`),
 //! and at the bottom the STATS counters and atomic adds (`counters.rs`).
 //! No module imports a program module, and there are no cycles.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
@@ -38,6 +39,8 @@ mod malloc;
 mod mappings;
 #[cfg(target_arch = "bpf")]
 mod pending;
+#[cfg(target_arch = "bpf")]
+mod python;
 #[cfg(target_arch = "bpf")]
 mod sampling;
 #[cfg(target_arch = "bpf")]

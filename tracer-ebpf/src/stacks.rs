@@ -27,6 +27,7 @@ use aya_ebpf::{
 };
 use tracer_ebpf::{
     COPIED_STACK, COPIED_STACK_MASK, CopyRef, MAX_STACK_FRAMES, MAX_STACK_PAGES, NO_STACK,
+    PYTHON_FRAME_TAG,
     STACK_PAGE_BYTES, StackCopy, StackFrames, StackFree, stack_record, stat,
 };
 
@@ -104,6 +105,7 @@ pub(crate) fn capture(
 ) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let copies = copies_stacks_of(tgid);
+    let python = crate::python::current_stack();
     if copies {
         let regs = unsafe { &*ctx.regs };
         let block = Block {
@@ -113,6 +115,7 @@ pub(crate) fn capture(
             kind,
             api,
             context_epoch,
+            python: python.unwrap_or(0),
         };
         // The return address read at entry, when there is one: the
         // instruction pointer a uprobe session's return program sees can
@@ -126,7 +129,7 @@ pub(crate) fn capture(
             return stack_ref;
         }
     }
-    walk_frame_pointers(ctx)
+    walk_frame_pointers_with(ctx, python)
 }
 
 /// The return address of the call entered now (the word at the stack
@@ -174,6 +177,7 @@ pub(crate) fn copy_at_syscall(tgid: u32) -> Option<u32> {
         kind: 0,
         api: u32::MAX,
         context_epoch: 0,
+        python: crate::python::current_stack().unwrap_or(0),
     };
     copy_stack(&call, ip, sp, bp)
 }
@@ -192,30 +196,48 @@ struct Block {
     kind: u32,
     api: u32,
     context_epoch: u32,
+    /// The Python stack's id (`python.rs`), 0 for none.
+    python: u32,
 }
 
 /// The kernel's frame-pointer walk of the user stack: the id of that
 /// stack in STACKS, stored on its first walk.
 #[inline(always)]
 pub(crate) fn walk_frame_pointers(ctx: &impl EbpfContext) -> u32 {
+    walk_frame_pointers_with(ctx, crate::python::current_stack())
+}
+
+/// `walk_frame_pointers` with the current Python stack (`python.rs`)
+/// walked already: its id becomes the stack's last frame.
+#[inline(always)]
+fn walk_frame_pointers_with(ctx: &impl EbpfContext, python: Option<u32>) -> u32 {
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
         count(stat::DROP_STACK_ERROR);
         return NO_STACK;
     };
-    let bytes = unsafe {
-        bpf_get_stack(
-            ctx.as_ptr(),
-            scratch.cast(),
-            (MAX_STACK_FRAMES * 8) as u32,
-            BPF_F_USER_STACK as u64,
-        )
+    // Python frames (python.rs): their stack's id is the last frame.
+    let room = if python.is_some() {
+        MAX_STACK_FRAMES - 1
+    } else {
+        MAX_STACK_FRAMES
     };
+    // Masked so the verifier sees the size bounded by the scratch value.
+    let size = (room * 8) as u32 & (size_of::<StackFrames>() as u32 - 1);
+    let bytes =
+        unsafe { bpf_get_stack(ctx.as_ptr(), scratch.cast(), size, BPF_F_USER_STACK as u64) };
     if bytes <= 0 {
         count(stat::DROP_STACK_ERROR);
         return NO_STACK;
     }
     let stack = unsafe { &mut *scratch };
-    stack.count = (bytes as u64 / 8).min(MAX_STACK_FRAMES as u64);
+    stack.count = (bytes as u64 / 8).min(room as u64);
+    if let Some(id) = python {
+        let index = stack.count as usize;
+        if index < MAX_STACK_FRAMES {
+            stack.frames[index] = PYTHON_FRAME_TAG | id as u64;
+            stack.count += 1;
+        }
+    }
     let hash = hash_frames(stack);
     if let Some(&id) = unsafe { STACK_IDS.get(&hash) } {
         return id;
@@ -312,7 +334,7 @@ fn copy_stack(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
         api: block.api,
         reached_top,
         context_epoch: block.context_epoch,
-        pad: 0,
+        python_stack: block.python,
         size: block.size,
         ip,
         sp,

@@ -18,6 +18,7 @@ pub mod model;
 pub mod output;
 pub mod perf_map;
 pub mod procfs;
+pub mod python;
 pub mod record;
 pub mod recording;
 pub mod serve;

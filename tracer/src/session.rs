@@ -42,6 +42,7 @@ pub fn attach(config: &Config) -> Result<Collector> {
     };
     let mut collector = Collector::new(probes, rings, schedule)?;
     collector.set_debug_dirs(config.debug_dirs.clone());
+    collector.set_python(config.python, config.python_depth);
     if config.follow_forks {
         collector.probes_mut().watch_forks()?;
     }
@@ -85,15 +86,19 @@ pub fn attach(config: &Config) -> Result<Collector> {
         eprintln!("tracer: {note}");
     }
     eprintln!(
-        "tracer: attached {} probes to {} in {} ms; tracing{} (Ctrl-C to stop and report)",
+        "tracer: attached {} probes to {} in {} ms ({}); tracing{} (Ctrl-C to stop and report)",
         probes.probe_count(),
         describe_targets(&collector.targets()),
         (attached_at - started_at).as_millis(),
+        collector.python_summary(),
         config
             .duration
             .map(|duration| format!(" for {:.1} s", duration.as_secs_f64()))
             .unwrap_or_default(),
     );
+    for (pid, why) in collector.python_unsupported() {
+        eprintln!("tracer: PID {pid}: no Python frames: {why}; native frames only");
+    }
     for (pid, objects) in &probes.copying_stacks_of {
         eprintln!(
             "tracer: PID {pid}: no frame pointers in {}: its stacks are copied and unwound \

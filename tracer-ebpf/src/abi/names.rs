@@ -34,6 +34,11 @@ pub mod map {
         FORKS = "FORKS",
         COMM_NAMES = "COMM_NAMES",
         STARTED = "STARTED",
+        PYTHON_THREADS = "PYTHON_THREADS",
+        PYTHON_OFFSETS = "PYTHON_OFFSETS",
+        PYTHON_STACKS = "PYTHON_STACKS",
+        PYTHON_ON = "PYTHON_ON",
+        PYTHON_NEXT_ID = "PYTHON_NEXT_ID",
     }
 }
 

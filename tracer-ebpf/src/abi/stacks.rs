@@ -80,7 +80,9 @@ pub struct StackCopy {
     pub reached_top: u32,
     /// The block's `LiveAlloc::context_epoch`.
     pub context_epoch: u32,
-    pub pad: u32,
+    /// The PYTHON_STACKS id of the Python stack the call ran, 0 for none
+    /// (ids start at 1).
+    pub python_stack: u32,
     /// What the block counts for (its size, or its sampling weight).
     pub size: u64,
     /// Instruction pointer (the return address into the caller), stack

@@ -74,6 +74,16 @@ pub mod stat {
             STACK_FREE_LOST_BYTES => ("stack_free_lost_bytes", Event),
             /// Processes started with a --comm name that could not be announced.
             DROP_EXEC_QUEUE_FULL => ("exec_queue_full", Drop),
+            /// Allocations whose stack carries Python frames (`--python`).
+            PYTHON_STACKS => ("python_stacks", Event),
+            /// Allocations of a Python process on a thread whose thread state
+            /// tracer did not know yet: native frames only.
+            PYTHON_THREAD_UNKNOWN => ("python_thread_unknown", Event),
+            /// Python stacks deeper than --python-depth: outer frames cut.
+            PYTHON_TRUNCATED => ("python_stacks_truncated", Event),
+            /// Python stacks not stored (table full or a read failed): the
+            /// allocation keeps its native frames only.
+            DROP_PYTHON_STACK => ("python_stack_lost", Drop),
         }
     }
 }

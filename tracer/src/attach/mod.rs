@@ -26,6 +26,7 @@ mod links;
 mod load;
 mod maps;
 mod preflight;
+mod python;
 mod reports;
 
 use std::{num::NonZeroU32, path::PathBuf};

@@ -20,6 +20,7 @@ use crate::{
     error::{ExitCode, fatal},
     model::Kind,
     output::{Wrappers, folded::FoldedValue},
+    python::PythonMode,
     serve::parse_listen,
     unwind::{UnwindMode, Unwinding},
 };
@@ -268,6 +269,15 @@ struct TargetArgs {
     #[arg(long, value_name = "MIB", default_value_t = Unwinding::DEFAULT_RING_MIB)]
     stack_ring_mib: u32,
 
+    /// Python frames in every stack of a CPython target: auto, on or off.
+    #[arg(long, value_enum, value_name = "MODE", default_value = "auto", long_help = PYTHON_HELP)]
+    python: PythonMode,
+
+    /// Most Python frames kept per stack (1..=128); deeper Python stacks
+    /// keep their innermost frames and are marked truncated.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    python_depth: u32,
+
     /// Print where each probe went and why.
     #[arg(short, long)]
     verbose: bool,
@@ -298,6 +308,15 @@ struct TargetArgs {
     #[command(flatten)]
     fleet: FleetArgs,
 }
+
+/// `--python`'s long help.
+const PYTHON_HELP: &str = "Python frames in every stack of a CPython target (3.11, as a \
+    `python3.X` executable or a `libpython3.X.so`): each native _PyEval_EvalFrameDefault frame \
+    is replaced by the Python functions it ran, with their file and line, read by the kernel \
+    at each recorded allocation from the thread's interpreter frames (one read per Python \
+    frame, up to --python-depth). auto: on for each target where tracer finds a CPython it \
+    knows, nothing added for the others; on: also an error when no such CPython is found; \
+    off: native frames only.";
 
 #[derive(Debug, Args)]
 struct TopArgs {
@@ -448,6 +467,15 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         stack_bytes: args.stack_bytes,
         ring_bytes: args.stack_ring_mib << 20,
     };
+    if !(1..=tracer_ebpf::MAX_PYTHON_FRAMES as u32).contains(&args.python_depth) {
+        return Err(fatal(
+            ExitCode::Usage,
+            format!(
+                "--python-depth must be 1..={}",
+                tracer_ebpf::MAX_PYTHON_FRAMES
+            ),
+        ));
+    }
     if sampling.min_size_bytes > sampling.max_size_bytes {
         return Err(fatal(
             ExitCode::Usage,
@@ -470,6 +498,8 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         wrappers,
         debug_dirs: args.labels.debug_dirs,
         listen: args.fleet.listen,
+        python: args.python,
+        python_depth: args.python_depth,
     })
 }
 

@@ -56,6 +56,9 @@ pub struct Config {
     pub debug_dirs: Vec<PathBuf>,
     /// Where to serve metrics and profiles (`--listen`).
     pub listen: Option<std::net::SocketAddr>,
+    /// `--python`, `--python-depth`.
+    pub python: crate::python::PythonMode,
+    pub python_depth: u32,
 }
 
 /// `tracer record`: a run, and the files it writes.

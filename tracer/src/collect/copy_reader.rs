@@ -210,7 +210,12 @@ impl Reader {
                     let copy: StackCopy = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                     let stack = &item[size_of::<StackCopy>()..];
                     let length = (copy.length as usize).min(stack.len());
-                    let unwound = self.unwinder.unwind(&copy, &stack[..length]);
+                    let mut unwound = self.unwinder.unwind(&copy, &stack[..length]);
+                    if copy.python_stack != 0 {
+                        // Its Python stack, as one more frame (collect::python).
+                        let tag = tracer_ebpf::PYTHON_FRAME_TAG | u64::from(copy.python_stack);
+                        unwound.addresses.push(tag);
+                    }
                     Message::Copy(copy, unwound)
                 }
                 Some(stack_record::FREE | stack_record::RESTORE)

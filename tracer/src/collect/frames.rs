@@ -52,6 +52,7 @@ impl Collector {
                     })
             }
         };
+        let frames = self.merge_python(key.pid, frames);
         let complete = frames
             .iter()
             .all(|frame| frame.module.is_some() || frame.address == 0);
@@ -79,6 +80,7 @@ impl Collector {
             StackId::Copied(index) => self.copied.addresses(index).to_vec(),
             StackId::Mapping(_) => return self.frames(key).last().is_some_and(is_thread_entry),
         };
+        let addresses = crate::python::without_tag(addresses);
         let Some(&outermost) = addresses.last() else {
             return false;
         };

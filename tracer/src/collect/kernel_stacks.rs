@@ -65,6 +65,8 @@ impl KernelStacks {
     }
 
     fn check(&mut self, pid: u32, mut addresses: Vec<u64>) -> Checked {
+        // The Python stack's tag (the last frame) is no return address.
+        let python = addresses.pop_if(|last| tracer_ebpf::python_stack_of_frame(*last).is_some());
         let mut outside = self.first_outside_code(pid, &addresses);
         if outside.is_some() {
             // A library mapped since, or a new image (exec): read the
@@ -75,6 +77,7 @@ impl KernelStacks {
         if let Some(first) = outside {
             addresses.truncate(first);
         }
+        addresses.extend(python);
         Checked {
             pid,
             addresses,

@@ -20,6 +20,7 @@ mod copy_reader;
 mod frames;
 mod kernel_stacks;
 mod mappings;
+mod python;
 mod targets;
 
 use std::{
@@ -165,6 +166,8 @@ pub struct Collector {
     /// `--comm`: the command names followed; processes that exit are then
     /// forgotten, and collection goes on while none is alive.
     comm_watch: Option<CommWatch>,
+    /// Python frames (`--python`).
+    python: python::PythonState,
 }
 
 impl Collector {
@@ -195,6 +198,7 @@ impl Collector {
             queued: VecDeque::new(),
             stopped: None,
             comm_watch: None,
+            python: python::PythonState::default(),
         })
     }
 
@@ -220,6 +224,7 @@ impl Collector {
         self.probes.trace_mappings(pid)?;
         self.mappings.start(pid);
         self.symbols.refresh(pid);
+        self.start_python(pid)?;
         Ok(())
     }
 
@@ -301,6 +306,7 @@ impl Collector {
                     for pid in live_pids(&self.watched) {
                         self.symbols.refresh(pid);
                     }
+                    self.refresh_python();
                     let snapshot = self.snapshot()?;
                     self.queued.push_back(Event::Snapshot(snapshot));
                 }
@@ -308,7 +314,10 @@ impl Collector {
                     self.watch_libraries()?;
                     self.poll_spawned()?;
                 }
-                _ = clock.mappings.tick() => self.mappings.drain(&mut self.copied),
+                _ = clock.mappings.tick() => {
+                    self.mappings.drain(&mut self.copied);
+                    self.resolve_python_stacks();
+                }
                 _ = clock.copies.tick(), if copying => {
                     self.copied.activate()?;
                     self.copied.drain();
@@ -332,6 +341,7 @@ impl Collector {
     /// then `Stopped`.
     fn finish(&mut self, reason: StopReason) -> Result<()> {
         self.watch_libraries()?;
+        self.resolve_python_stacks();
         for pid in live_pids(&self.watched) {
             self.symbols.refresh(pid);
         }
@@ -580,6 +590,11 @@ impl Collector {
                     ));
                 }
                 continue;
+            }
+            if let Err(error) = self.start_python(child) {
+                self.notice(format!(
+                    "warning: child PID {child}: no Python frames: {error:#}"
+                ));
             }
             if let Err(error) = self.probes.trace_mappings(child) {
                 self.notice(format!(

@@ -185,6 +185,7 @@ mod tests {
             build_id: None,
             file_offset: Some(address - 0x1000),
             offset: None,
+            language: crate::model::Language::Native,
         }
     }
 

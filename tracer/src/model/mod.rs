@@ -226,6 +226,20 @@ pub struct Frame {
     /// `addr2line -e MODULE` and gdb take (the file offset plus the
     /// difference its load segment has between the two).
     pub offset: Option<u64>,
+    /// Native code, or a Python function (`file`/`line` then name its
+    /// source; no module, address 0).
+    pub language: Language,
+}
+
+/// What a frame runs.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    #[default]
+    Native,
+    Python,
 }
 
 impl Frame {

@@ -45,6 +45,7 @@ pub(crate) fn sample_frames(key: &StackKey) -> Vec<Frame> {
             build_id: Some("0123abcd".to_owned()),
             file_offset: Some(0x1234),
             offset: None,
+            language: crate::model::Language::Native,
         },
         frame("main", APP),
     ]

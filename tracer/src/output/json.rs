@@ -177,6 +177,7 @@ mod tests {
                 "file",
                 "file_offset",
                 "function",
+                "language",
                 "line",
                 "module",
                 "offset"

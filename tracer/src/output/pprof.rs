@@ -17,7 +17,7 @@ use flate2::{Compression, write::GzEncoder};
 use prost::Message as _;
 
 use super::Report;
-use crate::model::Frame;
+use crate::model::{Frame, Language};
 
 /// The profile as gzip-compressed protobuf bytes.
 pub fn render(report: &Report) -> Vec<u8> {
@@ -44,6 +44,8 @@ struct Builder {
     /// By (pid, address): the same address in two processes may be two
     /// different pieces of code.
     locations: HashMap<(u32, u64), u64>,
+    /// Python frames (no address): by function, file and line.
+    python_locations: HashMap<(String, Option<String>, Option<u32>), u64>,
 }
 
 impl Builder {
@@ -163,7 +165,19 @@ impl Builder {
     /// innermost first, then the function they were inlined into.
     fn location(&mut self, pid: u32, frames: &[Frame]) -> u64 {
         let address = frames[0].address;
-        if let Some(&id) = self.locations.get(&(pid, address)) {
+        let python = (frames[0].language == Language::Python).then(|| {
+            let frame = &frames[0];
+            (
+                frame.function.clone().unwrap_or_default(),
+                frame.file.clone(),
+                frame.line,
+            )
+        });
+        let known = match &python {
+            Some(key) => self.python_locations.get(key),
+            None => self.locations.get(&(pid, address)),
+        };
+        if let Some(&id) = known {
             return id;
         }
         let mapping_id = frames[0]
@@ -191,7 +205,10 @@ impl Builder {
             line,
             is_folded: false,
         });
-        self.locations.insert((pid, address), id);
+        match python {
+            Some(key) => self.python_locations.insert(key, id),
+            None => self.locations.insert((pid, address), id),
+        };
         id
     }
 
@@ -215,9 +232,11 @@ impl Builder {
 }
 
 /// Splits a stack's frames (innermost first) into runs that share an
-/// address: one location each.
+/// address: one location each. Python frames (no address) are one each.
 fn stack_locations(frames: &[Frame]) -> impl Iterator<Item = &[Frame]> {
-    frames.chunk_by(|a, b| a.address == b.address)
+    frames.chunk_by(|a, b| {
+        a.address == b.address && a.language == Language::Native && b.language == Language::Native
+    })
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -416,5 +435,37 @@ mod tests {
         let frames = [inlined("inner"), inlined("outer"), Frame::default()];
         let runs: Vec<usize> = stack_locations(&frames).map(<[Frame]>::len).collect();
         assert_eq!(runs, [2, 1]);
+    }
+
+    #[test]
+    fn python_frames_are_one_location_each_by_function_file_and_line() {
+        let python = |function: &str, line: u32| Frame {
+            function: Some(function.to_owned()),
+            file: Some("app.py".to_owned()),
+            line: Some(line),
+            language: Language::Python,
+            ..Frame::default()
+        };
+        let frames = [
+            python("leak", 3),
+            python("caller", 7),
+            python("<module>", 9),
+        ];
+        assert_eq!(stack_locations(&frames).count(), 3);
+        let mut builder = Builder::default();
+        let ids: Vec<u64> = stack_locations(&frames)
+            .map(|run| builder.location(1, run))
+            .collect();
+        assert_eq!(ids, [1, 2, 3]);
+        assert_eq!(
+            builder.location(1, &[python("caller", 7)]),
+            2,
+            "the same line again"
+        );
+        assert_eq!(
+            builder.location(1, &[python("caller", 8)]),
+            4,
+            "another line"
+        );
     }
 }

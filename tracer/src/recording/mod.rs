@@ -46,7 +46,7 @@ pub use write::Writer;
 pub const MAGIC: [u8; 8] = *b"\x89TRACER\n";
 /// The format this build writes and the newest it reads (2 added
 /// `Record::TargetMemory`, 3 `Record::Unwinding`, 4 the ELF virtual
-/// address of each frame, `Frame::offset`).
+/// address of each frame, `Frame::offset`, and `Frame::language`).
 pub const FORMAT_VERSION: u32 = 4;
 /// The last format whose frames are [`FrameV3`].
 const LAST_FORMAT_WITHOUT_OFFSETS: u32 = 3;

@@ -24,6 +24,7 @@ fn frames_of(key: &StackKey) -> Vec<Frame> {
         build_id: Some("abcdef01".to_owned()),
         file_offset: Some(0x1000 + u64::from(key.stack_id.to_raw())),
         offset: None,
+        language: crate::model::Language::Native,
     }]
 }
 

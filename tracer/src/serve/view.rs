@@ -340,6 +340,7 @@ mod tests {
             build_id: None,
             file_offset: Some(0x1234),
             offset: None,
+            language: crate::model::Language::Native,
         }
     }
 

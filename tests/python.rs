@@ -1,0 +1,467 @@
+//! Python frames in every stack (issue 16), read by the kernel from a
+//! running Debian python3.11 with numpy (installed by `cargo xtask
+//! setup`). The fixture (tests/fixtures/python) leaks numpy buffers from
+//! one function reached from two Python callers, and churns buffers it
+//! frees; it prints its ground truth. File names and line numbers are
+//! taken from the fixture's source, by its marker comments.
+
+#[allow(dead_code, reason = "other test files use the rest of the harness")]
+mod harness;
+
+use std::{path::PathBuf, process::Command};
+
+use harness::{Fixture, Live, Record, Report, field, require_root, stack_live, workspace_root};
+use serde_json::Value;
+
+const PYTHON: &str = "/usr/bin/python3.11";
+
+fn fixture_dir() -> PathBuf {
+    workspace_root().join("tests/fixtures/python")
+}
+
+/// The line of `file` (under tests/fixtures/python) holding `marker`.
+fn marked_line(file: &str, marker: &str) -> i64 {
+    let source = std::fs::read_to_string(fixture_dir().join(file)).expect("fixture source");
+    let index = source
+        .lines()
+        .position(|line| line.contains(marker))
+        .unwrap_or_else(|| panic!("no {marker} in {file}"));
+    index as i64 + 1
+}
+
+fn start_fixture() -> Fixture {
+    assert!(
+        std::path::Path::new(PYTHON).exists(),
+        "{PYTHON} is missing: run `cargo xtask setup`"
+    );
+    let mut command = Command::new(PYTHON);
+    command.arg(fixture_dir().join("leaky_numpy.py"));
+    let (fixture, ready) = Fixture::spawn(command);
+    assert_eq!(
+        ready,
+        format!("ready pid={}", fixture.pid),
+        "fixture started oddly"
+    );
+    fixture
+}
+
+/// (function, file name, line, language) of each frame, innermost first.
+fn frames(stack: &Value) -> Vec<(String, String, i64, String)> {
+    stack["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .map(|frame| {
+            let file = frame["file"].as_str().unwrap_or("");
+            let name = std::path::Path::new(file)
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (
+                frame["function"].as_str().unwrap_or("?").to_owned(),
+                name,
+                frame["line"].as_i64().unwrap_or(-1),
+                frame["language"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The Python part of a stack: (function, file, line), innermost first.
+fn python_frames(stack: &Value) -> Vec<(String, String, i64)> {
+    frames(stack)
+        .into_iter()
+        .filter(|(_, _, _, language)| language == "python")
+        .map(|(function, file, line, _)| (function, file, line))
+        .collect()
+}
+
+/// The heap stacks through `caller`. The interpreter may reach numpy's
+/// allocation through different native paths (a call site specialized
+/// after its first runs), so one Python path can be several stacks.
+fn stacks_through<'a>(report: &'a Report, caller: &str) -> Vec<&'a Value> {
+    let stacks: Vec<&Value> = report
+        .stacks()
+        .iter()
+        .filter(|stack| {
+            stack["kind"] == "heap"
+                && python_frames(stack)
+                    .iter()
+                    .any(|(function, _, _)| function == caller)
+        })
+        .collect();
+    assert!(
+        !stacks.is_empty(),
+        "no heap stack through {caller}:\n{report}"
+    );
+    stacks
+}
+
+/// Debian's python3.11 has no frame pointers: `--unwind auto` copies its
+/// stacks (the DWARF path).
+#[test]
+fn numpy_leak_is_named_by_its_python_function_callers_and_lines() {
+    numpy_leak_named(&[]);
+}
+
+/// The kernel's frame-pointer walk stops early in python3.11, but the
+/// Python frames are all there.
+#[test]
+fn numpy_leak_is_named_with_frame_pointer_stacks_too() {
+    numpy_leak_named(&["--unwind", "fp"]);
+}
+
+fn numpy_leak_named(extra_args: &[&str]) {
+    require_root();
+    let mut fixture = start_fixture();
+    // Only the 1 MiB data buffers (numpy's dimension blocks are 16 B).
+    let trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536"])
+        .args(extra_args)
+        .attach();
+    let answer = fixture.cmd("leak 3");
+    let traced = trace.stop();
+    let (report, output) = (&traced.report, &traced.output);
+    assert!(
+        output.stderr.contains("Python frames on (PID") && output.stderr.contains("CPython 3.11"),
+        "the attach line says Python frames are on:\n{output}"
+    );
+
+    for (caller, call_marker, serve_marker, bytes_key, allocs_key) in [
+        ("caller_a", "# CALL-A", "# SERVE-A", "a_bytes", "a_allocs"),
+        ("caller_b", "# CALL-B", "# SERVE-B", "b_bytes", "b_allocs"),
+    ] {
+        let stacks = stacks_through(report, caller);
+        let live = stacks.iter().fold(Live::default(), |sum, stack| {
+            let live = stack_live(stack);
+            Live {
+                bytes: sum.bytes + live.bytes,
+                allocs: sum.allocs + live.allocs,
+            }
+        });
+        assert_eq!(
+            live,
+            Live {
+                bytes: field(&answer, bytes_key),
+                allocs: field(&answer, allocs_key),
+            },
+            "{caller}'s buffers, exactly: {answer}\n{report}"
+        );
+        for stack in stacks {
+            assert_named(stack, caller, call_marker, serve_marker, report);
+        }
+    }
+    // The churned buffers are all freed: no stack through `churn` holds
+    // anything (stacks without live bytes are not listed).
+    assert_eq!(
+        report.heap_live_with("churn"),
+        Live::default(),
+        "churn frees everything\n{report}"
+    );
+}
+
+/// The Python frames of a buffer stack through `caller`, with the files
+/// and lines of the fixture's markers, below numpy's own frames.
+fn assert_named(
+    stack: &Value,
+    caller: &str,
+    call_marker: &str,
+    serve_marker: &str,
+    report: &Report,
+) {
+    let buffers = "buffers.py";
+    let main = "leaky_numpy.py";
+    let leak_line = marked_line("pyleak/buffers.py", "# LEAK-SITE");
+    let python = python_frames(stack);
+    let expected = [
+        ("leak_buffer", buffers, leak_line),
+        (caller, main, marked_line(main, call_marker)),
+        ("serve", main, marked_line(main, serve_marker)),
+        ("<module>", main, marked_line(main, "# MODULE")),
+    ];
+    let position = python
+        .iter()
+        .position(|(function, _, _)| function == "leak_buffer")
+        .unwrap_or_else(|| panic!("no leak_buffer frame: {python:?}\n{report}"));
+    let found: Vec<(&str, &str, i64)> = python[position..]
+        .iter()
+        .map(|(function, file, line)| (function.as_str(), file.as_str(), *line))
+        .collect();
+    assert_eq!(
+        found, expected,
+        "Python frames of {caller}'s stack\n{report}"
+    );
+    // numpy's own Python (`ones`) runs inside leak_buffer, and the
+    // native frames of numpy's C code are kept, innermost.
+    let all = frames(stack);
+    assert_eq!(all[0].3, "native", "numpy's C code first: {all:?}");
+    assert!(
+        python
+            .first()
+            .is_some_and(|(function, file, _)| function == "ones" && file == "numeric.py"),
+        "numpy.ones named: {python:?}"
+    );
+    assert!(
+        !all.iter()
+            .any(|(function, ..)| function == "_PyEval_EvalFrameDefault"),
+        "evaluation frames replaced by Python frames: {all:?}"
+    );
+}
+
+#[test]
+fn python_off_keeps_native_frames_and_a_native_process_says_no_cpython() {
+    require_root();
+    let mut fixture = start_fixture();
+    let trace = Record::pid(fixture.pid).args(["--python", "off"]).attach();
+    fixture.cmd("leak 1");
+    let traced = trace.stop();
+    assert!(
+        traced
+            .output
+            .stderr
+            .contains("Python frames off (--python off)"),
+        "{}",
+        traced.output
+    );
+    assert!(
+        traced
+            .report
+            .stacks()
+            .iter()
+            .all(|stack| python_frames(stack).is_empty()),
+        "no Python frames with --python off\n{}",
+        traced.report
+    );
+
+    let leaky = Fixture::start("leaky", &[]);
+    let traced = Record::pid(leaky.pid).attach().stop();
+    assert!(
+        traced
+            .output
+            .stderr
+            .contains("no CPython found: native frames only"),
+        "{}",
+        traced.output
+    );
+}
+
+/// The heap stacks with a Python frame `function` in `file` (a file name).
+fn stacks_with_python<'a>(report: &'a Report, function: &str, file: &str) -> Vec<&'a Value> {
+    report
+        .stacks()
+        .iter()
+        .filter(|stack| {
+            stack["kind"] == "heap"
+                && python_frames(stack)
+                    .iter()
+                    .any(|(name, in_file, _)| name == function && in_file == file)
+        })
+        .collect()
+}
+
+/// Four Python threads leak at once through a method, a generator, a
+/// lambda and a function of a module imported after attach: each site's
+/// bytes exactly, named with its qualified name, file and line, below the
+/// thread's own function.
+#[test]
+fn python_threads_methods_generators_lambdas_and_late_modules() {
+    require_root();
+    let mut fixture = start_fixture();
+    // The threads exist before attach; tracer reads their thread states
+    // when it attaches (threads started later are found at the next
+    // --interval).
+    let started = fixture.cmd("threads 4");
+    assert_eq!(started, "threads started=4");
+    let trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536"])
+        .attach();
+    let answer = fixture.cmd("tleak 2");
+    let traced = trace.stop();
+    let report = &traced.report;
+    let main = "leaky_numpy.py";
+    for (function, file, site_marker, worker_marker, bytes_key) in [
+        (
+            "Keeper.keep",
+            "shapes.py",
+            "# METHOD-SITE",
+            "# WORKER-METHOD",
+            "method_bytes",
+        ),
+        (
+            "make_buffers",
+            "shapes.py",
+            "# GENERATOR-SITE",
+            "# WORKER-GENERATOR",
+            "generator_bytes",
+        ),
+        (
+            "<lambda>",
+            "shapes.py",
+            "# LAMBDA-SITE",
+            "# WORKER-LAMBDA",
+            "lambda_bytes",
+        ),
+        (
+            "leak_late",
+            "late.py",
+            "# LATE-SITE",
+            "# WORKER-LATE",
+            "late_bytes",
+        ),
+    ] {
+        let stacks = stacks_with_python(report, function, file);
+        assert!(!stacks.is_empty(), "no stack through {function}\n{report}");
+        let bytes: i64 = stacks.iter().map(|stack| stack_live(stack).bytes).sum();
+        assert_eq!(
+            bytes,
+            field(&answer, bytes_key),
+            "{function}: the 4 threads' buffers, exactly: {answer}\n{report}"
+        );
+        let site_line = marked_line(&format!("pyleak/{file}"), site_marker);
+        let worker_line = marked_line(main, worker_marker);
+        for stack in stacks {
+            let python = python_frames(stack);
+            let at = python
+                .iter()
+                .position(|(name, _, _)| name == function)
+                .expect("the site's frame");
+            let found: Vec<(&str, &str, i64)> = python[at..]
+                .iter()
+                .take(3)
+                .map(|(name, file, line)| (name.as_str(), file.as_str(), *line))
+                .collect();
+            assert_eq!(
+                found,
+                [
+                    (function, file, site_line),
+                    ("worker", main, worker_line),
+                    ("Thread.run", "threading.py", found[2].2),
+                ],
+                "{function}'s Python frames\n{report}"
+            );
+            assert!(
+                python.first().is_some_and(|(name, _, _)| name == "ones"),
+                "numpy.ones innermost: {python:?}"
+            );
+        }
+    }
+}
+
+/// The line in embedded.py (the script tests/fixtures/embed_python.c
+/// compiles under that name) that holds `marker`.
+fn embedded_line(marker: &str) -> i64 {
+    let source = std::fs::read_to_string(workspace_root().join("tests/fixtures/embed_python.c"))
+        .expect("fixture source");
+    let lines: Vec<&str> = source.lines().collect();
+    let first = lines
+        .iter()
+        .position(|line| line.contains(r#""kept = []\n""#))
+        .expect("the script's first line");
+    let marked = lines[first..]
+        .iter()
+        .position(|line| line.contains(marker))
+        .unwrap_or_else(|| panic!("no {marker} in embed_python.c's script"));
+    marked as i64 + 1
+}
+
+/// A C program that dlopen()s libpython3.11 after attach: tracer finds the
+/// interpreter when it is mapped, and the leak's stack holds both
+/// languages: the Python function and its caller, then the C function
+/// that ran the script and main.
+#[test]
+fn embedded_interpreter_loaded_after_attach_gets_python_frames_in_c_stacks() {
+    require_root();
+    let mut fixture = Fixture::start("embed_python", &[]);
+    let mut trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536"])
+        .attach();
+    assert_eq!(fixture.cmd("start"), "started");
+    trace.tracer.wait_stderr(
+        "Python frames on from now (CPython 3.11",
+        std::time::Duration::from_secs(20),
+    );
+    let answer = fixture.cmd("leak 3");
+    let traced = trace.stop();
+    let report = &traced.report;
+    let stacks = stacks_with_python(report, "leak_embedded", "embedded.py");
+    let live = stacks.iter().fold(Live::default(), |sum, stack| Live {
+        bytes: sum.bytes + stack_live(stack).bytes,
+        allocs: sum.allocs + stack_live(stack).allocs,
+    });
+    assert_eq!(
+        live,
+        Live {
+            bytes: field(&answer, "bytes"),
+            allocs: field(&answer, "count"),
+        },
+        "the embedded leak, exactly: {answer}\n{report}"
+    );
+    for stack in stacks {
+        let all = frames(stack);
+        let names: Vec<&str> = all.iter().map(|(name, ..)| name.as_str()).collect();
+        let at = |name: &str| {
+            names
+                .iter()
+                .position(|found| *found == name)
+                .unwrap_or_else(|| panic!("no {name} in {names:?}\n{report}"))
+        };
+        let (site, run, module) = (at("leak_embedded"), at("run"), at("<module>"));
+        let (c_caller, main) = (at("c_calls_python"), at("main"));
+        assert!(
+            site < run && run < module && module < c_caller && c_caller < main,
+            "Python frames inside the C caller, innermost first: {names:?}"
+        );
+        assert_eq!(
+            (all[site].1.as_str(), all[site].2, all[run].2),
+            (
+                "embedded.py",
+                embedded_line("# EMBED-SITE"),
+                embedded_line("# EMBED-CALL")
+            ),
+            "{all:?}"
+        );
+        assert_eq!(all[c_caller].3, "native");
+        assert_eq!(all[site].3, "python");
+    }
+}
+
+/// `--follow-forks`: a multiprocessing child (forked, as DataLoader
+/// workers are) gets Python frames too, with its leak's exact bytes.
+#[test]
+fn forked_multiprocessing_child_gets_python_frames() {
+    require_root();
+    let mut fixture = start_fixture();
+    let trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536", "--follow-forks"])
+        .attach();
+    let answer = fixture.cmd("fork 2");
+    let child = field(&answer, "pid");
+    let traced = trace.stop();
+    let report = &traced.report;
+    let stacks: Vec<&Value> = stacks_with_python(report, "child_leak", "leaky_numpy.py")
+        .into_iter()
+        .filter(|stack| stack["pid"].as_i64() == Some(child))
+        .collect();
+    let live = stacks.iter().fold(Live::default(), |sum, stack| Live {
+        bytes: sum.bytes + stack_live(stack).bytes,
+        allocs: sum.allocs + stack_live(stack).allocs,
+    });
+    assert_eq!(
+        live,
+        Live {
+            bytes: field(&answer, "bytes"),
+            allocs: field(&answer, "allocs"),
+        },
+        "the child's leak, exactly: {answer}\n{report}"
+    );
+    let line = marked_line("leaky_numpy.py", "# CHILD-LEAK");
+    for stack in stacks {
+        let python = python_frames(stack);
+        let at = python
+            .iter()
+            .position(|(name, _, _)| name == "child_leak")
+            .expect("child_leak");
+        assert_eq!(python[at].2, line, "{python:?}");
+        assert_eq!(python[at - 1].0, "leak_buffer", "{python:?}");
+    }
+}

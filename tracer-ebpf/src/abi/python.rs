@@ -1,0 +1,103 @@
+//! Python frames: what userspace tells the kernel about each CPython
+//! process (where its frames are, `PythonOffsets`) and thread (its
+//! `PyThreadState`), and the Python stacks the kernel walks at each
+//! recorded allocation (`PythonStack`, kept in PYTHON_STACKS by id).
+//!
+//! A stack whose allocation ran Python code carries its Python stack's id
+//! as one extra frame, `PYTHON_FRAME_TAG | id`: the last return address of
+//! a frame-pointer stack (so two Python callers of the same native path
+//! are two stacks), and `StackCopy::python_stack` of a copied one.
+//! Userspace replaces it by the Python frames, merged with the native ones.
+
+/// Most Python frames one stack keeps (`--python-depth` up to this).
+pub const MAX_PYTHON_FRAMES: usize = 128;
+
+/// Marks a stack's frame that is not a return address but the id of its
+/// Python stack in the low 32 bits. User addresses stay below 2^47.
+pub const PYTHON_FRAME_TAG: u64 = 0xfe00_0000_0000_0000;
+
+/// The Python stack id in a stack's frame, when it is one.
+pub const fn python_stack_of_frame(frame: u64) -> Option<u32> {
+    if frame & 0xffff_ffff_0000_0000 == PYTHON_FRAME_TAG {
+        Some(frame as u32)
+    } else {
+        None
+    }
+}
+
+/// Indices of PYTHON_ON.
+pub mod python_setting {
+    /// 1: some target runs Python; look threads up.
+    pub const ON: u32 = 0;
+    /// `--python-depth`.
+    pub const DEPTH: u32 = 1;
+    pub const COUNT: u32 = 2;
+}
+
+/// One Python frame as the kernel packs it: the code object's address
+/// (bits 0-46), whether the frame is an entry frame (bit 47: the first
+/// Python frame a native `_PyEval_EvalFrameDefault` call runs), and the
+/// offset of its last instruction in code units (bits 48-63, saturated).
+pub mod python_frame {
+    pub const ADDRESS_MASK: u64 = (1 << 47) - 1;
+    pub const ENTRY: u64 = 1 << 47;
+    pub const OFFSET_SHIFT: u32 = 48;
+    pub const MAX_OFFSET: u64 = 0xffff;
+}
+
+/// The Python frames of one stack, innermost first, packed as
+/// `python_frame` says: a value of PYTHON_STACKS.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PythonStack {
+    pub frames: [u64; MAX_PYTHON_FRAMES],
+    /// How many of `frames` are the stack's.
+    pub count: u32,
+    /// 1 when the stack had more frames than `--python-depth`.
+    pub truncated: u32,
+    /// The process whose frames these are.
+    pub tgid: u32,
+    pub pad: u32,
+}
+
+impl Default for PythonStack {
+    fn default() -> Self {
+        PythonStack {
+            frames: [0; MAX_PYTHON_FRAMES],
+            count: 0,
+            truncated: 0,
+            tgid: 0,
+            pad: 0,
+        }
+    }
+}
+
+/// Where one CPython version keeps a thread's frames (byte offsets), a
+/// value of PYTHON_OFFSETS by process id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PythonOffsets {
+    /// `PyThreadState` -> the current frame, or (`frame_indirect` = 1) the
+    /// structure whose field at `current_frame` is it (3.11-3.12 `cframe`).
+    pub thread_frame: u32,
+    pub frame_indirect: u32,
+    pub current_frame: u32,
+    /// Frame fields, each below `FRAME_WINDOW` bytes: the code object, the
+    /// previous frame, the last instruction (pointer), and the byte that
+    /// marks an entry frame: the frame is packed with `python_frame::ENTRY`
+    /// when `(byte ^ entry_xor != 0) ^ entry_invert` (3.11: `is_entry`, 0,
+    /// 0; 3.12: `owner`, 3, 1: the frame owned by the C stack that
+    /// `_PyEval_EvalFrameDefault` puts below the first frame it runs).
+    pub frame_code: u32,
+    pub frame_previous: u32,
+    pub frame_instruction: u32,
+    pub frame_entry: u32,
+    pub entry_xor: u32,
+    pub entry_invert: u32,
+    /// Code object -> its first instruction (`co_code_adaptive`).
+    pub code_instructions: u32,
+}
+
+/// Bytes of each frame read at once: every field of `PythonOffsets` that
+/// names a frame field is below it.
+pub const FRAME_WINDOW: usize = 128;

@@ -1,0 +1,205 @@
+//! Python frames, read from the kernel at each recorded allocation of a
+//! thread whose CPython thread state userspace found (`tracer::python`).
+//!
+//! The walk follows the interpreter's frame chain from the thread state
+//! (`PythonOffsets` per process), one bounded read per frame, and packs
+//! each frame as (code object, entry flag, instruction offset). Each
+//! distinct Python stack gets an id (PYTHON_STACKS), and the stack
+//! code (`stacks.rs`) makes it part of the stack's identity: the last
+//! frame of a frame-pointer stack, `StackCopy::python_stack` of a copy.
+//!
+//! Processes without Python cost one array lookup per allocation
+//! (PYTHON_ON stays 0 until userspace finds an interpreter).
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use tracer_ebpf::{
+    FRAME_WINDOW, MAX_PYTHON_FRAMES, PythonOffsets, PythonStack, python_frame, python_setting, stat,
+};
+
+use crate::counters::{count, fetch_add};
+
+/// Set by userspace once it found an interpreter in some target:
+/// `python_setting::ON` is 1, `python_setting::DEPTH` the most Python
+/// frames walked per stack (`--python-depth`).
+#[map]
+static PYTHON_ON: Array<u32> = Array::with_max_entries(python_setting::COUNT, 0);
+
+/// The `PyThreadState` of each Python thread, by thread id.
+#[map]
+static PYTHON_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(1 << 16, 0);
+
+/// Where each Python process's frames are, by process id.
+#[map]
+static PYTHON_OFFSETS: HashMap<u32, PythonOffsets> = HashMap::with_max_entries(4096, 0);
+
+/// The frames of each Python stack, by id (from 1).
+#[map]
+static PYTHON_STACKS: HashMap<u32, PythonStack> =
+    HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
+
+/// The id of each Python stack, by a hash of its frames and process.
+#[map]
+static PYTHON_STACK_IDS: HashMap<u64, u32> = HashMap::with_max_entries(1 << 16, 0);
+
+/// The last Python stack id handed out.
+#[map]
+static PYTHON_NEXT_ID: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Per CPU: the stack being walked, and the bytes of the frame being read.
+#[repr(C)]
+struct Scratch {
+    stack: PythonStack,
+    frame: [u64; FRAME_WINDOW / 8],
+}
+
+#[map]
+static PYTHON_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// The Python stack the current thread runs, as its PYTHON_STACKS id;
+/// None for a thread without Python frames (or not a Python thread).
+#[inline(always)]
+pub(crate) fn current_stack() -> Option<u32> {
+    if PYTHON_ON.get(python_setting::ON).copied().unwrap_or(0) == 0 {
+        return None;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let offsets = unsafe { PYTHON_OFFSETS.get(&((pid_tgid >> 32) as u32)) }?;
+    let Some(&thread_state) = (unsafe { PYTHON_THREADS.get(&(pid_tgid as u32)) }) else {
+        count(stat::PYTHON_THREAD_UNKNOWN);
+        return None;
+    };
+    walk(offsets, thread_state, (pid_tgid >> 32) as u32)
+}
+
+#[inline(never)]
+fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
+    let mut frame = read_u64(thread_state + offsets.thread_frame as u64)?;
+    if offsets.frame_indirect != 0 {
+        if frame == 0 {
+            return None;
+        }
+        frame = read_u64(frame + offsets.current_frame as u64)?;
+    }
+    let scratch = PYTHON_SCRATCH.get_ptr_mut(0)?;
+    let scratch = unsafe { &mut *scratch };
+    let depth = PYTHON_ON.get(python_setting::DEPTH).copied().unwrap_or(0);
+    // One branch in the loop body (its end), so that the verifier's walk
+    // of it stays linear: a failed read leaves a zeroed window, whose
+    // previous frame (0) ends the walk, and past --python-depth the next
+    // frame is masked to 0.
+    let mut count_frames = 0u32;
+    let mut beyond = 0u64;
+    for index in 0..MAX_PYTHON_FRAMES {
+        if frame == 0 {
+            break;
+        }
+        // A failed read zeroes the window (bpf_probe_read_user).
+        unsafe {
+            bpf_probe_read_user(
+                scratch.frame.as_mut_ptr().cast(),
+                FRAME_WINDOW as u32,
+                frame as *const _,
+            )
+        };
+        let code = word(&scratch.frame, offsets.frame_code);
+        let instruction = word(&scratch.frame, offsets.frame_instruction);
+        let entry_byte = byte(&scratch.frame, offsets.frame_entry) ^ offsets.entry_xor as u64;
+        let entry = (((entry_byte & 0xff) + 0xff) >> 8) ^ (offsets.entry_invert as u64 & 1);
+        beyond = word(&scratch.frame, offsets.frame_previous);
+        // All ones while index + 1 < depth.
+        let more = (((index as u64 + 1).wrapping_sub(depth as u64)) as i64 >> 63) as u64;
+        frame = beyond & more;
+        // Code units since the first instruction (an offset past 64 Ki
+        // units, or before the first, wraps: such a frame has no line).
+        let units = (instruction.wrapping_sub(code + offsets.code_instructions as u64) >> 1)
+            & python_frame::MAX_OFFSET;
+        scratch.stack.frames[index & (MAX_PYTHON_FRAMES - 1)] = (code & python_frame::ADDRESS_MASK)
+            | (entry << 47)
+            | (units << python_frame::OFFSET_SHIFT);
+        count_frames = index as u32 + 1;
+    }
+    if count_frames == 0 {
+        return None;
+    }
+    let truncated = (frame == 0 && beyond != 0) as u32;
+    if truncated != 0 {
+        count(stat::PYTHON_TRUNCATED);
+    }
+    scratch.stack.count = count_frames;
+    scratch.stack.truncated = truncated;
+    scratch.stack.tgid = tgid;
+    count(stat::PYTHON_STACKS);
+    let hash = hash_stack(&scratch.stack, tgid);
+    if let Some(&id) = unsafe { PYTHON_STACK_IDS.get(&hash) } {
+        return Some(id);
+    }
+    store(hash, &scratch.stack)
+}
+
+#[inline(never)]
+fn store(hash: u64, stack: &PythonStack) -> Option<u32> {
+    let Some(next) = PYTHON_NEXT_ID.get_ptr_mut(0) else {
+        count(stat::DROP_PYTHON_STACK);
+        return None;
+    };
+    let id = fetch_add(next, 1) as u32 + 1;
+    if PYTHON_STACKS
+        .insert(&id, stack, BPF_NOEXIST as u64)
+        .is_err()
+    {
+        count(stat::DROP_PYTHON_STACK);
+        return None;
+    }
+    if PYTHON_STACK_IDS
+        .insert(&hash, &id, BPF_NOEXIST as u64)
+        .is_ok()
+    {
+        return Some(id);
+    }
+    // Another CPU stored the same stack first: use its id.
+    let _ = PYTHON_STACKS.remove(&id);
+    match unsafe { PYTHON_STACK_IDS.get(&hash) } {
+        Some(&first) => Some(first),
+        None => {
+            count(stat::DROP_PYTHON_STACK);
+            None
+        }
+    }
+}
+
+/// FNV-1a over the process, the frames and their count.
+#[inline(always)]
+fn hash_stack(stack: &PythonStack, tgid: u32) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ ((tgid as u64) << 32 | stack.count as u64);
+    hash = (hash ^ stack.truncated as u64).wrapping_mul(PRIME);
+    for index in 0..MAX_PYTHON_FRAMES {
+        if index as u32 >= stack.count {
+            break;
+        }
+        hash = (hash ^ stack.frames[index]).wrapping_mul(PRIME);
+    }
+    hash
+}
+
+#[inline(always)]
+fn read_u64(address: u64) -> Option<u64> {
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(address as *const u64) }.ok()
+}
+
+/// The 8-byte field at byte `offset` of a frame window (8-aligned).
+#[inline(always)]
+fn word(window: &[u64; FRAME_WINDOW / 8], offset: u32) -> u64 {
+    window[(offset as usize / 8) & (FRAME_WINDOW / 8 - 1)]
+}
+
+/// The byte at `offset` of a frame window.
+#[inline(always)]
+fn byte(window: &[u64; FRAME_WINDOW / 8], offset: u32) -> u64 {
+    let word = window[(offset as usize / 8) & (FRAME_WINDOW / 8 - 1)];
+    (word >> ((offset % 8) * 8)) & 0xff
+}

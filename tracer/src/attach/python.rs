@@ -1,0 +1,68 @@
+//! The kernel's Python maps (`tracer-ebpf/src/python.rs`): turning the
+//! Python-frame walk on for a process, its threads' thread states, and the
+//! Python stacks the walk stored.
+use anyhow::{Context as _, Result};
+use aya::maps::{Array, HashMap as KernelHashMap, MapData};
+use tracer_ebpf::{PythonOffsets, PythonStack, map, python_setting};
+
+use super::Probes;
+
+impl Probes {
+    /// Walks the Python frames of `pid`'s threads from now on, laid out as
+    /// `offsets`, up to `depth` frames per stack.
+    pub fn start_python(&mut self, pid: u32, offsets: PythonOffsets, depth: u32) -> Result<()> {
+        let mut per_process: KernelHashMap<_, u32, PythonOffsets> = KernelHashMap::try_from(
+            self.ebpf
+                .map_mut(map::PYTHON_OFFSETS)
+                .context("eBPF object lacks PYTHON_OFFSETS")?,
+        )?;
+        per_process
+            .insert(pid, offsets, 0)
+            .with_context(|| format!("could not ask for the Python frames of PID {pid}"))?;
+        let mut settings: Array<_, u32> = Array::try_from(
+            self.ebpf
+                .map_mut(map::PYTHON_ON)
+                .context("eBPF object lacks PYTHON_ON")?,
+        )?;
+        settings.set(python_setting::DEPTH, depth, 0)?;
+        settings.set(python_setting::ON, 1, 0)?;
+        Ok(())
+    }
+
+    /// Makes the kernel's thread states of `pid` those of `threads`
+    /// (thread id, `PyThreadState` address); `known` are the thread ids
+    /// set before, for `pid`, removed when they are gone.
+    pub fn set_python_threads(&mut self, threads: &[(u32, u64)], gone: &[u32]) -> Result<()> {
+        let mut map: KernelHashMap<_, u32, u64> = KernelHashMap::try_from(
+            self.ebpf
+                .map_mut(map::PYTHON_THREADS)
+                .context("eBPF object lacks PYTHON_THREADS")?,
+        )?;
+        for tid in gone {
+            let _ = map.remove(tid);
+        }
+        for &(tid, thread_state) in threads {
+            if map.get(&tid, 0).ok() != Some(thread_state) {
+                map.insert(tid, thread_state, 0)
+                    .context("could not store a Python thread state")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The number of Python stack ids handed out so far (ids are 1..=n).
+    pub fn python_stack_count(&self) -> u64 {
+        self.ebpf
+            .map(map::PYTHON_NEXT_ID)
+            .and_then(|map| Array::<&MapData, u64>::try_from(map).ok())
+            .and_then(|next| next.get(&0, 0).ok())
+            .unwrap_or(0)
+    }
+
+    /// The frames of Python stack `id`.
+    pub fn python_stack(&self, id: u32) -> Option<PythonStack> {
+        let stacks: KernelHashMap<&MapData, u32, PythonStack> =
+            KernelHashMap::try_from(self.ebpf.map(map::PYTHON_STACKS)?).ok()?;
+        stacks.get(&id, 0).ok()
+    }
+}

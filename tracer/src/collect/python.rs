@@ -1,0 +1,215 @@
+//! Python frames (`--python`): at attach, the interpreter of each target
+//! (`python::find`) and the kernel's walk turned on for it; while tracing,
+//! its threads' thread states kept current and each new Python stack the
+//! kernel stored named at once (code objects may be gone by report time);
+//! and in every stack's frames, the Python stack merged in.
+use std::collections::HashMap;
+
+use tracer_ebpf::python_stack_of_frame;
+
+use super::{Collector, Event};
+use crate::{
+    model::{Frame, Language},
+    python::{self, Found, PythonMode},
+};
+
+/// What `--python` found and keeps per target.
+#[derive(Default)]
+pub struct PythonState {
+    pub mode: PythonMode,
+    pub depth: u32,
+    pub stacks: python::Stacks,
+    /// The thread ids set in the kernel, by process.
+    threads: HashMap<u32, Vec<u32>>,
+    /// Python stack ids named so far (1..=resolved).
+    resolved: u64,
+    /// One line per target with a CPython tracer cannot read.
+    pub unsupported: Vec<(u32, String)>,
+    /// Targets whose later-mapped libpython was looked at already.
+    looked_again: Vec<u32>,
+}
+
+impl Collector {
+    /// `--python` and `--python-depth`, before targets are added.
+    pub fn set_python(&mut self, mode: PythonMode, depth: u32) {
+        self.python.mode = mode;
+        self.python.depth = depth;
+    }
+
+    /// Looks for a CPython in `pid` and walks its frames from now on.
+    pub(super) fn start_python(&mut self, pid: u32) -> anyhow::Result<()> {
+        if self.python.mode == PythonMode::Off || self.python.stacks.interpreter(pid).is_some() {
+            return Ok(());
+        }
+        match python::find(pid) {
+            Found::Interpreter(interpreter) => {
+                self.probes
+                    .start_python(pid, interpreter.layout.frames, self.python.depth)?;
+                self.python.stacks.add(interpreter);
+                self.refresh_python_threads(pid);
+            }
+            Found::Unsupported(why) => {
+                if self.python.mode == PythonMode::On {
+                    anyhow::bail!("--python on: PID {pid}: {why}");
+                }
+                self.python.unsupported.push((pid, why));
+            }
+            Found::None => {
+                if self.python.mode == PythonMode::On {
+                    anyhow::bail!("--python on: PID {pid} runs no CPython tracer can find");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-reads the thread states of `pid` into the kernel's map.
+    pub(super) fn refresh_python_threads(&mut self, pid: u32) {
+        let Some(interpreter) = self.python.stacks.interpreter(pid) else {
+            return;
+        };
+        let threads = interpreter.threads();
+        let before = self.python.threads.remove(&pid).unwrap_or_default();
+        let gone: Vec<u32> = before
+            .into_iter()
+            .filter(|tid| !threads.iter().any(|(now, _)| now == tid))
+            .collect();
+        if let Err(error) = self.probes.set_python_threads(&threads, &gone) {
+            self.queued.push_back(Event::Notice(format!(
+                "warning: PID {pid}: Python thread states not updated: {error:#}"
+            )));
+        }
+        self.python
+            .threads
+            .insert(pid, threads.into_iter().map(|(tid, _)| tid).collect());
+    }
+
+    /// Keeps every live Python target's threads current, and looks for
+    /// an interpreter in targets that mapped a libpython since attach
+    /// (programs embedding Python `dlopen` it).
+    pub(super) fn refresh_python(&mut self) {
+        if self.python.mode != PythonMode::Off {
+            for pid in super::live_pids(&self.watched) {
+                if self.python.stacks.interpreter(pid).is_some()
+                    || self.python.looked_again.contains(&pid)
+                    || self
+                        .python
+                        .unsupported
+                        .iter()
+                        .any(|(known, _)| *known == pid)
+                    || !maps_libpython(pid)
+                {
+                    continue;
+                }
+                self.python.looked_again.push(pid);
+                let mode = self.python.mode;
+                // `on` was checked at attach: a later interpreter is a bonus.
+                self.python.mode = PythonMode::Auto;
+                let started = self.start_python(pid);
+                self.python.mode = mode;
+                if let Err(error) = started {
+                    self.queued.push_back(Event::Notice(format!(
+                        "warning: PID {pid}: no Python frames: {error:#}"
+                    )));
+                } else if let Some(interpreter) = self.python.stacks.interpreter(pid) {
+                    let (major, minor, micro) = interpreter.version;
+                    let note = format!(
+                        "PID {pid}: Python frames on from now (CPython {major}.{minor}.{micro} \
+                         in {}, mapped after attach)",
+                        interpreter.object.display()
+                    );
+                    self.queued.push_back(Event::Notice(note));
+                }
+            }
+        }
+        let pids: Vec<u32> = self
+            .python
+            .stacks
+            .interpreters()
+            .map(|interpreter| interpreter.pid)
+            .filter(|&pid| crate::procfs::is_alive(pid))
+            .collect();
+        for pid in pids {
+            self.refresh_python_threads(pid);
+        }
+    }
+
+    /// Names the Python stacks the kernel stored since the last call.
+    pub(super) fn resolve_python_stacks(&mut self) {
+        if self.python.stacks.is_empty() {
+            return;
+        }
+        let count = self.probes.python_stack_count();
+        while self.python.resolved < count {
+            self.python.resolved += 1;
+            let id = self.python.resolved as u32;
+            if let Some(stack) = self.probes.python_stack(id) {
+                self.python.stacks.resolve(stack.tgid, id, &stack);
+            }
+        }
+    }
+
+    /// `frames` with the Python stack its tag frame names merged in.
+    pub(super) fn merge_python(&mut self, pid: u32, mut frames: Vec<Frame>) -> Vec<Frame> {
+        let Some(tagged) = frames
+            .iter()
+            .position(|frame| python_stack_of_frame(frame.address).is_some())
+        else {
+            return frames;
+        };
+        let id = python_stack_of_frame(frames.remove(tagged).address).expect("a tag");
+        if !self.python.stacks.knows(pid, id) {
+            self.resolve_python_stacks();
+        }
+        match self.python.stacks.frames(pid, id) {
+            Some((python, truncated)) => python::merge(frames, python, truncated),
+            None => {
+                frames.push(Frame {
+                    function: Some("[python frames unknown]".to_owned()),
+                    language: Language::Python,
+                    ..Frame::default()
+                });
+                frames
+            }
+        }
+    }
+
+    /// Says whether Python frames are on, for the attach line.
+    pub fn python_summary(&self) -> String {
+        let mut on: Vec<String> = self
+            .python
+            .stacks
+            .interpreters()
+            .map(|interpreter| {
+                let (major, minor, micro) = interpreter.version;
+                format!("PID {} CPython {major}.{minor}.{micro}", interpreter.pid)
+            })
+            .collect();
+        on.sort();
+        match (self.python.mode, on.is_empty()) {
+            (PythonMode::Off, _) => "Python frames off (--python off)".to_owned(),
+            (_, true) if !self.python.unsupported.is_empty() => {
+                "no CPython tracer can read: native frames only".to_owned()
+            }
+            (_, true) => "no CPython found: native frames only".to_owned(),
+            (_, false) => format!("Python frames on ({})", on.join(", ")),
+        }
+    }
+
+    /// Targets running a CPython tracer cannot read, and why.
+    pub fn python_unsupported(&self) -> &[(u32, String)] {
+        &self.python.unsupported
+    }
+}
+
+/// Whether `pid` maps a `libpython*` object.
+fn maps_libpython(pid: u32) -> bool {
+    crate::procfs::read_maps(pid).is_ok_and(|maps| {
+        maps.iter().any(|mapping| {
+            mapping
+                .path
+                .file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with("libpython"))
+        })
+    })
+}

@@ -1,0 +1,474 @@
+//! CPython: find the interpreter in a target, its threads' thread states
+//! (for the kernel's Python-frame walk, `tracer-ebpf/src/python.rs`), and
+//! name the code objects of the Python stacks the kernel walked, while
+//! the target lives; then merge Python frames into native stacks.
+//!
+//! Everything is read from outside with `process_vm_readv`: the target is
+//! never stopped or written.
+pub mod layout;
+pub mod lines;
+mod merge;
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+use tracer_ebpf::{PythonStack, python_frame};
+
+pub use layout::Layout;
+pub use merge::merge;
+
+use crate::{
+    model::{Frame, Language},
+    procfs::{self, Mapping},
+};
+
+/// `--python`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PythonMode {
+    /// Python frames for every target running a CPython tracer knows.
+    #[default]
+    Auto,
+    /// Like auto, and an interpreter tracer cannot read is an error.
+    On,
+    /// Native frames only.
+    Off,
+}
+
+/// A CPython interpreter found in a target.
+#[derive(Clone, Debug)]
+pub struct Interpreter {
+    pub pid: u32,
+    /// Where `_PyRuntime` is in the target.
+    pub runtime: u64,
+    /// (major, minor, micro).
+    pub version: (u8, u8, u8),
+    /// The object that defines it.
+    pub object: PathBuf,
+    pub layout: Layout,
+    /// Where `PyCode_Type` is (0: not found): a code object's `ob_type`.
+    pub code_type: u64,
+}
+
+/// What looking for an interpreter found.
+#[derive(Clone, Debug)]
+pub enum Found {
+    /// No CPython in the target.
+    None,
+    Interpreter(Interpreter),
+    /// A CPython tracer cannot read: why, in words.
+    Unsupported(String),
+}
+
+/// Looks for `_PyRuntime` in the objects `pid` maps and checks that
+/// tracer knows the interpreter's layout.
+pub fn find(pid: u32) -> Found {
+    let Ok(maps) = procfs::read_maps(pid) else {
+        return Found::None;
+    };
+    let mut paths: Vec<&PathBuf> = Vec::new();
+    for mapping in maps.iter().filter(|mapping| mapping.executable) {
+        if !paths.contains(&&mapping.path) {
+            paths.push(&mapping.path);
+        }
+    }
+    for path in paths {
+        if let Some(found) = find_in(pid, path, &maps) {
+            return found;
+        }
+    }
+    Found::None
+}
+
+/// `_PyRuntime` (and `Py_Version`) in one mapped object.
+fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
+    let name = path.file_name()?.to_string_lossy();
+    if !name.starts_with("python") && !name.starts_with("libpython") {
+        // Only CPython's executable and library define _PyRuntime; reading
+        // every library's symbols would cost attach time.
+        return None;
+    }
+    let file = std::fs::File::open(procfs::host_path(pid, path)).ok()?;
+    // SAFETY: read only; mapped objects are not rewritten in place.
+    let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    let symbol = |wanted: &str| {
+        elf.dynamic_symbols()
+            .chain(elf.symbols())
+            .find(|symbol| symbol.name() == Ok(wanted))
+            .map(|symbol| symbol.address())
+    };
+    let runtime = symbol("_PyRuntime")?;
+    let bias = load_bias(&elf, path, maps)?;
+    let runtime = runtime + bias;
+    let version = match symbol("Py_Version") {
+        Some(address) => {
+            let hex = read_u64(pid, address + bias).map(|word| word as u32);
+            hex.map(|hex| ((hex >> 24) as u8, (hex >> 16) as u8, (hex >> 8) as u8))
+        }
+        None => version_from_name(&name),
+    };
+    let Some(version) = version else {
+        return Some(Found::Unsupported(format!(
+            "{}: CPython of unknown version",
+            path.display()
+        )));
+    };
+    let layout = match version {
+        (3, 13, _) => read(pid, runtime, layout::DEBUG_OFFSETS_3_13_BYTES)
+            .and_then(|bytes| layout::from_debug_offsets_3_13(&bytes)),
+        (major, minor, _) => layout::for_version(major, minor),
+    };
+    let Some(layout) = layout else {
+        return Some(Found::Unsupported(format!(
+            "{}: CPython {}.{}.{}, whose layout tracer does not know (it knows 3.11, 3.12, and \
+             3.13 from its _Py_DebugOffsets)",
+            path.display(),
+            version.0,
+            version.1,
+            version.2
+        )));
+    };
+    let interpreter = Interpreter {
+        pid,
+        runtime,
+        version,
+        object: path.to_owned(),
+        layout,
+        code_type: symbol("PyCode_Type").map_or(0, |address| address + bias),
+    };
+    Some(match interpreter.check() {
+        Ok(()) => Found::Interpreter(interpreter),
+        Err(why) => Found::Unsupported(format!(
+            "{}: CPython {}.{}.{} does not look as tracer expects ({why})",
+            path.display(),
+            version.0,
+            version.1,
+            version.2
+        )),
+    })
+}
+
+/// "3.10" in `libpython3.10.so.1.0` or `python3.10`.
+fn version_from_name(name: &str) -> Option<(u8, u8, u8)> {
+    let rest = name
+        .strip_prefix("lib")
+        .unwrap_or(name)
+        .strip_prefix("python")?;
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor, 0))
+}
+
+/// Address in the process minus address in the file, for `path`.
+fn load_bias(elf: &object::File<'_>, path: &Path, maps: &[Mapping]) -> Option<u64> {
+    let first = maps
+        .iter()
+        .filter(|mapping| mapping.path == path)
+        .min_by_key(|mapping| mapping.file_offset)?;
+    let segment = elf.segments().find(|segment| {
+        let (offset, size) = segment.file_range();
+        (offset..offset + size.max(1)).contains(&first.file_offset)
+    })?;
+    let (offset, _) = segment.file_range();
+    let address = segment.address() + (first.file_offset - offset);
+    Some(first.start.wrapping_sub(address))
+}
+
+/// A stack's return addresses without its Python stack's tag frame.
+pub fn without_tag(mut addresses: Vec<u64>) -> Vec<u64> {
+    addresses.retain(|&address| tracer_ebpf::python_stack_of_frame(address).is_none());
+    addresses
+}
+
+/// Reads `length` bytes of the target at `address`.
+pub fn read(pid: u32, address: u64, length: usize) -> Option<Vec<u8>> {
+    let mut buffer = vec![0u8; length];
+    let local = libc::iovec {
+        iov_base: buffer.as_mut_ptr().cast(),
+        iov_len: length,
+    };
+    let remote = libc::iovec {
+        iov_base: address as *mut libc::c_void,
+        iov_len: length,
+    };
+    // SAFETY: the local buffer is `length` bytes; the remote side is only
+    // read by the kernel on the target's behalf.
+    let read = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
+    (read == length as isize).then_some(buffer)
+}
+
+fn read_u64(pid: u32, address: u64) -> Option<u64> {
+    read(pid, address, 8).map(|bytes| u64::from_ne_bytes(bytes.try_into().expect("8 bytes")))
+}
+
+fn field_u64(bytes: &[u8], offset: u64) -> u64 {
+    let offset = offset as usize;
+    bytes.get(offset..offset + 8).map_or(0, |word| {
+        u64::from_ne_bytes(word.try_into().expect("8 bytes"))
+    })
+}
+
+fn field_i32(bytes: &[u8], offset: u64) -> i32 {
+    let offset = offset as usize;
+    bytes.get(offset..offset + 4).map_or(0, |word| {
+        i32::from_ne_bytes(word.try_into().expect("4 bytes"))
+    })
+}
+
+/// `PyObject.ob_type`.
+const OB_TYPE: u64 = 8;
+
+/// Most thread states read per interpreter (a guard against a cycle).
+const MAX_THREADS: usize = 1 << 14;
+
+impl Interpreter {
+    /// Every thread state of every (sub-)interpreter: (thread id, address).
+    pub fn threads(&self) -> Vec<(u32, u64)> {
+        let layout = &self.layout;
+        let mut threads = Vec::new();
+        let mut interpreter =
+            read_u64(self.pid, self.runtime + layout.runtime_interpreters).unwrap_or(0);
+        let mut interpreters = 0;
+        while interpreter != 0 && interpreters < 256 {
+            interpreters += 1;
+            let mut thread =
+                read_u64(self.pid, interpreter + layout.interpreter_threads).unwrap_or(0);
+            while thread != 0 && threads.len() < MAX_THREADS {
+                let Some(native_id) = read_u64(self.pid, thread + layout.thread_native_id) else {
+                    break;
+                };
+                threads.push((native_id as u32, thread));
+                thread = read_u64(self.pid, thread + layout.thread_next).unwrap_or(0);
+            }
+            interpreter = read_u64(self.pid, interpreter + layout.interpreter_next).unwrap_or(0);
+        }
+        threads
+    }
+
+    /// Checks the layout against the process: some thread state's
+    /// `native_thread_id` must be one of its threads (an interpreter not
+    /// initialized yet has none: accepted, checked again later).
+    fn check(&self) -> Result<(), String> {
+        let threads = self.threads();
+        if threads.is_empty() {
+            return Ok(());
+        }
+        let tasks = procfs_tasks(self.pid);
+        if threads.iter().any(|(tid, _)| tasks.contains(tid)) {
+            Ok(())
+        } else {
+            Err(format!(
+                "no thread state names one of its threads: read {:?}",
+                threads.iter().map(|(tid, _)| tid).collect::<Vec<_>>()
+            ))
+        }
+    }
+}
+
+fn procfs_tasks(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A code object, named.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Code {
+    /// What tells a code object apart from another later at the same
+    /// address: its name and file objects and its first line.
+    identity: (u64, u64, i32),
+    name: String,
+    file: String,
+    first_line: i32,
+    line_table: Vec<u8>,
+}
+
+/// The Python stacks of every target, named while the targets live.
+#[derive(Default)]
+pub struct Stacks {
+    interpreters: HashMap<u32, Interpreter>,
+    /// Named code objects by (pid, address).
+    codes: HashMap<(u32, u64), Code>,
+    /// Each Python stack, named, by (pid, id).
+    frames: HashMap<(u32, u32), Vec<(Frame, bool)>>,
+    /// Stacks cut at --python-depth.
+    truncated: HashMap<(u32, u32), bool>,
+}
+
+/// The frame that ends a Python stack deeper than `--python-depth`.
+pub const TRUNCATED_FRAME: &str = "[python: truncated at --python-depth]";
+
+impl Stacks {
+    pub fn add(&mut self, interpreter: Interpreter) {
+        self.interpreters.insert(interpreter.pid, interpreter);
+    }
+
+    pub fn interpreter(&self, pid: u32) -> Option<&Interpreter> {
+        self.interpreters.get(&pid)
+    }
+
+    pub fn interpreters(&self) -> impl Iterator<Item = &Interpreter> {
+        self.interpreters.values()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.interpreters.is_empty()
+    }
+
+    /// Names the frames of a Python stack the kernel walked, while its
+    /// process lives. `pid` is the process the stack's id belongs to.
+    pub fn resolve(&mut self, pid: u32, id: u32, stack: &PythonStack) {
+        if self.frames.contains_key(&(pid, id)) {
+            return;
+        }
+        let Some(interpreter) = self.interpreters.get(&pid).cloned() else {
+            return;
+        };
+        let count = (stack.count as usize).min(stack.frames.len());
+        let mut frames: Vec<(Frame, bool)> = Vec::with_capacity(count);
+        for &packed in &stack.frames[..count] {
+            let address = packed & python_frame::ADDRESS_MASK;
+            let offset = packed >> python_frame::OFFSET_SHIFT;
+            let entry = packed & python_frame::ENTRY != 0;
+            if entry && interpreter.layout.entry_is_shim {
+                // 3.12+: the C stack's shim below an entry frame.
+                if let Some((_, last_entry)) = frames.last_mut() {
+                    *last_entry = true;
+                }
+                continue;
+            }
+            frames.push((self.frame(&interpreter, address, offset), entry));
+        }
+        self.frames.insert((pid, id), frames);
+        self.truncated.insert((pid, id), stack.truncated != 0);
+    }
+
+    /// Whether the stack `id` of `pid` was named already.
+    pub fn knows(&self, pid: u32, id: u32) -> bool {
+        self.frames.contains_key(&(pid, id))
+    }
+
+    /// The named frames of a Python stack, innermost first, each with
+    /// whether it is an entry frame; and whether the stack was truncated.
+    pub fn frames(&self, pid: u32, id: u32) -> Option<(&[(Frame, bool)], bool)> {
+        let frames = self.frames.get(&(pid, id))?;
+        let truncated = self.truncated.get(&(pid, id)).copied().unwrap_or(false);
+        Some((frames, truncated))
+    }
+
+    fn frame(&mut self, interpreter: &Interpreter, address: u64, offset: u64) -> Frame {
+        let pid = interpreter.pid;
+        let layout = &interpreter.layout;
+        let header = read(pid, address, layout.code_header);
+        // Still a code object: a module's code is freed once it ran, and
+        // its memory may hold another object by now.
+        let header = header.filter(|header| {
+            interpreter.code_type == 0 || field_u64(header, OB_TYPE) == interpreter.code_type
+        });
+        let code = header.and_then(|header| {
+            let identity = (
+                field_u64(&header, layout.code_filename),
+                field_u64(&header, layout.code_qualname.unwrap_or(layout.code_name)),
+                field_i32(&header, layout.code_first_line),
+            );
+            if let Some(known) = self.codes.get(&(pid, address))
+                && known.identity == identity
+            {
+                return Some(known.clone());
+            }
+            let code = Code {
+                identity,
+                name: read_string(pid, identity.1, layout)?,
+                file: read_string(pid, identity.0, layout)?,
+                first_line: identity.2,
+                line_table: read_bytes(pid, field_u64(&header, layout.code_line_table), layout)
+                    .unwrap_or_default(),
+            };
+            self.codes.insert((pid, address), code.clone());
+            Some(code)
+        });
+        match code {
+            Some(code) => Frame {
+                function: Some(code.name.clone()),
+                line: lines::line_3_11(&code.line_table, code.first_line.into(), offset),
+                file: Some(code.file),
+                language: Language::Python,
+                ..Frame::default()
+            },
+            None => Frame {
+                function: Some(format!(
+                    "[python code object 0x{address:x}, freed before named]"
+                )),
+                language: Language::Python,
+                ..Frame::default()
+            },
+        }
+    }
+}
+
+/// The text of a `str` object (compact ASCII or compact Latin-1/UCS-2/
+/// UCS-4), at most 4 KiB of characters.
+fn read_string(pid: u32, object: u64, layout: &Layout) -> Option<String> {
+    if object == 0 {
+        return None;
+    }
+    let header = read(pid, object, layout.compact_data as usize)?;
+    let length = (field_u64(&header, 16) as usize).min(4096);
+    let state = field_i32(&header, layout.unicode_state) as u32;
+    let kind = (state >> 2) & 7;
+    let compact = state & (1 << 5) != 0;
+    let ascii = state & (1 << 6) != 0;
+    if !compact {
+        return None;
+    }
+    if ascii {
+        let bytes = read(pid, object + layout.ascii_data, length)?;
+        return String::from_utf8(bytes).ok();
+    }
+    let width = match kind {
+        1 | 2 | 4 => kind as usize,
+        _ => return None,
+    };
+    let bytes = read(pid, object + layout.compact_data, length * width)?;
+    Some(
+        bytes
+            .chunks(width)
+            .filter_map(|unit| {
+                let mut value = 0u32;
+                for (shift, byte) in unit.iter().enumerate() {
+                    value |= u32::from(*byte) << (8 * shift);
+                }
+                char::from_u32(value)
+            })
+            .collect(),
+    )
+}
+
+/// The contents of a `bytes` object, at most 64 KiB.
+fn read_bytes(pid: u32, object: u64, layout: &Layout) -> Option<Vec<u8>> {
+    if object == 0 {
+        return None;
+    }
+    let length = (read_u64(pid, object + 16)? as usize).min(1 << 16);
+    read(pid, object + layout.bytes_data, length)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_from_file_names() {
+        assert_eq!(version_from_name("libpython3.10.so.1.0"), Some((3, 10, 0)));
+        assert_eq!(version_from_name("python3.12"), Some((3, 12, 0)));
+        assert_eq!(version_from_name("python"), None);
+    }
+}
