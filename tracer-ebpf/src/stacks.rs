@@ -27,8 +27,7 @@ use aya_ebpf::{
 };
 use tracer_ebpf::{
     COPIED_STACK, COPIED_STACK_MASK, CopyRef, MAX_STACK_FRAMES, MAX_STACK_PAGES, NO_STACK,
-    PYTHON_FRAME_TAG,
-    STACK_PAGE_BYTES, StackCopy, StackFrames, StackFree, stack_record, stat,
+    PYTHON_FRAME_TAG, STACK_PAGE_BYTES, StackCopy, StackFrames, StackFree, stack_record, stat,
 };
 
 use crate::counters::{atomic_add, count, count_by, fetch_add};

@@ -99,7 +99,8 @@ pub fn site(frames: &[Frame], wrappers: &Wrappers) -> Option<Site> {
             .is_some_and(|function| wrappers.matches(function))
     };
     // A marker frame (the walk stopped there) names no code.
-    let is_marker = |frame: &Frame| frame.address == 0 && frame.module.is_none() && frame.file.is_none();
+    let is_marker =
+        |frame: &Frame| frame.address == 0 && frame.module.is_none() && frame.file.is_none();
     let index = frames
         .iter()
         .position(|frame| !is_allocator_frame(frame) && !is_wrapper(frame) && !is_marker(frame))
