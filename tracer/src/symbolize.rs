@@ -165,7 +165,15 @@ impl Symbols {
             // JIT code: named by its runtime's perf map, when it writes one.
             frame.function = self.perf_maps.name(pid, return_address - 1);
         }
-        self.cache.insert((pid, return_address), frames.clone());
+        // An address in no known object, unnamed, may belong to a library
+        // mapped after the last refresh (a dlopen): it is looked up again
+        // next time rather than kept unknown for good.
+        if frames
+            .iter()
+            .any(|frame| frame.module.is_some() || frame.function.is_some())
+        {
+            self.cache.insert((pid, return_address), frames.clone());
+        }
         frames
     }
 
@@ -354,6 +362,34 @@ fn read_identity(file: &File) -> (DebugLink, Vec<(u64, u64, u64)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[inline(never)]
+    fn a_function_of_this_test() -> u64 {
+        a_function_of_this_test as *const () as u64
+    }
+
+    #[test]
+    fn an_address_unknown_before_a_refresh_is_named_after_it() {
+        let pid = std::process::id();
+        // A return address inside this function, as a stack would hold.
+        let return_address = a_function_of_this_test() + 1;
+        let mut symbols = Symbols::new();
+        let before = symbols.stack_frames(pid, &[return_address]);
+        assert!(
+            before.iter().all(|frame| frame.module.is_none()),
+            "{before:?}"
+        );
+        // Mapped since, as by a dlopen: the refresh must be seen.
+        symbols.refresh(pid);
+        let after = symbols.stack_frames(pid, &[return_address]);
+        assert!(
+            after.iter().any(|frame| frame
+                .function
+                .as_deref()
+                .is_some_and(|name| name.contains("a_function_of_this_test"))),
+            "{after:?}"
+        );
+    }
 
     #[test]
     fn reads_the_build_id_of_this_test_binary() {
