@@ -8,7 +8,7 @@ use std::path::Path;
 
 use regex::RegexSet;
 
-use crate::model::{Frame, allocators};
+use crate::model::{Frame, Language, allocators};
 
 /// Functions that only pass an allocation on to the allocator, in common
 /// C, C++ and Python code bases and inside the allocators themselves;
@@ -101,18 +101,35 @@ pub fn site(frames: &[Frame], wrappers: &Wrappers) -> Option<Site> {
     // A marker frame (the walk stopped there) names no code.
     let is_marker =
         |frame: &Frame| frame.address == 0 && frame.module.is_none() && frame.file.is_none();
-    let index = frames
+    let first = frames
         .iter()
         .position(|frame| !is_allocator_frame(frame) && !is_wrapper(frame) && !is_marker(frame))
         .or_else(|| frames.iter().rposition(|frame| !is_marker(frame)))
         .unwrap_or(frames.len().checked_sub(1)?);
+    // In a Python program the site is its own Python code: the extension
+    // (numpy's stripped C) and library Python (numpy's `ones`) that it
+    // called are what it went through.
+    let program_python = (!is_program_python(&frames[first]))
+        .then(|| {
+            frames[first..]
+                .iter()
+                .position(is_program_python)
+                .map(|later| first + later)
+        })
+        .flatten();
+    let (index, via) = match program_python {
+        Some(index) => (index, Some(short_name(&frames[index - 1]))),
+        None => (
+            first,
+            first
+                .checked_sub(1)
+                .map(|inner| &frames[inner])
+                .filter(|inner| is_wrapper(inner))
+                .and_then(|inner| inner.function.as_deref())
+                .map(|function| without_arguments(function).to_owned()),
+        ),
+    };
     let frame = frames[index].clone();
-    let via = index
-        .checked_sub(1)
-        .map(|inner| &frames[inner])
-        .filter(|inner| is_wrapper(inner))
-        .and_then(|inner| inner.function.as_deref())
-        .map(|function| without_arguments(function).to_owned());
     let mut label = frame_label(&frame);
     if let Some(via) = &via {
         label.push_str(" via ");
@@ -121,13 +138,43 @@ pub fn site(frames: &[Frame], wrappers: &Wrappers) -> Option<Site> {
     Some(Site { frame, via, label })
 }
 
+/// A Python frame of the program itself: not of the standard library, of
+/// an installed package (numpy's Python code) or of the import machinery.
+fn is_program_python(frame: &Frame) -> bool {
+    frame.language == Language::Python
+        && frame.file.as_deref().is_some_and(|file| {
+            !(file.starts_with('<')
+                || file.contains("/site-packages/")
+                || file.contains("/dist-packages/")
+                || is_standard_library(file))
+        })
+}
+
+/// `.../lib/python3.11/json/decoder.py`, the standard library of any
+/// interpreter (Debian's, pyenv's, a venv's base).
+fn is_standard_library(file: &str) -> bool {
+    file.split('/')
+        .zip(file.split('/').skip(1))
+        .any(|(lib, python)| {
+            lib == "lib"
+                && python
+                    .strip_prefix("python")
+                    .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+        })
+}
+
+/// A frame's function without arguments, or its object and offset.
+fn short_name(frame: &Frame) -> String {
+    match &frame.function {
+        Some(function) => without_arguments(function).to_owned(),
+        None => module_offset(frame),
+    }
+}
+
 /// `function (file:line)` with C++ argument lists dropped, or the object
 /// and offset of a frame without a symbol.
 pub fn frame_label(frame: &Frame) -> String {
-    let name = match &frame.function {
-        Some(function) => without_arguments(function).to_owned(),
-        None => module_offset(frame),
-    };
+    let name = short_name(frame);
     match frame.short_location() {
         Some(location) => format!("{name} ({location})"),
         None => name,
@@ -324,6 +371,51 @@ pub(super) mod tests {
     fn site_of(frames: &[Frame], custom: &[&str]) -> Site {
         let custom: Vec<String> = custom.iter().map(|p| (*p).to_owned()).collect();
         site(frames, &Wrappers::new(&custom).unwrap()).unwrap()
+    }
+
+    fn python(function: &str, file: &str, line: u32) -> Frame {
+        Frame {
+            function: Some(function.to_owned()),
+            file: Some(file.to_owned()),
+            line: Some(line),
+            language: Language::Python,
+            ..Frame::default()
+        }
+    }
+
+    #[test]
+    fn python_site_is_the_programs_own_code_past_extensions_and_packages() {
+        let numpy = "/usr/lib/python3/dist-packages/numpy/core/_multiarray_umath.so";
+        let mut stripped = frame("", numpy);
+        stripped.function = None;
+        stripped.offset = Some(0xde138);
+        let frames = [
+            frame("malloc", LIBC),
+            stripped.clone(),
+            python(
+                "ones",
+                "/usr/lib/python3/dist-packages/numpy/core/numeric.py",
+                205,
+            ),
+            python("deepcopy", "/usr/lib/python3.11/copy.py", 128),
+            python("Model._materialize_params", "/srv/app/exporter.py", 41),
+            python("main", "/srv/app/train.py", 12),
+            frame("Py_BytesMain", "/usr/bin/python3.11"),
+        ];
+        let site = site(&frames, &Wrappers::default()).unwrap();
+        assert_eq!(
+            site.label,
+            "Model._materialize_params (exporter.py:41) via deepcopy"
+        );
+        // Without Python code of its own, the first frame past the
+        // allocator stays the site.
+        let site = site_of(&[frames[0].clone(), stripped, frames[2].clone()], &[]);
+        assert_eq!(site.label, "_multiarray_umath.so+0xde138");
+        // pyenv's and a venv's standard library too.
+        assert!(is_standard_library(
+            "/root/.pyenv/versions/3.12.1/lib/python3.12/json/decoder.py"
+        ));
+        assert!(!is_standard_library("/srv/lib/python_tools/x.py"));
     }
 
     #[test]
