@@ -109,14 +109,11 @@ pub fn site(frames: &[Frame], wrappers: &Wrappers) -> Option<Site> {
     // In a Python program the site is its own Python code: the extension
     // (numpy's stripped C) and library Python (numpy's `ones`) that it
     // called are what it went through.
-    let program_python = (!is_program_python(&frames[first]))
-        .then(|| {
-            frames[first..]
-                .iter()
-                .position(is_program_python)
-                .map(|later| first + later)
-        })
-        .flatten();
+    let program_python = frames[first..]
+        .iter()
+        .position(is_program_python)
+        .filter(|&later| later > 0)
+        .map(|later| first + later);
     let (index, via) = match program_python {
         Some(index) => (index, Some(short_name(&frames[index - 1]))),
         None => (
