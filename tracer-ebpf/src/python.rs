@@ -2,7 +2,8 @@
 //! thread whose CPython thread state userspace found (`tracer::python`).
 //!
 //! The walk follows the interpreter's frame chain from the thread state
-//! (`PythonOffsets` per process), one bounded read per frame, and packs
+//! (`PythonOffsets` per process: 3.10's `PyFrameObject`s by `f_back`,
+//! 3.11+'s interpreter frames by `previous`), one bounded read per frame, and packs
 //! each frame as (code object, entry flag, instruction offset). Each
 //! distinct Python stack gets an id (PYTHON_STACKS), and the stack
 //! code (`stacks.rs`) makes it part of the stack's identity: the last
@@ -114,8 +115,12 @@ fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
         let more = (((index as u64 + 1).wrapping_sub(depth as u64)) as i64 >> 63) as u64;
         frame = beyond & more;
         // Code units since the first instruction (an offset past 64 Ki
-        // units, or before the first, wraps: such a frame has no line).
-        let units = (instruction.wrapping_sub(code + offsets.code_instructions as u64) >> 1)
+        // units, or before the first, wraps: such a frame has no line):
+        // from the instruction pointer, or (3.10) the `int` index of the
+        // last instruction, whose -1 (not started) wraps too.
+        let from_pointer = instruction.wrapping_sub(code + offsets.code_instructions as u64) >> 1;
+        let is_index = 0u64.wrapping_sub(offsets.instruction_index as u64 & 1);
+        let units = ((instruction & 0xffff_ffff & is_index) | (from_pointer & !is_index))
             & python_frame::MAX_OFFSET;
         scratch.stack.frames[index & (MAX_PYTHON_FRAMES - 1)] = (code & python_frame::ADDRESS_MASK)
             | (entry << 47)

@@ -78,7 +78,8 @@ impl Default for PythonStack {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonOffsets {
     /// `PyThreadState` -> the current frame, or (`frame_indirect` = 1) the
-    /// structure whose field at `current_frame` is it (3.11-3.12 `cframe`).
+    /// structure whose field at `current_frame` is it (3.11-3.12 `cframe`;
+    /// 3.10: `frame`, a `PyFrameObject`).
     pub thread_frame: u32,
     pub frame_indirect: u32,
     pub current_frame: u32,
@@ -96,6 +97,9 @@ pub struct PythonOffsets {
     pub entry_invert: u32,
     /// Code object -> its first instruction (`co_code_adaptive`).
     pub code_instructions: u32,
+    /// 1: the frame's instruction field is not a pointer but the index of
+    /// its last instruction in code units, an `int` (3.10's `f_lasti`).
+    pub instruction_index: u32,
 }
 
 /// Bytes of each frame read at once: every field of `PythonOffsets` that

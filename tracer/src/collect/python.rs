@@ -45,7 +45,7 @@ impl Collector {
             Found::Interpreter(interpreter) => {
                 self.probes
                     .start_python(pid, interpreter.layout.frames, self.python.depth)?;
-                self.python.stacks.add(interpreter);
+                self.python.stacks.add(*interpreter);
                 self.refresh_python_threads(pid);
             }
             Found::Unsupported(why) => {
