@@ -475,3 +475,58 @@ fn forked_multiprocessing_child_gets_python_frames() {
         assert_eq!(python[at - 1].0, "leak_buffer", "{python:?}");
     }
 }
+
+/// Threads started after attach that allocate at once (before tracer's
+/// next read of the thread states, every --interval): the kernel finds
+/// their thread state in the interpreter's list at their first
+/// allocation, so their leak is named too, with its exact bytes.
+#[test]
+fn threads_started_after_attach_get_python_frames_at_their_first_allocation() {
+    require_root();
+    assert!(
+        std::path::Path::new(PYTHON).exists(),
+        "{PYTHON} is missing: run `cargo xtask setup`"
+    );
+    let mut command = Command::new(PYTHON);
+    command.arg(fixture_dir().join("leaky_bytes.py"));
+    let (mut fixture, ready) = Fixture::spawn(command);
+    assert_eq!(ready, format!("ready pid={}", fixture.pid));
+    let trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536"])
+        .interval("10s")
+        .attach();
+    fixture.cmd("thread 2");
+    let answer = fixture.cmd("thread 3");
+    let traced = trace.stop();
+    let report = &traced.report;
+    let stacks = stacks_with_python(report, "thread_leak", "leaky_bytes.py");
+    assert_eq!(
+        stacks.len(),
+        1,
+        "the two threads' leak is one stack\n{report}"
+    );
+    assert_eq!(
+        stack_live(stacks[0]),
+        Live {
+            bytes: field(&answer, "bytes"),
+            allocs: field(&answer, "allocs"),
+        },
+        "both threads' buffers, exactly: {answer}\n{report}"
+    );
+    let python = python_frames(stacks[0]);
+    assert_eq!(
+        python[..2]
+            .iter()
+            .map(|(name, file, line)| (name.as_str(), file.as_str(), *line))
+            .collect::<Vec<_>>(),
+        [
+            (
+                "thread_leak",
+                "leaky_bytes.py",
+                marked_line("leaky_bytes.py", "# THREAD-SITE")
+            ),
+            ("Thread.run", "threading.py", python[1].2),
+        ],
+        "{report}"
+    );
+}

@@ -44,7 +44,7 @@ impl Collector {
         match python::find(pid) {
             Found::Interpreter(interpreter) => {
                 self.probes
-                    .start_python(pid, interpreter.layout.frames, self.python.depth)?;
+                    .start_python(pid, interpreter.kernel_offsets(), self.python.depth)?;
                 self.python.stacks.add(*interpreter);
                 self.refresh_python_threads(pid);
             }

@@ -82,6 +82,7 @@ pub const PYTHON_3_10: Layout = Layout {
         entry_invert: 1,
         code_instructions: 0,
         instruction_index: 1,
+        ..THREAD_SEARCH_UNSET
     },
     // PyCodeObject: co_filename, co_name, co_firstlineno, co_linetable.
     code_filename: 104,
@@ -122,6 +123,7 @@ pub const PYTHON_3_11: Layout = Layout {
         // PyCodeObject.co_code_adaptive.
         code_instructions: 184,
         instruction_index: 0,
+        ..THREAD_SEARCH_UNSET
     },
     code_filename: 112,
     code_name: 120,
@@ -161,6 +163,7 @@ pub const PYTHON_3_12: Layout = Layout {
         // PyCodeObject.co_code_adaptive.
         code_instructions: 192,
         instruction_index: 0,
+        ..THREAD_SEARCH_UNSET
     },
     code_filename: 112,
     code_name: 120,
@@ -173,6 +176,28 @@ pub const PYTHON_3_12: Layout = Layout {
     unicode_state: 32,
     bytes_data: 32,
     entry_is_shim: true,
+};
+
+/// The thread-search fields of `PythonOffsets`, filled per process by
+/// `Interpreter::kernel_offsets`.
+const THREAD_SEARCH_UNSET: PythonOffsets = PythonOffsets {
+    thread_frame: 0,
+    frame_indirect: 0,
+    current_frame: 0,
+    frame_code: 0,
+    frame_previous: 0,
+    frame_instruction: 0,
+    frame_entry: 0,
+    entry_xor: 0,
+    entry_invert: 0,
+    code_instructions: 0,
+    instruction_index: 0,
+    interpreter_threads: 0,
+    thread_next: 0,
+    thread_id: 0,
+    thread_id_is_pthread: 0,
+    pthread_tid: 0,
+    interpreters: 0,
 };
 
 /// The layout of a version tracer ships a table for.
@@ -216,6 +241,7 @@ pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<Layout> {
         entry_invert: 1,
         code_instructions: small(43)?,
         instruction_index: 0,
+        ..THREAD_SEARCH_UNSET
     };
     let in_window = [
         frames.frame_code,

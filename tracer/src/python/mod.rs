@@ -15,7 +15,7 @@ use std::{
 };
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
-use tracer_ebpf::{PythonStack, python_frame};
+use tracer_ebpf::{PythonOffsets, PythonStack, python_frame};
 
 pub use layout::Layout;
 pub use merge::merge;
@@ -263,6 +263,23 @@ const OB_TYPE: u64 = 8;
 const MAX_THREADS: usize = 1 << 14;
 
 impl Interpreter {
+    /// What the kernel reads for this process: the version's frame
+    /// offsets, and where to look for the thread state of a thread that
+    /// started since `threads` ran.
+    pub fn kernel_offsets(&self) -> PythonOffsets {
+        let layout = &self.layout;
+        let small = |offset: u64| u32::try_from(offset).unwrap_or(0);
+        PythonOffsets {
+            interpreter_threads: small(layout.interpreter_threads),
+            thread_next: small(layout.thread_next),
+            thread_id: small(layout.thread_native_id),
+            thread_id_is_pthread: u32::from(layout.thread_id_is_pthread),
+            pthread_tid: small(self.pthread_tid),
+            interpreters: self.runtime + layout.runtime_interpreters,
+            ..layout.frames
+        }
+    }
+
     /// Every thread state of every (sub-)interpreter: (thread id, address).
     pub fn threads(&self) -> Vec<(u32, u64)> {
         let layout = &self.layout;
