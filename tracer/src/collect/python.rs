@@ -3,7 +3,7 @@
 //! its threads' thread states kept current and each new Python stack the
 //! kernel stored named at once (code objects may be gone by report time);
 //! and in every stack's frames, the Python stack merged in.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tracer_ebpf::python_stack_of_frame;
 
@@ -27,6 +27,8 @@ pub struct PythonState {
     pub unsupported: Vec<(u32, String)>,
     /// Targets whose later-mapped libpython was looked at already.
     looked_again: Vec<u32>,
+    /// Every thread id seen with a thread state.
+    ever: HashSet<u32>,
 }
 
 impl Collector {
@@ -79,9 +81,34 @@ impl Collector {
                 "warning: PID {pid}: Python thread states not updated: {error:#}"
             )));
         }
+        self.python.ever.extend(threads.iter().map(|(tid, _)| *tid));
         self.python
             .threads
             .insert(pid, threads.into_iter().map(|(tid, _)| tid).collect());
+    }
+
+    /// Says how many Python threads got native frames only for some
+    /// allocations (their thread state was not found yet), at the end.
+    pub(super) fn note_python_threads_missed(&mut self) {
+        if self.python.stacks.is_empty() {
+            return;
+        }
+        self.python.ever.extend(self.probes.python_threads());
+        let missed: Vec<(u32, u64)> = self
+            .probes
+            .python_missed()
+            .into_iter()
+            .filter(|(tid, _)| self.python.ever.contains(tid))
+            .collect();
+        if missed.is_empty() {
+            return;
+        }
+        let allocations: u64 = missed.iter().map(|(_, allocations)| allocations).sum();
+        self.queued.push_back(Event::Notice(format!(
+            "{} Python thread(s) had {allocations} allocation(s) with native frames only: \
+             their thread state was not found then",
+            missed.len()
+        )));
     }
 
     /// Keeps every live Python target's threads current, and looks for
