@@ -157,6 +157,15 @@ fn numpy_leak_named(extra_args: &[&str]) {
             assert_named(stack, caller, call_marker, serve_marker, report);
         }
     }
+    // Whole Python stacks count as reaching their start (`<module>`), even
+    // where the native frames below stop early (--unwind fp).
+    let share = report.json["targets"][0]["stack_quality"]["share_reaching_entry"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no stack quality in the report:\n{report}"));
+    assert!(
+        share > 0.99,
+        "{extra_args:?}: {share} of the bytes reach their start\n{report}"
+    );
     // The churned buffers are all freed: no stack through `churn` holds
     // anything (stacks without live bytes are not listed).
     assert_eq!(
