@@ -281,7 +281,7 @@ pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<Layout> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -305,7 +305,7 @@ mod tests {
 
     /// The first 73 words of `_PyRuntime` in pyenv's CPython 3.13.0 (built
     /// from python.org sources on this machine), read with ctypes.
-    const DEBUG_OFFSETS_3_13_0: [u64; 73] = [
+    pub(crate) const DEBUG_OFFSETS_3_13_0: [u64; 73] = [
         0x7970677562656478,
         0x30d00f0,
         0x0,

@@ -8,6 +8,8 @@
 pub mod layout;
 pub mod lines;
 mod merge;
+#[cfg(test)]
+mod real_bytes;
 
 use std::{
     collections::HashMap,
