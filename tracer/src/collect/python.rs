@@ -139,10 +139,10 @@ impl Collector {
                         "warning: PID {pid}: no Python frames: {error:#}"
                     )));
                 } else if let Some(interpreter) = self.python.stacks.interpreter(pid) {
-                    let (major, minor, micro) = interpreter.version;
                     let note = format!(
-                        "PID {pid}: Python frames on from now (CPython {major}.{minor}.{micro} \
-                         in {}, mapped after attach)",
+                        "PID {pid}: Python frames on from now (CPython {} in {}, mapped after \
+                         attach)",
+                        interpreter.version_text(),
                         interpreter.object.display()
                     );
                     self.queued.push_back(Event::Notice(note));
@@ -208,8 +208,11 @@ impl Collector {
             .stacks
             .interpreters()
             .map(|interpreter| {
-                let (major, minor, micro) = interpreter.version;
-                format!("PID {} CPython {major}.{minor}.{micro}", interpreter.pid)
+                format!(
+                    "PID {} CPython {}",
+                    interpreter.pid,
+                    interpreter.version_text()
+                )
             })
             .collect();
         on.sort();

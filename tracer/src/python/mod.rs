@@ -47,6 +47,9 @@ pub struct Interpreter {
     pub runtime: u64,
     /// (major, minor, micro).
     pub version: (u8, u8, u8),
+    /// Whether the micro version is known (read from `Py_Version`, 3.11+;
+    /// 3.10's comes from the object's name: "3.10").
+    pub micro_known: bool,
     /// The object that defines it.
     pub object: PathBuf,
     pub layout: Layout,
@@ -140,6 +143,7 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
         pid,
         runtime,
         version,
+        micro_known: symbol("Py_Version").is_some(),
         object: path.to_owned(),
         layout,
         code_type: symbol("PyCode_Type").map_or(0, |address| address + bias),
@@ -265,6 +269,16 @@ const OB_TYPE: u64 = 8;
 const MAX_THREADS: usize = 1 << 14;
 
 impl Interpreter {
+    /// "3.11.2", or "3.10" where the micro version is not known.
+    pub fn version_text(&self) -> String {
+        let (major, minor, micro) = self.version;
+        if self.micro_known {
+            format!("{major}.{minor}.{micro}")
+        } else {
+            format!("{major}.{minor}")
+        }
+    }
+
     /// What the kernel reads for this process: the version's frame
     /// offsets, and where to look for the thread state of a thread that
     /// started since `threads` ran.
