@@ -76,9 +76,10 @@ fn python_frames(stack: &Value) -> Vec<(String, String, i64)> {
         .collect()
 }
 
-/// The heap stacks through `caller`. The interpreter may reach numpy's
+/// The heap stacks through `caller`. The interpreter reaches numpy's
 /// allocation through different native paths (a call site specialized
-/// after its first runs), so one Python path can be several stacks.
+/// after its first runs goes round `PyObject_Vectorcall`): the report
+/// must still show one Python path as one stack.
 fn stacks_through<'a>(report: &'a Report, caller: &str) -> Vec<&'a Value> {
     let stacks: Vec<&Value> = report
         .stacks()
@@ -132,6 +133,11 @@ fn numpy_leak_named(extra_args: &[&str]) {
         ("caller_b", "# CALL-B", "# SERVE-B", "b_bytes", "b_allocs"),
     ] {
         let stacks = stacks_through(report, caller);
+        assert_eq!(
+            stacks.len(),
+            1,
+            "one stack through {caller}, whatever native path the interpreter took\n{report}"
+        );
         let live = stacks.iter().fold(Live::default(), |sum, stack| {
             let live = stack_live(stack);
             Live {
@@ -151,6 +157,15 @@ fn numpy_leak_named(extra_args: &[&str]) {
             assert_named(stack, caller, call_marker, serve_marker, report);
         }
     }
+    // Whole Python stacks count as reaching their start (`<module>`), even
+    // where the native frames below stop early (--unwind fp).
+    let share = report.json["targets"][0]["stack_quality"]["share_reaching_entry"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no stack quality in the report:\n{report}"));
+    assert!(
+        share > 0.99,
+        "{extra_args:?}: {share} of the bytes reach their start\n{report}"
+    );
     // The churned buffers are all freed: no stack through `churn` holds
     // anything (stacks without live bytes are not listed).
     assert_eq!(
@@ -310,7 +325,11 @@ fn python_threads_methods_generators_lambdas_and_late_modules() {
         ),
     ] {
         let stacks = stacks_with_python(report, function, file);
-        assert!(!stacks.is_empty(), "no stack through {function}\n{report}");
+        assert_eq!(
+            stacks.len(),
+            1,
+            "one stack through {function} for all 4 threads\n{report}"
+        );
         let bytes: i64 = stacks.iter().map(|stack| stack_live(stack).bytes).sum();
         assert_eq!(
             bytes,
@@ -464,4 +483,59 @@ fn forked_multiprocessing_child_gets_python_frames() {
         assert_eq!(python[at].2, line, "{python:?}");
         assert_eq!(python[at - 1].0, "leak_buffer", "{python:?}");
     }
+}
+
+/// Threads started after attach that allocate at once (before tracer's
+/// next read of the thread states, every --interval): the kernel finds
+/// their thread state in the interpreter's list at their first
+/// allocation, so their leak is named too, with its exact bytes.
+#[test]
+fn threads_started_after_attach_get_python_frames_at_their_first_allocation() {
+    require_root();
+    assert!(
+        std::path::Path::new(PYTHON).exists(),
+        "{PYTHON} is missing: run `cargo xtask setup`"
+    );
+    let mut command = Command::new(PYTHON);
+    command.arg(fixture_dir().join("leaky_bytes.py"));
+    let (mut fixture, ready) = Fixture::spawn(command);
+    assert_eq!(ready, format!("ready pid={}", fixture.pid));
+    let trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536"])
+        .interval("10s")
+        .attach();
+    fixture.cmd("thread 2");
+    let answer = fixture.cmd("thread 3");
+    let traced = trace.stop();
+    let report = &traced.report;
+    let stacks = stacks_with_python(report, "thread_leak", "leaky_bytes.py");
+    assert_eq!(
+        stacks.len(),
+        1,
+        "the two threads' leak is one stack\n{report}"
+    );
+    assert_eq!(
+        stack_live(stacks[0]),
+        Live {
+            bytes: field(&answer, "bytes"),
+            allocs: field(&answer, "allocs"),
+        },
+        "both threads' buffers, exactly: {answer}\n{report}"
+    );
+    let python = python_frames(stacks[0]);
+    assert_eq!(
+        python[..2]
+            .iter()
+            .map(|(name, file, line)| (name.as_str(), file.as_str(), *line))
+            .collect::<Vec<_>>(),
+        [
+            (
+                "thread_leak",
+                "leaky_bytes.py",
+                marked_line("leaky_bytes.py", "# THREAD-SITE")
+            ),
+            ("Thread.run", "threading.py", python[1].2),
+        ],
+        "{report}"
+    );
 }

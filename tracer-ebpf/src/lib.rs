@@ -67,4 +67,5 @@ mod pod {
     unsafe impl aya::Pod for StackFrames {}
     unsafe impl aya::Pod for PythonStack {}
     unsafe impl aya::Pod for PythonOffsets {}
+    unsafe impl aya::Pod for PythonThreadMiss {}
 }

@@ -2,7 +2,8 @@
 //! thread whose CPython thread state userspace found (`tracer::python`).
 //!
 //! The walk follows the interpreter's frame chain from the thread state
-//! (`PythonOffsets` per process), one bounded read per frame, and packs
+//! (`PythonOffsets` per process: 3.10's `PyFrameObject`s by `f_back`,
+//! 3.11+'s interpreter frames by `previous`), one bounded read per frame, and packs
 //! each frame as (code object, entry flag, instruction offset). Each
 //! distinct Python stack gets an id (PYTHON_STACKS), and the stack
 //! code (`stacks.rs`) makes it part of the stack's identity: the last
@@ -12,12 +13,13 @@
 //! (PYTHON_ON stays 0 until userspace finds an interpreter).
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_probe_read_user},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use tracer_ebpf::{
-    FRAME_WINDOW, MAX_PYTHON_FRAMES, PythonOffsets, PythonStack, python_frame, python_setting, stat,
+    FRAME_WINDOW, MAX_PYTHON_FRAMES, MAX_SEARCHED_THREADS, PythonOffsets, PythonStack,
+    PythonThreadMiss, THREAD_SEARCH_PAUSE_NS, python_frame, python_setting, stat,
 };
 
 use crate::counters::{count, fetch_add};
@@ -68,11 +70,97 @@ pub(crate) fn current_stack() -> Option<u32> {
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let offsets = unsafe { PYTHON_OFFSETS.get(&((pid_tgid >> 32) as u32)) }?;
-    let Some(&thread_state) = (unsafe { PYTHON_THREADS.get(&(pid_tgid as u32)) }) else {
-        count(stat::PYTHON_THREAD_UNKNOWN);
-        return None;
+    let tid = pid_tgid as u32;
+    let thread_state = match unsafe { PYTHON_THREADS.get(&tid) } {
+        Some(&thread_state) => thread_state,
+        None => match search(offsets, tid) {
+            Some(thread_state) => thread_state,
+            None => {
+                count(stat::PYTHON_THREAD_UNKNOWN);
+                return None;
+            }
+        },
     };
     walk(offsets, thread_state, (pid_tgid >> 32) as u32)
+}
+
+/// Threads of Python processes the kernel looked for and did not find,
+/// with when (`bpf_ktime_get_ns`) and how many of their allocations got
+/// native frames only: userspace reads them for the report.
+#[map]
+static PYTHON_MISSED: LruHashMap<u32, PythonThreadMiss> = LruHashMap::with_max_entries(4096, 0);
+
+/// The thread state of `tid`, looked for in its interpreter's thread list
+/// (a thread started since userspace last read it); stored in
+/// PYTHON_THREADS when found. A thread not found is not looked for again
+/// for THREAD_SEARCH_PAUSE_NS.
+#[inline(never)]
+fn search(offsets: &PythonOffsets, tid: u32) -> Option<u64> {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let missed = unsafe { PYTHON_MISSED.get(&tid) }.copied();
+    if let Some(miss) = missed
+        && now.wrapping_sub(miss.searched_at) < THREAD_SEARCH_PAUSE_NS
+    {
+        let _ = PYTHON_MISSED.insert(
+            &tid,
+            &PythonThreadMiss {
+                searched_at: miss.searched_at,
+                allocations: miss.allocations + 1,
+            },
+            0,
+        );
+        return None;
+    }
+    let found = find_thread(offsets, tid);
+    match found {
+        Some(thread_state) => {
+            let _ = PYTHON_THREADS.insert(&tid, &thread_state, 0);
+            count(stat::PYTHON_THREAD_FOUND);
+        }
+        None => {
+            let allocations = missed.map_or(0, |miss| miss.allocations) + 1;
+            let _ = PYTHON_MISSED.insert(
+                &tid,
+                &PythonThreadMiss {
+                    searched_at: now,
+                    allocations,
+                },
+                0,
+            );
+        }
+    }
+    found
+}
+
+/// The thread state whose thread id is `tid` in the thread list of the
+/// process's first interpreter (at most MAX_SEARCHED_THREADS).
+#[inline(never)]
+fn find_thread(offsets: &PythonOffsets, tid: u32) -> Option<u64> {
+    if offsets.interpreters == 0 {
+        return None;
+    }
+    let interpreter = read_u64(offsets.interpreters)?;
+    if interpreter == 0 {
+        return None;
+    }
+    let mut thread = read_u64(interpreter + offsets.interpreter_threads as u64)?;
+    // All ones when the id field is pthread_self().
+    let pthread = 0u64.wrapping_sub(offsets.thread_id_is_pthread as u64 & 1);
+    for _ in 0..MAX_SEARCHED_THREADS {
+        if thread == 0 {
+            break;
+        }
+        let id = read_u64(thread + offsets.thread_id as u64).unwrap_or(0);
+        // A failed read (not a pthread pointer) reads 0.
+        let from_pthread =
+            read_u32((id & pthread).wrapping_add(offsets.pthread_tid as u64)).unwrap_or(0) as u64;
+        let id = (from_pthread & pthread) | (id & !pthread);
+        if id != 0 && id == tid as u64 {
+            return Some(thread);
+        }
+        thread = read_u64(thread + offsets.thread_next as u64).unwrap_or(0);
+    }
+    None
 }
 
 #[inline(never)]
@@ -114,8 +202,12 @@ fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
         let more = (((index as u64 + 1).wrapping_sub(depth as u64)) as i64 >> 63) as u64;
         frame = beyond & more;
         // Code units since the first instruction (an offset past 64 Ki
-        // units, or before the first, wraps: such a frame has no line).
-        let units = (instruction.wrapping_sub(code + offsets.code_instructions as u64) >> 1)
+        // units, or before the first, wraps: such a frame has no line):
+        // from the instruction pointer, or (3.10) the `int` index of the
+        // last instruction, whose -1 (not started) wraps too.
+        let from_pointer = instruction.wrapping_sub(code + offsets.code_instructions as u64) >> 1;
+        let is_index = 0u64.wrapping_sub(offsets.instruction_index as u64 & 1);
+        let units = ((instruction & 0xffff_ffff & is_index) | (from_pointer & !is_index))
             & python_frame::MAX_OFFSET;
         scratch.stack.frames[index & (MAX_PYTHON_FRAMES - 1)] = (code & python_frame::ADDRESS_MASK)
             | (entry << 47)
@@ -184,6 +276,11 @@ fn hash_stack(stack: &PythonStack, tgid: u32) -> u64 {
         hash = (hash ^ stack.frames[index]).wrapping_mul(PRIME);
     }
     hash
+}
+
+#[inline(always)]
+fn read_u32(address: u64) -> Option<u32> {
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(address as *const u32) }.ok()
 }
 
 #[inline(always)]

@@ -39,6 +39,7 @@ pub mod map {
         PYTHON_STACKS = "PYTHON_STACKS",
         PYTHON_ON = "PYTHON_ON",
         PYTHON_NEXT_ID = "PYTHON_NEXT_ID",
+        PYTHON_MISSED = "PYTHON_MISSED",
     }
 }
 

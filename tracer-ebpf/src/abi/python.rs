@@ -78,7 +78,8 @@ impl Default for PythonStack {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonOffsets {
     /// `PyThreadState` -> the current frame, or (`frame_indirect` = 1) the
-    /// structure whose field at `current_frame` is it (3.11-3.12 `cframe`).
+    /// structure whose field at `current_frame` is it (3.11-3.12 `cframe`;
+    /// 3.10: `frame`, a `PyFrameObject`).
     pub thread_frame: u32,
     pub frame_indirect: u32,
     pub current_frame: u32,
@@ -96,7 +97,41 @@ pub struct PythonOffsets {
     pub entry_invert: u32,
     /// Code object -> its first instruction (`co_code_adaptive`).
     pub code_instructions: u32,
+    /// 1: the frame's instruction field is not a pointer but the index of
+    /// its last instruction in code units, an `int` (3.10's `f_lasti`).
+    pub instruction_index: u32,
+    /// What the kernel follows to find the thread state of a thread that
+    /// userspace has not read yet (a thread that just started):
+    /// `PyInterpreterState.threads.head`, `PyThreadState.next`, the thread
+    /// id field (`native_thread_id`; 3.10: `thread_id`, `pthread_self()`,
+    /// when `thread_id_is_pthread` is 1, whose `struct pthread` keeps the
+    /// kernel's thread id at `pthread_tid`).
+    pub interpreter_threads: u32,
+    pub thread_next: u32,
+    pub thread_id: u32,
+    pub thread_id_is_pthread: u32,
+    pub pthread_tid: u32,
+    /// Where the process's `_PyRuntime.interpreters.head` is (0: none).
+    pub interpreters: u64,
 }
+
+/// A thread of a Python process whose thread state the kernel did not
+/// find (a value of PYTHON_MISSED by thread id): when it last looked
+/// (`bpf_ktime_get_ns`), and how many allocations got native frames only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PythonThreadMiss {
+    pub searched_at: u64,
+    pub allocations: u64,
+}
+
+/// Most thread states the kernel looks through for an unknown thread.
+pub const MAX_SEARCHED_THREADS: usize = 64;
+
+/// Nanoseconds a thread that was not found waits before the kernel looks
+/// for its thread state again (a native thread of a Python process, or a
+/// thread whose state is not bound yet).
+pub const THREAD_SEARCH_PAUSE_NS: u64 = 1_000_000;
 
 /// Bytes of each frame read at once: every field of `PythonOffsets` that
 /// names a frame field is below it.

@@ -79,6 +79,10 @@ pub mod stat {
             /// Allocations of a Python process on a thread whose thread state
             /// tracer did not know yet: native frames only.
             PYTHON_THREAD_UNKNOWN => ("python_thread_unknown", Event),
+            /// Threads whose thread state the kernel found in their
+            /// interpreter's list at their first allocation (threads started
+            /// since userspace last read the list).
+            PYTHON_THREAD_FOUND => ("python_threads_found_by_kernel", Event),
             /// Python stacks deeper than --python-depth: outer frames cut.
             PYTHON_TRUNCATED => ("python_stacks_truncated", Event),
             /// Python stacks not stored (table full or a read failed): the

@@ -3,7 +3,7 @@
 //! Python stacks the walk stored.
 use anyhow::{Context as _, Result};
 use aya::maps::{Array, HashMap as KernelHashMap, MapData};
-use tracer_ebpf::{PythonOffsets, PythonStack, map, python_setting};
+use tracer_ebpf::{PythonOffsets, PythonStack, PythonThreadMiss, map, python_setting};
 
 use super::Probes;
 
@@ -48,6 +48,32 @@ impl Probes {
             }
         }
         Ok(())
+    }
+
+    /// The threads whose thread state the kernel holds (userspace's and
+    /// those the kernel found itself).
+    pub fn python_threads(&self) -> Vec<u32> {
+        self.ebpf
+            .map(map::PYTHON_THREADS)
+            .and_then(|map| KernelHashMap::<&MapData, u32, u64>::try_from(map).ok())
+            .map(|threads| threads.keys().filter_map(Result::ok).collect())
+            .unwrap_or_default()
+    }
+
+    /// The threads of Python processes whose allocations got native
+    /// frames only (thread state not found then), with how many.
+    pub fn python_missed(&self) -> Vec<(u32, u64)> {
+        self.ebpf
+            .map(map::PYTHON_MISSED)
+            .and_then(|map| KernelHashMap::<&MapData, u32, PythonThreadMiss>::try_from(map).ok())
+            .map(|missed| {
+                missed
+                    .iter()
+                    .filter_map(Result::ok)
+                    .map(|(tid, miss)| (tid, miss.allocations))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// The number of Python stack ids handed out so far (ids are 1..=n).

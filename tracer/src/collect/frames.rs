@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use super::Collector;
 use crate::{
-    model::{Frame, StackId, StackKey, quality::is_thread_entry},
+    model::{
+        Frame, StackId, StackKey,
+        quality::{is_thread_entry, python_reaches_start},
+    },
     unwind::StopReason,
 };
 
@@ -66,7 +69,14 @@ impl Collector {
     /// only its outermost frame is symbolized, unless it was already.
     pub fn reaches_entry(&mut self, key: &StackKey) -> bool {
         if let Some(frames) = self.frames.get(key) {
-            return frames.last().is_some_and(is_thread_entry);
+            return frames.last().is_some_and(is_thread_entry) || python_reaches_start(frames);
+        }
+        // A Python stack is whole from where Python started it, wherever
+        // its native frames stop.
+        if self.python.stacks.interpreter(key.pid).is_some()
+            && python_reaches_start(&self.frames(key))
+        {
+            return true;
         }
         let maps = self.probes.maps();
         let addresses = match key.stack_id {

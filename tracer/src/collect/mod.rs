@@ -342,6 +342,7 @@ impl Collector {
     fn finish(&mut self, reason: StopReason) -> Result<()> {
         self.watch_libraries()?;
         self.resolve_python_stacks();
+        self.note_python_threads_missed();
         for pid in live_pids(&self.watched) {
             self.symbols.refresh(pid);
         }

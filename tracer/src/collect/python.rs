@@ -3,7 +3,7 @@
 //! its threads' thread states kept current and each new Python stack the
 //! kernel stored named at once (code objects may be gone by report time);
 //! and in every stack's frames, the Python stack merged in.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tracer_ebpf::python_stack_of_frame;
 
@@ -27,6 +27,8 @@ pub struct PythonState {
     pub unsupported: Vec<(u32, String)>,
     /// Targets whose later-mapped libpython was looked at already.
     looked_again: Vec<u32>,
+    /// Every thread id seen with a thread state.
+    ever: HashSet<u32>,
 }
 
 impl Collector {
@@ -44,8 +46,8 @@ impl Collector {
         match python::find(pid) {
             Found::Interpreter(interpreter) => {
                 self.probes
-                    .start_python(pid, interpreter.layout.frames, self.python.depth)?;
-                self.python.stacks.add(interpreter);
+                    .start_python(pid, interpreter.kernel_offsets(), self.python.depth)?;
+                self.python.stacks.add(*interpreter);
                 self.refresh_python_threads(pid);
             }
             Found::Unsupported(why) => {
@@ -79,9 +81,34 @@ impl Collector {
                 "warning: PID {pid}: Python thread states not updated: {error:#}"
             )));
         }
+        self.python.ever.extend(threads.iter().map(|(tid, _)| *tid));
         self.python
             .threads
             .insert(pid, threads.into_iter().map(|(tid, _)| tid).collect());
+    }
+
+    /// Says how many Python threads got native frames only for some
+    /// allocations (their thread state was not found yet), at the end.
+    pub(super) fn note_python_threads_missed(&mut self) {
+        if self.python.stacks.is_empty() {
+            return;
+        }
+        self.python.ever.extend(self.probes.python_threads());
+        let missed: Vec<(u32, u64)> = self
+            .probes
+            .python_missed()
+            .into_iter()
+            .filter(|(tid, _)| self.python.ever.contains(tid))
+            .collect();
+        if missed.is_empty() {
+            return;
+        }
+        let allocations: u64 = missed.iter().map(|(_, allocations)| allocations).sum();
+        self.queued.push_back(Event::Notice(format!(
+            "{} Python thread(s) had {allocations} allocation(s) with native frames only: \
+             their thread state was not found then",
+            missed.len()
+        )));
     }
 
     /// Keeps every live Python target's threads current, and looks for
@@ -112,10 +139,10 @@ impl Collector {
                         "warning: PID {pid}: no Python frames: {error:#}"
                     )));
                 } else if let Some(interpreter) = self.python.stacks.interpreter(pid) {
-                    let (major, minor, micro) = interpreter.version;
                     let note = format!(
-                        "PID {pid}: Python frames on from now (CPython {major}.{minor}.{micro} \
-                         in {}, mapped after attach)",
+                        "PID {pid}: Python frames on from now (CPython {} in {}, mapped after \
+                         attach)",
+                        interpreter.version_text(),
                         interpreter.object.display()
                     );
                     self.queued.push_back(Event::Notice(note));
@@ -181,8 +208,11 @@ impl Collector {
             .stacks
             .interpreters()
             .map(|interpreter| {
-                let (major, minor, micro) = interpreter.version;
-                format!("PID {} CPython {major}.{minor}.{micro}", interpreter.pid)
+                format!(
+                    "PID {} CPython {}",
+                    interpreter.pid,
+                    interpreter.version_text()
+                )
             })
             .collect();
         on.sort();

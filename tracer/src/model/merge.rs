@@ -16,12 +16,19 @@
 //! least two frames that only one longer stack of its process and kind
 //! extends is merged into that one. Where several do, it cannot be told
 //! which, and it stays apart.
+//!
+//! Around Python frames, the interpreter's own native frames are call
+//! machinery, not a place in the user's code: one Python line reaches
+//! numpy through `PyObject_Vectorcall` before its call site is specialized
+//! and straight from `_PyEval_EvalFrameDefault` after. They are left out
+//! of the comparison (`without_interpreter_machinery`), so one Python site
+//! is one stack; the merged stack shows the frames of its first stack.
 use std::{
     collections::{BTreeMap, HashMap},
     hash::{DefaultHasher, Hash as _, Hasher as _},
 };
 
-use super::{Frame, Kind, Model, StackKey};
+use super::{Frame, Kind, Language, Model, StackKey};
 
 /// More stacks than this beginning with one stack: it is not merged.
 const MAX_EXTENSIONS: usize = 64;
@@ -46,11 +53,11 @@ pub fn canonical_keys(
     let mut index_of: HashMap<(u32, Kind, Vec<Frame>), usize> = HashMap::new();
     let mut list_of: Vec<(StackKey, Option<usize>)> = Vec::with_capacity(keys.len());
     for key in keys {
-        let places: Vec<Frame> = frames(&key)
-            .iter()
+        let frames: Vec<Frame> = frames(&key)
+            .into_iter()
             .filter(|frame| !is_marker(frame))
-            .map(place)
             .collect();
+        let places: Vec<Frame> = without_interpreter_machinery(&frames).map(place).collect();
         if places.is_empty() {
             list_of.push((key, None));
             continue;
@@ -155,6 +162,52 @@ pub fn by_frames(
     }
     let merged = model.merged(|key| canonical.get(key).copied().unwrap_or(*key));
     (Some(merged), canonical)
+}
+
+/// `frames` (innermost first) without the interpreter's native frames
+/// that lie between Python frames, or between the innermost Python frame
+/// and the native code it called (a C extension such as numpy; or, when
+/// the interpreter allocates for itself, the innermost frame: a list
+/// growing): those only say how the interpreter made the call. The
+/// native frames below the outermost Python frame (`main`, the C caller
+/// of an embedded interpreter) are kept.
+fn without_interpreter_machinery(frames: &[Frame]) -> impl Iterator<Item = &Frame> {
+    let python = |frame: &Frame| frame.language == Language::Python;
+    let innermost = frames.iter().position(python);
+    let outermost = frames.iter().rposition(python);
+    // The native code the innermost Python frame called: the outermost
+    // frame of another object inside it, else the innermost frame.
+    let called = innermost.map(|innermost| {
+        frames[..innermost]
+            .iter()
+            .rposition(|frame| !is_interpreter(frame))
+            .unwrap_or(0)
+    });
+    frames.iter().enumerate().filter_map(move |(index, frame)| {
+        let (Some(innermost), Some(outermost)) = (innermost, outermost) else {
+            return Some(frame);
+        };
+        let between_python = innermost < index && index < outermost;
+        let calling_out = called.is_some_and(|called| called < index && index < innermost);
+        let machinery = is_interpreter(frame) && (between_python || calling_out);
+        (!machinery).then_some(frame)
+    })
+}
+
+/// A native frame of CPython's own code: in a `python3.X` executable or a
+/// `libpython3.X` library.
+fn is_interpreter(frame: &Frame) -> bool {
+    let Some(module) = frame.module.as_deref() else {
+        return false;
+    };
+    let name = std::path::Path::new(module)
+        .file_name()
+        .map_or_else(|| module.into(), |name| name.to_string_lossy());
+    let name = name.strip_prefix("lib").unwrap_or(&name);
+    frame.language == Language::Native
+        && name.strip_prefix("python").is_some_and(|version| {
+            version.is_empty() || version.starts_with(|c: char| c.is_ascii_digit())
+        })
 }
 
 /// A frame as a reader tells it apart: without its process address, and
@@ -285,6 +338,113 @@ mod tests {
         let (merged, _) = by_frames(&model, frames);
         let merged = merged.expect("stacks merged");
         assert_eq!(merged.series(&full).unwrap().latest().live_bytes, 20);
+    }
+
+    #[test]
+    fn one_python_site_is_one_stack_whatever_interpreter_path_reached_it() {
+        let in_object = |function: &str, module: &str, address: u64| Frame {
+            module: Some(module.to_owned()),
+            file: None,
+            line: None,
+            ..frame(function, 0, address)
+        };
+        let numpy = |function: &str| {
+            in_object(
+                function,
+                "/usr/lib/python3/dist-packages/_multiarray_umath.so",
+                0x5000,
+            )
+        };
+        let interpreter =
+            |function: &str, address: u64| in_object(function, "/usr/bin/python3.11", address);
+        let python = |function: &str, line: u32| Frame {
+            function: Some(function.to_owned()),
+            file: Some("app.py".to_owned()),
+            line: Some(line),
+            language: Language::Python,
+            ..Frame::default()
+        };
+        let (vectorcall, direct, other_path) = (heap_key(1, 1), heap_key(1, 2), heap_key(1, 3));
+        let (other_caller, list_growth, list_growth_other_path) =
+            (heap_key(1, 4), heap_key(1, 5), heap_key(1, 6));
+        let mut model = Model::new();
+        let keys = [
+            vectorcall,
+            direct,
+            other_path,
+            other_caller,
+            list_growth,
+            list_growth_other_path,
+        ];
+        let stacks: Vec<(StackKey, Counters)> =
+            keys.iter().map(|key| (*key, counters(10, 1))).collect();
+        model.push(snapshot(1.0, &stacks));
+        let frames = |key: &StackKey| {
+            let mut frames = match key.stack_id {
+                StackId::Kernel(5) | StackId::Kernel(6) => vec![interpreter("list_resize", 0x100)],
+                _ => vec![numpy("PyDataMem_UserNEW"), numpy("array_new")],
+            };
+            match key.stack_id {
+                StackId::Kernel(1) | StackId::Kernel(6) => frames.extend([
+                    interpreter("", 0x53ad87),
+                    interpreter("PyObject_Vectorcall", 0x53acbc),
+                ]),
+                StackId::Kernel(3) => frames.push(interpreter("_PyObject_MakeTpCall", 0x300)),
+                _ => {}
+            }
+            frames.push(python("leak", 3));
+            if key.stack_id == StackId::Kernel(3) {
+                frames.extend([
+                    interpreter("_PyFunction_Vectorcall", 0x400),
+                    interpreter("PyObject_Call", 0x500),
+                ]);
+            }
+            let caller = if key.stack_id == StackId::Kernel(4) {
+                9
+            } else {
+                7
+            };
+            frames.extend([
+                python("caller", caller),
+                python("<module>", 12),
+                interpreter("PyEval_EvalCode", 0x600),
+                interpreter("main", 0x700),
+            ]);
+            frames
+        };
+        let canonical = canonical_keys(&model, frames);
+        assert_eq!(canonical[&direct], vectorcall);
+        assert_eq!(canonical[&other_path], vectorcall);
+        assert_eq!(
+            canonical[&other_caller], other_caller,
+            "another Python line"
+        );
+        assert_eq!(
+            canonical[&list_growth_other_path], list_growth,
+            "the interpreter allocating for itself: its allocating frame is the site"
+        );
+        let (merged, _) = by_frames(&model, frames);
+        let merged = merged.expect("stacks merged");
+        assert_eq!(merged.series(&vectorcall).unwrap().latest().live_bytes, 30);
+        assert_eq!(merged.series(&list_growth).unwrap().latest().live_bytes, 20);
+    }
+
+    #[test]
+    fn an_interpreter_frame_is_python_s_own_object_only() {
+        let at = |module: &str| Frame {
+            module: Some(module.to_owned()),
+            ..Frame::default()
+        };
+        assert!(is_interpreter(&at("/usr/bin/python3.11")));
+        assert!(is_interpreter(&at(
+            "/root/.pyenv/versions/3.10.13/lib/libpython3.10.so.1.0"
+        )));
+        assert!(!is_interpreter(&at("/usr/lib/python3/dist-packages/x.so")));
+        assert!(!is_interpreter(&at("/usr/lib/libpython-helper.so")));
+        assert!(!is_interpreter(&Frame {
+            language: Language::Python,
+            ..at("/usr/bin/python3.11")
+        }));
     }
 
     #[test]

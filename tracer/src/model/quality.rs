@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{Frame, Model, StackKey};
+use super::{Frame, Language, Model, StackKey};
 
 /// Below this share of bytes reaching their thread's start, the report
 /// warns.
@@ -43,6 +43,33 @@ pub fn is_thread_entry(outermost: &Frame) -> bool {
     };
     let name = function.strip_prefix("__GI_").unwrap_or(function);
     THREAD_ENTRIES.contains(&name) || name.ends_with("::thread_start")
+}
+
+/// Whether a stack with Python frames reaches where Python started it:
+/// its outermost Python frame is a module's code (`<module>`: the script,
+/// `python -c`, a module run by `-m`) or threading's thread start
+/// (`Thread._bootstrap`, 3.10: `_bootstrap`). The native frames below may
+/// be cut (`--unwind fp` stops early in a Python built without frame
+/// pointers); the Python stack is whole.
+pub fn python_reaches_start(frames: &[Frame]) -> bool {
+    let Some(outermost) = frames
+        .iter()
+        .rev()
+        .find(|frame| frame.language == Language::Python)
+    else {
+        return false;
+    };
+    let in_threading = || {
+        outermost
+            .file
+            .as_deref()
+            .is_some_and(|file| file.ends_with("threading.py"))
+    };
+    match outermost.function.as_deref() {
+        Some("<module>") => true,
+        Some("Thread._bootstrap" | "_bootstrap") => in_threading(),
+        _ => false,
+    }
 }
 
 /// What a process allocated, and how much of it has whole stacks.
@@ -100,6 +127,48 @@ mod tests {
             function: Some(function.to_owned()),
             ..Frame::default()
         }
+    }
+
+    #[test]
+    fn a_python_stack_from_a_module_or_a_thread_start_is_whole() {
+        let python = |function: &str, file: &str| Frame {
+            function: Some(function.to_owned()),
+            file: Some(file.to_owned()),
+            language: Language::Python,
+            ..Frame::default()
+        };
+        let cut = Frame {
+            function: Some("[unwinding stopped: no frame pointer]".to_owned()),
+            ..Frame::default()
+        };
+        let stack = |outer: Frame| {
+            vec![
+                frame("array_new"),
+                python("leak", "app.py"),
+                outer,
+                frame("PyEval_EvalCode"),
+                cut.clone(),
+            ]
+        };
+        assert!(python_reaches_start(&stack(python("<module>", "app.py"))));
+        let threading = "/usr/lib/python3.11/threading.py";
+        assert!(python_reaches_start(&stack(python(
+            "Thread._bootstrap",
+            threading
+        ))));
+        assert!(python_reaches_start(&stack(python(
+            "_bootstrap",
+            threading
+        ))));
+        assert!(!python_reaches_start(&stack(python(
+            "_bootstrap",
+            "mine.py"
+        ))));
+        assert!(
+            !python_reaches_start(&stack(python("serve", "app.py"))),
+            "cut at --python-depth or a frame not read"
+        );
+        assert!(!python_reaches_start(&[frame("main")]), "no Python frame");
     }
 
     #[test]

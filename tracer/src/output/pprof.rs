@@ -191,7 +191,11 @@ impl Builder {
             .filter_map(|frame| {
                 let function = frame.function.as_deref()?;
                 Some(Line {
-                    function_id: self.function(function, frame.file.as_deref()),
+                    function_id: self.function(
+                        function,
+                        frame.file.as_deref(),
+                        frame.language == Language::Python,
+                    ),
                     line: frame.line.map_or(0, i64::from),
                     column: 0,
                 })
@@ -212,7 +216,11 @@ impl Builder {
         id
     }
 
-    fn function(&mut self, name: &str, file: Option<&str>) -> u64 {
+    /// A function by name and file. A Python function has no system
+    /// name: `go tool pprof` demangles a function whose system name is its
+    /// name, and takes `<module>` for a C++ template argument list to cut
+    /// (leaving `<unknown>`).
+    fn function(&mut self, name: &str, file: Option<&str>, python: bool) -> u64 {
         let key = (name.to_owned(), file.map(str::to_owned));
         if let Some(&id) = self.functions.get(&key) {
             return id;
@@ -221,7 +229,7 @@ impl Builder {
         let function = Function {
             id,
             name: self.string(name),
-            system_name: self.string(name),
+            system_name: self.string(if python { "" } else { name }),
             filename: self.string(file.unwrap_or("")),
             start_line: 0,
         };
@@ -467,5 +475,16 @@ mod tests {
             4,
             "another line"
         );
+        // `go tool pprof` would cut `<module>` as a C++ template argument
+        // list from a function whose system name is its name.
+        let module = &builder.profile.function[2];
+        let text = |index: i64| builder.profile.string_table[index as usize].as_str();
+        assert_eq!(
+            (text(module.name), text(module.system_name)),
+            ("<module>", "")
+        );
+        let native = builder.function("std::vector<int>::push_back", None, false);
+        let native = &builder.profile.function[native as usize - 1];
+        assert_eq!(native.system_name, native.name, "native: as before");
     }
 }

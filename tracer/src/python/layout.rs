@@ -1,6 +1,10 @@
 //! Where each CPython version keeps what tracer reads, in bytes, for
-//! x86-64 release builds: tables for 3.11 and 3.12, and 3.13's read from
-//! the `_Py_DebugOffsets` at the start of its `_PyRuntime`. 3.11 is from
+//! x86-64 release builds: tables for 3.10, 3.11 and 3.12, and 3.13's read
+//! from the `_Py_DebugOffsets` at the start of its `_PyRuntime`. 3.10 is
+//! from the v3.10.13 headers (Include/internal/pycore_runtime.h,
+//! pycore_interp.h, Include/cpython/pystate.h, frameobject.h, code.h) and
+//! checked on pyenv's 3.10.13 (each offset found again in a live process
+//! with ctypes: `tests` below hold the bytes). 3.11 is from
 //! the v3.11.2 headers (Include/internal/pycore_runtime.h, pycore_interp.h, pycore_frame.h,
 //! Include/cpython/pystate.h, code.h, unicodeobject.h) and checked against
 //! Debian's python3.11 (3.12: v3.12.1, checked on pyenv's 3.12.1) at attach (the version, then a thread state whose
@@ -17,9 +21,13 @@ pub struct Layout {
     /// `PyInterpreterState.next`, `.threads.head`.
     pub interpreter_next: u64,
     pub interpreter_threads: u64,
-    /// `PyThreadState.next`, `.native_thread_id`.
+    /// `PyThreadState.next`, `.native_thread_id` (3.10: `.thread_id`).
     pub thread_next: u64,
     pub thread_native_id: u64,
+    /// The thread id field is `pthread_self()` (3.10's `thread_id`), not
+    /// the kernel's thread id: the thread id is read from the thread's
+    /// glibc `struct pthread` it points to.
+    pub thread_id_is_pthread: bool,
     /// What the kernel walks.
     pub frames: PythonOffsets,
     /// `PyCodeObject` fields.
@@ -44,6 +52,52 @@ pub struct Layout {
     pub entry_is_shim: bool,
 }
 
+/// CPython 3.10 (v3.10.13 headers; every offset found in pyenv's 3.10.13
+/// with ctypes). Frames are `PyFrameObject`s, each run by its own native
+/// `_PyEval_EvalFrameDefault` call: every frame is an entry frame.
+pub const PYTHON_3_10: Layout = Layout {
+    version: (3, 10),
+    // _PyRuntimeState: 4 ints, _finalizing, then interpreters.mutex, .head.
+    runtime_interpreters: 32,
+    // PyInterpreterState.next, .tstate_head.
+    interpreter_next: 0,
+    interpreter_threads: 8,
+    // PyThreadState.next, .thread_id (pthread_self()).
+    thread_next: 8,
+    thread_native_id: 176,
+    thread_id_is_pthread: true,
+    frames: PythonOffsets {
+        // PyThreadState.frame, the current PyFrameObject.
+        thread_frame: 24,
+        frame_indirect: 0,
+        current_frame: 0,
+        // PyFrameObject.f_code, .f_back, .f_lasti (an int, in code units).
+        frame_code: 32,
+        frame_previous: 24,
+        frame_instruction: 96,
+        // The top byte of ob_type (a user pointer: always 0), inverted:
+        // every frame is an entry frame.
+        frame_entry: 15,
+        entry_xor: 0,
+        entry_invert: 1,
+        code_instructions: 0,
+        instruction_index: 1,
+        ..THREAD_SEARCH_UNSET
+    },
+    // PyCodeObject: co_filename, co_name, co_firstlineno, co_linetable.
+    code_filename: 104,
+    code_name: 112,
+    code_qualname: None,
+    code_first_line: 40,
+    code_line_table: 120,
+    code_header: 128,
+    ascii_data: 48,
+    compact_data: 72,
+    unicode_state: 32,
+    bytes_data: 32,
+    entry_is_shim: false,
+};
+
 /// CPython 3.11 (3.11.0 to 3.11.x: the layout did not move in 3.11's
 /// releases for the fields read here).
 pub const PYTHON_3_11: Layout = Layout {
@@ -53,6 +107,7 @@ pub const PYTHON_3_11: Layout = Layout {
     interpreter_threads: 16,
     thread_next: 8,
     thread_native_id: 160,
+    thread_id_is_pthread: false,
     frames: PythonOffsets {
         // PyThreadState.cframe -> _PyCFrame.current_frame.
         thread_frame: 56,
@@ -67,6 +122,8 @@ pub const PYTHON_3_11: Layout = Layout {
         entry_invert: 0,
         // PyCodeObject.co_code_adaptive.
         code_instructions: 184,
+        instruction_index: 0,
+        ..THREAD_SEARCH_UNSET
     },
     code_filename: 112,
     code_name: 120,
@@ -89,6 +146,7 @@ pub const PYTHON_3_12: Layout = Layout {
     interpreter_threads: 72,
     thread_next: 8,
     thread_native_id: 144,
+    thread_id_is_pthread: false,
     frames: PythonOffsets {
         // PyThreadState.cframe -> _PyCFrame.current_frame.
         thread_frame: 56,
@@ -104,6 +162,8 @@ pub const PYTHON_3_12: Layout = Layout {
         entry_invert: 1,
         // PyCodeObject.co_code_adaptive.
         code_instructions: 192,
+        instruction_index: 0,
+        ..THREAD_SEARCH_UNSET
     },
     code_filename: 112,
     code_name: 120,
@@ -118,9 +178,31 @@ pub const PYTHON_3_12: Layout = Layout {
     entry_is_shim: true,
 };
 
+/// The thread-search fields of `PythonOffsets`, filled per process by
+/// `Interpreter::kernel_offsets`.
+const THREAD_SEARCH_UNSET: PythonOffsets = PythonOffsets {
+    thread_frame: 0,
+    frame_indirect: 0,
+    current_frame: 0,
+    frame_code: 0,
+    frame_previous: 0,
+    frame_instruction: 0,
+    frame_entry: 0,
+    entry_xor: 0,
+    entry_invert: 0,
+    code_instructions: 0,
+    instruction_index: 0,
+    interpreter_threads: 0,
+    thread_next: 0,
+    thread_id: 0,
+    thread_id_is_pthread: 0,
+    pthread_tid: 0,
+    interpreters: 0,
+};
+
 /// The layout of a version tracer ships a table for.
 pub fn for_version(major: u8, minor: u8) -> Option<Layout> {
-    [PYTHON_3_11, PYTHON_3_12]
+    [PYTHON_3_10, PYTHON_3_11, PYTHON_3_12]
         .into_iter()
         .find(|layout| layout.version == (major, minor))
 }
@@ -158,6 +240,8 @@ pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<Layout> {
         entry_xor: 3,
         entry_invert: 1,
         code_instructions: small(43)?,
+        instruction_index: 0,
+        ..THREAD_SEARCH_UNSET
     };
     let in_window = [
         frames.frame_code,
@@ -179,6 +263,7 @@ pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<Layout> {
         interpreter_threads: word(9),
         thread_next: word(21),
         thread_native_id: word(25),
+        thread_id_is_pthread: false,
         frames,
         code_filename: word(35),
         code_name: word(36),
@@ -196,12 +281,12 @@ pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<Layout> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
     fn frame_fields_fit_the_kernel_window() {
-        for layout in [PYTHON_3_11, PYTHON_3_12] {
+        for layout in [PYTHON_3_10, PYTHON_3_11, PYTHON_3_12] {
             check_window(layout.frames);
         }
     }
@@ -220,7 +305,7 @@ mod tests {
 
     /// The first 73 words of `_PyRuntime` in pyenv's CPython 3.13.0 (built
     /// from python.org sources on this machine), read with ctypes.
-    const DEBUG_OFFSETS_3_13_0: [u64; 73] = [
+    pub(crate) const DEBUG_OFFSETS_3_13_0: [u64; 73] = [
         0x7970677562656478,
         0x30d00f0,
         0x0,
@@ -344,7 +429,8 @@ mod tests {
     }
 
     #[test]
-    fn knows_3_11_and_3_12() {
+    fn knows_3_10_3_11_and_3_12() {
+        assert_eq!(for_version(3, 10), Some(PYTHON_3_10));
         assert_eq!(for_version(3, 11), Some(PYTHON_3_11));
         assert_eq!(for_version(3, 12), Some(PYTHON_3_12));
         assert_eq!(for_version(3, 9), None);

@@ -1,5 +1,11 @@
 //! The line of an instruction, from a code object's line table.
 //!
+//! CPython 3.10 (Objects/lnotab_notes.txt of 3.10) keeps pairs of bytes in
+//! `co_linetable`: the length in bytes of bytecode of a range (unsigned),
+//! then the line's change from the previous range with a line (signed;
+//! -128: the range has no line). Ranges follow each other from offset 0;
+//! lines start at `co_firstlineno`.
+//!
 //! CPython 3.11+ (3.11, 3.12 and 3.13 alike) keeps a "location table" (`co_linetable`, described in
 //! CPython's Objects/locations.md): a sequence of entries, each covering
 //! 1-8 code units. An entry's first byte has its top bit set, a 4-bit code
@@ -57,6 +63,28 @@ pub fn line_3_11(table: &[u8], first_line: i64, offset: u64) -> Option<u32> {
             return (has_line && line >= 0).then_some(line as u32);
         }
         start += units;
+    }
+    None
+}
+
+/// The line of the instruction at `offset` (in code units, 2 bytes each)
+/// in a 3.10 line table; None when its range has no line or the table
+/// ends first.
+pub fn line_3_10(table: &[u8], first_line: i64, offset: u64) -> Option<u32> {
+    let byte_offset = offset * 2;
+    let mut line = first_line;
+    let mut end = 0u64;
+    for pair in table.chunks_exact(2) {
+        let start = end;
+        end += u64::from(pair[0]);
+        let delta = pair[1] as i8;
+        let has_line = delta != -128;
+        if has_line {
+            line += i64::from(delta);
+        }
+        if (start..end).contains(&byte_offset) {
+            return (has_line && line >= 0).then_some(line as u32);
+        }
     }
     None
 }
@@ -159,6 +187,61 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// `co_linetable` of this function compiled by pyenv's CPython 3.10.13
+    /// (built from python.org sources on this machine) as example.py, and
+    /// its `co_lines()`: (start byte, end byte, line).
+    /// ```python
+    /// def handle(work):
+    ///     try:
+    ///         work()
+    ///     except ValueError as error:
+    ///         print(error)
+    ///     with open("x") as f:
+    ///         pass
+    /// ```
+    const TABLE_3_10: [u8; 18] = [
+        2, 1, 10, 1, 14, 1, 20, 1, 8, 128, 2, 255, 10, 2, 2, 1, 34, 255,
+    ];
+    const LINES_3_10: [(u64, u64, Option<u32>); 9] = [
+        (0, 2, Some(2)),
+        (2, 12, Some(3)),
+        (12, 26, Some(4)),
+        (26, 46, Some(5)),
+        (46, 54, None),
+        (54, 56, Some(4)),
+        (56, 66, Some(6)),
+        (66, 68, Some(7)),
+        (68, 102, Some(6)),
+    ];
+
+    #[test]
+    fn decodes_a_real_3_10_line_table() {
+        for (start, end, line) in LINES_3_10 {
+            for byte in (start..end).step_by(2) {
+                assert_eq!(
+                    line_3_10(&TABLE_3_10, 1, byte / 2),
+                    line,
+                    "code unit {} (byte {byte})",
+                    byte / 2
+                );
+            }
+        }
+        assert_eq!(line_3_10(&TABLE_3_10, 1, 51), None, "past the end");
+        // The same table read as 3.11's format is wrong: the format matters.
+        assert_ne!(line_3_11(&TABLE_3_10, 1, 1), Some(3));
+    }
+
+    /// `leak` (above) compiled by 3.10.13 at line 41 of a file, with
+    /// `co_lines()` [(0, 6, 42), (6, 10, 43), (10, 18, 44), (18, 20, 46),
+    /// (20, 22, 47), (22, 26, 46)].
+    #[test]
+    fn decodes_3_10_from_a_first_line_that_is_not_1() {
+        let table = [6, 1, 4, 1, 8, 1, 2, 2, 2, 1, 4, 255];
+        let lines: Vec<Option<u32>> = (0..13).map(|unit| line_3_10(&table, 41, unit)).collect();
+        let expected = [42, 42, 42, 43, 43, 44, 44, 44, 44, 46, 47, 46, 46].map(Some);
+        assert_eq!(lines, expected);
     }
 
     #[test]

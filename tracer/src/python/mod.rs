@@ -8,6 +8,8 @@
 pub mod layout;
 pub mod lines;
 mod merge;
+#[cfg(test)]
+mod real_bytes;
 
 use std::{
     collections::HashMap,
@@ -15,7 +17,7 @@ use std::{
 };
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
-use tracer_ebpf::{PythonStack, python_frame};
+use tracer_ebpf::{PythonOffsets, PythonStack, python_frame};
 
 pub use layout::Layout;
 pub use merge::merge;
@@ -45,11 +47,17 @@ pub struct Interpreter {
     pub runtime: u64,
     /// (major, minor, micro).
     pub version: (u8, u8, u8),
+    /// Whether the micro version is known (read from `Py_Version`, 3.11+;
+    /// 3.10's comes from the object's name: "3.10").
+    pub micro_known: bool,
     /// The object that defines it.
     pub object: PathBuf,
     pub layout: Layout,
     /// Where `PyCode_Type` is (0: not found): a code object's `ob_type`.
     pub code_type: u64,
+    /// Where glibc's `struct pthread` keeps the thread id, for layouts
+    /// whose thread states name their thread by `pthread_self()` (3.10).
+    pub pthread_tid: u64,
 }
 
 /// What looking for an interpreter found.
@@ -57,7 +65,7 @@ pub struct Interpreter {
 pub enum Found {
     /// No CPython in the target.
     None,
-    Interpreter(Interpreter),
+    Interpreter(Box<Interpreter>),
     /// A CPython tracer cannot read: why, in words.
     Unsupported(String),
 }
@@ -123,8 +131,8 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
     };
     let Some(layout) = layout else {
         return Some(Found::Unsupported(format!(
-            "{}: CPython {}.{}.{}, whose layout tracer does not know (it knows 3.11, 3.12, and \
-             3.13 from its _Py_DebugOffsets)",
+            "{}: CPython {}.{}.{}, whose layout tracer does not know (it knows 3.10, 3.11, 3.12, \
+             and 3.13 from its _Py_DebugOffsets)",
             path.display(),
             version.0,
             version.1,
@@ -135,12 +143,18 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
         pid,
         runtime,
         version,
+        micro_known: symbol("Py_Version").is_some(),
         object: path.to_owned(),
         layout,
         code_type: symbol("PyCode_Type").map_or(0, |address| address + bias),
+        pthread_tid: if layout.thread_id_is_pthread {
+            pthread_tid_offset(pid, maps)
+        } else {
+            0
+        },
     };
     Some(match interpreter.check() {
-        Ok(()) => Found::Interpreter(interpreter),
+        Ok(()) => Found::Interpreter(Box::new(interpreter)),
         Err(why) => Found::Unsupported(format!(
             "{}: CPython {}.{}.{} does not look as tracer expects ({why})",
             path.display(),
@@ -149,6 +163,35 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
             version.2
         )),
     })
+}
+
+/// glibc's `struct pthread` offset of `tid` on x86-64 (2.28 to 2.40 alike).
+const PTHREAD_TID: u64 = 720;
+
+/// Where the target's glibc keeps a thread's id in its `struct pthread`:
+/// the offset in `_thread_db_pthread_tid` (the descriptor glibc exports
+/// for libthread_db: bits, count, offset), else glibc's usual offset.
+fn pthread_tid_offset(pid: u32, maps: &[Mapping]) -> u64 {
+    let libc = maps.iter().map(|mapping| &mapping.path).find(|path| {
+        path.file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("libc.so"))
+    });
+    let from_libc = || {
+        let path = libc?;
+        let file = std::fs::File::open(procfs::host_path(pid, path)).ok()?;
+        // SAFETY: read only; mapped objects are not rewritten in place.
+        let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        let elf = object::File::parse(&*data).ok()?;
+        let address = elf
+            .dynamic_symbols()
+            .find(|symbol| symbol.name() == Ok("_thread_db_pthread_tid"))?
+            .address();
+        let bias = load_bias(&elf, path, maps)?;
+        let descriptor = read(pid, address + bias, 12)?;
+        let offset = u32::from_ne_bytes(descriptor[8..12].try_into().ok()?);
+        Some(u64::from(offset))
+    };
+    from_libc().unwrap_or(PTHREAD_TID)
 }
 
 /// "3.10" in `libpython3.10.so.1.0` or `python3.10`.
@@ -226,6 +269,33 @@ const OB_TYPE: u64 = 8;
 const MAX_THREADS: usize = 1 << 14;
 
 impl Interpreter {
+    /// "3.11.2", or "3.10" where the micro version is not known.
+    pub fn version_text(&self) -> String {
+        let (major, minor, micro) = self.version;
+        if self.micro_known {
+            format!("{major}.{minor}.{micro}")
+        } else {
+            format!("{major}.{minor}")
+        }
+    }
+
+    /// What the kernel reads for this process: the version's frame
+    /// offsets, and where to look for the thread state of a thread that
+    /// started since `threads` ran.
+    pub fn kernel_offsets(&self) -> PythonOffsets {
+        let layout = &self.layout;
+        let small = |offset: u64| u32::try_from(offset).unwrap_or(0);
+        PythonOffsets {
+            interpreter_threads: small(layout.interpreter_threads),
+            thread_next: small(layout.thread_next),
+            thread_id: small(layout.thread_native_id),
+            thread_id_is_pthread: u32::from(layout.thread_id_is_pthread),
+            pthread_tid: small(self.pthread_tid),
+            interpreters: self.runtime + layout.runtime_interpreters,
+            ..layout.frames
+        }
+    }
+
     /// Every thread state of every (sub-)interpreter: (thread id, address).
     pub fn threads(&self) -> Vec<(u32, u64)> {
         let layout = &self.layout;
@@ -238,10 +308,20 @@ impl Interpreter {
             let mut thread =
                 read_u64(self.pid, interpreter + layout.interpreter_threads).unwrap_or(0);
             while thread != 0 && threads.len() < MAX_THREADS {
-                let Some(native_id) = read_u64(self.pid, thread + layout.thread_native_id) else {
+                let Some(mut native_id) = read_u64(self.pid, thread + layout.thread_native_id)
+                else {
                     break;
                 };
-                threads.push((native_id as u32, thread));
+                if layout.thread_id_is_pthread && native_id != 0 {
+                    // pthread_self(): the thread's struct pthread.
+                    native_id = read(self.pid, native_id + self.pthread_tid, 4).map_or(0, |id| {
+                        u64::from(u32::from_ne_bytes(id.try_into().expect("4 bytes")))
+                    });
+                }
+                // 0: a thread state whose thread has not started yet.
+                if native_id != 0 {
+                    threads.push((native_id as u32, thread));
+                }
                 thread = read_u64(self.pid, thread + layout.thread_next).unwrap_or(0);
             }
             interpreter = read_u64(self.pid, interpreter + layout.interpreter_next).unwrap_or(0);
@@ -398,7 +478,11 @@ impl Stacks {
         match code {
             Some(code) => Frame {
                 function: Some(code.name.clone()),
-                line: lines::line_3_11(&code.line_table, code.first_line.into(), offset),
+                line: if layout.version < (3, 11) {
+                    lines::line_3_10(&code.line_table, code.first_line.into(), offset)
+                } else {
+                    lines::line_3_11(&code.line_table, code.first_line.into(), offset)
+                },
                 file: Some(code.file),
                 language: Language::Python,
                 ..Frame::default()
