@@ -11,7 +11,7 @@ use object::{
 
 use super::{cuda::CUDA_FUNCTIONS, function::HookedFunction, prologue};
 use crate::{
-    model::allocators::all_allocators,
+    model::allocators::{PYTHON_OBJECT_ALLOCATORS, all_allocators},
     procfs::{self, Mapping},
 };
 
@@ -60,8 +60,43 @@ pub fn find_hook_sites(pid: u32, maps: &[Mapping]) -> Result<Vec<HookSite>> {
     hook_sites_in(pid, &executable_paths(maps))
 }
 
+/// CPython's allocator functions (`--python-objects`).
+fn python_object_functions() -> impl Iterator<Item = HookedFunction> {
+    PYTHON_OBJECT_ALLOCATORS
+        .iter()
+        .map(HookedFunction::python_object)
+}
+
 /// The allocator and CUDA functions defined in `paths`, files `pid` maps.
 pub fn hook_sites_in(pid: u32, paths: &[PathBuf]) -> Result<Vec<HookSite>> {
+    sites_in(pid, paths, &hooked_functions().collect::<Vec<_>>())
+}
+
+/// CPython's allocator functions defined in `path` (the interpreter), a
+/// file `pid` maps.
+pub fn python_object_sites_in(pid: u32, path: &std::path::Path) -> Result<Vec<HookSite>> {
+    sites_in(
+        pid,
+        &[path.to_path_buf()],
+        &python_object_functions().collect::<Vec<_>>(),
+    )
+}
+
+/// The size in bytes of the function `name` defined in the ELF file at
+/// `host_path`, from its dynamic or full symbol table.
+pub fn function_size(host_path: &std::path::Path, name: &str) -> Option<u64> {
+    let file = fs::File::open(host_path).ok()?;
+    // SAFETY: read only, as in `sites_in`.
+    let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    elf.dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|symbol| symbol.is_definition() && symbol.name() == Ok(name))
+        .map(|symbol| symbol.size())
+}
+
+/// The functions of `functions` defined in `paths`, files `pid` maps.
+fn sites_in(pid: u32, paths: &[PathBuf], functions: &[HookedFunction]) -> Result<Vec<HookSite>> {
     let executable = fs::read_link(format!("/proc/{pid}/exe")).ok();
     let mut sites = Vec::new();
     for path in paths {
@@ -83,9 +118,9 @@ pub fn hook_sites_in(pid: u32, paths: &[PathBuf]) -> Result<Vec<HookSite>> {
         } else {
             SymbolTables::Dynamic
         };
-        let functions = allocator_offsets(&data, search)
+        let found_functions = function_offsets(&data, search, functions)
             .with_context(|| format!("could not read the symbols of {}", path.display()))?;
-        for found in functions {
+        for found in found_functions {
             let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
             let code = data.get(start..).unwrap_or_default();
             // The CUDA programs take their cookie for the API: only the
@@ -136,6 +171,16 @@ pub struct FoundFunction {
 /// (glibc 2.36's `aligned_alloc` is `memalign`) are hooked once, under the
 /// first name.
 pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundFunction>> {
+    function_offsets(data, search, &hooked_functions().collect::<Vec<_>>())
+}
+
+/// The functions of `functions` an ELF file defines, as
+/// [`allocator_offsets`].
+fn function_offsets(
+    data: &[u8],
+    search: SymbolTables,
+    functions: &[HookedFunction],
+) -> Result<Vec<FoundFunction>> {
     let Ok(file) = object::File::parse(data) else {
         return Ok(Vec::new());
     };
@@ -146,7 +191,7 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
             continue;
         }
         let Ok(name) = symbol.name() else { continue };
-        if let Some(function) = hooked_functions().find(|f| f.name == name) {
+        if let Some(function) = functions.iter().find(|f| f.name == name) {
             addresses
                 .entry(function.name)
                 .or_insert((symbol.address(), symbol.size()));
@@ -154,7 +199,7 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
     }
     let mut found: Vec<FoundFunction> = Vec::new();
     let hooked_addresses: Vec<u64> = addresses.values().map(|&(address, _)| address).collect();
-    for function in hooked_functions() {
+    for &function in functions {
         let Some(&(address, size_bytes)) = addresses.get(function.name) else {
             continue;
         };
@@ -164,7 +209,7 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
         // CUDA layers stay apart even when one only forwards to the other:
         // the report names the API a block came through.
         let forwards = function.cookie == 0
-            && forwards_to_hooked(&file, data, address, offset, &hooked_addresses);
+            && forwards_to_hooked(&file, data, address, offset, &hooked_addresses, functions);
         if found.iter().all(|seen| seen.file_offset != offset) && !forwards {
             found.push(FoundFunction {
                 function,
@@ -187,6 +232,7 @@ fn forwards_to_hooked(
     address: u64,
     offset: u64,
     hooked_addresses: &[u64],
+    functions: &[HookedFunction],
 ) -> bool {
     let code = |offset: u64| data.get(usize::try_from(offset).ok()?..);
     let Some(target) = code(offset)
@@ -216,7 +262,7 @@ fn forwards_to_hooked(
             _ => None,
         })
         .filter_map(|symbol| symbol.name().ok())
-        .any(|name| hooked_functions().any(|function| function.name == name))
+        .any(|name| functions.iter().any(|function| function.name == name))
 }
 
 /// The attach cookie that tells a malloc-family entry program where its
