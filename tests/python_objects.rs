@@ -3,7 +3,7 @@
 //! Python line, counted once. The fixture (tests/fixtures/python/
 //! objects.py) prints its ground truth: the bytes its dicts and their list
 //! hold, by `sys.getsizeof`. It runs inside Debian's libpython3.11
-//! (tests/fixtures/embed_objects.c), which calls PyObject_Malloc for every
+//! (tests/fixtures/embed_script.c), which calls PyObject_Malloc for every
 //! object; Debian's /usr/bin/python3.11 inlines pymalloc into its callers
 //! (LTO), and the last test shows what tracer says and does there.
 //!
@@ -48,7 +48,7 @@ fn start_embedded() -> Fixture {
         std::path::Path::new(LIBPYTHON).exists(),
         "{LIBPYTHON} is missing: run `cargo xtask setup`"
     );
-    let mut command = Command::new(fixture("embed_objects"));
+    let mut command = Command::new(fixture("embed_script"));
     command.arg(script());
     started(command)
 }
@@ -135,6 +135,19 @@ fn small_objects_are_named_by_their_python_line_with_python_objects() {
             .contains("Python objects counted (--python-objects)"),
         "the attach line says the objects are counted:\n{}",
         traced.output
+    );
+    let probes = report.json["probes"].as_array().expect("probes");
+    let free = probes
+        .iter()
+        .find(|probe| probe["symbol"] == "PyObject_Free")
+        .unwrap_or_else(|| panic!("PyObject_Free is hooked: {probes:?}"));
+    assert!(
+        free["single_stepped"] == false
+            && free["reason"]
+                .as_str()
+                .is_some_and(|reason| reason.contains("allocator table")),
+        "libpython's PyObject_Free (a jump through the allocator table) is hooked where it \
+         jumps, at an emulated instruction: {free}"
     );
     let stacks = at_leak_site(report, "python-object");
     let live = live_of(&stacks);

@@ -198,7 +198,7 @@ pub const ALLOCATOR_LIBRARIES: [(&str, &str); 3] = [
 
 /// Packages known by a file they install rather than a command: numpy,
 /// and the shared libpython3.11 that the embedding fixtures dlopen
-/// (embed_python, embed_objects).
+/// (embed_python, embed_script).
 const PACKAGE_FILES: [(&str, &str); 2] = [
     (
         "/usr/lib/python3/dist-packages/numpy/__init__.py",

@@ -73,13 +73,122 @@ pub fn hook_sites_in(pid: u32, paths: &[PathBuf]) -> Result<Vec<HookSite>> {
 }
 
 /// CPython's allocator functions defined in `path` (the interpreter), a
-/// file `pid` maps.
+/// file `pid` maps. A free that only jumps through CPython's allocator
+/// table is hooked in the function it jumps to (see
+/// [`free_behind_wrapper`]).
 pub fn python_object_sites_in(pid: u32, path: &std::path::Path) -> Result<Vec<HookSite>> {
-    sites_in(
+    let sites = sites_in(
         pid,
         &[path.to_path_buf()],
         &python_object_functions().collect::<Vec<_>>(),
-    )
+    )?;
+    let maps = procfs::read_maps(pid).unwrap_or_default();
+    let mut chosen: Vec<HookSite> = Vec::new();
+    for site in sites {
+        let site = if site.function.entry_program == tracer_ebpf::program::FREE_ENTER {
+            free_behind_wrapper(pid, &site, &maps).unwrap_or(site)
+        } else {
+            site
+        };
+        // PyObject_Free and PyMem_Free jump to the same function.
+        if chosen
+            .iter()
+            .all(|seen| (&seen.host_path, seen.offset) != (&site.host_path, site.offset))
+        {
+            chosen.push(site);
+        }
+    }
+    Ok(chosen)
+}
+
+/// Where a thin `PyObject_Free` or `PyMem_Free` really frees. Built
+/// without LTO, each is `mov %rdi,%rsi; mov ctx(%rip),%rdi; jmp
+/// *free(%rip)`: the pointer moves to the second argument and the call
+/// goes through CPython's allocator table (pymalloc's `_PyObject_Free`,
+/// unexported). Both instructions after the move read memory relative to
+/// the instruction pointer, which the kernel single-steps (~16 µs per free
+/// on a VM); the function the table points to now, read from the target,
+/// usually starts with instructions it emulates. Its probe reads the
+/// pointer from `%rsi` (the attach cookie). None: not such a wrapper, or
+/// the table could not be read.
+fn free_behind_wrapper(pid: u32, site: &HookSite, maps: &[Mapping]) -> Option<HookSite> {
+    use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Register};
+    let mapping = maps.iter().find(|mapping| {
+        mapping.executable
+            && mapping.path == site.path
+            && (mapping.file_offset..mapping.file_offset + (mapping.end - mapping.start))
+                .contains(&site.function_offset)
+    })?;
+    let runtime = mapping.start + (site.function_offset - mapping.file_offset);
+    let file = fs::File::open(&site.host_path).ok()?;
+    // SAFETY: read only, as in `sites_in`.
+    let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let code = data.get(usize::try_from(site.function_offset).ok()?..)?;
+    let mut decoder = Decoder::with_ip(
+        64,
+        &code[..code.len().min(32)],
+        runtime,
+        DecoderOptions::NONE,
+    );
+    let mut instruction = Instruction::default();
+    let mut pointer_moved = false;
+    let mut slot = None;
+    for _ in 0..4 {
+        if !decoder.can_decode() {
+            break;
+        }
+        decoder.decode_out(&mut instruction);
+        match instruction.code() {
+            Code::Mov_r64_rm64 | Code::Mov_rm64_r64
+                if instruction.op0_register() == Register::RSI
+                    && instruction.op1_register() == Register::RDI =>
+            {
+                pointer_moved = true;
+            }
+            Code::Mov_r64_rm64 if instruction.memory_base() == Register::RIP => {}
+            Code::Jmp_rm64 if instruction.memory_base() == Register::RIP => {
+                slot = Some(instruction.memory_displacement64());
+                break;
+            }
+            _ => return None,
+        }
+    }
+    let slot = slot.filter(|_| pointer_moved)?;
+    let target = read_target_u64(pid, slot)?;
+    let behind = maps.iter().find(|mapping| {
+        mapping.executable && mapping.path == site.path && mapping.contains(target)
+    })?;
+    let function_offset = behind.file_offset_of(target);
+    let code = data.get(usize::try_from(function_offset).ok()?..)?;
+    let chosen = prologue::choose_site(code, 0, &[Register::RSI], true);
+    let moved = if chosen.moved_arguments.is_empty() {
+        vec![(0, Register::RSI)]
+    } else {
+        chosen.moved_arguments.clone()
+    };
+    let mut function = site.function;
+    function.cookie = moved_arguments_cookie(&moved);
+    Some(HookSite {
+        function,
+        path: site.path.clone(),
+        host_path: site.host_path.clone(),
+        function_offset,
+        offset: function_offset + chosen.offset,
+        emulated: chosen.emulated,
+        reason: format!(
+            "{} (in the function {} jumps to through CPython's allocator table)",
+            chosen.reason, site.function.name
+        ),
+    })
+}
+
+/// Eight bytes of `pid`'s memory at `address`.
+fn read_target_u64(pid: u32, address: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt as _;
+    let memory = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut word = [0u8; 8];
+    memory.read_exact_at(&mut word, address).ok()?;
+    Some(u64::from_ne_bytes(word))
 }
 
 /// The size in bytes of the function `name` defined in the ELF file at
