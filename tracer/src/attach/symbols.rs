@@ -103,9 +103,10 @@ pub fn python_object_sites_in(pid: u32, path: &std::path::Path) -> Result<Vec<Ho
 
 /// Where a thin `PyObject_Free` or `PyMem_Free` really frees. Built
 /// without LTO, each is `mov %rdi,%rsi; mov ctx(%rip),%rdi; jmp
-/// *free(%rip)`: the pointer moves to the second argument and the call
-/// goes through CPython's allocator table (pymalloc's `_PyObject_Free`,
-/// unexported). Both instructions after the move read memory relative to
+/// *free(%rip)` (3.12+: the table's address loaded from the GOT into
+/// `%rax` first, then `jmp *free(%rax)`): the pointer moves to the second
+/// argument and the call goes through CPython's allocator table
+/// (pymalloc's `_PyObject_Free`, unexported). Both instructions after the move read memory relative to
 /// the instruction pointer, which the kernel single-steps (~16 µs per free
 /// on a VM); the function the table points to now, read from the target,
 /// usually starts with instructions it emulates. Its probe reads the
@@ -132,12 +133,26 @@ fn free_behind_wrapper(pid: u32, site: &HookSite, maps: &[Mapping]) -> Option<Ho
     );
     let mut instruction = Instruction::default();
     let mut pointer_moved = false;
+    // Registers loaded from memory at a known address (3.12+ load the
+    // table's address from the GOT first), and what they hold.
+    let mut loaded: Vec<(Register, u64)> = Vec::new();
     let mut slot = None;
-    for _ in 0..4 {
+    for _ in 0..5 {
         if !decoder.can_decode() {
             break;
         }
         decoder.decode_out(&mut instruction);
+        let base = instruction.memory_base();
+        let base_value = || {
+            if base == Register::RIP {
+                Some(0)
+            } else {
+                loaded
+                    .iter()
+                    .find(|(register, _)| *register == base)
+                    .map(|&(_, value)| value)
+            }
+        };
         match instruction.code() {
             Code::Mov_r64_rm64 | Code::Mov_rm64_r64
                 if instruction.op0_register() == Register::RSI
@@ -145,9 +160,15 @@ fn free_behind_wrapper(pid: u32, site: &HookSite, maps: &[Mapping]) -> Option<Ho
             {
                 pointer_moved = true;
             }
-            Code::Mov_r64_rm64 if instruction.memory_base() == Register::RIP => {}
-            Code::Jmp_rm64 if instruction.memory_base() == Register::RIP => {
-                slot = Some(instruction.memory_displacement64());
+            // `mov ctx(%rip),%rdi`, `mov GOT(%rip),%rax`, `mov 0xb0(%rax),%rdi`.
+            Code::Mov_r64_rm64 if base_value().is_some() => {
+                let address = base_value()?.wrapping_add(instruction.memory_displacement64());
+                if instruction.op0_register() != Register::RDI {
+                    loaded.push((instruction.op0_register(), read_target_u64(pid, address)?));
+                }
+            }
+            Code::Jmp_rm64 if base_value().is_some() => {
+                slot = Some(base_value()?.wrapping_add(instruction.memory_displacement64()));
                 break;
             }
             _ => return None,
