@@ -86,6 +86,7 @@ fn enter(
     size: u64,
     pointer: u64,
     keep_unrecorded: bool,
+    block_kind: u32,
 ) -> Entered {
     let thread = bpf_get_current_pid_tgid();
     let Some(pending) = pending_slot(thread) else {
@@ -117,6 +118,7 @@ fn enter(
     pending.pointer = pointer;
     pending.recorded_bytes = recorded_bytes;
     pending.call = call_kind;
+    pending.kind = block_kind;
     pending.depth = 1;
     pending.return_address = crate::stacks::return_address_at_entry(ctx);
     pending.old_known = 0;
@@ -234,7 +236,8 @@ entry_programs!(malloc_enter, malloc_session, |ctx, in_session| enter(
     call::RETURNS_POINTER,
     call_arg(&ctx, 0),
     0,
-    false
+    false,
+    kind::HEAP
 ));
 entry_programs!(calloc_enter, calloc_session, |ctx, in_session| enter(
     &ctx,
@@ -242,7 +245,8 @@ entry_programs!(calloc_enter, calloc_session, |ctx, in_session| enter(
     call::RETURNS_POINTER,
     call_arg(&ctx, 0).wrapping_mul(call_arg(&ctx, 1)),
     0,
-    false
+    false,
+    kind::HEAP
 ));
 // aligned_alloc(alignment, size) and memalign(alignment, size).
 entry_programs!(aligned_enter, aligned_session, |ctx, in_session| enter(
@@ -251,7 +255,8 @@ entry_programs!(aligned_enter, aligned_session, |ctx, in_session| enter(
     call::RETURNS_POINTER,
     call_arg(&ctx, 1),
     0,
-    false
+    false,
+    kind::HEAP
 ));
 // pvalloc rounds the size up to whole pages.
 entry_programs!(pvalloc_enter, pvalloc_session, |ctx, in_session| enter(
@@ -260,7 +265,8 @@ entry_programs!(pvalloc_enter, pvalloc_session, |ctx, in_session| enter(
     call::RETURNS_POINTER,
     call_arg(&ctx, 0).max(1).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1),
     0,
-    false
+    false,
+    kind::HEAP
 ));
 entry_programs!(
     posix_memalign_enter,
@@ -271,11 +277,18 @@ entry_programs!(
         call::OUT_PARAMETER,
         call_arg(&ctx, 2),
         call_arg(&ctx, 0),
-        false
+        false,
+        kind::HEAP
     )
 );
 entry_programs!(realloc_enter, realloc_session, |ctx, in_session| {
-    realloc_common(&ctx, in_session, call_arg(&ctx, 0), call_arg(&ctx, 1))
+    realloc_common(
+        &ctx,
+        in_session,
+        call_arg(&ctx, 0),
+        call_arg(&ctx, 1),
+        kind::HEAP,
+    )
 });
 entry_programs!(
     reallocarray_enter,
@@ -286,6 +299,52 @@ entry_programs!(
             in_session,
             call_arg(&ctx, 0),
             call_arg(&ctx, 1).wrapping_mul(call_arg(&ctx, 2)),
+            kind::HEAP,
+        )
+    }
+);
+
+// CPython's allocator (`--python-objects`): PyObject_Malloc and
+// PyMem_Malloc (size), PyObject_Calloc and PyMem_Calloc (count, size),
+// PyObject_Realloc and PyMem_Realloc (old, size); their frees go to
+// `free_enter`. The malloc or mmap they make inside is nested: their
+// block counts once, as a Python object.
+entry_programs!(
+    pyobject_malloc_enter,
+    pyobject_malloc_session,
+    |ctx, in_session| enter(
+        &ctx,
+        in_session,
+        call::RETURNS_POINTER,
+        call_arg(&ctx, 0),
+        0,
+        false,
+        kind::PYTHON_OBJECT
+    )
+);
+entry_programs!(
+    pyobject_calloc_enter,
+    pyobject_calloc_session,
+    |ctx, in_session| enter(
+        &ctx,
+        in_session,
+        call::RETURNS_POINTER,
+        call_arg(&ctx, 0).wrapping_mul(call_arg(&ctx, 1)),
+        0,
+        false,
+        kind::PYTHON_OBJECT
+    )
+);
+entry_programs!(
+    pyobject_realloc_enter,
+    pyobject_realloc_session,
+    |ctx, in_session| {
+        realloc_common(
+            &ctx,
+            in_session,
+            call_arg(&ctx, 0),
+            call_arg(&ctx, 1),
+            kind::PYTHON_OBJECT,
         )
     }
 );
@@ -293,8 +352,14 @@ entry_programs!(
 /// realloc frees the old block at entry (it may be handed to another
 /// thread before realloc returns) and restores it if the call fails.
 #[inline(always)]
-fn realloc_common(ctx: &ProbeContext, in_session: bool, old: u64, size: u64) -> Entered {
-    let entered = enter(ctx, in_session, call::REALLOC, size, old, true);
+fn realloc_common(
+    ctx: &ProbeContext,
+    in_session: bool,
+    old: u64,
+    size: u64,
+    block_kind: u32,
+) -> Entered {
+    let entered = enter(ctx, in_session, call::REALLOC, size, old, true, block_kind);
     let Entered::Outermost(pending) = entered else {
         return entered;
     };
@@ -333,23 +398,26 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let thread = bpf_get_current_pid_tgid();
-    let nested = match pending_slot(thread) {
-        Some(pending) => {
-            let pending = unsafe { &mut *pending };
-            if pending.depth > 0 {
-                true
-            } else {
-                mark_free_call(&ctx, pending);
-                false
-            }
-        }
-        None => false,
-    };
+    let pending = pending_slot(thread).map(|pending| unsafe { &mut *pending });
+    let nested = pending.as_ref().is_some_and(|pending| pending.depth > 0);
     let key = live_key((thread >> 32) as u32, address);
     let Some(block) = find_live(&key) else {
         // mimalloc's realloc frees the old block through `free`, after
-        // realloc's entry took it off: not a block from before attach.
-        count(if nested {
+        // realloc's entry took it off; CPython's `PyObject_Free` frees
+        // a block over 512 bytes through `free`, after its own probe
+        // took it off: neither is a block from before attach.
+        let inside_free = !nested
+            && pending.as_ref().is_some_and(|pending| {
+                still_inside(pending.free_sp, pending.free_return, unsafe {
+                    (*ctx.regs).rsp
+                })
+            });
+        if !nested && !inside_free {
+            if let Some(pending) = pending {
+                mark_free_call(&ctx, pending);
+            }
+        }
+        count(if nested || inside_free {
             stat::NESTED_CALLS
         } else {
             stat::FREES_UNKNOWN
@@ -359,6 +427,9 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     if nested {
         count(stat::NESTED_CALLS);
         return 0;
+    }
+    if let Some(pending) = pending {
+        mark_free_call(&ctx, pending);
     }
     free_live(&key, &block);
     count(stat::FREES);
@@ -451,11 +522,11 @@ fn on_return(ctx: &RetProbeContext) {
             ctx,
             pending.return_address,
             pending.recorded_bytes,
-            kind::HEAP,
+            pending.kind,
             u32::MAX,
             0,
         ),
-        kind: kind::HEAP,
+        kind: pending.kind,
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         ..LiveAlloc::default()
     };

@@ -42,7 +42,7 @@ pub fn attach(config: &Config) -> Result<Collector> {
     };
     let mut collector = Collector::new(probes, rings, schedule)?;
     collector.set_debug_dirs(config.debug_dirs.clone());
-    collector.set_python(config.python, config.python_depth);
+    collector.set_python(config.python, config.python_depth, config.python_objects);
     if config.follow_forks {
         collector.probes_mut().watch_forks()?;
     }

@@ -15,7 +15,9 @@
 //!
 //! `--short` (CI, also run at the end of `cargo xtask test`) fails when
 //! exact mode is slower than the naive floor or when malloc's or free's
-//! probe is single-stepped. The full run adds Debian's redis-server and the
+//! probe is single-stepped. Both add a Python row (`bench_python`): a
+//! Python program's allocations with and without Python frames and with
+//! `--python-objects`. The full run adds Debian's redis-server and the
 //! other allocators Debian ships (`bench_real`).
 
 use std::collections::BTreeMap;
@@ -404,6 +406,8 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         .unwrap_or(Value::Null);
 
     let mut table = render_table(&medians, &cpu, reps, short);
+    let python = crate::bench_python::bench_python(root, short)?;
+    table.push_str(&python.table);
     let real = if short {
         Value::Null
     } else {
@@ -436,6 +440,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         "runs_per_mode": reps,
         "results": results,
         "tracer_cpu": cpu,
+        "python": python.json,
         "real_allocators_and_redis": real,
         "probes": probes,
         "checks": checks.iter().map(|(name, passed, detail)| json!({"name": name, "passed": passed, "detail": detail})).collect::<Vec<_>>(),

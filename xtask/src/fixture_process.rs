@@ -40,8 +40,20 @@ impl FixtureProcess {
     /// [`FixtureProcess::start`] with more environment variables
     /// (`LD_PRELOAD`).
     pub fn start_with_env(path: &Path, echo: bool, env: &[(&str, &str)]) -> Result<Self> {
+        Self::start_with_args(path, &[], echo, env)
+    }
+
+    /// [`FixtureProcess::start_with_env`] with arguments (a script for
+    /// `embed_script`).
+    pub fn start_with_args(
+        path: &Path,
+        args: &[&Path],
+        echo: bool,
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let mut command = Command::new(path);
         command
+            .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());

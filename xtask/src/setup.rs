@@ -196,11 +196,19 @@ pub const ALLOCATOR_LIBRARIES: [(&str, &str); 3] = [
     ),
 ];
 
-/// Packages known by a file they install rather than a command.
-const PACKAGE_FILES: [(&str, &str); 1] = [(
-    "/usr/lib/python3/dist-packages/numpy/__init__.py",
-    "python3-numpy",
-)];
+/// Packages known by a file they install rather than a command: numpy,
+/// and the shared libpython3.11 that the embedding fixtures dlopen
+/// (embed_python, embed_script).
+const PACKAGE_FILES: [(&str, &str); 2] = [
+    (
+        "/usr/lib/python3/dist-packages/numpy/__init__.py",
+        "python3-numpy",
+    ),
+    (
+        "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
+        "libpython3.11",
+    ),
+];
 
 fn ensure_packages(shell: &Shell) -> Result<()> {
     let missing: Vec<&str> = PACKAGES

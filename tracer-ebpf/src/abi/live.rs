@@ -23,6 +23,12 @@ pub mod kind {
     /// Address space reserved, not memory: PROT_NONE mappings and thread
     /// stacks (MAP_STACK), which the kernel backs only when touched.
     pub const MMAP_RESERVED: u32 = 7;
+    /// Python objects from CPython's own allocator (`--python-objects`):
+    /// blocks returned by `PyObject_Malloc` & co and `PyMem_Malloc` & co,
+    /// most of them carved out of pymalloc's arenas. A block that such a
+    /// call takes from malloc (over 512 bytes) is counted here once, not
+    /// as heap; the arenas mapped inside such a call are not mmap-anon.
+    pub const PYTHON_OBJECT: u32 = 8;
 }
 
 /// Key of the LIVE map: one outstanding allocation.

@@ -61,6 +61,10 @@ pub struct Pending {
     /// Signal handlers running on this thread whose interrupted allocator
     /// state is set aside (see `signals.rs`).
     pub signal_level: u32,
+    /// The `kind` the new block counts for: heap, or python-object for
+    /// CPython's allocator functions (`--python-objects`).
+    pub kind: u32,
+    pub pad: u32,
 }
 
 /// Key of the set-aside allocator state of a thread interrupted by a

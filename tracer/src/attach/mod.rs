@@ -52,6 +52,7 @@ use load::program;
 pub use load::{Capacity, Rings, Sampling};
 pub use maps::KernelMaps;
 pub use preflight::{check_kernel, check_privileges, check_target};
+pub use python::PythonObjectHooks;
 use raw::RawPrograms;
 pub use symbols::HookSite;
 

@@ -11,7 +11,7 @@ use object::{
 
 use super::{cuda::CUDA_FUNCTIONS, function::HookedFunction, prologue};
 use crate::{
-    model::allocators::all_allocators,
+    model::allocators::{PYTHON_OBJECT_ALLOCATORS, all_allocators},
     procfs::{self, Mapping},
 };
 
@@ -60,8 +60,173 @@ pub fn find_hook_sites(pid: u32, maps: &[Mapping]) -> Result<Vec<HookSite>> {
     hook_sites_in(pid, &executable_paths(maps))
 }
 
+/// CPython's allocator functions (`--python-objects`).
+fn python_object_functions() -> impl Iterator<Item = HookedFunction> {
+    PYTHON_OBJECT_ALLOCATORS
+        .iter()
+        .map(HookedFunction::python_object)
+}
+
 /// The allocator and CUDA functions defined in `paths`, files `pid` maps.
 pub fn hook_sites_in(pid: u32, paths: &[PathBuf]) -> Result<Vec<HookSite>> {
+    sites_in(pid, paths, &hooked_functions().collect::<Vec<_>>())
+}
+
+/// CPython's allocator functions defined in `path` (the interpreter), a
+/// file `pid` maps. A free that only jumps through CPython's allocator
+/// table is hooked in the function it jumps to (see
+/// [`free_behind_wrapper`]).
+pub fn python_object_sites_in(pid: u32, path: &std::path::Path) -> Result<Vec<HookSite>> {
+    let sites = sites_in(
+        pid,
+        &[path.to_path_buf()],
+        &python_object_functions().collect::<Vec<_>>(),
+    )?;
+    let maps = procfs::read_maps(pid).unwrap_or_default();
+    let mut chosen: Vec<HookSite> = Vec::new();
+    for site in sites {
+        let site = if site.function.entry_program == tracer_ebpf::program::FREE_ENTER {
+            free_behind_wrapper(pid, &site, &maps).unwrap_or(site)
+        } else {
+            site
+        };
+        // PyObject_Free and PyMem_Free jump to the same function.
+        if chosen
+            .iter()
+            .all(|seen| (&seen.host_path, seen.offset) != (&site.host_path, site.offset))
+        {
+            chosen.push(site);
+        }
+    }
+    Ok(chosen)
+}
+
+/// Where a thin `PyObject_Free` or `PyMem_Free` really frees. Built
+/// without LTO, each is `mov %rdi,%rsi; mov ctx(%rip),%rdi; jmp
+/// *free(%rip)` (3.12+: the table's address loaded from the GOT into
+/// `%rax` first, then `jmp *free(%rax)`): the pointer moves to the second
+/// argument and the call goes through CPython's allocator table
+/// (pymalloc's `_PyObject_Free`, unexported). Both instructions after the move read memory relative to
+/// the instruction pointer, which the kernel single-steps (~16 µs per free
+/// on a VM); the function the table points to now, read from the target,
+/// usually starts with instructions it emulates. Its probe reads the
+/// pointer from `%rsi` (the attach cookie). None: not such a wrapper, or
+/// the table could not be read.
+fn free_behind_wrapper(pid: u32, site: &HookSite, maps: &[Mapping]) -> Option<HookSite> {
+    use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Register};
+    let mapping = maps.iter().find(|mapping| {
+        mapping.executable
+            && mapping.path == site.path
+            && (mapping.file_offset..mapping.file_offset + (mapping.end - mapping.start))
+                .contains(&site.function_offset)
+    })?;
+    let runtime = mapping.start + (site.function_offset - mapping.file_offset);
+    let file = fs::File::open(&site.host_path).ok()?;
+    // SAFETY: read only, as in `sites_in`.
+    let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let code = data.get(usize::try_from(site.function_offset).ok()?..)?;
+    let mut decoder = Decoder::with_ip(
+        64,
+        &code[..code.len().min(32)],
+        runtime,
+        DecoderOptions::NONE,
+    );
+    let mut instruction = Instruction::default();
+    let mut pointer_moved = false;
+    // Registers loaded from memory at a known address (3.12+ load the
+    // table's address from the GOT first), and what they hold.
+    let mut loaded: Vec<(Register, u64)> = Vec::new();
+    let mut slot = None;
+    for _ in 0..5 {
+        if !decoder.can_decode() {
+            break;
+        }
+        decoder.decode_out(&mut instruction);
+        let base = instruction.memory_base();
+        let base_value = || {
+            if base == Register::RIP {
+                Some(0)
+            } else {
+                loaded
+                    .iter()
+                    .find(|(register, _)| *register == base)
+                    .map(|&(_, value)| value)
+            }
+        };
+        match instruction.code() {
+            Code::Mov_r64_rm64 | Code::Mov_rm64_r64
+                if instruction.op0_register() == Register::RSI
+                    && instruction.op1_register() == Register::RDI =>
+            {
+                pointer_moved = true;
+            }
+            // `mov ctx(%rip),%rdi`, `mov GOT(%rip),%rax`, `mov 0xb0(%rax),%rdi`.
+            Code::Mov_r64_rm64 if base_value().is_some() => {
+                let address = base_value()?.wrapping_add(instruction.memory_displacement64());
+                if instruction.op0_register() != Register::RDI {
+                    loaded.push((instruction.op0_register(), read_target_u64(pid, address)?));
+                }
+            }
+            Code::Jmp_rm64 if base_value().is_some() => {
+                slot = Some(base_value()?.wrapping_add(instruction.memory_displacement64()));
+                break;
+            }
+            _ => return None,
+        }
+    }
+    let slot = slot.filter(|_| pointer_moved)?;
+    let target = read_target_u64(pid, slot)?;
+    let behind = maps.iter().find(|mapping| {
+        mapping.executable && mapping.path == site.path && mapping.contains(target)
+    })?;
+    let function_offset = behind.file_offset_of(target);
+    let code = data.get(usize::try_from(function_offset).ok()?..)?;
+    let chosen = prologue::choose_site(code, 0, &[Register::RSI], true);
+    let moved = if chosen.moved_arguments.is_empty() {
+        vec![(0, Register::RSI)]
+    } else {
+        chosen.moved_arguments.clone()
+    };
+    let mut function = site.function;
+    function.cookie = moved_arguments_cookie(&moved);
+    Some(HookSite {
+        function,
+        path: site.path.clone(),
+        host_path: site.host_path.clone(),
+        function_offset,
+        offset: function_offset + chosen.offset,
+        emulated: chosen.emulated,
+        reason: format!(
+            "{} (in the function {} jumps to through CPython's allocator table)",
+            chosen.reason, site.function.name
+        ),
+    })
+}
+
+/// Eight bytes of `pid`'s memory at `address`.
+fn read_target_u64(pid: u32, address: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt as _;
+    let memory = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut word = [0u8; 8];
+    memory.read_exact_at(&mut word, address).ok()?;
+    Some(u64::from_ne_bytes(word))
+}
+
+/// The size in bytes of the function `name` defined in the ELF file at
+/// `host_path`, from its dynamic or full symbol table.
+pub fn function_size(host_path: &std::path::Path, name: &str) -> Option<u64> {
+    let file = fs::File::open(host_path).ok()?;
+    // SAFETY: read only, as in `sites_in`.
+    let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    elf.dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|symbol| symbol.is_definition() && symbol.name() == Ok(name))
+        .map(|symbol| symbol.size())
+}
+
+/// The functions of `functions` defined in `paths`, files `pid` maps.
+fn sites_in(pid: u32, paths: &[PathBuf], functions: &[HookedFunction]) -> Result<Vec<HookSite>> {
     let executable = fs::read_link(format!("/proc/{pid}/exe")).ok();
     let mut sites = Vec::new();
     for path in paths {
@@ -83,9 +248,9 @@ pub fn hook_sites_in(pid: u32, paths: &[PathBuf]) -> Result<Vec<HookSite>> {
         } else {
             SymbolTables::Dynamic
         };
-        let functions = allocator_offsets(&data, search)
+        let found_functions = function_offsets(&data, search, functions)
             .with_context(|| format!("could not read the symbols of {}", path.display()))?;
-        for found in functions {
+        for found in found_functions {
             let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
             let code = data.get(start..).unwrap_or_default();
             // The CUDA programs take their cookie for the API: only the
@@ -136,6 +301,16 @@ pub struct FoundFunction {
 /// (glibc 2.36's `aligned_alloc` is `memalign`) are hooked once, under the
 /// first name.
 pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundFunction>> {
+    function_offsets(data, search, &hooked_functions().collect::<Vec<_>>())
+}
+
+/// The functions of `functions` an ELF file defines, as
+/// [`allocator_offsets`].
+fn function_offsets(
+    data: &[u8],
+    search: SymbolTables,
+    functions: &[HookedFunction],
+) -> Result<Vec<FoundFunction>> {
     let Ok(file) = object::File::parse(data) else {
         return Ok(Vec::new());
     };
@@ -146,7 +321,7 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
             continue;
         }
         let Ok(name) = symbol.name() else { continue };
-        if let Some(function) = hooked_functions().find(|f| f.name == name) {
+        if let Some(function) = functions.iter().find(|f| f.name == name) {
             addresses
                 .entry(function.name)
                 .or_insert((symbol.address(), symbol.size()));
@@ -154,7 +329,7 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
     }
     let mut found: Vec<FoundFunction> = Vec::new();
     let hooked_addresses: Vec<u64> = addresses.values().map(|&(address, _)| address).collect();
-    for function in hooked_functions() {
+    for &function in functions {
         let Some(&(address, size_bytes)) = addresses.get(function.name) else {
             continue;
         };
@@ -164,7 +339,7 @@ pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundF
         // CUDA layers stay apart even when one only forwards to the other:
         // the report names the API a block came through.
         let forwards = function.cookie == 0
-            && forwards_to_hooked(&file, data, address, offset, &hooked_addresses);
+            && forwards_to_hooked(&file, data, address, offset, &hooked_addresses, functions);
         if found.iter().all(|seen| seen.file_offset != offset) && !forwards {
             found.push(FoundFunction {
                 function,
@@ -187,6 +362,7 @@ fn forwards_to_hooked(
     address: u64,
     offset: u64,
     hooked_addresses: &[u64],
+    functions: &[HookedFunction],
 ) -> bool {
     let code = |offset: u64| data.get(usize::try_from(offset).ok()?..);
     let Some(target) = code(offset)
@@ -216,7 +392,7 @@ fn forwards_to_hooked(
             _ => None,
         })
         .filter_map(|symbol| symbol.name().ok())
-        .any(|name| hooked_functions().any(|function| function.name == name))
+        .any(|name| functions.iter().any(|function| function.name == name))
 }
 
 /// The attach cookie that tells a malloc-family entry program where its

@@ -59,6 +59,9 @@ pub struct Config {
     /// `--python`, `--python-depth`.
     pub python: crate::python::PythonMode,
     pub python_depth: u32,
+    /// `--python-objects`: CPython's allocator hooked, blocks of kind
+    /// python-object.
+    pub python_objects: bool,
 }
 
 /// `tracer record`: a run, and the files it writes.

@@ -224,7 +224,7 @@ impl Collector {
         self.probes.trace_mappings(pid)?;
         self.mappings.start(pid);
         self.symbols.refresh(pid);
-        self.start_python(pid)?;
+        self.start_python(pid, crate::model::run::NoticedBy::Attach)?;
         Ok(())
     }
 
@@ -592,7 +592,7 @@ impl Collector {
                 }
                 continue;
             }
-            if let Err(error) = self.start_python(child) {
+            if let Err(error) = self.start_python(child, crate::model::run::NoticedBy::Attach) {
                 self.notice(format!(
                     "warning: child PID {child}: no Python frames: {error:#}"
                 ));

@@ -9,7 +9,7 @@ use tracer_ebpf::python_stack_of_frame;
 
 use super::{Collector, Event};
 use crate::{
-    model::{Frame, Language},
+    model::{Frame, Language, run::NoticedBy},
     python::{self, Found, PythonMode},
 };
 
@@ -29,17 +29,24 @@ pub struct PythonState {
     looked_again: Vec<u32>,
     /// Every thread id seen with a thread state.
     ever: HashSet<u32>,
+    /// `--python-objects`: CPython's allocator is hooked in each target
+    /// found running one.
+    pub objects: bool,
+    /// The targets whose CPython allocator is hooked.
+    objects_hooked: Vec<u32>,
 }
 
 impl Collector {
-    /// `--python` and `--python-depth`, before targets are added.
-    pub fn set_python(&mut self, mode: PythonMode, depth: u32) {
+    /// `--python`, `--python-depth` and `--python-objects`, before
+    /// targets are added.
+    pub fn set_python(&mut self, mode: PythonMode, depth: u32, objects: bool) {
         self.python.mode = mode;
         self.python.depth = depth;
+        self.python.objects = objects;
     }
 
     /// Looks for a CPython in `pid` and walks its frames from now on.
-    pub(super) fn start_python(&mut self, pid: u32) -> anyhow::Result<()> {
+    pub(super) fn start_python(&mut self, pid: u32, noticed_by: NoticedBy) -> anyhow::Result<()> {
         if self.python.mode == PythonMode::Off || self.python.stacks.interpreter(pid).is_some() {
             return Ok(());
         }
@@ -47,8 +54,12 @@ impl Collector {
             Found::Interpreter(interpreter) => {
                 self.probes
                     .start_python(pid, interpreter.kernel_offsets(), self.python.depth)?;
+                let object = interpreter.object.clone();
                 self.python.stacks.add(*interpreter);
                 self.refresh_python_threads(pid);
+                if self.python.objects {
+                    self.hook_python_objects(pid, &object, noticed_by);
+                }
             }
             Found::Unsupported(why) => {
                 if self.python.mode == PythonMode::On {
@@ -63,6 +74,31 @@ impl Collector {
             }
         }
         Ok(())
+    }
+
+    /// `--python-objects`: hooks CPython's allocator in `object`, the
+    /// interpreter `pid` runs. A failure is a warning: Python frames and
+    /// the other kinds go on.
+    fn hook_python_objects(&mut self, pid: u32, object: &std::path::Path, noticed_by: NoticedBy) {
+        match self.probes.attach_python_objects(pid, object, noticed_by) {
+            Ok(hooks) => {
+                self.python.objects_hooked.push(pid);
+                if let Some(size) = hooks.inlined_bytes {
+                    self.queued.push_back(Event::Notice(format!(
+                        "warning: PID {pid}: --python-objects: {} inlines CPython's allocator \
+                         into its callers (an LTO build: PyObject_Malloc is {size} bytes, not a \
+                         jump): most objects are allocated without a call tracer sees, and show \
+                         only as the 1 MiB arenas (mmap-anon) they fill. Start the program with \
+                         PYTHONMALLOC=malloc to see every object as a heap block, named by its \
+                         Python line",
+                        object.display()
+                    )));
+                }
+            }
+            Err(error) => self.queued.push_back(Event::Notice(format!(
+                "warning: PID {pid}: --python-objects: CPython's allocator not hooked: {error:#}"
+            ))),
+        }
     }
 
     /// Re-reads the thread states of `pid` into the kernel's map.
@@ -132,7 +168,7 @@ impl Collector {
                 let mode = self.python.mode;
                 // `on` was checked at attach: a later interpreter is a bonus.
                 self.python.mode = PythonMode::Auto;
-                let started = self.start_python(pid);
+                let started = self.start_python(pid, NoticedBy::MapsPoll);
                 self.python.mode = mode;
                 if let Err(error) = started {
                     self.queued.push_back(Event::Notice(format!(
@@ -222,6 +258,10 @@ impl Collector {
                 "no CPython tracer can read: native frames only".to_owned()
             }
             (_, true) => "no CPython found: native frames only".to_owned(),
+            (_, false) if !self.python.objects_hooked.is_empty() => format!(
+                "Python frames on ({}); Python objects counted (--python-objects)",
+                on.join(", ")
+            ),
             (_, false) => format!("Python frames on ({})", on.join(", ")),
         }
     }

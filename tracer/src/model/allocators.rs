@@ -156,6 +156,22 @@ pub const OWN_API_ALLOCATORS: [Allocator; 79] = [
     allocator("mi_new_n", AllocatorCall::Calloc),
 ];
 
+/// CPython's allocator functions, hooked in the interpreter with
+/// `--python-objects` only (their blocks are kind python-object). The
+/// PyMem_ ones use pymalloc too (CPython 3.6+) unless PYTHONMALLOC says
+/// otherwise; then they pass the call on to malloc, nested, so a block is
+/// still counted once. `PyMem_Raw*` are plain malloc: not hooked.
+pub const PYTHON_OBJECT_ALLOCATORS: [Allocator; 8] = [
+    allocator("PyObject_Malloc", AllocatorCall::Malloc),
+    allocator("PyObject_Calloc", AllocatorCall::Calloc),
+    allocator("PyObject_Realloc", AllocatorCall::Realloc),
+    allocator("PyObject_Free", AllocatorCall::Free),
+    allocator("PyMem_Malloc", AllocatorCall::Malloc),
+    allocator("PyMem_Calloc", AllocatorCall::Calloc),
+    allocator("PyMem_Realloc", AllocatorCall::Realloc),
+    allocator("PyMem_Free", AllocatorCall::Free),
+];
+
 /// Every allocator function: the C and C++ ones, then the allocators' own.
 pub fn all_allocators() -> impl Iterator<Item = &'static Allocator> {
     ALLOCATORS.iter().chain(&OWN_API_ALLOCATORS)
@@ -174,7 +190,9 @@ pub fn is_allocator_function(function: &str) -> bool {
     // glibc's internal aliases stack both prefixes: `__GI___libc_malloc`.
     let name = function.strip_prefix("__GI_").unwrap_or(function);
     let name = name.strip_prefix("__libc_").unwrap_or(name);
-    all_allocators().any(|allocator| allocator.name == name)
+    all_allocators()
+        .chain(&PYTHON_OBJECT_ALLOCATORS)
+        .any(|allocator| allocator.name == name)
 }
 
 #[cfg(test)]
@@ -190,6 +208,8 @@ mod tests {
             "__GI___libc_malloc",
             "__libc_calloc",
             "operator new[](unsigned long)",
+            "PyObject_Malloc",
+            "PyMem_Realloc",
         ] {
             assert!(is_allocator_function(name), "{name}");
         }

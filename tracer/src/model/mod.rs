@@ -48,6 +48,9 @@ pub enum Kind {
     /// Reserved address space (PROT_NONE, thread stacks): not memory, so
     /// never ranked with the kinds that are.
     MmapReserved,
+    /// Blocks of CPython's own allocator (`--python-objects`): Python
+    /// objects, most of them in pymalloc's arenas.
+    PythonObject,
 }
 
 impl Kind {
@@ -63,6 +66,7 @@ impl Kind {
             tracer_ebpf::kind::MMAP_FILE => Some(Kind::MmapFile),
             tracer_ebpf::kind::HEAP_BRK => Some(Kind::HeapBrk),
             tracer_ebpf::kind::MMAP_RESERVED => Some(Kind::MmapReserved),
+            tracer_ebpf::kind::PYTHON_OBJECT => Some(Kind::PythonObject),
             _ => None,
         }
     }
@@ -78,6 +82,7 @@ impl Kind {
             Kind::MmapFile => tracer_ebpf::kind::MMAP_FILE,
             Kind::HeapBrk => tracer_ebpf::kind::HEAP_BRK,
             Kind::MmapReserved => tracer_ebpf::kind::MMAP_RESERVED,
+            Kind::PythonObject => tracer_ebpf::kind::PYTHON_OBJECT,
         }
     }
 
@@ -92,6 +97,7 @@ impl Kind {
             Kind::MmapFile => "mmap-file",
             Kind::HeapBrk => "heap-brk",
             Kind::MmapReserved => "mmap-reserved",
+            Kind::PythonObject => "python-object",
         }
     }
 

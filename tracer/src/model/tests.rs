@@ -56,6 +56,11 @@ fn kind_round_trips_and_serializes_as_its_name() {
             Kind::GpuHostPinned,
             "gpu-host-pinned",
         ),
+        (
+            tracer_ebpf::kind::PYTHON_OBJECT,
+            Kind::PythonObject,
+            "python-object",
+        ),
     ] {
         assert_eq!(Kind::from_raw(raw), Some(kind));
         assert_eq!(kind.as_str(), name);
