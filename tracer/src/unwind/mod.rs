@@ -8,8 +8,10 @@
 //! between processes that map the same file or the same build (build id).
 //! `frame_pointers` decides, for `--unwind auto`, which processes need
 //! copies at all; `stops` where a stack must end rather than show a
-//! guessed frame.
+//! guessed frame; `go` how a Go program's frames go on from C code called
+//! through cgo (Go code is walked by its frame pointers).
 pub mod frame_pointers;
+pub mod go;
 mod modules;
 mod stops;
 
@@ -24,7 +26,7 @@ use framehop::{
     FrameAddress, Unwinder as _,
     x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64},
 };
-use tracer_ebpf::{STACK_PAGE_BYTES, StackCopy};
+use tracer_ebpf::{MAX_GOROUTINE_BYTES, STACK_PAGE_BYTES, StackCopy};
 
 pub use crate::model::run::UnwindMode;
 use crate::procfs;
@@ -121,6 +123,8 @@ struct MappedCode {
 struct Process {
     unwinder: UnwinderX86_64<Section>,
     code: Code,
+    /// The Go runtime of a Go executable, relocated.
+    go: Option<go::GoRuntime>,
     refreshed_at: Instant,
 }
 
@@ -203,7 +207,8 @@ impl Unwinder {
         &self.stopped
     }
 
-    /// Unwinds one copy; `stack` holds the bytes copied from `copy.base`.
+    /// Unwinds one copy; `stack` holds the bytes that follow its header:
+    /// those copied from `copy.base`, then those of a goroutine's stack.
     pub fn unwind(&mut self, copy: &StackCopy, stack: &[u8]) -> Unwound {
         let pid = copy.tgid;
         if !self.processes.contains_key(&pid) {
@@ -226,42 +231,42 @@ impl Unwinder {
         let Some(process) = self.processes.get_mut(&copy.tgid) else {
             return Unwound::default();
         };
-        let base = copy.base;
-        let end = base + stack.len() as u64;
-        let mut read_stack = |address: u64| -> Result<u64, ()> {
-            if address < base || address.saturating_add(8) > end {
-                return Err(());
-            }
-            let offset = (address - base) as usize;
-            let bytes = stack.get(offset..offset + 8).ok_or(())?;
-            Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| ())?))
-        };
-        let Process { unwinder, code, .. } = process;
-        let mut frames = unwinder.iter_frames(
-            copy.ip,
-            UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp),
-            &mut self.cache,
-            &mut read_stack,
-        );
+        let memory = CopiedMemory::new(copy, stack);
+        let mut read_stack = |address: u64| memory.read(address);
+        let Process {
+            unwinder, code, go, ..
+        } = process;
+        let mut regs = UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp);
+        let mut frame = FrameAddress::InstructionPointer(copy.ip);
         let mut unwound = Unwound::default();
         while unwound.addresses.len() < MAX_FRAMES {
-            match frames.next() {
-                Ok(Some(frame)) => {
-                    let stop = code.check(frame);
-                    if stop.is_none_or(|(_, keep_frame)| keep_frame) {
-                        unwound.addresses.push(frame.address());
-                    }
-                    if let Some((reason, _)) = stop {
-                        unwound.stopped = Some(reason);
-                        break;
-                    }
-                }
+            if let Some(go) = go.as_ref()
+                && go.text.contains(&frame.address_for_lookup())
+            {
+                unwound.addresses.push(frame.address());
+                walk_go_frames(go, code, &memory, frame.address(), regs, &mut unwound);
+                break;
+            }
+            let stop = code.check(frame);
+            if stop.is_none_or(|(_, keep_frame)| keep_frame) {
+                unwound.addresses.push(frame.address());
+            }
+            if let Some((reason, _)) = stop {
+                unwound.stopped = Some(reason);
+                break;
+            }
+            let next = unwinder
+                .unwind_frame(frame, &mut regs, &mut self.cache, &mut read_stack)
+                .and_then(|next| match next {
+                    Some(address) => FrameAddress::from_return_address(address)
+                        .map(Some)
+                        .ok_or(framehop::Error::ReturnAddressIsNull),
+                    None => Ok(None),
+                });
+            match next {
+                Ok(Some(caller)) => frame = caller,
                 Ok(None) => break,
-                Err(framehop::Error::CouldNotReadStack(address))
-                    if copy.reached_top == 0 && address >= end =>
-                {
-                    // Beyond a copy that stopped at its size limit (not at
-                    // the stack's top): the stack goes on.
+                Err(framehop::Error::CouldNotReadStack(address)) if memory.beyond_copy(address) => {
                     unwound.truncated = true;
                     break;
                 }
@@ -271,7 +276,8 @@ impl Unwinder {
                 }
             }
         }
-        if unwound.addresses.len() == MAX_FRAMES {
+        if unwound.addresses.len() >= MAX_FRAMES {
+            unwound.addresses.truncate(MAX_FRAMES);
             unwound.truncated = true;
         }
         unwound
@@ -283,11 +289,15 @@ impl Unwinder {
         let mut process = Process {
             unwinder: UnwinderX86_64::new(),
             code: Code::default(),
+            go: None,
             refreshed_at: Instant::now(),
         };
         let mappings = procfs::read_maps(pid).unwrap_or_default();
         for mapping in mappings.iter().filter(|mapping| mapping.executable) {
             if let Some((module, object, base)) = self.files.module(pid, mapping) {
+                if object.is_go && process.go.is_none() {
+                    process.go = go::go_runtime(&object).map(|runtime| runtime.relocated(base));
+                }
                 process.unwinder.add_module(module);
                 process.code.mapped.push(MappedCode {
                     addresses: mapping.start..mapping.end,
@@ -306,5 +316,138 @@ impl Unwinder {
             };
         }
         self.processes.insert(pid, process);
+    }
+}
+
+/// The memory a copy holds: the stack copied from `copy.base` and, for a
+/// Go program that called C, the goroutine's stack above the switch.
+struct CopiedMemory<'a> {
+    base: u64,
+    stack: &'a [u8],
+    /// The copy stopped at its size limit, not at the stack's top.
+    stack_goes_on: bool,
+    goroutine_sp: u64,
+    goroutine: &'a [u8],
+    /// The switch's frame: the address of its return address.
+    switch_at: u64,
+}
+
+impl<'a> CopiedMemory<'a> {
+    fn new(copy: &StackCopy, bytes: &'a [u8]) -> CopiedMemory<'a> {
+        let length = (copy.length as usize).min(bytes.len());
+        let goroutine_end = length.saturating_add(copy.goroutine_length as usize);
+        CopiedMemory {
+            base: copy.base,
+            stack: &bytes[..length],
+            stack_goes_on: copy.reached_top == 0,
+            goroutine_sp: copy.goroutine_sp,
+            goroutine: bytes.get(length..goroutine_end).unwrap_or_default(),
+            switch_at: copy.switch_at,
+        }
+    }
+
+    fn read(&self, address: u64) -> Result<u64, ()> {
+        let word = |bytes: &[u8], start: u64| -> Option<u64> {
+            let offset = usize::try_from(address.checked_sub(start)?).ok()?;
+            let word = bytes.get(offset..offset.checked_add(8)?)?;
+            Some(u64::from_le_bytes(word.try_into().ok()?))
+        };
+        word(self.stack, self.base)
+            .or_else(|| word(self.goroutine, self.goroutine_sp))
+            .ok_or(())
+    }
+
+    /// Whether `address`, unreadable, lies beyond a copy that stopped at
+    /// its size limit: the stack goes on there.
+    fn beyond_copy(&self, address: u64) -> bool {
+        let beyond = |bytes: &[u8], start: u64, goes_on: bool| {
+            goes_on && start != 0 && address >= start + bytes.len() as u64
+        };
+        let in_goroutine_stack = self.goroutine_sp != 0 && address >= self.goroutine_sp;
+        if in_goroutine_stack {
+            beyond(
+                self.goroutine,
+                self.goroutine_sp,
+                self.goroutine.len() as u64 == MAX_GOROUTINE_BYTES,
+            )
+        } else {
+            beyond(self.stack, self.base, self.stack_goes_on)
+        }
+    }
+}
+
+/// Go frames from `frame` (a return address into Go code, kept already)
+/// outwards, by frame pointer: `regs` are the registers in that frame.
+/// asmcgocall's frames are frameless: from the call that switched stacks,
+/// the goroutine's frames go on from its stack pointer at the switch (the
+/// copy holds them when the kernel found that frame where the unwinding
+/// did); from the call made on the system stack, from the caller's stack
+/// pointer kept in its slot.
+fn walk_go_frames(
+    go: &go::GoRuntime,
+    code: &mut Code,
+    memory: &CopiedMemory,
+    frame: u64,
+    regs: UnwindRegsX86_64,
+    unwound: &mut Unwound,
+) {
+    let mut keep = |address: u64, unwound: &mut Unwound| -> bool {
+        let in_code = go.text.contains(&address)
+            || code
+                .check(FrameAddress::from_return_address(address).expect("not 0"))
+                .is_none_or(|(reason, _)| reason != StopReason::OutsideCode);
+        if !in_code {
+            unwound.stopped = Some(StopReason::OutsideCode);
+        }
+        if in_code {
+            unwound.addresses.push(address);
+        }
+        in_code && unwound.addresses.len() < MAX_FRAMES
+    };
+    let stop = |address: u64, unwound: &mut Unwound| {
+        if memory.beyond_copy(address) {
+            unwound.truncated = true;
+        } else {
+            unwound.stopped = Some(StopReason::StackReadOutsideCopy);
+        }
+    };
+    let callers_sp = match (go.switched, go.on_system_stack) {
+        (Some(switch), _) if switch.return_address == frame => {
+            // The CFA of the call into C is just above its return address.
+            if memory.switch_at == 0 || memory.switch_at != regs.sp().wrapping_sub(8) {
+                unwound.stopped = Some(StopReason::StackReadOutsideCopy);
+                return;
+            }
+            Some(memory.goroutine_sp)
+        }
+        (_, Some((return_address, slot))) if return_address == frame => {
+            let slot = regs.sp() + u64::from(slot);
+            match memory.read(slot) {
+                Ok(sp) => Some(sp),
+                Err(()) => return stop(slot, unwound),
+            }
+        }
+        _ => None,
+    };
+    if let Some(sp) = callers_sp {
+        match memory.read(sp) {
+            Ok(address) if address != 0 => {
+                if !keep(address, unwound) {
+                    return;
+                }
+            }
+            Ok(_) => return,
+            Err(()) => return stop(sp, unwound),
+        }
+    }
+    let mut bp = regs.bp();
+    while bp != 0 {
+        let (Ok(return_address), Ok(next)) = (memory.read(bp + 8), memory.read(bp)) else {
+            return stop(bp, unwound);
+        };
+        if return_address == 0 || !keep(return_address, unwound) || next == bp {
+            return;
+        }
+        bp = next;
     }
 }
