@@ -48,12 +48,26 @@ fn leak_stack_of(name: &str, args: &[&str]) -> (serde_json::Value, Report) {
 /// default unwinder copies the program's stacks, the goroutine's stack
 /// above asmcgocall's switch included, and the stack goes from the C
 /// function through runtime.cgocall into main.leakViaC and its callers.
+/// The runtime's own first mappings, made as soon as the spawned program
+/// runs, have their stacks too.
 #[test]
 fn cgo_stack_goes_on_into_the_go_callers() {
     let (stack, report) = leak_stack_of("cgo_leak", &[]);
     assert!(
         !dwarf_pids(&report).is_empty(),
         "the C code lacks frame pointers: its stacks must be copied\n{report}"
+    );
+    // The Go runtime maps its heap arenas right after the program is
+    // attached, through C (x_cgo_mmap): those copies are read too.
+    let arenas = report.stacks_with("mmap-anon", "x_cgo_mmap");
+    assert!(
+        !arenas.is_empty()
+            && report
+                .stacks()
+                .iter()
+                .filter(|stack| stack["kind"] == "mmap-anon")
+                .all(|stack| !function_names(stack).is_empty()),
+        "a Go heap arena's mapping has no stack\n{report}"
     );
     assert_in_order(
         &stack,
