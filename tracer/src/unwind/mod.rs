@@ -244,8 +244,16 @@ impl Unwinder {
                 && go.text.contains(&frame.address_for_lookup())
             {
                 unwound.addresses.push(frame.address());
-                walk_go_frames(go, code, &memory, frame.address(), regs, &mut unwound);
-                break;
+                match walk_go_frames(go, &memory, frame.address(), regs, &mut unwound) {
+                    Some((caller, caller_regs)) => {
+                        // Go code called from C: the C frames go on from
+                        // their unwind information.
+                        frame = caller;
+                        regs = caller_regs;
+                        continue;
+                    }
+                    None => break,
+                }
             }
             let stop = code.check(frame);
             if stop.is_none_or(|(_, keep_frame)| keep_frame) {
@@ -357,6 +365,29 @@ impl<'a> CopiedMemory<'a> {
             .ok_or(())
     }
 
+    /// The goroutine's stack pointer before the switch whose call into C
+    /// has its CFA at `cfa`: the one the kernel copied from, or an outer
+    /// switch of the same goroutine (C called back into Go, which called
+    /// C again), found from the two depths below the same stack top.
+    fn goroutine_sp_at(&self, switch: &tracer_ebpf::GoStackSwitch, cfa: u64) -> Option<u64> {
+        if self.switch_at == 0 {
+            return None;
+        }
+        let inner_cfa = self.switch_at + 8;
+        if cfa == inner_cfa {
+            return Some(self.goroutine_sp);
+        }
+        let g_and_depth = |cfa: u64| {
+            let g = self.read(cfa + u64::from(switch.g_slot)).ok()?;
+            let depth = self.read(cfa + u64::from(switch.depth_slot)).ok()?;
+            Some((g, depth))
+        };
+        let (inner_g, inner_depth) = g_and_depth(inner_cfa)?;
+        let (g, depth) = g_and_depth(cfa)?;
+        // The outer switch left the goroutine's stack higher up.
+        (g == inner_g && depth <= inner_depth).then(|| self.goroutine_sp + (inner_depth - depth))
+    }
+
     /// Whether `address`, unreadable, lies beyond a copy that stopped at
     /// its size limit: the stack goes on there.
     fn beyond_copy(&self, address: u64) -> bool {
@@ -382,27 +413,20 @@ impl<'a> CopiedMemory<'a> {
 /// the goroutine's frames go on from its stack pointer at the switch (the
 /// copy holds them when the kernel found that frame where the unwinding
 /// did); from the call made on the system stack, from the caller's stack
-/// pointer kept in its slot.
+/// pointer kept in its slot. A Go function that returns into C (called
+/// from C) ends the walk: its caller, and the registers there, come back
+/// for the C frames to be unwound from their unwind information (frame
+/// pointers in C code without them would give junk).
 fn walk_go_frames(
     go: &go::GoRuntime,
-    code: &mut Code,
     memory: &CopiedMemory,
     frame: u64,
     regs: UnwindRegsX86_64,
     unwound: &mut Unwound,
-) {
-    let mut keep = |address: u64, unwound: &mut Unwound| -> bool {
-        let in_code = go.text.contains(&address)
-            || code
-                .check(FrameAddress::from_return_address(address).expect("not 0"))
-                .is_none_or(|(reason, _)| reason != StopReason::OutsideCode);
-        if !in_code {
-            unwound.stopped = Some(StopReason::OutsideCode);
-        }
-        if in_code {
-            unwound.addresses.push(address);
-        }
-        in_code && unwound.addresses.len() < MAX_FRAMES
+) -> Option<(FrameAddress, UnwindRegsX86_64)> {
+    let keep = |address: u64, unwound: &mut Unwound| -> bool {
+        unwound.addresses.push(address);
+        unwound.addresses.len() < MAX_FRAMES
     };
     let stop = |address: u64, unwound: &mut Unwound| {
         if memory.beyond_copy(address) {
@@ -414,40 +438,61 @@ fn walk_go_frames(
     let callers_sp = match (go.switched, go.on_system_stack) {
         (Some(switch), _) if switch.return_address == frame => {
             // The CFA of the call into C is just above its return address.
-            if memory.switch_at == 0 || memory.switch_at != regs.sp().wrapping_sub(8) {
+            let Some(sp) = memory.goroutine_sp_at(&switch, regs.sp()) else {
                 unwound.stopped = Some(StopReason::StackReadOutsideCopy);
-                return;
-            }
-            Some(memory.goroutine_sp)
+                return None;
+            };
+            Some(sp)
         }
         (_, Some((return_address, slot))) if return_address == frame => {
             let slot = regs.sp() + u64::from(slot);
             match memory.read(slot) {
                 Ok(sp) => Some(sp),
-                Err(()) => return stop(slot, unwound),
+                Err(()) => {
+                    stop(slot, unwound);
+                    return None;
+                }
             }
         }
         _ => None,
     };
     if let Some(sp) = callers_sp {
+        // asmcgocall's caller: Go code (the ABI wrapper or cgocall).
         match memory.read(sp) {
-            Ok(address) if address != 0 => {
+            Ok(address) if go.text.contains(&address) => {
                 if !keep(address, unwound) {
-                    return;
+                    return None;
                 }
             }
-            Ok(_) => return,
-            Err(()) => return stop(sp, unwound),
+            Ok(_) => {
+                unwound.stopped = Some(StopReason::OutsideCode);
+                return None;
+            }
+            Err(()) => {
+                stop(sp, unwound);
+                return None;
+            }
         }
     }
     let mut bp = regs.bp();
     while bp != 0 {
         let (Ok(return_address), Ok(next)) = (memory.read(bp + 8), memory.read(bp)) else {
-            return stop(bp, unwound);
+            stop(bp, unwound);
+            return None;
         };
-        if return_address == 0 || !keep(return_address, unwound) || next == bp {
-            return;
+        if return_address == 0 {
+            return None;
+        }
+        if !go.text.contains(&return_address) {
+            // The frame's function was called from C: its CFA is just
+            // above its return address.
+            let caller = FrameAddress::from_return_address(return_address)?;
+            return Some((caller, UnwindRegsX86_64::new(return_address, bp + 16, next)));
+        }
+        if !keep(return_address, unwound) || next == bp {
+            return None;
         }
         bp = next;
     }
+    None
 }
