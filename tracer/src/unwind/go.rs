@@ -49,14 +49,15 @@ impl GoRuntime {
     }
 }
 
-/// How the Go executable `pid` maps (among `mappings`) switches stacks
-/// to call C, relocated; None for a process that is not Go or makes no
-/// cgo calls.
+/// How the executable of `pid` (among its `mappings`), when Go,
+/// switches stacks to call C, relocated; None for a process that is not
+/// Go. Only the executable is read: Go programs are executables.
 pub fn stack_switch(pid: u32, mappings: &[Mapping]) -> Option<GoStackSwitch> {
+    let executable = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     let mut files = ModuleFiles::default();
     mappings
         .iter()
-        .filter(|mapping| mapping.executable)
+        .filter(|mapping| mapping.executable && mapping.path == executable)
         .find_map(|mapping| {
             let object = files.object(pid, mapping)?;
             if !object.is_go {
