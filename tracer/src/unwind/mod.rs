@@ -391,19 +391,21 @@ impl<'a> CopiedMemory<'a> {
     /// Whether `address`, unreadable, lies beyond a copy that stopped at
     /// its size limit: the stack goes on there.
     fn beyond_copy(&self, address: u64) -> bool {
-        let beyond = |bytes: &[u8], start: u64, goes_on: bool| {
-            goes_on && start != 0 && address >= start + bytes.len() as u64
-        };
-        let in_goroutine_stack = self.goroutine_sp != 0 && address >= self.goroutine_sp;
-        if in_goroutine_stack {
-            beyond(
-                self.goroutine,
-                self.goroutine_sp,
-                self.goroutine.len() as u64 == MAX_GOROUTINE_BYTES,
-            )
-        } else {
-            beyond(self.stack, self.base, self.stack_goes_on)
-        }
+        // The stack `address` is in: the copied one that starts closest
+        // below it (a goroutine's stack and the system stack lie anywhere
+        // from each other).
+        let system = (self.base, self.stack, self.stack_goes_on);
+        let goroutine = (
+            self.goroutine_sp,
+            self.goroutine,
+            self.goroutine.len() as u64 == MAX_GOROUTINE_BYTES,
+        );
+        let (start, bytes, goes_on) = [system, goroutine]
+            .into_iter()
+            .filter(|(start, _, _)| *start != 0 && *start <= address)
+            .max_by_key(|(start, _, _)| *start)
+            .unwrap_or(system);
+        goes_on && start != 0 && address >= start + bytes.len() as u64
     }
 }
 
@@ -495,4 +497,43 @@ fn walk_go_frames(
         bp = next;
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy of 16 bytes of system stack at 0x7f00_0000 (its size limit,
+    /// not its top) and 8 bytes of a goroutine's stack at 0xc000_1000 (all
+    /// of it: below the 8 KiB limit).
+    fn memory_of(bytes: &[u8]) -> CopiedMemory<'_> {
+        let copy = StackCopy {
+            base: 0x7f00_0000,
+            length: 16,
+            reached_top: 0,
+            goroutine_sp: 0xc000_1000,
+            goroutine_length: 8,
+            switch_at: 0x7f00_0008,
+            ..StackCopy::default()
+        };
+        CopiedMemory::new(&copy, bytes)
+    }
+
+    #[test]
+    fn copied_memory_reads_both_stacks_and_knows_which_goes_on() {
+        let bytes: Vec<u8> = [1u64, 2, 3]
+            .iter()
+            .flat_map(|word| word.to_le_bytes())
+            .collect();
+        let memory = memory_of(&bytes);
+        assert_eq!(memory.read(0x7f00_0000), Ok(1));
+        assert_eq!(memory.read(0x7f00_0008), Ok(2));
+        assert_eq!(memory.read(0xc000_1000), Ok(3));
+        assert_eq!(memory.read(0x7f00_0010), Err(()));
+        assert_eq!(memory.read(0xc000_1008), Err(()));
+        // The system stack's copy stopped at its limit: it goes on.
+        assert!(memory.beyond_copy(0x7f00_0010));
+        // The goroutine's is whole: a read past it is not "deeper".
+        assert!(!memory.beyond_copy(0xc000_1008));
+    }
 }
