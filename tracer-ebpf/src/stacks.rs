@@ -41,6 +41,12 @@ static STACK_COPY_MODE: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
 #[unsafe(no_mangle)]
 static STACK_PAGES: aya_ebpf::Global<u32> = aya_ebpf::Global::new(4);
 
+/// 1 when the kernel has `bpf_loop` (Linux 5.17+), which the search for
+/// asmcgocall's frame needs; 0 leaves that code out at load (a constant
+/// to the verifier), and Go programs' C stacks end at asmcgocall.
+#[unsafe(no_mangle)]
+static GO_STACK_SEARCH: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
+
 /// Most distinct frame-pointer stacks (`--max-stacks`), set by userspace.
 #[unsafe(no_mangle)]
 static MAX_STACKS: aya_ebpf::Global<u32> = aya_ebpf::Global::new(1 << 17);
@@ -301,7 +307,11 @@ fn hash_frames(stack: &StackFrames) -> u64 {
 fn copy_stack(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
     let pages = STACK_PAGES.load().min(MAX_STACK_PAGES);
     let pages_bytes = pages as usize * STACK_PAGE_BYTES as usize;
-    let go = unsafe { GO_STACK_SWITCHES.get(&block.tgid) };
+    let go = if GO_STACK_SEARCH.load() != 0 {
+        unsafe { GO_STACK_SWITCHES.get(&block.tgid) }
+    } else {
+        None
+    };
     // Two calls: the size of a reservation must be a constant.
     let reserved = if go.is_some() {
         STACK_COPIES.reserve_bytes(HEADER_BYTES + pages_bytes + MAX_GOROUTINE_BYTES as usize, 0)
