@@ -62,6 +62,7 @@ mod pod {
     unsafe impl aya::Pod for SyscallFieldOffsets {}
     unsafe impl aya::Pod for MappingEvent {}
     unsafe impl aya::Pod for StackCopy {}
+    unsafe impl aya::Pod for GoStackSwitch {}
     unsafe impl aya::Pod for StackFree {}
     unsafe impl aya::Pod for CopyRef {}
     unsafe impl aya::Pod for StackFrames {}

@@ -19,15 +19,16 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_kernel,
         bpf_task_pt_regs,
-        generated::{bpf_get_stack, bpf_probe_read_user},
+        generated::{self, bpf_get_stack, bpf_probe_read_user},
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_ebpf::{
-    COPIED_STACK, COPIED_STACK_MASK, CopyRef, MAX_STACK_FRAMES, MAX_STACK_PAGES, NO_STACK,
-    PYTHON_FRAME_TAG, STACK_PAGE_BYTES, StackCopy, StackFrames, StackFree, stack_record, stat,
+    COPIED_STACK, COPIED_STACK_MASK, CopyRef, GoStackSwitch, MAX_GO_SLOT, MAX_GOROUTINE_BYTES,
+    MAX_STACK_FRAMES, MAX_STACK_PAGES, NO_STACK, PYTHON_FRAME_TAG, STACK_PAGE_BYTES, StackCopy,
+    StackFrames, StackFree, stack_record, stat,
 };
 
 use crate::counters::{atomic_add, count, count_by, fetch_add};
@@ -39,6 +40,12 @@ static STACK_COPY_MODE: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
 /// Stack pages per copy (`--stack-bytes`), from the stack pointer's page.
 #[unsafe(no_mangle)]
 static STACK_PAGES: aya_ebpf::Global<u32> = aya_ebpf::Global::new(4);
+
+/// 1 when the kernel has `bpf_loop` (Linux 5.17+), which the search for
+/// asmcgocall's frame needs; 0 leaves that code out at load (a constant
+/// to the verifier), and Go programs' C stacks end at asmcgocall.
+#[unsafe(no_mangle)]
+static GO_STACK_SEARCH: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
 
 /// Most distinct frame-pointer stacks (`--max-stacks`), set by userspace.
 #[unsafe(no_mangle)]
@@ -69,6 +76,13 @@ static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1
 /// Processes whose stacks are copied (`--unwind auto`), set by userspace.
 #[map]
 static COPY_STACKS_OF: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+
+/// Go programs that call C (cgo): how their `runtime.asmcgocall`
+/// switches to the system stack, by process, set by userspace. A copy of
+/// such a process's stack also holds the goroutine's stack above the
+/// switch.
+#[map]
+static GO_STACK_SWITCHES: HashMap<u32, GoStackSwitch> = HashMap::with_max_entries(4096, 0);
 
 /// Copy, free and restore records, drained by userspace on a timer.
 #[map]
@@ -292,8 +306,19 @@ fn hash_frames(stack: &StackFrames) -> u64 {
 #[inline(always)]
 fn copy_stack(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
     let pages = STACK_PAGES.load().min(MAX_STACK_PAGES);
-    let record_bytes = HEADER_BYTES + pages as usize * STACK_PAGE_BYTES as usize;
-    let Some(mut record) = STACK_COPIES.reserve_bytes(record_bytes, 0) else {
+    let pages_bytes = pages as usize * STACK_PAGE_BYTES as usize;
+    let go = if GO_STACK_SEARCH.load() != 0 {
+        unsafe { GO_STACK_SWITCHES.get(&block.tgid) }
+    } else {
+        None
+    };
+    // Two calls: the size of a reservation must be a constant.
+    let reserved = if go.is_some() {
+        STACK_COPIES.reserve_bytes(HEADER_BYTES + pages_bytes + MAX_GOROUTINE_BYTES as usize, 0)
+    } else {
+        STACK_COPIES.reserve_bytes(HEADER_BYTES + pages_bytes, 0)
+    };
+    let Some(mut record) = reserved else {
         count(stat::DROP_STACK_COPY_RING_FULL);
         return None;
     };
@@ -340,11 +365,147 @@ fn copy_stack(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
         bp,
         base,
         length,
+        switch_at: 0,
+        goroutine_sp: 0,
+        goroutine_length: 0,
     };
-    unsafe { core::ptr::write_unaligned(data.cast::<StackCopy>(), header) };
+    let header_at = data.cast::<StackCopy>();
+    unsafe { core::ptr::write_unaligned(header_at, header) };
+    if let Some(switch) = go {
+        // The length read back from the header: one value the verifier
+        // does not know, rather than one known value per page the copy
+        // may have stopped at, each checked on its own through what
+        // follows.
+        let length = unsafe { core::ptr::read_volatile(&raw const (*header_at).length) };
+        let goroutine = copy_goroutine_stack(switch, data, base, sp - base, length, pages_bytes);
+        unsafe {
+            core::ptr::write_volatile(&raw mut (*header_at).switch_at, goroutine.switch_at);
+            core::ptr::write_volatile(&raw mut (*header_at).goroutine_sp, goroutine.sp);
+            core::ptr::write_volatile(&raw mut (*header_at).goroutine_length, goroutine.length);
+        }
+    }
     record.submit(wakeup_flag());
     count(stat::STACK_COPIES);
     Some(stack_ref)
+}
+
+/// Where a copy's goroutine stack came from (all 0: none).
+#[derive(Default)]
+struct GoroutineStack {
+    switch_at: u64,
+    sp: u64,
+    length: u64,
+}
+
+/// Candidate frames searched for asmcgocall's switch: 16 KiB of stack.
+const MAX_SWITCH_SLOTS: u32 = 1024;
+
+/// The state of the search for asmcgocall's frame (`bpf_loop`).
+#[repr(C)]
+struct SwitchSearch {
+    data: *mut u8,
+    /// Offset of the first candidate return address in the copy.
+    first: u64,
+    length: u64,
+    return_address: u64,
+    /// Where it was found; `u64::MAX` while not.
+    found_at: u64,
+}
+
+/// One candidate of the search: 0 to go on, 1 to stop. A callback of
+/// `bpf_loop` (Linux 5.17+), so the verifier checks it once, not once per
+/// candidate (a plain loop tripled the programs' load time).
+extern "C" fn find_switch_step(index: u64, search: *mut SwitchSearch) -> i64 {
+    let search = unsafe { &mut *search };
+    let pages_bytes = (STACK_PAGES.load().min(MAX_STACK_PAGES) as u64) * STACK_PAGE_BYTES;
+    // Masked so the verifier sees the offset bounded before the checks
+    // below: `first` is within the first page, index below the count.
+    let at = (search.first & 0x1fff) + (index & (MAX_SWITCH_SLOTS as u64 - 1)) * 16;
+    // The slots read lie in the copied bytes (and, for the verifier, in
+    // the record).
+    if at + 16 + MAX_GO_SLOT as u64 > pages_bytes || at + 16 + MAX_GO_SLOT as u64 > search.length {
+        return 1;
+    }
+    let word =
+        unsafe { core::ptr::read(search.data.add(HEADER_BYTES + at as usize).cast::<u64>()) };
+    if word == search.return_address {
+        search.found_at = at;
+        return 1;
+    }
+    0
+}
+
+/// Finds, in the system-stack bytes just copied to `data` (after the
+/// header; the stack pointer at `sp_offset`), the frame where asmcgocall
+/// called into C, and copies the goroutine's stack above it after them.
+///
+/// The frame is found by its return address: the call's CFA is 16-byte
+/// aligned (asmcgocall aligns the stack for the C ABI), so the return
+/// address sits 8 bytes below a 16-byte boundary. Userspace checks that
+/// the frame found is the one its unwinding reaches.
+#[inline(always)]
+fn copy_goroutine_stack(
+    switch: &GoStackSwitch,
+    data: *mut u8,
+    base: u64,
+    sp_offset: u64,
+    length: u64,
+    pages_bytes: usize,
+) -> GoroutineStack {
+    let g_slot = switch.g_slot & MAX_GO_SLOT;
+    let depth_slot = switch.depth_slot & MAX_GO_SLOT;
+    let mut search = SwitchSearch {
+        data,
+        first: ((sp_offset + 7) & !15) + 8,
+        length,
+        return_address: switch.return_address,
+        found_at: u64::MAX,
+    };
+    unsafe {
+        generated::bpf_loop(
+            MAX_SWITCH_SLOTS,
+            find_switch_step as *mut _,
+            (&raw mut search).cast(),
+            0,
+        )
+    };
+    let at = search.found_at;
+    if at > (pages_bytes - 16 - MAX_GO_SLOT as usize) as u64 {
+        return GoroutineStack::default();
+    }
+    let word = |offset: u64| unsafe {
+        core::ptr::read(data.add(HEADER_BYTES + offset as usize).cast::<u64>())
+    };
+    let (g, depth) = (
+        word(at + 8 + g_slot as u64),
+        word(at + 8 + depth_slot as u64),
+    );
+    let Ok(stack_hi) = (unsafe {
+        aya_ebpf::helpers::bpf_probe_read_user((g + switch.stack_hi as u64) as *const u64)
+    }) else {
+        return GoroutineStack::default();
+    };
+    if depth == 0 || depth > stack_hi {
+        return GoroutineStack::default();
+    }
+    let sp = stack_hi - depth;
+    let bytes = depth.min(MAX_GOROUTINE_BYTES);
+    let length = length.min(pages_bytes as u64);
+    let read = unsafe {
+        bpf_probe_read_user(
+            data.add(HEADER_BYTES + length as usize).cast(),
+            bytes as u32,
+            sp as *const _,
+        )
+    };
+    if read != 0 {
+        return GoroutineStack::default();
+    }
+    GoroutineStack {
+        switch_at: base + at,
+        sp,
+        length: bytes,
+    }
 }
 
 /// Userspace drains the ring on a timer, without being woken per record;

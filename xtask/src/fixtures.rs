@@ -15,7 +15,9 @@
 //! tests/fixtures/ctor holds a library whose constructor allocates and the
 //! program linked to it (`ctor_main`), and a wrapper script that execs it
 //! (`ctor_wrapper`): the spawn tests. tests/fixtures/go_leak is a pure Go
-//! program (`go_leak`, built with CGO_ENABLED=0).
+//! program (`go_leak`, built with CGO_ENABLED=0); tests/fixtures/cgo_leak
+//! a Go program that leaks through C (`cgo_leak` with Go's default C
+//! flags, `cgo_leak_fp` with C frame pointers).
 //!
 //! tests/fixtures/cuda holds fixture CUDA libraries (`libcuda.so.1`,
 //! `libcudart.so.12`, with sonames, in target/fixtures/cuda) and the GPU
@@ -161,6 +163,7 @@ pub fn build_all(shell: &Shell, root: &Path) -> Result<()> {
     )?;
     copy_scripts(shell, &source_dir, &output_dir)?;
     build_go(shell, &source_dir.join("go_leak"), &output_dir)?;
+    build_cgo(shell, &source_dir.join("cgo_leak"), &output_dir)?;
     build_mixed(shell, &source_dir.join("mixed"), &output_dir)?;
     build_rust(shell, &source_dir.join("rust_leak"), &output_dir)
 }
@@ -404,25 +407,55 @@ fn copy_scripts(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<(
 /// `go_leak`: a pure Go program (CGO_ENABLED=0: static, no malloc), built
 /// with the Debian toolchain.
 fn build_go(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<()> {
-    let output = output_dir.join("go_leak");
-    if output.exists() && modified(&output)? >= newest_in(source_dir)? {
+    go_build(
+        shell,
+        source_dir,
+        &output_dir.join("go_leak"),
+        &[("CGO_ENABLED", "0")],
+    )
+}
+
+/// `cgo_leak` (C built with Go's default flags, `-g -O2`: no frame
+/// pointers, as users get it) and `cgo_leak_fp` (C with frame pointers).
+fn build_cgo(shell: &Shell, source_dir: &Path, output_dir: &Path) -> Result<()> {
+    go_build(
+        shell,
+        source_dir,
+        &output_dir.join("cgo_leak"),
+        &[("CGO_ENABLED", "1")],
+    )?;
+    go_build(
+        shell,
+        source_dir,
+        &output_dir.join("cgo_leak_fp"),
+        &[
+            ("CGO_ENABLED", "1"),
+            ("CGO_CFLAGS", "-g -O2 -fno-omit-frame-pointer"),
+        ],
+    )
+}
+
+/// `go build` of the module in `source_dir` to `output`, offline, with
+/// its caches under target/fixtures, when the sources are newer.
+fn go_build(shell: &Shell, source_dir: &Path, output: &Path, env: &[(&str, &str)]) -> Result<()> {
+    if output.exists() && modified(output)? >= newest_in(source_dir)? {
         eprintln!("xtask: fixture {}: up to date", output.display());
         return Ok(());
     }
-    let cache = output_dir.join("go-build-cache");
+    let output_dir = output.parent().context("a fixture path has a parent")?;
     shell.run(
         shell
             .cmd("go")
             .current_dir(source_dir)
             .args(["build", "-o"])
-            .arg(&output)
+            .arg(output)
             .arg(".")
-            .env("CGO_ENABLED", "0")
             .env("GOFLAGS", "-mod=mod")
-            .env("GOCACHE", &cache)
+            .env("GOCACHE", output_dir.join("go-build-cache"))
             .env("GOPATH", output_dir.join("go-path"))
             .env("GO111MODULE", "on")
-            .env("GOPROXY", "off"),
+            .env("GOPROXY", "off")
+            .envs(env.iter().copied()),
     )
 }
 

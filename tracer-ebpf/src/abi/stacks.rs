@@ -94,7 +94,48 @@ pub struct StackCopy {
     /// page) and how many bytes follow the header (whole pages).
     pub base: u64,
     pub length: u64,
+    /// A Go program's C code called through cgo runs on the thread's
+    /// system stack; its Go callers are on the goroutine's stack. When the
+    /// copy holds the frame where `runtime.asmcgocall` switched stacks
+    /// ([`GoStackSwitch`]): the address of that frame's return address in
+    /// the copy, and the goroutine's stack pointer before the switch.
+    /// `goroutine_length` bytes of the goroutine's stack from there follow
+    /// the `length` bytes of the copy. All 0 otherwise.
+    pub switch_at: u64,
+    pub goroutine_sp: u64,
+    pub goroutine_length: u64,
 }
+
+/// Most bytes of a goroutine's stack a copy holds (from its stack pointer
+/// at the switch, up to the stack's top).
+pub const MAX_GOROUTINE_BYTES: u64 = 8 << 10;
+
+/// How `runtime.asmcgocall` of a Go program (amd64) leaves the goroutine's
+/// stack for the system stack (g0) before it calls C, read by userspace
+/// from its code: a value of GO_STACK_SWITCHES, by process.
+///
+/// On the system stack, just above the return address of its call into
+/// C, it keeps the goroutine (its `g`) and the depth of the goroutine's
+/// stack pointer below the stack's top (`g.stack.hi`), "since the stack
+/// might be copied during a callback"; on return it computes the stack
+/// pointer back from them. So does the kernel, to copy the goroutine's
+/// stack too.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GoStackSwitch {
+    /// The return address of asmcgocall's call into C on the system stack.
+    pub return_address: u64,
+    /// Where the goroutine's `g` and its stack depth are kept, in bytes
+    /// from the call's CFA (the stack pointer after it returns).
+    pub g_slot: u32,
+    pub depth_slot: u32,
+    /// Offset of `stack.hi` in the runtime's `g`.
+    pub stack_hi: u32,
+    pub pad: u32,
+}
+
+/// Largest slot offset a [`GoStackSwitch`] may name (the kernel masks it).
+pub const MAX_GO_SLOT: u32 = 0xf8;
 
 /// Key of COPY_FREES: a copied-stack block, by its process and the
 /// reference its LIVE entry carries.

@@ -158,6 +158,12 @@ impl Probes {
                 let _ = table.remove(&pid);
             }
         }
+        if let Some(map) = self.ebpf.map_mut(tracer_ebpf::map::GO_STACK_SWITCHES)
+            && let Ok(mut table) =
+                HashMap::<&mut MapData, u32, tracer_ebpf::GoStackSwitch>::try_from(map)
+        {
+            let _ = table.remove(&pid);
+        }
         if let Some(map) = self.ebpf.map_mut(tracer_ebpf::map::LIVE)
             && let Ok(mut live) =
                 HashMap::<&mut MapData, tracer_ebpf::LiveKey, tracer_ebpf::LiveAlloc>::try_from(map)

@@ -180,6 +180,11 @@ impl Probes {
                 &fork_child_offset.unwrap_or(0),
                 true,
             )
+            .override_global(
+                tracer_ebpf::global::GO_STACK_SEARCH,
+                &u32::from(has_bpf_loop()),
+                true,
+            )
             .load(object)
             .map_err(|error| load_error(error.into()))?;
         // uprobe_multi links where the kernel has them: the uprobe programs
@@ -326,4 +331,11 @@ pub(super) fn load_error(error: anyhow::Error) -> anyhow::Error {
     } else {
         error.context("could not load the eBPF programs")
     }
+}
+
+/// Whether the kernel has the `bpf_loop` helper (Linux 5.17+): the search
+/// for a Go program's stack switch in its copied stacks needs it.
+fn has_bpf_loop() -> bool {
+    aya::util::KernelVersion::current()
+        .is_ok_and(|version| version >= aya::util::KernelVersion::new(5, 17, 0))
 }

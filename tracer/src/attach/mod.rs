@@ -166,6 +166,7 @@ impl Probes {
             );
         }
         self.choose_unwinding(pid, &maps)?;
+        self.follow_go_stack_switch(pid, &maps)?;
         let before = self.probe_count();
         self.watch.trace(pid, &maps)?;
         self.attach_sites(pid, &sites, NoticedBy::Attach)?;
@@ -197,6 +198,24 @@ impl Probes {
         }
         let lacking = crate::unwind::frame_pointers::objects_lacking(pid, maps);
         self.start_copying(pid, lacking)
+    }
+
+    /// A Go program that calls C (cgo): tells the kernel how its
+    /// asmcgocall switches stacks, so that a copy of a C stack holds the
+    /// goroutine's too (used only when its stacks are copied).
+    fn follow_go_stack_switch(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
+        let Some(switch) = crate::unwind::go::stack_switch(pid, maps) else {
+            return Ok(());
+        };
+        let mut switches: aya::maps::HashMap<_, u32, tracer_ebpf::GoStackSwitch> =
+            aya::maps::HashMap::try_from(
+                self.ebpf
+                    .map_mut(tracer_ebpf::map::GO_STACK_SWITCHES)
+                    .context("eBPF object lacks GO_STACK_SWITCHES")?,
+            )?;
+        switches
+            .insert(pid, switch, 0)
+            .with_context(|| format!("could not set the Go stack switch of PID {pid}"))
     }
 
     /// `--unwind auto`: copies the stacks of `pid` from now on when one of

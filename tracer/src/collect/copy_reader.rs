@@ -209,8 +209,7 @@ impl Reader {
                     // SAFETY: the item starts with a whole StackCopy.
                     let copy: StackCopy = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                     let stack = &item[size_of::<StackCopy>()..];
-                    let length = (copy.length as usize).min(stack.len());
-                    let mut unwound = self.unwinder.unwind(&copy, &stack[..length]);
+                    let mut unwound = self.unwinder.unwind(&copy, stack);
                     if copy.python_stack != 0 {
                         // Its Python stack, as one more frame (collect::python).
                         let tag = tracer_ebpf::PYTHON_FRAME_TAG | u64::from(copy.python_stack);

@@ -315,7 +315,7 @@ impl Collector {
                     self.poll_spawned()?;
                 }
                 _ = clock.mappings.tick() => {
-                    self.mappings.drain(&mut self.copied);
+                    self.drain_mappings()?;
                     self.resolve_python_stacks();
                 }
                 _ = clock.copies.tick(), if copying => {
@@ -427,7 +427,7 @@ impl Collector {
                     self.copied.remap(pid);
                     // The mapping calls made so far are applied; the break
                     // is read again (a new image starts a new one).
-                    self.mappings.drain(&mut self.copied);
+                    self.drain_mappings()?;
                     self.mappings.start(pid);
                     let hooked_before = self.probes.library_reports().len();
                     for note in self.probes.hook_mapped_now(pid) {
@@ -646,6 +646,18 @@ impl Collector {
         Ok(entries)
     }
 
+    /// Applies the mapping calls made so far. Their copied stacks come
+    /// through the copy reader, started first if a process's stacks began
+    /// to be copied since the last copies tick (a spawned program's first
+    /// mappings come right after it is attached).
+    fn drain_mappings(&mut self) -> Result<()> {
+        if self.probes.copies_any_stacks() {
+            self.copied.activate()?;
+        }
+        self.mappings.drain(&mut self.copied);
+        Ok(())
+    }
+
     /// The counters of every stack: the epochs of a stack summed (ended
     /// ones released), images replaced by exec taken off, and the mapping
     /// kinds' stacks.
@@ -659,7 +671,7 @@ impl Collector {
                 counters.live_allocs -= gone.live_allocs;
             }
         }
-        self.mappings.drain(&mut self.copied);
+        self.drain_mappings()?;
         let mut stacks: Vec<(StackKey, Counters)> = stacks.into_iter().collect();
         stacks.extend(self.mappings.counters());
         if self.comm_watch.is_some() {

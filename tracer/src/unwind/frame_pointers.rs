@@ -127,18 +127,29 @@ pub fn keeps_frame_pointers(object: &ObjectInfo) -> Option<bool> {
     if object.is_go {
         // Go (1.7+, amd64) keeps frame pointers in all its code, stored
         // with `mov %rbp,N(%rsp); lea N(%rsp),%rbp`, which the prologue
-        // check does not know; its objects have no `.eh_frame` either.
-        return Some(true);
+        // check does not know. C code linked in with cgo is built as C
+        // is (`go build` compiles it with -O2: no frame pointers), and
+        // decides.
+        if object.go_text.is_none() {
+            return Some(true);
+        }
+        return Some(frame_pointer_share(object).is_none_or(|share| share.keeps_frame_pointers()));
     }
     frame_pointer_share(object).map(|share| share.keeps_frame_pointers())
 }
 
 /// The share of the object's calling functions in `.text` that set up
-/// frame pointers: of those named in its symbol tables (start files' functions and
-/// cold parts aside), else those listed in `.eh_frame_hdr`. None when
-/// there are none.
+/// frame pointers: of those named in its symbol tables (start files' functions,
+/// cold parts and a Go object's Go code aside), else those listed in
+/// `.eh_frame_hdr`. None when there are none.
 pub fn frame_pointer_share(object: &ObjectInfo) -> Option<FramePointerShare> {
     let text = object.text()?;
+    let is_go_code = |address: u64| {
+        object
+            .go_text
+            .as_ref()
+            .is_some_and(|go_text| go_text.contains(&address))
+    };
     // (start, size in bytes)
     let mut functions: Vec<(u64, u64)> = object
         .functions
@@ -146,6 +157,7 @@ pub fn frame_pointer_share(object: &ObjectInfo) -> Option<FramePointerShare> {
         .filter(|function| {
             !START_FILE_FUNCTIONS.contains(&function.name.as_str())
                 && !function.name.contains(".cold")
+                && !is_go_code(function.address)
         })
         .map(|function| (function.address, function.size))
         .collect();
@@ -164,7 +176,7 @@ pub fn frame_pointer_share(object: &ObjectInfo) -> Option<FramePointerShare> {
             .map(|(&start, end)| (start, end - start))
             .collect();
     }
-    functions.retain(|(start, _)| text.contains(start));
+    functions.retain(|(start, _)| text.contains(start) && !is_go_code(*start));
     // Aliases (several names for one function) count once.
     functions.sort_unstable();
     functions.dedup_by_key(|(start, _)| *start);
@@ -384,6 +396,19 @@ mod tests {
         assert!(go.is_go);
         assert_eq!(keeps_frame_pointers(&go), Some(true));
         assert!(!object("target/fixtures/leaky").is_go);
+    }
+
+    /// A Go program's C code (cgo) decides: Go builds it with `-g -O2`
+    /// (no frame pointers) unless told otherwise.
+    #[test]
+    fn cgo_program_keeps_frame_pointers_only_when_its_c_code_does() {
+        let cgo = object("target/fixtures/cgo_leak");
+        assert!(cgo.is_go && cgo.go_text.is_some());
+        assert_eq!(keeps_frame_pointers(&cgo), Some(false));
+        assert_eq!(
+            keeps_frame_pointers(&object("target/fixtures/cgo_leak_fp")),
+            Some(true)
+        );
     }
 
     #[test]

@@ -79,6 +79,9 @@ pub struct ObjectInfo {
     /// id note): Go keeps frame pointers on amd64, set up without
     /// `push %rbp`.
     pub is_go: bool,
+    /// In a Go object, the Go code's addresses (`runtime.text` to
+    /// `runtime.etext`); C code linked in with cgo lies outside.
+    pub go_text: Option<Range<u64>>,
 }
 
 impl ObjectInfo {
@@ -133,8 +136,10 @@ impl ObjectInfo {
         }
         let is_go = elf.section_by_name(".go.buildinfo").is_some()
             || elf.section_by_name(".note.go.buildid").is_some();
+        let go_text = is_go.then(|| go_text(&elf)).flatten();
         Some(ObjectInfo {
             is_go,
+            go_text,
             build_id: elf.build_id().ok().flatten().map(<[u8]>::to_vec),
             functions: named,
             segments,
@@ -316,6 +321,18 @@ impl ModuleFiles {
         );
         Some((module, object, base_avma))
     }
+}
+
+/// The addresses of a Go object's Go code, from the linker's
+/// `runtime.text` and `runtime.etext` symbols.
+fn go_text(elf: &object::File<'_>) -> Option<Range<u64>> {
+    let address = |name: &str| {
+        elf.symbols()
+            .find(|symbol| symbol.name() == Ok(name))
+            .map(|symbol| symbol.address())
+    };
+    let (start, end) = (address("runtime.text")?, address("runtime.etext")?);
+    (start < end).then_some(start..end)
 }
 
 /// Opens a file the target maps: by its path through /proc/PID/root, or,
