@@ -59,6 +59,7 @@ mod pod {
     unsafe impl aya::Pod for GpuPending {}
     unsafe impl aya::Pod for VmmHandle {}
     unsafe impl aya::Pod for Event {}
+    unsafe impl aya::Pod for OpenedFile {}
     unsafe impl aya::Pod for SyscallFieldOffsets {}
     unsafe impl aya::Pod for MappingEvent {}
     unsafe impl aya::Pod for StackCopy {}

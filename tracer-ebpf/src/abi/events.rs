@@ -24,6 +24,33 @@ pub struct Event {
     pub pad: u32,
 }
 
+/// Bytes of a path in an [`OpenedFile`] (with its NUL); longer paths are
+/// cut and left to the late hook.
+pub const OPENED_PATH_BYTES: usize = 512;
+
+/// A traced process opened a file whose name is a shared object's
+/// (`*.so`, `*.so.*`): sent to userspace at once (with a wakeup) through
+/// the OPENED ring buffer, so that the file's allocator and CUDA functions
+/// are hooked while the loader is still reading its headers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenedFile {
+    pub tgid: u32,
+    /// What `openat` returned.
+    pub fd: u32,
+    /// When `openat` returned (CLOCK_MONOTONIC).
+    pub timestamp_ns: u64,
+    /// The path as passed to `openat`, up to its NUL.
+    pub path: [u8; OPENED_PATH_BYTES],
+}
+
+/// Byte offsets of the `sys_enter_openat` and `sys_exit_openat` fields the
+/// at-open watcher reads, from tracefs at start-up (defaults: Linux 6.x).
+pub mod openat_format {
+    pub const FILENAME_OFFSET: u32 = 24;
+    pub const RET_OFFSET: u32 = 16;
+}
+
 /// Byte offsets of the `sys_enter_mmap` tracepoint fields the EXEC_MAPPED
 /// watcher reads, from tracefs at start-up (defaults: Linux 6.x).
 pub mod mmap_format {

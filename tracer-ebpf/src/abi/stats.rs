@@ -88,6 +88,11 @@ pub mod stat {
             /// Python stacks not stored (table full or a read failed): the
             /// allocation keeps its native frames only.
             DROP_PYTHON_STACK => ("python_stack_lost", Drop),
+            /// Shared objects a target opened, sent to be hooked at open.
+            LIBRARY_OPENS => ("library_opens", Event),
+            /// Shared objects opened whose message did not fit in OPENED: they
+            /// are hooked when their mapping is noticed (late).
+            DROP_OPENED_FULL => ("opened_ring_full", Drop),
         }
     }
 }

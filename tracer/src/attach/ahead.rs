@@ -66,7 +66,7 @@ pub fn candidates(pid: u32, maps: &[Mapping]) -> Vec<PathBuf> {
 }
 
 /// The target's path with its symbolic links resolved inside its root.
-fn resolve(pid: u32, path: &Path) -> Option<PathBuf> {
+pub(super) fn resolve(pid: u32, path: &Path) -> Option<PathBuf> {
     let root = PathBuf::from(format!("/proc/{pid}/root"));
     let host = fs::canonicalize(procfs::host_path(pid, path)).ok()?;
     // Through /proc/PID/root the kernel resolves within the target's root;

@@ -26,8 +26,10 @@ use aya::{
 use tracer_ebpf::{Event, event};
 
 use super::{
-    HookSite, Probes,
+    AttachedHook, HookSite, Probes,
+    at_open::{AtOpen, AtOpenNews, HookedFiles, OpenedHook},
     links::{TracepointLink, attach_tracepoint},
+    raw::{LinkKind, Linker},
     symbols::{executable_paths, hook_sites_in},
 };
 pub use crate::model::run::NoticedBy;
@@ -95,6 +97,10 @@ pub struct LibraryWatch {
     next_poll: Instant,
     /// When every initial probe was in place: time zero of the report.
     attached_at: Option<Instant>,
+    /// The files hooked per process, by inode, whichever way.
+    pub(super) files: HookedFiles,
+    /// The thread that hooks libraries at open (with uprobe_multi links).
+    at_open: Option<AtOpen>,
 }
 
 impl LibraryWatch {
@@ -102,12 +108,19 @@ impl LibraryWatch {
     pub fn forget(&mut self, pid: u32) {
         let _ = self.traced_tgids.remove(&pid);
         self.seen.retain(|(seen_pid, _)| *seen_pid != pid);
+        self.files.forget(pid);
         self.rescans.remove(&pid);
     }
 
     /// Attaches the mmap and exec tracepoints (adding their links to
-    /// `links`) and takes the watch's maps out of `ebpf`.
-    pub(super) fn start(ebpf: &mut Ebpf, links: &mut Vec<TracepointLink>) -> Result<LibraryWatch> {
+    /// `links`) and takes the watch's maps out of `ebpf`. With `linkers`
+    /// (uprobe_multi, and sessions if loaded), libraries are also hooked
+    /// at open, by a thread of their own.
+    pub(super) fn start(
+        ebpf: &mut Ebpf,
+        links: &mut Vec<TracepointLink>,
+        linkers: Option<(Linker, Option<Linker>)>,
+    ) -> Result<LibraryWatch> {
         links.push(attach_tracepoint(
             ebpf,
             tracer_ebpf::program::EXEC_MAPPED,
@@ -124,15 +137,33 @@ impl LibraryWatch {
             ebpf.take_map(name)
                 .with_context(|| format!("eBPF object lacks map {name}"))
         };
+        let events = RingBuf::try_from(take(tracer_ebpf::map::EVENTS)?)?;
+        let traced_tgids = KernelHashMap::try_from(take(tracer_ebpf::map::TRACED_TGIDS)?)?;
+        let opened = RingBuf::try_from(take(tracer_ebpf::map::OPENED)?)?;
+        let files = HookedFiles::default();
+        let at_open = match linkers {
+            Some((multi, session)) => {
+                for (program, event) in [
+                    (tracer_ebpf::program::OPEN_ENTER, "sys_enter_openat"),
+                    (tracer_ebpf::program::OPEN_EXIT, "sys_exit_openat"),
+                ] {
+                    links.push(attach_tracepoint(ebpf, program, "syscalls", event)?);
+                }
+                Some(AtOpen::start(opened, multi, session, files.clone())?)
+            }
+            None => None,
+        };
         Ok(LibraryWatch {
-            events: RingBuf::try_from(take(tracer_ebpf::map::EVENTS)?)?,
-            traced_tgids: KernelHashMap::try_from(take(tracer_ebpf::map::TRACED_TGIDS)?)?,
+            events,
+            traced_tgids,
             seen: HashSet::new(),
             rescans: HashMap::new(),
             execs: Vec::new(),
             context_destroys: Vec::new(),
             next_poll: Instant::now() + POLL_EVERY,
             attached_at: None,
+            files,
+            at_open,
         })
     }
 
@@ -144,12 +175,6 @@ impl LibraryWatch {
         self.seen
             .extend(executable_paths(maps).into_iter().map(|path| (pid, path)));
         Ok(())
-    }
-
-    /// Marks `paths` (hooked ahead of their mapping) as looked up for `pid`.
-    pub fn mark_seen(&mut self, pid: u32, paths: &[PathBuf]) {
-        self.seen
-            .extend(paths.iter().map(|path| (pid, path.clone())));
     }
 
     /// Reads the pending events; returns the processes whose mappings are
@@ -245,6 +270,23 @@ impl Probes {
     /// hooked, and the libraries that could not be (tracing goes on).
     pub fn watch_libraries(&mut self, pids: &[u32]) -> Vec<String> {
         let mut notes = Vec::new();
+        let news = self
+            .watch
+            .at_open
+            .as_ref()
+            .map(AtOpen::take)
+            .unwrap_or_default();
+        for news in news {
+            match news {
+                AtOpenNews::Hooked(hooked) => notes.push(self.adopt_opened(hooked)),
+                AtOpenNews::Failed { pid, path, error } => notes.push(format!(
+                    "warning: PID {pid}: could not hook {} at open ({error}): it is hooked \
+                     when its mapping is noticed",
+                    path.display()
+                )),
+                AtOpenNews::Note(note) => notes.push(note),
+            }
+        }
         for (pid, noticed_by) in self.watch.due(pids) {
             if let Err(error) = self.hook_new_libraries(pid, noticed_by, &mut notes) {
                 notes.push(format!("warning: PID {pid}: {error:#}"));
@@ -262,6 +304,52 @@ impl Probes {
             notes.push(format!("warning: PID {pid}: {error:#}"));
         }
         notes
+    }
+
+    /// Waits (at most 200 ms) for the libraries being hooked at open, so
+    /// that the last `watch_libraries` reports them.
+    pub fn settle_at_open(&self) {
+        if let Some(at_open) = &self.watch.at_open {
+            at_open.settle();
+        }
+    }
+
+    /// Takes in the probes the at-open thread attached; returns the line
+    /// for stderr.
+    fn adopt_opened(&mut self, hooked: OpenedHook) -> String {
+        let OpenedHook {
+            pid,
+            path,
+            sites,
+            links,
+            hooked_at,
+            after_open,
+        } = hooked;
+        for (kind, link, probe_count) in links {
+            let programs = match kind {
+                LinkKind::Multi => self.multi.as_mut(),
+                LinkKind::Session => self.session.as_mut(),
+            };
+            // The at-open thread only runs with the programs it links.
+            programs
+                .expect("the at-open thread links loaded programs")
+                .adopt(pid, link, probe_count);
+        }
+        self.hooks.extend(sites.iter().map(|site| AttachedHook {
+            pid,
+            site: site.clone(),
+        }));
+        let mut libraries = HookedLibrary::from_sites(pid, &sites, NoticedBy::AtOpen);
+        for library in &mut libraries {
+            library.hooked_at = hooked_at;
+        }
+        self.libraries.extend(libraries);
+        format!(
+            "hooked {} functions in {} (PID {pid}, at open: {} µs after its openat returned)",
+            sites.len(),
+            path.display(),
+            after_open.as_micros()
+        )
     }
 
     fn hook_new_libraries(

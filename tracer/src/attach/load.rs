@@ -110,6 +110,11 @@ impl Probes {
         let object = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
         let skip_chance = skip_chance_table();
         tracefs::ensure_mounted()?;
+        let openat_filename_offset =
+            tracefs::event_field_offset("syscalls", "sys_enter_openat", "filename")
+                .unwrap_or(tracer_ebpf::openat_format::FILENAME_OFFSET);
+        let openat_ret_offset = tracefs::event_field_offset("syscalls", "sys_exit_openat", "ret")
+            .unwrap_or(tracer_ebpf::openat_format::RET_OFFSET);
         let fork_child_offset =
             tracefs::event_field_offset("sched", "sched_process_fork", "child_pid");
         let field_offsets = mappings::read_field_offsets().map_err(|error| {
@@ -171,6 +176,16 @@ impl Probes {
             .override_global(tracer_ebpf::global::MMAP_PROT_OFFSET, &mmap.prot, true)
             .override_global(tracer_ebpf::global::MMAP_FD_OFFSET, &mmap.fd, true)
             .override_global(
+                tracer_ebpf::global::OPENAT_FILENAME_OFFSET,
+                &openat_filename_offset,
+                true,
+            )
+            .override_global(
+                tracer_ebpf::global::OPENAT_RET_OFFSET,
+                &openat_ret_offset,
+                true,
+            )
+            .override_global(
                 tracer_ebpf::global::SYSCALL_FIELD_OFFSETS,
                 &field_offsets,
                 true,
@@ -224,7 +239,14 @@ impl Probes {
         };
         // After the session loader, which looks up every map of the object
         // (the watch takes EVENTS out of it).
-        let watch = LibraryWatch::start(&mut ebpf, &mut tracepoint_links)?;
+        let linkers = match &multi {
+            Some(multi) => Some((
+                multi.linker()?,
+                session.as_ref().map(RawPrograms::linker).transpose()?,
+            )),
+            None => None,
+        };
+        let watch = LibraryWatch::start(&mut ebpf, &mut tracepoint_links, linkers)?;
         let mapping_links = mappings::attach_tracepoints(&mut ebpf)
             .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
         let mapping_tracepoints = mapping_links.len();

@@ -12,6 +12,7 @@
 //! has uprobe sessions, the entry and return programs of a function are one
 //! session program (`session`), so an unrecorded call skips its return.
 pub mod ahead;
+pub mod at_open;
 pub mod cuda;
 pub mod function;
 pub mod libraries;
@@ -29,7 +30,7 @@ mod preflight;
 mod python;
 mod reports;
 
-use std::{num::NonZeroU32, path::PathBuf};
+use std::num::NonZeroU32;
 
 use anyhow::{Context as _, Result};
 use aya::{
@@ -109,6 +110,55 @@ fn add_to_batch<'a>(
     }
 }
 
+/// When a batch is attached: return probes first, so that a call whose
+/// entry is seen always has its return seen too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Return,
+    /// Session programs: entry and return in one.
+    Session,
+    Entry,
+}
+
+/// The batches of `sites` in the order they are attached; a function
+/// whose entry program `in_session` covers gets one session batch.
+fn batches<'a>(
+    sites: &'a [HookSite],
+    in_session: impl Fn(&str) -> bool,
+) -> Vec<(Stage, Batch<'a>)> {
+    let mut returns = Vec::new();
+    let mut sessions = Vec::new();
+    let mut entries = Vec::new();
+    for site in sites {
+        let function = &site.function;
+        if in_session(function.entry_program) {
+            add_to_batch(
+                &mut sessions,
+                function.entry_program,
+                site,
+                site.offset,
+                function.cookie,
+            );
+            continue;
+        }
+        if let Some(return_program) = function.return_program {
+            add_to_batch(&mut returns, return_program, site, site.offset, 0);
+        }
+        add_to_batch(
+            &mut entries,
+            function.entry_program,
+            site,
+            site.offset,
+            function.cookie,
+        );
+    }
+    let staged = |stage, batches: Vec<Batch<'a>>| batches.into_iter().map(move |b| (stage, b));
+    staged(Stage::Return, returns)
+        .chain(staged(Stage::Session, sessions))
+        .chain(staged(Stage::Entry, entries))
+        .collect()
+}
+
 /// A hook that is in place: where, and in which process.
 #[derive(Clone, Debug)]
 pub struct AttachedHook {
@@ -182,11 +232,6 @@ impl Probes {
             return Ok(());
         }
         let sites = symbols::hook_sites_in(pid, &candidates)?;
-        let paths: Vec<PathBuf> = candidates
-            .into_iter()
-            .filter(|path| sites.iter().any(|site| site.path == *path))
-            .collect();
-        self.watch.mark_seen(pid, &paths);
         self.attach_sites(pid, &sites, NoticedBy::Ahead)
     }
 
@@ -250,56 +295,31 @@ impl Probes {
 
     /// Attaches the probes of `sites`, return probes first, so that a
     /// call whose entry is seen always has its return seen too. With
-    /// uprobe sessions, a session program is both.
+    /// uprobe sessions, a session program is both. A file already hooked
+    /// for `pid` (at open, ahead) is left as it is: a second probe on it
+    /// would count every call twice.
     fn attach_sites(&mut self, pid: u32, sites: &[HookSite], noticed_by: NoticedBy) -> Result<()> {
-        let mut returns = Vec::new();
-        let mut sessions = Vec::new();
-        let mut entries = Vec::new();
-        for site in sites {
-            let function = &site.function;
-            let in_session = self
-                .session
-                .as_ref()
-                .is_some_and(|session| session.covers(function.entry_program));
-            if in_session {
-                add_to_batch(
-                    &mut sessions,
-                    function.entry_program,
-                    site,
-                    site.offset,
-                    function.cookie,
-                );
-                continue;
+        let sites = self.watch.files.claim_sites(pid, sites);
+        let session = self.session.as_ref();
+        let ordered = batches(&sites, |program| {
+            session.is_some_and(|session| session.covers(program))
+        });
+        for (stage, batch) in &ordered {
+            if *stage == Stage::Session {
+                let session = self.session.as_mut().expect("sessions are loaded");
+                session
+                    .attach(batch.program, &batch.site.host_path, &batch.points, pid)
+                    .map_err(|error| attach_error(error, pid))?;
+            } else {
+                self.attach_batch(batch, pid)?;
             }
-            if let Some(return_program) = function.return_program {
-                add_to_batch(&mut returns, return_program, site, site.offset, 0);
-            }
-            add_to_batch(
-                &mut entries,
-                function.entry_program,
-                site,
-                site.offset,
-                function.cookie,
-            );
-        }
-        for batch in &returns {
-            self.attach_batch(batch, pid)?;
-        }
-        for batch in &sessions {
-            let session = self.session.as_mut().expect("sessions are loaded");
-            session
-                .attach(batch.program, &batch.site.host_path, &batch.points, pid)
-                .map_err(|error| attach_error(error, pid))?;
-        }
-        for batch in &entries {
-            self.attach_batch(batch, pid)?;
         }
         self.hooks.extend(sites.iter().map(|site| AttachedHook {
             pid,
             site: site.clone(),
         }));
         self.libraries
-            .extend(HookedLibrary::from_sites(pid, sites, noticed_by));
+            .extend(HookedLibrary::from_sites(pid, &sites, noticed_by));
         Ok(())
     }
 

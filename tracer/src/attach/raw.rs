@@ -202,42 +202,35 @@ impl RawPrograms {
         points: &[(u64, u64)],
         pid: u32,
     ) -> Result<()> {
-        let (fd, is_return) = self
-            .programs
-            .get(program)
-            .with_context(|| format!("no {:?} program {program}", self.kind))?;
-        let path_c = CString::new(path.as_os_str().as_encoded_bytes())
-            .with_context(|| format!("{} has a NUL byte", path.display()))?;
-        let offsets: Vec<u64> = points.iter().map(|&(offset, _)| offset).collect();
-        let cookies: Vec<u64> = points.iter().map(|&(_, cookie)| cookie).collect();
-        let attr = UprobeMultiLinkAttr {
-            prog_fd: fd.as_raw_fd() as u32,
-            attach_type: match self.kind {
-                LinkKind::Multi => BPF_TRACE_UPROBE_MULTI,
-                LinkKind::Session => BPF_TRACE_UPROBE_SESSION,
-            },
-            path: path_c.as_ptr() as u64,
-            offsets: offsets.as_ptr() as u64,
-            cookies: cookies.as_ptr() as u64,
-            cnt: points.len() as u32,
-            uprobe_flags: if *is_return {
-                BPF_F_UPROBE_MULTI_RETURN
-            } else {
-                0
-            },
-            pid,
-            ..UprobeMultiLinkAttr::default()
-        };
-        let link = bpf(BPF_LINK_CREATE, &attr).with_context(|| {
-            format!(
-                "could not attach {program} to {} offsets of {}",
-                points.len(),
-                path.display()
-            )
-        })?;
-        self.links.push((pid, link));
-        self.probe_count += points.len();
+        let link = create_link(self.kind, &self.programs, program, path, points, pid)?;
+        self.adopt(pid, link, points.len());
         Ok(())
+    }
+
+    /// Takes in a link of `probe_count` probes that a [`Linker`] of these
+    /// programs made for `pid`.
+    pub fn adopt(&mut self, pid: u32, link: OwnedFd, probe_count: usize) {
+        self.links.push((pid, link));
+        self.probe_count += probe_count;
+    }
+
+    /// A handle that makes links of these programs on another thread (the
+    /// at-open hooks); the links come back through `adopt`.
+    pub fn linker(&self) -> Result<Linker> {
+        let programs = self
+            .programs
+            .iter()
+            .map(|(name, (fd, is_return))| {
+                let fd = fd
+                    .try_clone()
+                    .with_context(|| format!("could not duplicate program {name}"))?;
+                Ok((name.clone(), (fd, *is_return)))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Linker {
+            kind: self.kind,
+            programs,
+        })
     }
 
     /// The links, to release (closing each costs a grace period).
@@ -266,6 +259,77 @@ impl RawPrograms {
     pub fn probe_count(&self) -> usize {
         self.probe_count
     }
+}
+
+/// The programs of a [`RawPrograms`], to make links with elsewhere.
+pub struct Linker {
+    pub kind: LinkKind,
+    programs: HashMap<String, (OwnedFd, bool)>,
+}
+
+impl Linker {
+    /// Whether `program` (for sessions: the plain-uprobe twin's name) is
+    /// here.
+    pub fn covers(&self, program: &str) -> bool {
+        self.programs.contains_key(program)
+    }
+
+    /// A link of `program` at every file offset of `path` in `points`, for
+    /// process `pid` only.
+    pub fn link(
+        &self,
+        program: &str,
+        path: &Path,
+        points: &[(u64, u64)],
+        pid: u32,
+    ) -> Result<OwnedFd> {
+        create_link(self.kind, &self.programs, program, path, points, pid)
+    }
+}
+
+/// A uprobe_multi or session link of `program` (one of `programs`) at
+/// every file offset of `path` in `points` (with its attach cookie), for
+/// process `pid` only.
+fn create_link(
+    kind: LinkKind,
+    programs: &HashMap<String, (OwnedFd, bool)>,
+    program: &str,
+    path: &Path,
+    points: &[(u64, u64)],
+    pid: u32,
+) -> Result<OwnedFd> {
+    let (fd, is_return) = programs
+        .get(program)
+        .with_context(|| format!("no {kind:?} program {program}"))?;
+    let path_c = CString::new(path.as_os_str().as_encoded_bytes())
+        .with_context(|| format!("{} has a NUL byte", path.display()))?;
+    let offsets: Vec<u64> = points.iter().map(|&(offset, _)| offset).collect();
+    let cookies: Vec<u64> = points.iter().map(|&(_, cookie)| cookie).collect();
+    let attr = UprobeMultiLinkAttr {
+        prog_fd: fd.as_raw_fd() as u32,
+        attach_type: match kind {
+            LinkKind::Multi => BPF_TRACE_UPROBE_MULTI,
+            LinkKind::Session => BPF_TRACE_UPROBE_SESSION,
+        },
+        path: path_c.as_ptr() as u64,
+        offsets: offsets.as_ptr() as u64,
+        cookies: cookies.as_ptr() as u64,
+        cnt: points.len() as u32,
+        uprobe_flags: if *is_return {
+            BPF_F_UPROBE_MULTI_RETURN
+        } else {
+            0
+        },
+        pid,
+        ..UprobeMultiLinkAttr::default()
+    };
+    bpf(BPF_LINK_CREATE, &attr).with_context(|| {
+        format!(
+            "could not attach {program} to {} offsets of {}",
+            points.len(),
+            path.display()
+        )
+    })
 }
 
 /// The fd of one of aya's maps.

@@ -340,6 +340,7 @@ impl Collector {
     /// libraries mapped since the last snapshot too, for the symbolizer),
     /// then `Stopped`.
     fn finish(&mut self, reason: StopReason) -> Result<()> {
+        self.probes.settle_at_open();
         self.watch_libraries()?;
         self.resolve_python_stacks();
         self.note_python_threads_missed();

@@ -95,6 +95,10 @@ worded_enum! {
         /// could load (its RUNPATH, LD_LIBRARY_PATH, the loader cache,
         /// Python's nvidia wheels): hooked by file ahead of its mapping.
         Ahead = "ahead",
+        /// The openat tracepoint saw it being opened: hooked by file while
+        /// the loader read it (before its first call if tracer won the
+        /// race).
+        AtOpen = "at-open",
         /// The mmap tracepoint saw it being mapped.
         MmapEvent = "mmap-event",
         /// The poll of /proc/PID/maps found it.
@@ -102,6 +106,23 @@ worded_enum! {
         /// A spawned command's loader had just mapped it: hooked while the
         /// command was stopped, before its constructors ran.
         LoaderStop = "loader-stop",
+    }
+}
+
+impl NoticedBy {
+    /// How the library's hooks got there, as the report says it:
+    /// `attach`, `ahead` (before any mapping), `at-open` (while the loader
+    /// read it: before its first call when tracer won the race), `late`
+    /// (after the mapping: calls made meanwhile are missed) or
+    /// `loader-stop` (a spawned command stopped before its constructors).
+    pub fn hooked(self) -> &'static str {
+        match self {
+            NoticedBy::Attach => "attach",
+            NoticedBy::Ahead => "ahead",
+            NoticedBy::AtOpen => "at-open",
+            NoticedBy::MmapEvent | NoticedBy::MapsPoll => "late",
+            NoticedBy::LoaderStop => "loader-stop",
+        }
     }
 }
 

@@ -89,6 +89,13 @@ pub(crate) fn sample_report(top: usize) -> Report {
                 noticed_by: NoticedBy::MmapEvent,
                 functions: vec!["cudaMalloc".to_owned(), "cudaFree".to_owned()],
             },
+            LibraryReport {
+                pid: 10,
+                path: "/opt/venv/nvidia/cuda_runtime/lib/libcuda.so.1".to_owned(),
+                hooked_after_s: 2.5,
+                noticed_by: NoticedBy::AtOpen,
+                functions: vec!["cuMemAlloc_v2".to_owned()],
+            },
         ],
         interval_ms: 1000,
         top,

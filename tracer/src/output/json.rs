@@ -65,10 +65,21 @@ mod tests {
         let library = &json["libraries"][1];
         assert_eq!(
             keys(library),
-            ["functions", "hooked_after_s", "noticed_by", "path", "pid"]
+            [
+                "functions",
+                "hooked",
+                "hooked_after_s",
+                "noticed_by",
+                "path",
+                "pid"
+            ]
         );
         assert_eq!(library["hooked_after_s"], 2.5);
         assert_eq!(library["noticed_by"], "mmap-event");
+        assert_eq!(library["hooked"], "late");
+        assert_eq!(json["libraries"][0]["hooked"], "attach");
+        assert_eq!(json["libraries"][2]["noticed_by"], "at-open");
+        assert_eq!(json["libraries"][2]["hooked"], "at-open");
         assert_eq!(
             json["totals"]["heap"]["live_bytes"],
             4 * 65536 + 4096 + 8192

@@ -32,8 +32,8 @@ pub struct Report {
     /// How stacks were walked; null for recordings made before tracer
     /// could unwind with DWARF.
     pub unwinding: Option<UnwindingReport>,
-    /// The objects that were hooked, and when.
-    pub libraries: Vec<LibraryReport>,
+    /// The objects that were hooked, when, and how.
+    pub libraries: Vec<LibraryEntry>,
     /// Stack copies whose unwinding stopped before the thread's start, by
     /// reason (their stacks end in a marker frame).
     pub unwinding_stopped: BTreeMap<String, u64>,
@@ -42,6 +42,15 @@ pub struct Report {
     /// Stacks that grew steadily until the end, fastest first (rank 1 is
     /// shown as L1).
     pub suspected_leaks: Vec<StackReport>,
+}
+
+/// A hooked object and how its hooks got there.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LibraryEntry {
+    #[serde(flatten)]
+    pub library: LibraryReport,
+    /// `NoticedBy::hooked`: attach, ahead, at-open, late or loader-stop.
+    pub hooked: &'static str,
 }
 
 /// A traced process and its live memory at the end, by kind name.
@@ -208,7 +217,14 @@ impl Report {
             probes: input.probes,
             sampling: input.sampling,
             unwinding: input.unwinding,
-            libraries: input.libraries,
+            libraries: input
+                .libraries
+                .into_iter()
+                .map(|library| LibraryEntry {
+                    hooked: library.noticed_by.hooked(),
+                    library,
+                })
+                .collect(),
             unwinding_stopped: input.unwinding_stopped,
             stacks,
             suspected_leaks,

@@ -157,15 +157,15 @@ pub fn render(report: &Report) -> String {
             .map_or_else(|| path.to_owned(), |n| n.to_string_lossy().into_owned())
     };
     let mut ahead: BTreeMap<u32, Vec<String>> = BTreeMap::new();
-    for library in report
+    for entry in report
         .libraries
         .iter()
-        .filter(|l| l.noticed_by == NoticedBy::Ahead)
+        .filter(|entry| entry.library.noticed_by == NoticedBy::Ahead)
     {
         ahead
-            .entry(library.pid)
+            .entry(entry.library.pid)
             .or_default()
-            .push(file_name_of(&library.path));
+            .push(file_name_of(&entry.library.path));
     }
     for (pid, file_names) in ahead {
         // Files it could load: probes in place before any mapping of them.
@@ -174,17 +174,21 @@ pub fn render(report: &Report) -> String {
             file_names.join(", ")
         ));
     }
-    for library in report
-        .libraries
-        .iter()
-        .filter(|l| l.noticed_by != NoticedBy::Attach && l.noticed_by != NoticedBy::Ahead)
-    {
-        let file_name = file_name_of(&library.path);
+    for entry in report.libraries.iter().filter(|entry| {
+        entry.library.noticed_by != NoticedBy::Attach
+            && entry.library.noticed_by != NoticedBy::Ahead
+    }) {
+        let library = &entry.library;
+        let how = match library.noticed_by {
+            NoticedBy::AtOpen => "at open".to_owned(),
+            NoticedBy::LoaderStop => "loader-stop, before its constructors".to_owned(),
+            noticed_by => format!("{noticed_by}, {}", entry.hooked),
+        };
         lines.push(format!(
-            "hooked after attach: {file_name} in PID {} at {:.2} s ({}, late), {} functions",
+            "hooked after attach: {} in PID {} at {:.2} s ({how}), {} functions",
+            file_name_of(&library.path),
             library.pid,
             library.hooked_after_s,
-            library.noticed_by,
             library.functions.len()
         ));
     }
@@ -442,6 +446,12 @@ mod tests {
         assert!(
             lines.contains(
                 &"hooked after attach: libcudart.so.12 in PID 10 at 2.50 s (mmap-event, late), 2 functions"
+            ),
+            "{text}"
+        );
+        assert!(
+            lines.contains(
+                &"hooked after attach: libcuda.so.1 in PID 10 at 2.50 s (at open), 1 functions"
             ),
             "{text}"
         );

@@ -1,0 +1,369 @@
+//! Libraries hooked at open: a library a target dlopens after attach, and
+//! that no rule of `ahead` found, is hooked while the loader is still
+//! reading it. The `openat` tracepoints send the path of every shared
+//! object a traced process opens (tracer-ebpf/src/libraries.rs) and wake
+//! this module's thread, which reads the file through /proc/PID/root,
+//! looks up its allocator and CUDA functions and attaches them by file,
+//! scoped to the process. Uprobes are keyed by file, so probes attached
+//! before the loader maps the file, or after but before the first call,
+//! see every call.
+//!
+//! It is a race against the target, which tracer must not stop: the loader
+//! maps the file, relocates it and runs its constructors, then `dlopen`
+//! returns and the caller may allocate at once (~340 µs after the openat
+//! for a small library, measured). The thread does nothing else, runs
+//! under SCHED_FIFO (`raise_priority`), and makes each probe set in one
+//! uprobe_multi link. What it
+//! attaches goes to the collect loop (`Probes::watch_libraries`) to be
+//! reported; a library it missed is hooked late, when its mapping is
+//! noticed.
+use std::{
+    collections::{HashMap, HashSet},
+    fs,
+    os::{
+        fd::{AsFd as _, AsRawFd as _, OwnedFd},
+        unix::fs::MetadataExt as _,
+    },
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{MapData, RingBuf};
+use tracer_ebpf::OpenedFile;
+
+use super::{
+    HookSite, Stage, ahead, batches,
+    raw::{LinkKind, Linker},
+    symbols::hook_sites_in,
+};
+use crate::procfs;
+
+/// How long the thread sleeps between checks that it should stop.
+const STOP_CHECK: Duration = Duration::from_millis(100);
+/// How long the last report waits for a hook in progress.
+const SETTLE_AT_MOST: Duration = Duration::from_millis(200);
+
+/// The files hooked (or found to hold nothing to hook) per process, by
+/// device and inode: uprobes are keyed by file, so a file gets its probes
+/// once per process, by whichever way came first (attach, ahead, at open,
+/// late). Shared by the collect loop and the at-open thread.
+#[derive(Clone, Debug, Default)]
+pub struct HookedFiles(Arc<Mutex<HashSet<(u32, u64, u64)>>>);
+
+impl HookedFiles {
+    fn id(host_path: &Path) -> Option<(u64, u64)> {
+        let metadata = fs::metadata(host_path).ok()?;
+        Some((metadata.dev(), metadata.ino()))
+    }
+
+    /// Claims the file at `host_path` for `pid`: false when it was claimed
+    /// before or cannot be read.
+    pub fn claim(&self, pid: u32, host_path: &Path) -> bool {
+        let Some((device, inode)) = Self::id(host_path) else {
+            return false;
+        };
+        self.lock().insert((pid, device, inode))
+    }
+
+    /// Gives up the claim of `pid` on `host_path` (its probes failed).
+    fn release(&self, pid: u32, host_path: &Path) {
+        if let Some((device, inode)) = Self::id(host_path) {
+            self.lock().remove(&(pid, device, inode));
+        }
+    }
+
+    /// The sites among `sites` whose file this call claimed for `pid`.
+    pub fn claim_sites(&self, pid: u32, sites: &[HookSite]) -> Vec<HookSite> {
+        let mut claimed: HashMap<&Path, bool> = HashMap::new();
+        sites
+            .iter()
+            .filter(|site| {
+                *claimed
+                    .entry(&site.host_path)
+                    .or_insert_with(|| self.claim(pid, &site.host_path))
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the files of `pid`, which exited.
+    pub fn forget(&self, pid: u32) {
+        self.lock()
+            .retain(|&(claimed_pid, _, _)| claimed_pid != pid);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<(u32, u64, u64)>> {
+        // A panic elsewhere leaves the set as it was: still usable.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A library hooked at open, for the collect loop to report.
+pub struct OpenedHook {
+    pub pid: u32,
+    /// The file as the target sees it.
+    pub path: PathBuf,
+    pub sites: Vec<HookSite>,
+    /// The links made, which `RawPrograms` each belongs to, and their
+    /// probe counts.
+    pub links: Vec<(LinkKind, OwnedFd, usize)>,
+    pub hooked_at: Instant,
+    /// From the return of the target's `openat` to the last link made.
+    pub after_open: Duration,
+}
+
+/// What the at-open thread did with one opened file.
+pub enum AtOpenNews {
+    Hooked(OpenedHook),
+    /// The probes could not be attached: the file is left to the late hook.
+    Failed {
+        pid: u32,
+        path: PathBuf,
+        error: String,
+    },
+    /// A line for stderr.
+    Note(String),
+}
+
+/// The at-open thread, and what it sends.
+pub struct AtOpen {
+    news: mpsc::Receiver<AtOpenNews>,
+    stop: Arc<AtomicBool>,
+    /// Set while the thread hooks what it was woken for.
+    busy: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl AtOpen {
+    /// Starts the thread on the OPENED ring buffer; it attaches with
+    /// `multi` (and `session` for the functions it covers).
+    pub fn start(
+        opened: RingBuf<MapData>,
+        multi: Linker,
+        session: Option<Linker>,
+        files: HookedFiles,
+    ) -> Result<AtOpen> {
+        let (sender, news) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let hooker = Hooker {
+            multi,
+            session,
+            files,
+            news: sender,
+        };
+        let busy = Arc::new(AtomicBool::new(false));
+        let (thread_stop, thread_busy) = (Arc::clone(&stop), Arc::clone(&busy));
+        let thread = std::thread::Builder::new()
+            .name("tracer-at-open".to_owned())
+            .spawn(move || hooker.run(opened, &thread_stop, &thread_busy))
+            .context("could not start the at-open thread")?;
+        Ok(AtOpen {
+            news,
+            stop,
+            busy,
+            thread: Some(thread),
+        })
+    }
+
+    /// Waits (a little) for a hook in progress, so that the last report
+    /// lists what was opened just before tracer stopped.
+    pub fn settle(&self) {
+        let deadline = Instant::now() + SETTLE_AT_MOST;
+        while self.busy.load(Ordering::Acquire) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// What the thread did since the last call.
+    pub fn take(&self) -> Vec<AtOpenNews> {
+        self.news.try_iter().collect()
+    }
+}
+
+impl Drop for AtOpen {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The at-open thread's state.
+struct Hooker {
+    multi: Linker,
+    session: Option<Linker>,
+    files: HookedFiles,
+    news: mpsc::Sender<AtOpenNews>,
+}
+
+impl Hooker {
+    fn run(self, mut opened: RingBuf<MapData>, stop: &AtomicBool, busy: &AtomicBool) {
+        if let Err(error) = raise_priority() {
+            let _ = self.news.send(AtOpenNews::Note(format!(
+                "note: libraries opened later are hooked at normal priority \
+                 (SCHED_FIFO refused: {error}): on a busy machine their first calls may be missed"
+            )));
+        }
+        let fd = opened.as_fd().as_raw_fd();
+        let timeout_ms = STOP_CHECK.as_millis() as i32;
+        while !stop.load(Ordering::Relaxed) {
+            let mut ready = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; an error or a timeout only loops.
+            unsafe { libc::poll(&mut ready, 1, timeout_ms) };
+            busy.store(true, Ordering::Release);
+            while let Some(item) = opened.next() {
+                if item.len() < size_of::<OpenedFile>() {
+                    continue;
+                }
+                // SAFETY: the kernel wrote an `OpenedFile` (plain data) there.
+                let file: OpenedFile = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                drop(item);
+                self.hook(&file);
+            }
+            busy.store(false, Ordering::Release);
+        }
+    }
+
+    /// Hooks the file a target opened, unless it is hooked already or
+    /// holds no function to hook.
+    fn hook(&self, file: &OpenedFile) {
+        let pid = file.tgid;
+        let Some(path) = opened_path(pid, &file.path) else {
+            return;
+        };
+        let host_path = procfs::host_path(pid, &path);
+        if !self.files.claim(pid, &host_path) {
+            return;
+        }
+        let sites = match hook_sites_in(pid, std::slice::from_ref(&path)) {
+            Ok(sites) if !sites.is_empty() => sites,
+            // Not an ELF file, or one without allocator or CUDA functions:
+            // claimed all the same, so that it is not read again.
+            _ => return,
+        };
+        let news = match self.attach(pid, &sites) {
+            Ok(links) => AtOpenNews::Hooked(OpenedHook {
+                pid,
+                path,
+                sites,
+                links,
+                hooked_at: Instant::now(),
+                after_open: Duration::from_nanos(monotonic_ns().saturating_sub(file.timestamp_ns)),
+            }),
+            Err(error) => {
+                self.files.release(pid, &host_path);
+                AtOpenNews::Failed {
+                    pid,
+                    path,
+                    error: format!("{error:#}"),
+                }
+            }
+        };
+        // The collect loop is gone only when tracer stops.
+        let _ = self.news.send(news);
+    }
+
+    /// Attaches the probes of `sites` (one file), returns first; on an
+    /// error the links made so far are dropped, which detaches them.
+    fn attach(&self, pid: u32, sites: &[HookSite]) -> Result<Vec<(LinkKind, OwnedFd, usize)>> {
+        let session = self.session.as_ref();
+        let mut links = Vec::new();
+        for (stage, batch) in batches(sites, |program| {
+            session.is_some_and(|session| session.covers(program))
+        }) {
+            let linker = match (stage, session) {
+                (Stage::Session, Some(session)) => session,
+                _ => &self.multi,
+            };
+            let link = linker.link(batch.program, &batch.site.host_path, &batch.points, pid)?;
+            links.push((linker.kind, link, batch.points.len()));
+        }
+        Ok(links)
+    }
+}
+
+/// Runs the calling thread under SCHED_FIFO (lowest priority): woken by
+/// an open, it runs at once instead of queueing behind the machine's other
+/// work (the target's own threads included), for the fraction of a
+/// millisecond hooking takes. The target is not stopped: its threads on
+/// other CPUs go on, and one that shares the CPU waits as it would for any
+/// other task.
+fn raise_priority() -> std::io::Result<()> {
+    let parameters = libc::sched_param { sched_priority: 1 };
+    // SAFETY: pid 0 is the calling thread; `parameters` is valid.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &parameters) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The file a target opened, as it sees it (symbolic links resolved, a
+/// relative path taken from its working directory), from the NUL-ended
+/// path of an `OpenedFile`.
+fn opened_path(pid: u32, bytes: &[u8]) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let length = bytes.iter().position(|&byte| byte == 0)?;
+    let path = Path::new(std::ffi::OsStr::from_bytes(&bytes[..length]));
+    let path = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        fs::read_link(format!("/proc/{pid}/cwd")).ok()?.join(path)
+    };
+    ahead::resolve(pid, &path)
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_claimed_once_per_process() {
+        let files = HookedFiles::default();
+        let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        assert!(files.claim(1, libc));
+        assert!(!files.claim(1, libc), "the same process");
+        // The same inode through another path.
+        assert!(!files.claim(1, Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6")));
+        assert!(files.claim(2, libc), "another process");
+        files.forget(1);
+        assert!(files.claim(1, libc));
+        assert!(!files.claim(3, Path::new("/no/such/file.so")));
+    }
+
+    #[test]
+    fn opened_paths_are_resolved_as_the_target_sees_them() {
+        let pid = std::process::id();
+        let mut bytes = [0u8; 64];
+        let name = b"/usr/lib/x86_64-linux-gnu/libc.so.6";
+        bytes[..name.len()].copy_from_slice(name);
+        let resolved = opened_path(pid, &bytes).expect("libc resolves");
+        assert!(resolved.is_absolute());
+        assert!(!resolved.starts_with("/proc"), "{}", resolved.display());
+        assert_eq!(opened_path(pid, &[b'x'; 8]), None, "no NUL: cut");
+    }
+}
