@@ -123,12 +123,8 @@ fn executor_exact_when_cuda_is_loaded_after_attach() {
     let Traced { output, report } = trace.stop();
 
     assert_executor_leak(&report, &answer, 4);
-    let libraries = report.json["libraries"].as_array().expect("libraries");
     for name in ["libcudart.so.12", "libcuda.so.1"] {
-        let library = libraries
-            .iter()
-            .find(|library| library["path"].as_str().unwrap().ends_with(name))
-            .unwrap_or_else(|| panic!("{name} is not listed: {}", report.json["libraries"]));
+        let library = listed_library(&report, name);
         assert_ne!(library["noticed_by"], "attach", "{library}");
         assert!(library["hooked_after_s"].as_f64().unwrap() > 0.0);
     }
@@ -161,12 +157,8 @@ fn executors_right_after_dlopen_are_all_counted_when_hooked_ahead() {
         let answer = fixture.cmd("loadexec 3");
         let Traced { output, report } = trace.stop();
         assert_executor_leak(&report, &answer, 6);
-        let libraries = report.json["libraries"].as_array().expect("libraries");
         for name in ["libcudart.so.12", "libcuda.so.1"] {
-            let library = libraries
-                .iter()
-                .find(|library| library["path"].as_str().unwrap().ends_with(name))
-                .unwrap_or_else(|| panic!("attempt {attempt}: {name} is not listed: {output}"));
+            let library = listed_library(&report, name);
             assert_eq!(
                 library["noticed_by"], "ahead",
                 "attempt {attempt}: {library}"
@@ -181,6 +173,16 @@ fn executors_right_after_dlopen_are_all_counted_when_hooked_ahead() {
             "{output}"
         );
     }
+}
+
+/// The JSON report's entry for the library whose path ends with `name`.
+fn listed_library<'a>(report: &'a Report, name: &str) -> &'a Value {
+    report.json["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .find(|library| library["path"].as_str().unwrap().ends_with(name))
+        .unwrap_or_else(|| panic!("{name} is not listed: {}", report.json["libraries"]))
 }
 
 /// Attempts of the at-open race that must be won out of 20: the worst
@@ -214,12 +216,8 @@ fn executors_right_after_dlopen_by_path_are_counted_when_hooked_at_open() {
         let after_hook = fixture.cmd("executor 2");
         let Traced { output, report } = trace.stop();
 
-        let libraries = report.json["libraries"].as_array().expect("libraries");
         for name in ["libcudart.so.12", "libcuda.so.1"] {
-            let library = libraries
-                .iter()
-                .find(|library| library["path"].as_str().unwrap().ends_with(name))
-                .unwrap_or_else(|| panic!("attempt {attempt}: {name} is not listed: {output}"));
+            let library = listed_library(&report, name);
             assert_eq!(library["hooked"], "at-open", "attempt {attempt}: {library}");
             assert_eq!(library["noticed_by"], "at-open", "attempt {attempt}");
         }

@@ -10,7 +10,9 @@ mod harness;
 
 use std::{path::PathBuf, process::Command};
 
-use harness::{Fixture, Live, Record, Report, field, require_root, stack_live, workspace_root};
+use harness::{
+    Fixture, Live, Record, Report, field, require_root, stack_live, sum_live, workspace_root,
+};
 use serde_json::Value;
 
 const PYTHON: &str = "/usr/bin/python3.11";
@@ -21,12 +23,7 @@ fn fixture_dir() -> PathBuf {
 
 /// The line of `file` (under tests/fixtures/python) holding `marker`.
 fn marked_line(file: &str, marker: &str) -> i64 {
-    let source = std::fs::read_to_string(fixture_dir().join(file)).expect("fixture source");
-    let index = source
-        .lines()
-        .position(|line| line.contains(marker))
-        .unwrap_or_else(|| panic!("no {marker} in {file}"));
-    index as i64 + 1
+    harness::marked_line(&fixture_dir().join(file), marker)
 }
 
 fn start_fixture() -> Fixture {
@@ -36,13 +33,7 @@ fn start_fixture() -> Fixture {
     );
     let mut command = Command::new(PYTHON);
     command.arg(fixture_dir().join("leaky_numpy.py"));
-    let (fixture, ready) = Fixture::spawn(command);
-    assert_eq!(
-        ready,
-        format!("ready pid={}", fixture.pid),
-        "fixture started oddly"
-    );
-    fixture
+    Fixture::start_command(command)
 }
 
 /// (function, file name, line, language) of each frame, innermost first.
@@ -138,13 +129,7 @@ fn numpy_leak_named(extra_args: &[&str]) {
             1,
             "one stack through {caller}, whatever native path the interpreter took\n{report}"
         );
-        let live = stacks.iter().fold(Live::default(), |sum, stack| {
-            let live = stack_live(stack);
-            Live {
-                bytes: sum.bytes + live.bytes,
-                allocs: sum.allocs + live.allocs,
-            }
-        });
+        let live = sum_live(&stacks);
         assert_eq!(
             live,
             Live {
@@ -403,10 +388,7 @@ fn embedded_interpreter_loaded_after_attach_gets_python_frames_in_c_stacks() {
     let traced = trace.stop();
     let report = &traced.report;
     let stacks = stacks_with_python(report, "leak_embedded", "embedded.py");
-    let live = stacks.iter().fold(Live::default(), |sum, stack| Live {
-        bytes: sum.bytes + stack_live(stack).bytes,
-        allocs: sum.allocs + stack_live(stack).allocs,
-    });
+    let live = sum_live(&stacks);
     assert_eq!(
         live,
         Live {
@@ -461,10 +443,7 @@ fn forked_multiprocessing_child_gets_python_frames() {
         .into_iter()
         .filter(|stack| stack["pid"].as_i64() == Some(child))
         .collect();
-    let live = stacks.iter().fold(Live::default(), |sum, stack| Live {
-        bytes: sum.bytes + stack_live(stack).bytes,
-        allocs: sum.allocs + stack_live(stack).allocs,
-    });
+    let live = sum_live(&stacks);
     assert_eq!(
         live,
         Live {
@@ -498,8 +477,7 @@ fn threads_started_after_attach_get_python_frames_at_their_first_allocation() {
     );
     let mut command = Command::new(PYTHON);
     command.arg(fixture_dir().join("leaky_bytes.py"));
-    let (mut fixture, ready) = Fixture::spawn(command);
-    assert_eq!(ready, format!("ready pid={}", fixture.pid));
+    let mut fixture = Fixture::start_command(command);
     let trace = Record::pid(fixture.pid)
         .args(["--min-size", "65536"])
         .interval("10s")

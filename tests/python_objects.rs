@@ -34,12 +34,7 @@ fn script() -> PathBuf {
 
 /// The line of the fixture's script holding `marker`.
 fn marked_line(marker: &str) -> i64 {
-    let source = std::fs::read_to_string(script()).expect("fixture source");
-    let index = source
-        .lines()
-        .position(|line| line.contains(marker))
-        .unwrap_or_else(|| panic!("no {marker} in {SCRIPT}"));
-    index as i64 + 1
+    harness::marked_line(&script(), marker)
 }
 
 /// Starts the script inside Debian's libpython3.11.
@@ -50,7 +45,7 @@ fn start_embedded() -> Fixture {
     );
     let mut command = Command::new(fixture("embed_script"));
     command.arg(script());
-    started(command)
+    Fixture::start_command(command)
 }
 
 /// Starts the script under Debian's python3.11 with `env`.
@@ -61,17 +56,7 @@ fn start_python(env: &[(&str, &str)]) -> Fixture {
     );
     let mut command = Command::new(PYTHON);
     command.arg(script()).envs(env.iter().copied());
-    started(command)
-}
-
-fn started(command: Command) -> Fixture {
-    let (fixture, ready) = Fixture::spawn(command);
-    assert_eq!(
-        ready,
-        format!("ready pid={}", fixture.pid),
-        "fixture started oddly"
-    );
-    fixture
+    Fixture::start_command(command)
 }
 
 /// (function, file name, line) of the innermost Python frame of a stack.

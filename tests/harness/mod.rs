@@ -22,7 +22,7 @@ mod truths;
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use record::{Record, Trace, Traced};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
-pub use totals::{Allocated, stack_allocated, stack_live};
+pub use totals::{Allocated, stack_allocated, stack_live, sum_live};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use truths::*;
 
@@ -104,6 +104,18 @@ pub fn field(answer: &str, key: &str) -> i64 {
         .unwrap_or_else(|| panic!("no integer `{key}=` in fixture answer {answer:?}"))
 }
 
+/// The line (from 1) of `path` that holds `marker`: tests name a fixture's
+/// lines by marker comments, not by numbers.
+pub fn marked_line(path: &Path, marker: &str) -> i64 {
+    let source =
+        std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    let index = source
+        .lines()
+        .position(|line| line.contains(marker))
+        .unwrap_or_else(|| panic!("no {marker} in {}", path.display()));
+    index as i64 + 1
+}
+
 /// A running fixture that speaks the line protocol of tests/fixtures/leaky.c.
 pub struct Fixture {
     child: Child,
@@ -122,11 +134,18 @@ impl Fixture {
     pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(fixture(name));
         command.args(args).envs(env.iter().copied());
+        Self::start_command(command)
+    }
+
+    /// Starts a command that runs a fixture (an interpreter and its script)
+    /// and waits for its `ready pid=N` line.
+    pub fn start_command(command: Command) -> Self {
+        let program = format!("{command:?}");
         let (fixture, ready) = Self::spawn(command);
         assert_eq!(
             ready,
             format!("ready pid={}", fixture.pid),
-            "{name} started oddly"
+            "{program} started oddly"
         );
         fixture
     }
@@ -486,10 +505,7 @@ impl Report {
     /// Live bytes and blocks over the stacks of `kind` containing
     /// `function`.
     pub fn live_with(&self, kind: &str, function: &str) -> Live {
-        self.stacks_with(kind, function)
-            .into_iter()
-            .map(stack_live)
-            .fold(Live::default(), |sum, live| sum + live)
+        sum_live(&self.stacks_with(kind, function))
     }
 }
 

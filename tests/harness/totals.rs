@@ -27,6 +27,14 @@ pub fn stack_live(stack: &Value) -> Live {
     }
 }
 
+/// Live bytes and blocks summed over `stacks`.
+pub fn sum_live(stacks: &[&Value]) -> Live {
+    stacks
+        .iter()
+        .map(|stack| stack_live(stack))
+        .fold(Live::default(), |sum, live| sum + live)
+}
+
 /// What a stack allocated over the run.
 pub fn stack_allocated(stack: &Value) -> Allocated {
     Allocated {

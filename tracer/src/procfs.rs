@@ -202,6 +202,19 @@ pub fn is_alive(pid: u32) -> bool {
     matches!(state(pid), Some(state) if state != 'Z' && state != 'X')
 }
 
+/// CLOCK_MONOTONIC in nanoseconds: the clock of the kernel's timestamps
+/// (`bpf_ktime_get_ns`), so a kernel record's age can be told.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec; CLOCK_MONOTONIC always
+    // exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -262,7 +262,9 @@ impl Hooker {
                 sites,
                 links,
                 hooked_at: Instant::now(),
-                after_open: Duration::from_nanos(monotonic_ns().saturating_sub(file.timestamp_ns)),
+                after_open: Duration::from_nanos(
+                    procfs::monotonic_ns().saturating_sub(file.timestamp_ns),
+                ),
             }),
             Err(error) => {
                 self.files.release(pid, &host_path);
@@ -324,17 +326,6 @@ fn opened_path(pid: u32, bytes: &[u8]) -> Option<PathBuf> {
         fs::read_link(format!("/proc/{pid}/cwd")).ok()?.join(path)
     };
     ahead::resolve(pid, &path)
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 #[cfg(test)]

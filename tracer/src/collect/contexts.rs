@@ -112,26 +112,13 @@ pub fn mark_destroyed<'a>(
     let released = released_by(entries, destroyed.tgid, destroyed.context_epoch);
     // The kernel's clock says when the call returned, however late the
     // event is read.
-    let age_s = monotonic_ns().saturating_sub(destroyed.timestamp_ns) as f64 / 1e9;
+    let age_s = crate::procfs::monotonic_ns().saturating_sub(destroyed.timestamp_ns) as f64 / 1e9;
     let list = &mut target.gpu_contexts_destroyed;
     list.push(ContextDestroyed {
         after_s: (attached_at.elapsed().as_secs_f64() - age_s).max(0.0),
         released,
     });
     list.last().expect("just pushed")
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock of the kernel's timestamps
-/// (`bpf_ktime_get_ns`).
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec; CLOCK_MONOTONIC always
-    // exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 #[cfg(test)]
