@@ -191,6 +191,24 @@ fn assert_named(
         found, expected,
         "Python frames of {caller}'s stack\n{report}"
     );
+    // The stack is named by the program's own line, past numpy's C and
+    // numpy's own Python (issue 17: labels skip what only passes the
+    // allocation on).
+    let site = &stack["site"];
+    assert_eq!(
+        (&site["function"], &site["line"], &site["via"]),
+        (
+            &Value::from("leak_buffer"),
+            &Value::from(leak_line),
+            &Value::from("ones")
+        ),
+        "{site}\n{report}"
+    );
+    assert_eq!(
+        site["label"],
+        format!("leak_buffer (buffers.py:{leak_line}) via ones"),
+        "{site}"
+    );
     // numpy's own Python (`ones`) runs inside leak_buffer, and the
     // native frames of numpy's C code are kept, innermost.
     let all = frames(stack);

@@ -29,13 +29,14 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{Ebpf, maps::Map};
 use aya_obj::{
-    Object, ProgramSection,
+    Function, Object, ProgramSection,
     btf::{Btf, BtfKind},
     generated::bpf_insn,
 };
 
 /// `bpf(2)` commands and constants (include/uapi/linux/bpf.h).
 const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
 const BPF_TRACE_UPROBE_MULTI: u32 = 48;
@@ -51,7 +52,18 @@ const SESSION_IS_RETURN_KFUNC: &str = "bpf_session_is_return";
 /// Verifier log size kept for an error message.
 const LOG_BYTES: usize = 64 * 1024;
 
-/// `union bpf_attr` for BPF_PROG_LOAD, up to `expected_attach_type`.
+/// `union bpf_attr` for BPF_BTF_LOAD.
+#[repr(C)]
+#[derive(Default)]
+struct BtfLoadAttr {
+    btf: u64,
+    btf_log_buf: u64,
+    btf_size: u32,
+    btf_log_size: u32,
+    btf_log_level: u32,
+}
+
+/// `union bpf_attr` for BPF_PROG_LOAD, up to `func_info_cnt`.
 #[repr(C)]
 #[derive(Default)]
 struct ProgLoadAttr {
@@ -67,6 +79,10 @@ struct ProgLoadAttr {
     prog_name: [u8; 16],
     prog_ifindex: u32,
     expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
 }
 
 /// `union bpf_attr` for BPF_LINK_CREATE of a uprobe_multi link.
@@ -150,6 +166,9 @@ impl RawPrograms {
             .context("could not relocate the programs' maps")?;
         obj.relocate_calls(&text_sections)
             .context("could not relocate the programs' calls")?;
+        // The object's BTF, for the programs' function info: a program that
+        // passes a callback (`bpf_loop`) is refused without it.
+        let btf = load_btf(&mut obj)?;
 
         let mut programs = HashMap::new();
         for (name, program) in &obj.programs {
@@ -165,7 +184,8 @@ impl RawPrograms {
                 }
             };
             let Some(key) = key else { continue };
-            let mut instructions = obj.functions[&program.function_key()].instructions.clone();
+            let function = &obj.functions[&program.function_key()];
+            let mut instructions = function.instructions.clone();
             let attach_type = match kfunc_id {
                 Some(kfunc_id) => {
                     patch_kfunc_calls(&mut instructions, kfunc_id as i32);
@@ -173,7 +193,13 @@ impl RawPrograms {
                 }
                 None => BPF_TRACE_UPROBE_MULTI,
             };
-            let fd = load_program(name, &instructions, &program.license, attach_type)?;
+            let fd = load_program(
+                name,
+                &instructions,
+                &program.license,
+                attach_type,
+                btf.as_ref().map(|btf| (btf, function)),
+            )?;
             programs.insert(key, (fd, is_return));
         }
         if programs.is_empty() {
@@ -362,11 +388,37 @@ fn patch_kfunc_calls(instructions: &mut [bpf_insn], kfunc_id: i32) {
     }
 }
 
+/// Loads the object's BTF (fixed up for this kernel, as aya does for its
+/// own programs) into the kernel; `None` when the object or the kernel
+/// has none.
+fn load_btf(obj: &mut Object) -> Result<Option<OwnedFd>> {
+    let Some(features) = aya::features().btf() else {
+        return Ok(None);
+    };
+    let Some(btf) = obj
+        .fixup_and_sanitize_btf(features)
+        .context("could not prepare the eBPF object's BTF")?
+    else {
+        return Ok(None);
+    };
+    let bytes = btf.to_bytes();
+    let attr = BtfLoadAttr {
+        btf: bytes.as_ptr() as u64,
+        btf_size: bytes.len() as u32,
+        ..BtfLoadAttr::default()
+    };
+    let fd = bpf(BPF_BTF_LOAD, &attr).context("the kernel refused the eBPF object's BTF")?;
+    Ok(Some(fd))
+}
+
+/// Loads one program; with `btf`, its function info (each subprogram's
+/// BTF type) goes with it.
 fn load_program(
     name: &str,
     instructions: &[bpf_insn],
     license: &CString,
     expected_attach_type: u32,
+    btf: Option<(&OwnedFd, &Function)>,
 ) -> Result<OwnedFd> {
     let mut prog_name = [0u8; 16];
     for (slot, byte) in prog_name.iter_mut().zip(name.bytes().take(15)) {
@@ -382,20 +434,30 @@ fn load_program(
         expected_attach_type,
         ..ProgLoadAttr::default()
     };
-    if let Ok(fd) = bpf(BPF_PROG_LOAD, &attr) {
-        return Ok(fd);
+    if let Some((btf, function)) = btf
+        && !function.func_info.func_info.is_empty()
+    {
+        attr.prog_btf_fd = btf.as_raw_fd() as u32;
+        attr.func_info_rec_size = function.func_info_rec_size as u32;
+        attr.func_info = function.func_info.func_info.as_ptr() as u64;
+        attr.func_info_cnt = function.func_info.func_info.len() as u32;
     }
-    // Again with the verifier's log, for the error message.
-    attr.log_level = 1;
-    attr.log_size = LOG_BYTES as u32;
-    attr.log_buf = log.as_mut_ptr() as u64;
-    let error = match bpf(BPF_PROG_LOAD, &attr) {
+    let first = match bpf(BPF_PROG_LOAD, &attr) {
         Ok(fd) => return Ok(fd),
         Err(error) => error,
     };
+    // Again with the verifier's log, for the error message. The log is
+    // rotated: its last lines say where the verifier stopped (a log too
+    // long for the buffer fails with ENOSPC, so the first error is kept).
+    attr.log_level = 1;
+    attr.log_size = LOG_BYTES as u32;
+    attr.log_buf = log.as_mut_ptr() as u64;
+    if let Ok(fd) = bpf(BPF_PROG_LOAD, &attr) {
+        return Ok(fd);
+    }
     let text = String::from_utf8_lossy(&log);
     let last_lines: Vec<&str> = text.trim_end_matches('\0').lines().rev().take(3).collect();
-    Err(error).with_context(|| {
+    Err(first).with_context(|| {
         format!(
             "the kernel refused program {name}: {}",
             last_lines.into_iter().rev().collect::<Vec<_>>().join(" / ")
