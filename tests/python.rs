@@ -535,3 +535,45 @@ fn threads_started_after_attach_get_python_frames_at_their_first_allocation() {
         "{report}"
     );
 }
+
+/// The kernel knows the interpreter and its threads before the first
+/// allocator probe is in place: a thread allocating while tracer attaches
+/// gets Python frames from its first recorded allocation on, none native
+/// only (they were while the thread states were read after the probes).
+#[test]
+fn allocations_right_after_attach_have_python_frames() {
+    require_root();
+    let mut fixture = start_fixture();
+    fixture.cmd("drip on");
+    let trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536"])
+        .attach();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let answer = fixture.cmd("drip off");
+    let traced = trace.stop();
+    let report = &traced.report;
+    let drip_line = marked_line("leaky_numpy.py", "# DRIP-SITE");
+    let heap: Vec<&Value> = report
+        .stacks()
+        .iter()
+        .filter(|stack| stack["kind"] == "heap")
+        .collect();
+    assert!(!heap.is_empty(), "no drip recorded: {answer}\n{report}");
+    for stack in &heap {
+        assert!(
+            python_frames(stack).contains(&(
+                "dripper".to_owned(),
+                "leaky_numpy.py".to_owned(),
+                drip_line
+            )),
+            "a stack without the dripper's Python frame: {stack}\n{report}"
+        );
+    }
+    // Every recorded buffer is a whole drip buffer, all from after attach.
+    let live = sum_live(&heap);
+    assert_eq!(live.bytes, live.allocs * 80_000, "{report}");
+    assert!(
+        live.allocs <= field(&answer, "allocs"),
+        "{answer}\n{report}"
+    );
+}

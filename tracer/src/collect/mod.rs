@@ -220,11 +220,12 @@ impl Collector {
     }
 
     fn trace(&mut self, pid: u32) -> Result<()> {
+        let python = self.find_python(pid)?;
         self.probes.attach_allocators(pid)?;
         self.probes.trace_mappings(pid)?;
         self.mappings.start(pid);
         self.symbols.refresh(pid);
-        self.start_python(pid, crate::model::run::NoticedBy::Attach)?;
+        self.hook_found_python_objects(pid, python, crate::model::run::NoticedBy::Attach);
         Ok(())
     }
 

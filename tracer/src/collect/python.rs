@@ -3,7 +3,10 @@
 //! its threads' thread states kept current and each new Python stack the
 //! kernel stored named at once (code objects may be gone by report time);
 //! and in every stack's frames, the Python stack merged in.
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+};
 
 use tracer_ebpf::python_stack_of_frame;
 
@@ -47,8 +50,18 @@ impl Collector {
 
     /// Looks for a CPython in `pid` and walks its frames from now on.
     pub(super) fn start_python(&mut self, pid: u32, noticed_by: NoticedBy) -> anyhow::Result<()> {
+        let interpreter = self.find_python(pid)?;
+        self.hook_found_python_objects(pid, interpreter, noticed_by);
+        Ok(())
+    }
+
+    /// The part of [`Collector::start_python`] that needs no probe: the
+    /// kernel learns the interpreter's layout and thread states, so done
+    /// before the allocator probes are attached, their first allocations
+    /// already get Python frames. Returns the interpreter's object.
+    pub(super) fn find_python(&mut self, pid: u32) -> anyhow::Result<Option<PathBuf>> {
         if self.python.mode == PythonMode::Off || self.python.stacks.interpreter(pid).is_some() {
-            return Ok(());
+            return Ok(None);
         }
         match python::find(pid) {
             Found::Interpreter(interpreter) => {
@@ -57,9 +70,7 @@ impl Collector {
                 let object = interpreter.object.clone();
                 self.python.stacks.add(*interpreter);
                 self.refresh_python_threads(pid);
-                if self.python.objects {
-                    self.hook_python_objects(pid, &object, noticed_by);
-                }
+                return Ok(Some(object));
             }
             Found::Unsupported(why) => {
                 if self.python.mode == PythonMode::On {
@@ -73,7 +84,22 @@ impl Collector {
                 }
             }
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// `--python-objects`: hooks the allocator of the interpreter
+    /// [`Collector::find_python`] found, if it found one.
+    pub(super) fn hook_found_python_objects(
+        &mut self,
+        pid: u32,
+        interpreter: Option<PathBuf>,
+        noticed_by: NoticedBy,
+    ) {
+        if let Some(object) = interpreter
+            && self.python.objects
+        {
+            self.hook_python_objects(pid, &object, noticed_by);
+        }
     }
 
     /// `--python-objects`: hooks CPython's allocator in `object`, the

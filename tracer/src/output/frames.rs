@@ -115,7 +115,7 @@ pub fn site(frames: &[Frame], wrappers: &Wrappers) -> Option<Site> {
         .filter(|&later| later > 0)
         .map(|later| first + later);
     let (index, via) = match program_python {
-        Some(index) => (index, Some(short_name(&frames[index - 1]))),
+        Some(index) => (index, Some(python_via(&frames[first..index]))),
         None => (
             first,
             first
@@ -133,6 +133,29 @@ pub fn site(frames: &[Frame], wrappers: &Wrappers) -> Option<Site> {
         label.push_str(via);
     }
     Some(Site { frame, via, label })
+}
+
+/// What a Python program's site called on the way to the allocator
+/// (`inner`, innermost first): the library Python function it called
+/// (numpy's `ones`, weakref's `finalize.__init__`), past the interpreter's
+/// own C frames; else the C function or, stripped, the object it called
+/// (numpy's `np.zeros` is C only).
+fn python_via(inner: &[Frame]) -> String {
+    if let Some(python) = inner
+        .iter()
+        .rev()
+        .find(|frame| frame.language == Language::Python)
+    {
+        return short_name(python);
+    }
+    let called = inner.last().expect("a site past the first frame");
+    match (&called.function, &called.module) {
+        (None, Some(module)) => Path::new(module).file_name().map_or_else(
+            || module.clone(),
+            |name| name.to_string_lossy().into_owned(),
+        ),
+        _ => short_name(called),
+    }
 }
 
 /// A Python frame of the program itself: not of the standard library, of
@@ -404,6 +427,16 @@ pub(super) mod tests {
             site.label,
             "Model._materialize_params (exporter.py:41) via deepcopy"
         );
+        // A C function of an extension (numpy's `zeros`): the object it
+        // is in, when stripped; and a library Python function reached
+        // through the interpreter's C frames is named, not those frames.
+        let program = python("main", "/srv/app/train.py", 16);
+        let site = site_of(&[frames[0].clone(), stripped.clone(), program.clone()], &[]);
+        assert_eq!(site.label, "main (train.py:16) via _multiarray_umath.so");
+        let finalize = python("finalize.__init__", "/usr/lib/python3.11/weakref.py", 582);
+        let call = frame("_PyObject_MakeTpCall", "/usr/bin/python3.11");
+        let site = site_of(&[frames[0].clone(), finalize, call, program], &[]);
+        assert_eq!(site.label, "main (train.py:16) via finalize.__init__");
         // Without Python code of its own, the first frame past the
         // allocator stays the site.
         let site = site_of(&[frames[0].clone(), stripped, frames[2].clone()], &[]);
