@@ -11,7 +11,8 @@ mod harness;
 use std::{path::PathBuf, process::Command};
 
 use harness::{
-    Fixture, Live, Record, Report, field, require_root, stack_live, sum_live, workspace_root,
+    Fixture, Live, Record, Report, field, frame_lines, python_frames, require_root, stack_live,
+    sum_live, workspace_root,
 };
 use serde_json::Value;
 
@@ -34,37 +35,6 @@ fn start_fixture() -> Fixture {
     let mut command = Command::new(PYTHON);
     command.arg(fixture_dir().join("leaky_numpy.py"));
     Fixture::start_command(command)
-}
-
-/// (function, file name, line, language) of each frame, innermost first.
-fn frames(stack: &Value) -> Vec<(String, String, i64, String)> {
-    stack["frames"]
-        .as_array()
-        .expect("frames")
-        .iter()
-        .map(|frame| {
-            let file = frame["file"].as_str().unwrap_or("");
-            let name = std::path::Path::new(file)
-                .file_name()
-                .map(|name| name.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            (
-                frame["function"].as_str().unwrap_or("?").to_owned(),
-                name,
-                frame["line"].as_i64().unwrap_or(-1),
-                frame["language"].as_str().unwrap_or("?").to_owned(),
-            )
-        })
-        .collect()
-}
-
-/// The Python part of a stack: (function, file, line), innermost first.
-fn python_frames(stack: &Value) -> Vec<(String, String, i64)> {
-    frames(stack)
-        .into_iter()
-        .filter(|(_, _, _, language)| language == "python")
-        .map(|(function, file, line, _)| (function, file, line))
-        .collect()
 }
 
 /// The heap stacks through `caller`. The interpreter reaches numpy's
@@ -211,7 +181,7 @@ fn assert_named(
     );
     // numpy's own Python (`ones`) runs inside leak_buffer, and the
     // native frames of numpy's C code are kept, innermost.
-    let all = frames(stack);
+    let all = frame_lines(stack);
     assert_eq!(all[0].3, "native", "numpy's C code first: {all:?}");
     assert!(
         python
@@ -416,7 +386,7 @@ fn embedded_interpreter_loaded_after_attach_gets_python_frames_in_c_stacks() {
         "the embedded leak, exactly: {answer}\n{report}"
     );
     for stack in stacks {
-        let all = frames(stack);
+        let all = frame_lines(stack);
         let names: Vec<&str> = all.iter().map(|(name, ..)| name.as_str()).collect();
         let at = |name: &str| {
             names

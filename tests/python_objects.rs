@@ -61,22 +61,7 @@ fn start_python(env: &[(&str, &str)]) -> Fixture {
 
 /// (function, file name, line) of the innermost Python frame of a stack.
 fn innermost_python(stack: &Value) -> Option<(String, String, i64)> {
-    stack["frames"]
-        .as_array()?
-        .iter()
-        .find(|frame| frame["language"] == "python")
-        .map(|frame| {
-            let file = frame["file"].as_str().unwrap_or("");
-            let name = std::path::Path::new(file)
-                .file_name()
-                .map(|name| name.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            (
-                frame["function"].as_str().unwrap_or("?").to_owned(),
-                name,
-                frame["line"].as_i64().unwrap_or(-1),
-            )
-        })
+    harness::python_frames(stack).into_iter().next()
 }
 
 /// The stacks of `kind` whose innermost Python frame is the leak's line.

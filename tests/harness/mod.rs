@@ -611,6 +611,39 @@ pub fn record_in(mut fixture: Fixture, extra_args: &[&str], commands: &[&str]) -
     }
 }
 
+/// (function, file name, line, language) of each frame of a stack,
+/// innermost first; `?`, an empty name and -1 where a frame has none.
+pub fn frame_lines(stack: &Value) -> Vec<(String, String, i64, String)> {
+    stack["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .map(|frame| {
+            let file = frame["file"].as_str().unwrap_or("");
+            let name = Path::new(file)
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (
+                frame["function"].as_str().unwrap_or("?").to_owned(),
+                name,
+                frame["line"].as_i64().unwrap_or(-1),
+                frame["language"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// (function, file name, line) of each Python frame of a stack, innermost
+/// first.
+pub fn python_frames(stack: &Value) -> Vec<(String, String, i64)> {
+    frame_lines(stack)
+        .into_iter()
+        .filter(|(_, _, _, language)| language == "python")
+        .map(|(function, file, line, _)| (function, file, line))
+        .collect()
+}
+
 /// The function names of a stack's frames, innermost first.
 pub fn function_names(stack: &Value) -> Vec<String> {
     stack["frames"]
