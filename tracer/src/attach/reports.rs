@@ -85,17 +85,22 @@ impl Probes {
                 notes.push(format!("probe on {line}"));
             }
         }
-        if verbose {
-            notes.push(match &self.links {
-                ProbeLinks::Multi => format!(
-                    "uprobes attached in {} uprobe_multi links",
-                    self.multi_link_count()
-                ),
-                ProbeLinks::PerProbe(why) => format!(
-                    "uprobes attached one by one (uprobe_multi links unavailable: {why}): \
-                     each costs ~0.1 s to release at exit"
-                ),
-            });
+        match &self.links {
+            ProbeLinks::Multi if verbose => notes.push(format!(
+                "uprobes attached in {} uprobe_multi links",
+                self.multi_link_count()
+            )),
+            ProbeLinks::Multi => {}
+            // Expected before Linux 6.6; on a kernel that has the links, a
+            // refusal is a fault worth seeing: exit is slower and libraries
+            // opened later can only be hooked late.
+            ProbeLinks::PerProbe(why) if verbose || has_uprobe_multi() => notes.push(format!(
+                "{}uprobes attached one by one (uprobe_multi links unavailable: {why}): \
+                 each costs ~0.1 s to release at exit, and libraries opened later are \
+                 hooked late",
+                if has_uprobe_multi() { "warning: " } else { "" }
+            )),
+            ProbeLinks::PerProbe(_) => {}
         }
         if verbose || matches!(self.return_probes, ReturnProbes::UretprobeFallback(_)) {
             notes.push(format!("return probes: {}", self.return_probes.describe()));
@@ -107,4 +112,10 @@ impl Probes {
     pub fn copies_any_stacks(&self) -> bool {
         self.unwinding.mode == UnwindMode::Dwarf || !self.copying_stacks_of.is_empty()
     }
+}
+
+/// Whether this kernel has uprobe_multi links (Linux 6.6+).
+fn has_uprobe_multi() -> bool {
+    aya::util::KernelVersion::current()
+        .is_ok_and(|version| version >= aya::util::KernelVersion::new(6, 6, 0))
 }
