@@ -116,9 +116,7 @@ pub enum LinkKind {
 
 /// Programs loaded by raw `bpf(2)`, by name, and their links.
 pub struct RawPrograms {
-    kind: LinkKind,
-    /// Each program and whether it is a return probe.
-    programs: HashMap<String, (OwnedFd, bool)>,
+    programs: Linker,
     /// Each link and the process it is for.
     links: Vec<(u32, OwnedFd)>,
     /// Probes in the links.
@@ -206,8 +204,7 @@ impl RawPrograms {
             bail!("the eBPF object has no programs for {kind:?} links");
         }
         Ok(RawPrograms {
-            kind,
-            programs,
+            programs: Linker { kind, programs },
             links: Vec::new(),
             probe_count: 0,
         })
@@ -216,7 +213,7 @@ impl RawPrograms {
     /// Whether `program` (for sessions: the plain-uprobe twin's name) is
     /// here.
     pub fn covers(&self, program: &str) -> bool {
-        self.programs.contains_key(program)
+        self.programs.covers(program)
     }
 
     /// Attaches `program` at every file offset of `path` in `points`
@@ -228,7 +225,7 @@ impl RawPrograms {
         points: &[(u64, u64)],
         pid: u32,
     ) -> Result<()> {
-        let link = create_link(self.kind, &self.programs, program, path, points, pid)?;
+        let link = self.programs.link(program, path, points, pid)?;
         self.adopt(pid, link, points.len());
         Ok(())
     }
@@ -243,20 +240,7 @@ impl RawPrograms {
     /// A handle that makes links of these programs on another thread (the
     /// at-open hooks); the links come back through `adopt`.
     pub fn linker(&self) -> Result<Linker> {
-        let programs = self
-            .programs
-            .iter()
-            .map(|(name, (fd, is_return))| {
-                let fd = fd
-                    .try_clone()
-                    .with_context(|| format!("could not duplicate program {name}"))?;
-                Ok((name.clone(), (fd, *is_return)))
-            })
-            .collect::<Result<_>>()?;
-        Ok(Linker {
-            kind: self.kind,
-            programs,
-        })
+        self.programs.try_clone()
     }
 
     /// The links, to release (closing each costs a grace period).
@@ -287,21 +271,42 @@ impl RawPrograms {
     }
 }
 
-/// The programs of a [`RawPrograms`], to make links with elsewhere.
+/// Programs of one link kind, by name, that links are made of: those of
+/// a [`RawPrograms`], or a copy of them for another thread.
 pub struct Linker {
     pub kind: LinkKind,
+    /// Each program and whether it is a return probe.
     programs: HashMap<String, (OwnedFd, bool)>,
 }
 
 impl Linker {
+    /// The same programs through duplicated descriptors.
+    fn try_clone(&self) -> Result<Linker> {
+        let programs = self
+            .programs
+            .iter()
+            .map(|(name, (fd, is_return))| {
+                let fd = fd
+                    .try_clone()
+                    .with_context(|| format!("could not duplicate program {name}"))?;
+                Ok((name.clone(), (fd, *is_return)))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Linker {
+            kind: self.kind,
+            programs,
+        })
+    }
+
     /// Whether `program` (for sessions: the plain-uprobe twin's name) is
     /// here.
     pub fn covers(&self, program: &str) -> bool {
         self.programs.contains_key(program)
     }
 
-    /// A link of `program` at every file offset of `path` in `points`, for
-    /// process `pid` only.
+    /// A uprobe_multi or session link of `program` at every file offset
+    /// of `path` in `points` (with its attach cookie), for process `pid`
+    /// only.
     pub fn link(
         &self,
         program: &str,
@@ -309,53 +314,41 @@ impl Linker {
         points: &[(u64, u64)],
         pid: u32,
     ) -> Result<OwnedFd> {
-        create_link(self.kind, &self.programs, program, path, points, pid)
+        let kind = self.kind;
+        let (fd, is_return) = self
+            .programs
+            .get(program)
+            .with_context(|| format!("no {kind:?} program {program}"))?;
+        let path_c = CString::new(path.as_os_str().as_encoded_bytes())
+            .with_context(|| format!("{} has a NUL byte", path.display()))?;
+        let offsets: Vec<u64> = points.iter().map(|&(offset, _)| offset).collect();
+        let cookies: Vec<u64> = points.iter().map(|&(_, cookie)| cookie).collect();
+        let attr = UprobeMultiLinkAttr {
+            prog_fd: fd.as_raw_fd() as u32,
+            attach_type: match kind {
+                LinkKind::Multi => BPF_TRACE_UPROBE_MULTI,
+                LinkKind::Session => BPF_TRACE_UPROBE_SESSION,
+            },
+            path: path_c.as_ptr() as u64,
+            offsets: offsets.as_ptr() as u64,
+            cookies: cookies.as_ptr() as u64,
+            cnt: points.len() as u32,
+            uprobe_flags: if *is_return {
+                BPF_F_UPROBE_MULTI_RETURN
+            } else {
+                0
+            },
+            pid,
+            ..UprobeMultiLinkAttr::default()
+        };
+        bpf(BPF_LINK_CREATE, &attr).with_context(|| {
+            format!(
+                "could not attach {program} to {} offsets of {}",
+                points.len(),
+                path.display()
+            )
+        })
     }
-}
-
-/// A uprobe_multi or session link of `program` (one of `programs`) at
-/// every file offset of `path` in `points` (with its attach cookie), for
-/// process `pid` only.
-fn create_link(
-    kind: LinkKind,
-    programs: &HashMap<String, (OwnedFd, bool)>,
-    program: &str,
-    path: &Path,
-    points: &[(u64, u64)],
-    pid: u32,
-) -> Result<OwnedFd> {
-    let (fd, is_return) = programs
-        .get(program)
-        .with_context(|| format!("no {kind:?} program {program}"))?;
-    let path_c = CString::new(path.as_os_str().as_encoded_bytes())
-        .with_context(|| format!("{} has a NUL byte", path.display()))?;
-    let offsets: Vec<u64> = points.iter().map(|&(offset, _)| offset).collect();
-    let cookies: Vec<u64> = points.iter().map(|&(_, cookie)| cookie).collect();
-    let attr = UprobeMultiLinkAttr {
-        prog_fd: fd.as_raw_fd() as u32,
-        attach_type: match kind {
-            LinkKind::Multi => BPF_TRACE_UPROBE_MULTI,
-            LinkKind::Session => BPF_TRACE_UPROBE_SESSION,
-        },
-        path: path_c.as_ptr() as u64,
-        offsets: offsets.as_ptr() as u64,
-        cookies: cookies.as_ptr() as u64,
-        cnt: points.len() as u32,
-        uprobe_flags: if *is_return {
-            BPF_F_UPROBE_MULTI_RETURN
-        } else {
-            0
-        },
-        pid,
-        ..UprobeMultiLinkAttr::default()
-    };
-    bpf(BPF_LINK_CREATE, &attr).with_context(|| {
-        format!(
-            "could not attach {program} to {} offsets of {}",
-            points.len(),
-            path.display()
-        )
-    })
 }
 
 /// The fd of one of aya's maps.
