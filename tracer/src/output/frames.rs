@@ -4,7 +4,7 @@
 //! program's allocation wrappers (`zmalloc`, `g_malloc`, `PyMem_Malloc`,
 //! `--wrapper`), so that four stacks through `zmalloc` are told apart by
 //! their callers.
-use std::path::Path;
+use std::{borrow::Cow, path::Path};
 
 use regex::RegexSet;
 
@@ -150,10 +150,7 @@ fn python_via(inner: &[Frame]) -> String {
     }
     let called = inner.last().expect("a site past the first frame");
     match (&called.function, &called.module) {
-        (None, Some(module)) => Path::new(module).file_name().map_or_else(
-            || module.clone(),
-            |name| name.to_string_lossy().into_owned(),
-        ),
+        (None, Some(module)) => file_name(module).into_owned(),
         _ => short_name(called),
     }
 }
@@ -211,14 +208,19 @@ pub fn module_offset(frame: &Frame) -> String {
     let Some(module) = &frame.module else {
         return format!("0x{:x}", frame.address);
     };
-    let file_name = Path::new(module)
-        .file_name()
-        .map_or_else(|| module.into(), |name| name.to_string_lossy());
+    let file_name = file_name(module);
     match (frame.offset, frame.file_offset) {
         (Some(offset), _) => format!("{file_name}+0x{offset:x}"),
         (None, Some(file_offset)) => format!("{file_name}@file 0x{file_offset:x}"),
         (None, None) => format!("{file_name} 0x{:x}", frame.address),
     }
+}
+
+/// The file name of an object's path (`libfoo.so` of `/usr/lib/libfoo.so`).
+fn file_name(module: &str) -> Cow<'_, str> {
+    Path::new(module)
+        .file_name()
+        .map_or_else(|| module.into(), |name| name.to_string_lossy())
 }
 
 /// A C++ name without its argument list (`Cache::insert(int)` ->
@@ -262,9 +264,7 @@ pub fn trim_allocator_frames(mut frames: Vec<Frame>) -> Vec<Frame> {
 
 fn is_allocator_frame(frame: &Frame) -> bool {
     let in_allocator_library = frame.module.as_deref().is_some_and(|module| {
-        let file_name = Path::new(module)
-            .file_name()
-            .map_or_else(|| module.into(), |name| name.to_string_lossy());
+        let file_name = file_name(module);
         ALLOCATOR_LIBRARIES
             .iter()
             .any(|library| file_name.starts_with(library))
