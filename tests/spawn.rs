@@ -15,6 +15,9 @@ use harness::*;
 /// What libctor's constructor allocates (tests/fixtures/ctor/ctor.h).
 const CTOR_COUNT: i64 = 300;
 const CTOR_SIZE_BYTES: i64 = 1000;
+/// ctor_main's ground-truth line; with --sleep its signal handlers are in
+/// place once it is printed.
+const CTOR_LINE: &str = "ctor_blocks ";
 /// Blocks ctor_main keeps (`--keep`), the rest it frees.
 const KEPT: i64 = 20;
 
@@ -182,8 +185,8 @@ fn duration_stops_the_command_and_waits_for_it() {
 /// Ctrl-C to tracer reaches the command too.
 #[test]
 fn interrupt_is_passed_on_to_the_command() {
-    let trace = Record::command(&fixture("ctor_main"), &["--sleep"]).attach();
-    std::thread::sleep(Duration::from_millis(300));
+    let mut trace = Record::command(&fixture("ctor_main"), &["--sleep"]).attach();
+    trace.tracer.wait_stdout(CTOR_LINE, ATTACH_TIMEOUT);
     let Traced { output, .. } = trace.stop();
     let pid = spawned_pid(&output.stderr);
     assert!(
@@ -245,7 +248,7 @@ fn leave_running_names_the_command_left_behind() {
 #[test]
 fn killed_tracer_takes_the_command_with_it() {
     let mut trace = Record::command(&fixture("ctor_main"), &["--sleep"]).attach();
-    trace.tracer.wait_stderr("tracer: attached", ATTACH_TIMEOUT);
+    trace.tracer.wait_stdout(CTOR_LINE, ATTACH_TIMEOUT);
     let output = trace.tracer.stop_with(libc::SIGKILL);
     let pid = spawned_pid(&output.stderr);
     assert!(

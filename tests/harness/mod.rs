@@ -235,7 +235,15 @@ pub struct Tracer {
     child: Option<Child>,
     stderr_lines: Arc<Mutex<Vec<String>>>,
     stderr_reader: Option<JoinHandle<()>>,
-    stdout_reader: Option<JoinHandle<String>>,
+    stdout_text: Arc<Mutex<String>>,
+    stdout_reader: Option<JoinHandle<()>>,
+}
+
+/// One of the tracer's output streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
 }
 
 impl Tracer {
@@ -269,15 +277,22 @@ impl Tracer {
                 }
             })
         };
-        let stdout_reader = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = stdout.read_to_string(&mut text);
-            text
-        });
+        let stdout_text = Arc::new(Mutex::new(String::new()));
+        let stdout_reader = {
+            let stdout_text = Arc::clone(&stdout_text);
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(read @ 1..) = stdout.read(&mut chunk) {
+                    let text = String::from_utf8_lossy(&chunk[..read]);
+                    stdout_text.lock().expect("stdout lock").push_str(&text);
+                }
+            })
+        };
         Self {
             child: Some(child),
             stderr_lines,
             stderr_reader: Some(stderr_reader),
+            stdout_text,
             stdout_reader: Some(stdout_reader),
         }
     }
@@ -291,27 +306,43 @@ impl Tracer {
     /// Waits for a stderr line containing `needle`; fails with all of
     /// stderr if the tracer exits first or `timeout` passes.
     pub fn wait_stderr(&mut self, needle: &str, timeout: Duration) {
+        self.wait_for(Stream::Stderr, needle, timeout);
+    }
+
+    /// Waits until stdout (the tracer's, and a spawned command's) contains
+    /// `needle`; fails like `wait_stderr`.
+    pub fn wait_stdout(&mut self, needle: &str, timeout: Duration) {
+        self.wait_for(Stream::Stdout, needle, timeout);
+    }
+
+    fn wait_for(&mut self, stream: Stream, needle: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
-            let found = self
-                .stderr_lines
-                .lock()
-                .expect("stderr lock")
-                .iter()
-                .any(|line| line.contains(needle));
+            let found = if stream == Stream::Stdout {
+                self.stdout_text
+                    .lock()
+                    .expect("stdout lock")
+                    .contains(needle)
+            } else {
+                self.stderr_lines
+                    .lock()
+                    .expect("stderr lock")
+                    .iter()
+                    .any(|line| line.contains(needle))
+            };
             if found {
                 return;
             }
             let exited = self.child_mut().try_wait().expect("try_wait on the tracer");
             if let Some(status) = exited {
                 panic!(
-                    "the tracer exited ({status}) before printing {needle:?}: {}",
+                    "the tracer exited ({status}) before {needle:?} on {stream:?}: {}",
                     self.finish(status)
                 );
             }
             if Instant::now() > deadline {
                 self.kill_and_fail(&format!(
-                    "print {needle:?} within {:.1} s",
+                    "print {needle:?} on {stream:?} within {:.1} s",
                     timeout.as_secs_f64()
                 ));
             }
@@ -385,11 +416,10 @@ impl Tracer {
         if let Some(reader) = self.stderr_reader.take() {
             let _ = reader.join();
         }
-        let stdout = self
-            .stdout_reader
-            .take()
-            .and_then(|reader| reader.join().ok())
-            .unwrap_or_default();
+        if let Some(reader) = self.stdout_reader.take() {
+            let _ = reader.join();
+        }
+        let stdout = self.stdout_text.lock().expect("stdout lock").clone();
         let stderr = self.stderr_lines.lock().expect("stderr lock").join("\n");
         TracerOutput {
             status,
