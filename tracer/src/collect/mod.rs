@@ -320,7 +320,7 @@ impl Collector {
                     self.resolve_python_stacks();
                 }
                 _ = clock.copies.tick(), if copying => {
-                    self.copied.activate()?;
+                    self.start_copy_reader()?;
                     self.copied.drain();
                 }
                 _ = clock.liveness.tick() => {
@@ -643,19 +643,29 @@ impl Collector {
                 entry.key.stack_id = StackId::Kernel(canonical);
             }
         }
+        self.start_copy_reader()?;
         self.copied.flush();
         entries.extend(self.copied.epoch_entries());
         Ok(entries)
     }
 
-    /// Applies the mapping calls made so far. Their copied stacks come
-    /// through the copy reader, started first if a process's stacks began
-    /// to be copied since the last copies tick (a spawned program's first
-    /// mappings come right after it is attached).
-    fn drain_mappings(&mut self) -> Result<()> {
+    /// Starts the copy reader once any process's stacks are copied. Every
+    /// read of the copies calls this first: a process whose stacks began
+    /// to be copied since the last copies tick (`--unwind auto` decides at
+    /// `add_target`) has records in the ring already, and a final snapshot
+    /// taken before that tick must read them too.
+    fn start_copy_reader(&mut self) -> Result<()> {
         if self.probes.copies_any_stacks() {
             self.copied.activate()?;
         }
+        Ok(())
+    }
+
+    /// Applies the mapping calls made so far. Their copied stacks come
+    /// through the copy reader (a spawned program's first mappings come
+    /// right after it is attached).
+    fn drain_mappings(&mut self) -> Result<()> {
+        self.start_copy_reader()?;
         self.mappings.drain(&mut self.copied);
         Ok(())
     }
