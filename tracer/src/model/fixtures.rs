@@ -1,6 +1,6 @@
 //! Stacks and counters for the unit tests of the layers that take the
 //! model's types (model, output, recording).
-use super::{Counters, Kind, StackId, StackKey};
+use super::{Counters, Frame, Kind, Language, StackId, StackKey};
 
 /// Heap stack `stack_id` (a kernel id) of process `pid`.
 pub fn heap_key(pid: u32, stack_id: u32) -> StackKey {
@@ -19,5 +19,16 @@ pub fn counters(live_bytes: i64) -> Counters {
         live_allocs: live_bytes / 64,
         alloc_bytes_total: 2 * live_bytes as u64,
         alloc_count_total: 2 * (live_bytes / 64) as u64,
+    }
+}
+
+/// The Python frame of `function` at `file:line`.
+pub fn python_frame(function: &str, file: &str, line: u32) -> Frame {
+    Frame {
+        function: Some(function.to_owned()),
+        file: Some(file.to_owned()),
+        line: Some(line),
+        language: Language::Python,
+        ..Frame::default()
     }
 }

@@ -226,7 +226,10 @@ fn place(frame: &Frame) -> Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Counters, Snapshot, StackId, fixtures::heap_key};
+    use crate::model::{
+        Counters, Snapshot, StackId,
+        fixtures::{heap_key, python_frame},
+    };
 
     fn frame(function: &str, line: u32, address: u64) -> Frame {
         Frame {
@@ -357,13 +360,7 @@ mod tests {
         };
         let interpreter =
             |function: &str, address: u64| in_object(function, "/usr/bin/python3.11", address);
-        let python = |function: &str, line: u32| Frame {
-            function: Some(function.to_owned()),
-            file: Some("app.py".to_owned()),
-            line: Some(line),
-            language: Language::Python,
-            ..Frame::default()
-        };
+        let python = |function: &str, line: u32| python_frame(function, "app.py", line);
         let (vectorcall, direct, other_path) = (heap_key(1, 1), heap_key(1, 2), heap_key(1, 3));
         let (other_caller, list_growth, list_growth_other_path) =
             (heap_key(1, 4), heap_key(1, 5), heap_key(1, 6));

@@ -279,6 +279,7 @@ fn is_allocator_frame(frame: &Frame) -> bool {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::model::fixtures::python_frame;
 
     pub(crate) fn frame(function: &str, module: &str) -> Frame {
         Frame {
@@ -393,16 +394,6 @@ pub(super) mod tests {
         site(frames, &Wrappers::new(&custom).unwrap()).unwrap()
     }
 
-    fn python(function: &str, file: &str, line: u32) -> Frame {
-        Frame {
-            function: Some(function.to_owned()),
-            file: Some(file.to_owned()),
-            line: Some(line),
-            language: Language::Python,
-            ..Frame::default()
-        }
-    }
-
     #[test]
     fn python_site_is_the_programs_own_code_past_extensions_and_packages() {
         let numpy = "/usr/lib/python3/dist-packages/numpy/core/_multiarray_umath.so";
@@ -412,14 +403,14 @@ pub(super) mod tests {
         let frames = [
             frame("malloc", LIBC),
             stripped.clone(),
-            python(
+            python_frame(
                 "ones",
                 "/usr/lib/python3/dist-packages/numpy/core/numeric.py",
                 205,
             ),
-            python("deepcopy", "/usr/lib/python3.11/copy.py", 128),
-            python("Model._materialize_params", "/srv/app/exporter.py", 41),
-            python("main", "/srv/app/train.py", 12),
+            python_frame("deepcopy", "/usr/lib/python3.11/copy.py", 128),
+            python_frame("Model._materialize_params", "/srv/app/exporter.py", 41),
+            python_frame("main", "/srv/app/train.py", 12),
             frame("Py_BytesMain", "/usr/bin/python3.11"),
         ];
         let site = site(&frames, &Wrappers::default()).unwrap();
@@ -430,10 +421,10 @@ pub(super) mod tests {
         // A C function of an extension (numpy's `zeros`): the object it
         // is in, when stripped; and a library Python function reached
         // through the interpreter's C frames is named, not those frames.
-        let program = python("main", "/srv/app/train.py", 16);
+        let program = python_frame("main", "/srv/app/train.py", 16);
         let site = site_of(&[frames[0].clone(), stripped.clone(), program.clone()], &[]);
         assert_eq!(site.label, "main (train.py:16) via _multiarray_umath.so");
-        let finalize = python("finalize.__init__", "/usr/lib/python3.11/weakref.py", 582);
+        let finalize = python_frame("finalize.__init__", "/usr/lib/python3.11/weakref.py", 582);
         let call = frame("_PyObject_MakeTpCall", "/usr/bin/python3.11");
         let site = site_of(&[frames[0].clone(), finalize, call, program], &[]);
         assert_eq!(site.label, "main (train.py:16) via finalize.__init__");

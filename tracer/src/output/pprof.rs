@@ -372,6 +372,7 @@ mod tests {
     use std::io::Read as _;
 
     use super::*;
+    use crate::model::fixtures::python_frame;
     use crate::output::fixtures::sample_report;
 
     fn string(profile: &Profile, index: i64) -> &str {
@@ -447,13 +448,7 @@ mod tests {
 
     #[test]
     fn python_frames_are_one_location_each_by_function_file_and_line() {
-        let python = |function: &str, line: u32| Frame {
-            function: Some(function.to_owned()),
-            file: Some("app.py".to_owned()),
-            line: Some(line),
-            language: Language::Python,
-            ..Frame::default()
-        };
+        let python = |function: &str, line: u32| python_frame(function, "app.py", line);
         let frames = [
             python("leak", 3),
             python("caller", 7),
