@@ -41,16 +41,21 @@ mod abi {
     pub mod sampling;
     pub mod stacks;
     pub mod stats;
+    pub mod unwind;
 }
 
 pub use abi::{
     events::*, gpu::*, live::*, malloc::*, mappings::*, names::*, python::*, sampling, stacks::*,
-    stats::*,
+    stats::*, unwind::*,
 };
 
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
+    unsafe impl aya::Pod for UnwindRow {}
+    unsafe impl aya::Pod for UnwindMapping {}
+    unsafe impl aya::Pod for UnwindMappings {}
+    unsafe impl aya::Pod for UnwindTable {}
     unsafe impl aya::Pod for LiveKey {}
     unsafe impl aya::Pod for LiveAlloc {}
     unsafe impl aya::Pod for StackKey {}

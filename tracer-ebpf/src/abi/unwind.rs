@@ -1,0 +1,121 @@
+//! Unwind tables for the kernel's own walk of stacks without frame
+//! pointers: compact rows built by userspace from each object's
+//! `.eh_frame` / `.debug_frame`, one table per file, shared by every
+//! process that maps it, and per process the sorted list of its
+//! executable mappings with the table (or rule) each one uses.
+//!
+//! UNWIND_ROWS holds the rows of every table, each table a contiguous run
+//! sorted by `pc`; UNWIND_MAPPINGS holds, per process, its mappings sorted
+//! by start. Per frame the kernel searches the process's mappings for the
+//! instruction pointer, then the mapping's table for the last row whose
+//! `pc` is at or below `ip - bias`, and applies that row.
+
+/// Most executable mappings one process's table lists (binary search
+/// depth 10). A process with more gets the rest walked by frame pointers
+/// and counts `stat::UNWIND_MAPPINGS_FULL`.
+pub const MAX_UNWIND_MAPPINGS: usize = 1024;
+
+/// Steps of the binary search over one table's rows: enough for 2^24 rows.
+pub const UNWIND_ROW_SEARCH_STEPS: u32 = 24;
+
+/// How a row finds the caller's frame: the CFA (the caller's stack pointer
+/// after the return) and where the return address and the caller's rbp
+/// are. The return address is always at CFA - 8 on x86-64.
+pub mod cfa_rule {
+    /// CFA = rsp + `cfa_offset`.
+    pub const RSP: u8 = 1;
+    /// CFA = rbp + `cfa_offset`.
+    pub const RBP: u8 = 2;
+    /// A PLT entry's DWARF expression: CFA = rsp + 8, plus 8 when
+    /// `(ip & 15) >= 11` (after the entry's push).
+    pub const PLT: u8 = 3;
+    /// The outermost frame (the return address is undefined): the stack
+    /// ends here, completely.
+    pub const END: u8 = 4;
+    /// A signal frame (augmentation `S`): the walk stops here with
+    /// `stat::UNWIND_STOP_SIGNAL`.
+    pub const SIGNAL: u8 = 5;
+    /// A rule the kernel cannot follow (another DWARF expression, a
+    /// register other than rsp/rbp, an offset that does not fit): the walk
+    /// stops with `stat::UNWIND_STOP_UNSUPPORTED`.
+    pub const UNSUPPORTED: u8 = 6;
+    /// No unwind information covers this address (a gap between FDEs):
+    /// the walk tries frame pointers for this frame.
+    pub const NO_INFO: u8 = 7;
+}
+
+/// One row of an unwind table: the rule from `pc` up to the next row's `pc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    /// First address the row covers, as an address in the object's own
+    /// virtual address space (the ELF's `p_vaddr` numbering).
+    pub pc: u32,
+    /// Bytes added to the register of `rule` (RSP, RBP) to get the CFA.
+    pub cfa_offset: u16,
+    /// A [`cfa_rule`] value.
+    pub rule: u8,
+    /// Where the caller's rbp was saved, in 8-byte words from the CFA
+    /// (e.g. -2: at CFA - 16); 0 when rbp keeps its value (same value or
+    /// not saved by this frame).
+    pub rbp_offset_words: i8,
+}
+
+/// How a mapping's frames are unwound.
+pub mod mapping_unwind {
+    /// By the table `table` (an index into UNWIND_TABLES).
+    pub const TABLE: u32 = 1;
+    /// By frame pointers (the object keeps them, or it is JIT code or
+    /// anonymous memory without unwind information).
+    pub const FRAME_POINTERS: u32 = 2;
+    /// The object's table is not built yet: frame pointers for now, and the
+    /// stack counts `stat::UNWIND_TABLE_PENDING`.
+    pub const PENDING: u32 = 3;
+}
+
+/// One executable mapping of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    pub start: u64,
+    pub end: u64,
+    /// Subtracted from an instruction pointer in the mapping to get the
+    /// table's `pc` numbering: `start - offset_in_file + (p_vaddr - p_offset)`
+    /// of the segment mapped.
+    pub bias: u64,
+    /// A [`mapping_unwind`] value.
+    pub unwind: u32,
+    /// Index into UNWIND_TABLES when `unwind` is `TABLE`.
+    pub table: u32,
+}
+
+/// A process's executable mappings, sorted by `start`, not overlapping: a
+/// value of UNWIND_MAPPINGS, keyed by tgid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnwindMappings {
+    /// How many of `mappings` are in use.
+    pub count: u32,
+    pub pad: u32,
+    pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
+}
+
+impl Default for UnwindMappings {
+    fn default() -> Self {
+        UnwindMappings {
+            count: 0,
+            pad: 0,
+            mappings: [UnwindMapping::default(); MAX_UNWIND_MAPPINGS],
+        }
+    }
+}
+
+/// Where one table's rows lie in UNWIND_ROWS: a value of UNWIND_TABLES.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindTable {
+    /// Index of the table's first row in UNWIND_ROWS.
+    pub first_row: u32,
+    /// How many rows follow (sorted by `pc`).
+    pub row_count: u32,
+}
