@@ -14,6 +14,7 @@ pub mod frame_pointers;
 pub mod go;
 mod modules;
 mod stops;
+pub mod tables;
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -230,6 +230,22 @@ impl ObjectInfo {
         self.text.clone()
     }
 
+    /// `.eh_frame`: its object address and bytes.
+    pub fn eh_frame(&self) -> Option<(u64, &[u8])> {
+        let (addresses, bytes) = self.eh_frame.clone()?;
+        Some((addresses.start, self.map.get(bytes)?))
+    }
+
+    /// `.debug_frame`'s bytes (its addresses are absolute).
+    pub fn debug_frame(&self) -> Option<&[u8]> {
+        self.map.get(self.debug_frame.clone()?)
+    }
+
+    /// The GNU build id, when the object has one.
+    pub fn build_id(&self) -> Option<&[u8]> {
+        self.build_id.as_deref()
+    }
+
     pub fn eh_frame_hdr(&self) -> Option<(u64, &[u8])> {
         let (addresses, bytes) = self.eh_frame_hdr.clone()?;
         Some((addresses.start, self.map.get(bytes)?))

@@ -1,0 +1,487 @@
+//! The table builder on Debian's real libraries: a few functions each with
+//! rows written down once from `readelf --debug-dump=frames-interp`, the
+//! special rows (PLT, signal frame, outermost frame), and every FDE (a
+//! sample of libtorch_cpu's) checked against readelf's own interpretation.
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use object::{Object as _, ObjectSection as _};
+
+use super::*;
+
+const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+const LIBSTDCXX: &str = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6";
+const LIBTORCH_CPU: &str = "/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13.0";
+
+fn object(path: &str) -> ObjectInfo {
+    let file = File::open(path)
+        .unwrap_or_else(|error| panic!("{path}: {error} (installed by `cargo xtask setup`)"));
+    ObjectInfo::read(&file).unwrap_or_else(|| panic!("{path}: not an ELF object"))
+}
+
+fn built(path: &str) -> (ObjectInfo, BuiltRows) {
+    let object = object(path);
+    let built = build_rows(&FrameSections::of(&object));
+    assert_eq!(built.fdes_skipped, 0, "{path}");
+    (object, built)
+}
+
+fn function_address(object: &ObjectInfo, name: &str) -> u64 {
+    object
+        .functions
+        .iter()
+        .find(|function| function.name == name)
+        .unwrap_or_else(|| panic!("no function {name}"))
+        .address
+}
+
+/// A row as (offset from `start`, rule, cfa offset, rbp offset in words).
+type Relative = (u64, u8, u16, i8);
+
+/// The rows that apply from `start` to `end` (inclusive: the row at `end`
+/// says what follows the function), offsets from `start`.
+fn rows_between(rows: &[UnwindRow], start: u64, end: u64) -> Vec<Relative> {
+    let first = row_for(rows, start).expect("a row at the start");
+    std::iter::once(first)
+        .chain(
+            rows.iter()
+                .filter(|row| (start + 1..=end).contains(&u64::from(row.pc))),
+        )
+        .map(|row| {
+            let pc = u64::from(row.pc).max(start) - start;
+            (pc, row.rule, row.cfa_offset, row.rbp_offset_words)
+        })
+        .collect()
+}
+
+use cfa_rule::{NO_INFO, PLT, RBP, RSP};
+
+#[test]
+fn libc_free_rows_match_readelf() {
+    let (object, built) = built(LIBC);
+    let free = function_address(&object, "free");
+    // readelf --debug-dump=frames-interp, FDE pc=98ef0..98ff1 (glibc
+    // 2.41), rbx and the other columns dropped, equal rows merged.
+    let expected: Vec<Relative> = vec![
+        (0x0, RSP, 8, 0),
+        (0xa, RSP, 16, -2),
+        (0xf, RSP, 24, -2),
+        (0x13, RSP, 48, -2),
+        (0x76, RSP, 24, -2),
+        (0x77, RSP, 16, -2),
+        (0x78, RSP, 8, -2),
+        (0x80, RSP, 48, -2),
+        (0xbf, RSP, 24, -2),
+        (0xc0, RSP, 16, -2),
+        (0xc1, RSP, 8, -2),
+        // DW_CFA_restore_state back to the entry's rules: rbp unsaved.
+        (0xc8, RSP, 8, 0),
+        (0xd0, RSP, 48, -2),
+        (0x101, NO_INFO, 0, 0),
+    ];
+    assert_eq!(rows_between(&built.rows, free, free + 0x101), expected);
+}
+
+#[test]
+fn libstdcxx_rows_match_readelf() {
+    let (object, built) = built(LIBSTDCXX);
+    // operator new(unsigned long): one push of rbx.
+    let new = function_address(&object, "_Znwm");
+    let expected: Vec<Relative> = vec![
+        (0x0, RSP, 8, 0),
+        (0xd, RSP, 16, 0),
+        (0x22, RSP, 8, 0),
+        (0x23, RSP, 16, 0),
+        (0x35, NO_INFO, 0, 0),
+    ];
+    assert_eq!(rows_between(&built.rows, new, new + 0x35), expected);
+    // operator<<(ostream&, complex<long double> const&): an rbp frame.
+    let print = function_address(
+        &object,
+        "_ZStlsIecSt11char_traitsIcEERSt13basic_ostreamIT0_T1_ES6_RKSt7complexIT_E",
+    );
+    let expected: Vec<Relative> = vec![
+        (0x0, RSP, 8, 0),
+        (0x5, RSP, 16, -2),
+        (0x8, RBP, 16, -2),
+        (0x3e8, RSP, 8, -2),
+        (0x3f0, RBP, 16, -2),
+        (0x503, NO_INFO, 0, 0),
+    ];
+    assert_eq!(rows_between(&built.rows, print, print + 0x503), expected);
+}
+
+#[test]
+fn libtorch_cpu_rows_match_readelf() {
+    let (object, built) = built(LIBTORCH_CPU);
+    // at::native::add(Tensor const&, Scalar const&, Scalar const&).
+    let add = function_address(&object, "_ZN2at6native3addERKNS_6TensorERKN3c106ScalarES7_");
+    let expected: Vec<Relative> = vec![
+        (0x0, RSP, 8, 0),
+        (0x2, RSP, 16, 0),
+        (0x7, RSP, 24, 0),
+        (0x13, RSP, 32, -4),
+        (0x14, RSP, 40, -4),
+        (0x1b, RSP, 64, -4),
+        (0x63, RSP, 40, -4),
+        (0x67, RSP, 32, -4),
+        (0x68, RSP, 24, -4),
+        (0x6a, RSP, 16, -4),
+        (0x6c, RSP, 8, -4),
+        (0x6d, RSP, 64, -4),
+        (0x7a, NO_INFO, 0, 0),
+    ];
+    assert_eq!(rows_between(&built.rows, add, add + 0x7a), expected);
+    // at::_ops::matmul::call(Tensor const&, Tensor const&): an rbp frame.
+    let matmul = function_address(&object, "_ZN2at4_ops6matmul4callERKNS_6TensorES4_");
+    let expected: Vec<Relative> = vec![
+        (0x0, RSP, 8, 0),
+        (0x1, RSP, 16, -2),
+        (0x4, RBP, 16, -2),
+        (0x19c, RSP, 8, -2),
+        (0x1a0, RBP, 16, -2),
+        (0x329, NO_INFO, 0, 0),
+    ];
+    assert_eq!(rows_between(&built.rows, matmul, matmul + 0x329), expected);
+}
+
+#[test]
+fn libc_plt_entries_get_the_plt_rule() {
+    let (_, built) = built(LIBC);
+    let data = std::fs::read(LIBC).expect("libc");
+    let elf = object::File::parse(&data[..]).expect("an ELF");
+    let plt = elf.section_by_name(".plt").expect("libc has a .plt");
+    let (start, size) = (plt.address(), plt.size());
+    // PLT0 pushes once, then jumps; every entry after it has the
+    // expression.
+    let expected: Vec<Relative> = vec![(0x0, RSP, 16, 0), (0x6, RSP, 24, 0), (0x10, PLT, 0, 0)];
+    assert_eq!(rows_between(&built.rows, start, start + size - 1), expected);
+}
+
+#[test]
+fn plt_expression_is_recognized_only_as_written_by_linkers() {
+    assert!(is_plt_expression(&PLT_EXPRESSION));
+    let mut lit10 = PLT_EXPRESSION;
+    lit10[PLT_THRESHOLD_INDEX] = DW_OP_LIT10;
+    assert!(is_plt_expression(&lit10));
+    let mut other = PLT_EXPRESSION;
+    other[1] = 0x10;
+    assert!(!is_plt_expression(&other));
+    assert!(!is_plt_expression(&PLT_EXPRESSION[..10]));
+}
+
+#[test]
+fn libc_restore_rt_is_the_signal_frame() {
+    let (object, built) = built(LIBC);
+    let signal: Vec<&UnwindRow> = built
+        .rows
+        .iter()
+        .filter(|row| row.rule == cfa_rule::SIGNAL)
+        .collect();
+    assert_eq!(signal.len(), 1, "{signal:?}");
+    // The FDE starts one byte before __restore_rt (a nop), so that a
+    // return address there minus one is still inside; the code is
+    // `mov $15 (rt_sigreturn),%rax; syscall`.
+    let restore_rt = u64::from(signal[0].pc) + 1;
+    let offset = object.offset_of_address(restore_rt).expect("in a segment");
+    assert_eq!(
+        object.bytes_at(offset, 9),
+        Some(&[0x48, 0xc7, 0xc0, 0x0f, 0, 0, 0, 0x0f, 0x05][..])
+    );
+}
+
+#[test]
+fn libc_clone_children_are_outermost_frames() {
+    let (object, built) = built(LIBC);
+    // __clone's child branch: `xor %ebp,%ebp; pop %rax; pop %rdi; call
+    // *%rax`, with the return address undefined (readelf's `u`).
+    let clone = function_address(&object, "__clone");
+    let child = row_for(&built.rows, clone + 0x3a).expect("a row");
+    assert_eq!(
+        (child.pc, child.rule),
+        ((clone + 0x3a) as u32, cfa_rule::END)
+    );
+    assert_eq!(row_for(&built.rows, clone).map(|row| row.rule), Some(RSP));
+    // clone3's child (not exported) is the only other outermost frame.
+    let ends: Vec<u64> = built
+        .rows
+        .iter()
+        .filter(|row| row.rule == cfa_rule::END)
+        .map(|row| u64::from(row.pc))
+        .collect();
+    assert_eq!(ends.len(), 2, "{ends:x?}");
+    for end in ends {
+        let offset = object.offset_of_address(end).expect("in a segment");
+        assert_eq!(
+            object.bytes_at(offset, 2),
+            Some(&[0x31, 0xed][..]),
+            "{end:x}"
+        );
+    }
+}
+
+/// A rule as readelf shows it: exact, or a CFA expression (which the
+/// builder decodes as PLT or marks unsupported).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expected {
+    Exact(Rule),
+    Expression { rbp_offset_words: i8 },
+}
+
+impl Expected {
+    fn accepts(self, row: &UnwindRow) -> bool {
+        match self {
+            Expected::Exact(rule) => {
+                (rule.rule, rule.cfa_offset, rule.rbp_offset_words)
+                    == (row.rule, row.cfa_offset, row.rbp_offset_words)
+            }
+            Expected::Expression { rbp_offset_words } => {
+                row.rule == cfa_rule::UNSUPPORTED
+                    || (row.rule == PLT && row.rbp_offset_words == rbp_offset_words)
+            }
+        }
+    }
+}
+
+/// One FDE as readelf interprets it.
+#[derive(Debug)]
+struct ReadelfFde {
+    start: u64,
+    end: u64,
+    rows: Vec<(u64, Expected)>,
+}
+
+/// A row of readelf's table: the CFA and the other columns by name.
+type ReadelfRow = (String, Vec<(String, String)>);
+
+/// readelf's column value for a saved register: `c-16` -> Some(-16).
+fn cfa_relative(value: &str) -> Option<i64> {
+    value.strip_prefix('c')?.parse().ok()
+}
+
+/// What the kernel should do with one of readelf's rows.
+fn readelf_rule(signal: bool, cfa: &str, columns: &[(&str, &str)]) -> Expected {
+    let unsupported = Expected::Exact(UNSUPPORTED_ROW);
+    if signal {
+        return Expected::Exact(only(cfa_rule::SIGNAL));
+    }
+    let column = |name: &str| {
+        columns
+            .iter()
+            .find(|(column, _)| *column == name)
+            .map(|(_, value)| *value)
+    };
+    match column("ra") {
+        Some("u") => return Expected::Exact(only(cfa_rule::END)),
+        Some("c-8") => {}
+        _ => return unsupported,
+    }
+    let rbp_offset_words = match column("rbp") {
+        None | Some("u") | Some("s") => 0,
+        Some(value) => match cfa_relative(value) {
+            Some(offset) if offset != 0 && offset % 8 == 0 && (-1024..=1016).contains(&offset) => {
+                (offset / 8) as i8
+            }
+            _ => return unsupported,
+        },
+    };
+    if cfa == "exp" {
+        return Expected::Expression { rbp_offset_words };
+    }
+    let rule = |register: &str, rule: u8| {
+        let offset: i64 = cfa.strip_prefix(register)?.parse().ok()?;
+        Some(Rule {
+            cfa_offset: u16::try_from(offset).ok()?,
+            rule,
+            rbp_offset_words,
+        })
+    };
+    match rule("rsp", RSP).or_else(|| rule("rbp", RBP)) {
+        Some(rule) => Expected::Exact(rule),
+        None => unsupported,
+    }
+}
+
+/// readelf's interpretation of every `sample`-th FDE of an object, and
+/// where every FDE starts.
+fn readelf_fdes(path: &str, sample: usize) -> (Vec<ReadelfFde>, HashSet<u64>) {
+    let mut child = Command::new("readelf")
+        .args(["--debug-dump=no-follow-links,frames-interp", path])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("readelf (binutils) must be installed: it is the reference of this test");
+    let lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    // Per CIE offset: signal frame, and its initial row's CFA and columns.
+    let mut cies: HashMap<String, (bool, Option<ReadelfRow>)> = HashMap::new();
+    let mut fdes = Vec::new();
+    let mut header: Vec<String> = Vec::new();
+    // The entry whose table follows: a CIE's offset, or an FDE (index,
+    // kept or not).
+    enum Current {
+        Cie(String),
+        Fde { cie: String, kept: bool },
+        None,
+    }
+    let mut current = Current::None;
+    let mut fde_count = 0usize;
+    let mut starts = HashSet::new();
+    for line in lines {
+        let line = line.expect("readelf's output").replace(" (", "(");
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() >= 4 && fields[3] == "CIE" {
+            let signal = fields[4].trim_matches('"').contains('S');
+            cies.insert(fields[0].to_owned(), (signal, None));
+            current = Current::Cie(fields[0].to_owned());
+        } else if fields.len() >= 6 && fields[3] == "FDE" {
+            let cie = fields[4].strip_prefix("cie=").expect("cie=").to_owned();
+            let (start, end) = fields[5]
+                .strip_prefix("pc=")
+                .and_then(|range| range.split_once(".."))
+                .expect("pc=start..end");
+            let parse = |hex: &str| u64::from_str_radix(hex, 16).expect("hex");
+            starts.insert(parse(start));
+            let kept = fde_count.is_multiple_of(sample) && parse(start) < parse(end);
+            fde_count += 1;
+            if kept {
+                let (signal, initial) = &cies[&cie];
+                // Without instructions of its own, the CIE's row holds.
+                let rows = match initial {
+                    Some((cfa, columns)) => {
+                        let columns: Vec<(&str, &str)> = columns
+                            .iter()
+                            .map(|(name, value)| (name.as_str(), value.as_str()))
+                            .collect();
+                        vec![(parse(start), readelf_rule(*signal, cfa, &columns))]
+                    }
+                    None if *signal => {
+                        vec![(parse(start), Expected::Exact(only(cfa_rule::SIGNAL)))]
+                    }
+                    None => vec![(parse(start), Expected::Exact(UNSUPPORTED_ROW))],
+                };
+                fdes.push(ReadelfFde {
+                    start: parse(start),
+                    end: parse(end),
+                    rows,
+                });
+            }
+            current = Current::Fde { cie, kept };
+        } else if fields.first() == Some(&"LOC") {
+            header = fields[1..].iter().map(|name| (*name).to_owned()).collect();
+        } else if fields.len() >= 2
+            && fields[0].len() == 16
+            && fields[0].bytes().all(|byte| byte.is_ascii_hexdigit())
+        {
+            let pc = u64::from_str_radix(fields[0], 16).expect("hex");
+            let values = &fields[1..];
+            assert_eq!(values.len(), header.len(), "{line}");
+            match &current {
+                Current::Cie(offset) => {
+                    let entry = cies.get_mut(offset).expect("this CIE");
+                    let columns = header[1..]
+                        .iter()
+                        .cloned()
+                        .zip(values[1..].iter().map(|value| (*value).to_owned()))
+                        .collect();
+                    entry.1.get_or_insert((values[0].to_owned(), columns));
+                }
+                Current::Fde { cie, kept: true } => {
+                    let signal = cies[cie].0;
+                    let columns: Vec<(&str, &str)> = header[1..]
+                        .iter()
+                        .map(String::as_str)
+                        .zip(values[1..].iter().copied())
+                        .collect();
+                    let rule = readelf_rule(signal, values[0], &columns);
+                    let fde = fdes.last_mut().expect("this FDE");
+                    // The FDE's own table replaces the CIE's row.
+                    if fde.rows.last().is_some_and(|(last, _)| *last == pc) {
+                        fde.rows.pop();
+                    }
+                    if fde.rows.last().map(|(_, last)| *last) != Some(rule) {
+                        fde.rows.push((pc, rule));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        child.wait().expect("readelf ran").success(),
+        "readelf {path} failed"
+    );
+    assert!(!fdes.is_empty(), "readelf printed no FDE for {path}");
+    (fdes, starts)
+}
+
+/// The builder's rows over every sampled FDE equal readelf's.
+fn check_against_readelf(path: &str, sample: usize) -> usize {
+    let (_, built) = built(path);
+    let (fdes, starts) = readelf_fdes(path, sample);
+    let mut mismatches = Vec::new();
+    for fde in &fdes {
+        let mine: Vec<&UnwindRow> =
+            std::iter::once(row_for(&built.rows, fde.start).expect("a row"))
+                .chain(
+                    built
+                        .rows
+                        .iter()
+                        .filter(|row| (fde.start + 1..fde.end).contains(&u64::from(row.pc))),
+                )
+                .collect();
+        let same = mine.len() == fde.rows.len()
+            && mine.iter().zip(&fde.rows).all(|(row, (pc, expected))| {
+                u64::from(row.pc).max(fde.start) == *pc && expected.accepts(row)
+            });
+        // Where no FDE follows at once, a NO_INFO row ends this one.
+        let after = row_for(&built.rows, fde.end).expect("a row after");
+        let closed =
+            starts.contains(&fde.end) || (u64::from(after.pc) == fde.end && after.rule == NO_INFO);
+        if !same || !closed {
+            mismatches.push(format!("{fde:x?}\n  built: {mine:?}\n  after: {after:?}"));
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{path}: {} of {} FDEs differ from readelf, first:\n{}",
+        mismatches.len(),
+        fdes.len(),
+        mismatches[..mismatches.len().min(3)].join("\n")
+    );
+    fdes.len()
+}
+
+#[test]
+fn libc_every_fde_matches_readelf() {
+    assert!(check_against_readelf(LIBC, 1) > 3000);
+}
+
+#[test]
+fn libstdcxx_every_fde_matches_readelf() {
+    assert!(check_against_readelf(LIBSTDCXX, 1) > 4000);
+}
+
+#[test]
+fn libtorch_cpu_sampled_fdes_match_readelf() {
+    assert!(check_against_readelf(LIBTORCH_CPU, 97) > 2000);
+}
+
+#[test]
+fn libtorch_cpu_builds_fast_and_compact() {
+    let object = object(LIBTORCH_CPU);
+    let started = Instant::now();
+    let built = build_rows(&FrameSections::of(&object));
+    let elapsed = started.elapsed();
+    eprintln!(
+        "{LIBTORCH_CPU}: {} FDEs, {} rows, {} bytes, built in {elapsed:?}",
+        built.fdes,
+        built.rows.len(),
+        built.bytes()
+    );
+    assert!(built.fdes > 200_000, "{built:?}");
+    assert!(built.rows.windows(2).all(|pair| pair[0].pc < pair[1].pc));
+    // Generous for a shared, loaded CI machine; ~0.2 s when idle.
+    assert!(elapsed.as_secs_f64() < 2.0, "{elapsed:?}");
+}
