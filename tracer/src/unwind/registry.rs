@@ -26,7 +26,8 @@ use std::{
 };
 
 use tracer_ebpf::{
-    MAX_UNWIND_MAPPINGS, UnwindMapping, UnwindMappings, UnwindRow, UnwindTable, mapping_unwind,
+    MAX_UNWIND_MAPPINGS, UNWIND_ROW_SEARCH_STEPS, UnwindMapping, UnwindMappings, UnwindRow,
+    UnwindTable, mapping_unwind,
 };
 
 use super::{
@@ -73,6 +74,9 @@ pub enum TableState {
     /// Built, but its rows do not fit the row space left (or no table id
     /// is left): its frames are walked by frame pointers.
     NoRoom,
+    /// More rows than the kernel's bounded search reaches
+    /// (2^`UNWIND_ROW_SEARCH_STEPS`): frame pointers.
+    TooManyRows,
 }
 
 /// One file's table, for `-v`: `Display` writes one line.
@@ -131,6 +135,10 @@ impl fmt::Display for TableInfo {
                 built(f)?;
                 write!(f, "; no room left in the row space: frame pointers")
             }
+            TableState::TooManyRows => {
+                built(f)?;
+                write!(f, "; too many rows for the kernel's search: frame pointers")
+            }
         }
     }
 }
@@ -144,7 +152,8 @@ pub struct TablesSummary {
     pub frame_pointers: u32,
     /// No unwind information, or not an object.
     pub without_info: u32,
-    /// Tables that did not fit (counted once per file).
+    /// Tables that did not fit, in the row space or in the kernel's
+    /// search (counted once per file).
     pub no_room: u32,
     pub rows_used: u32,
     pub capacity: Capacity,
@@ -190,6 +199,20 @@ pub struct ProcessMappings {
     /// Mappings beyond `MAX_UNWIND_MAPPINGS`, left out (walked by frame
     /// pointers, as addresses outside every mapping are).
     pub left_out: u32,
+    /// Mappings whose file could not be opened (the process exited, or
+    /// the file is gone): listed as frame pointers.
+    pub unreadable: u32,
+}
+
+/// A mapping walked by frame pointers.
+fn frame_pointers(mapping: &Mapping) -> UnwindMapping {
+    UnwindMapping {
+        start: mapping.start,
+        end: mapping.end,
+        bias: 0,
+        unwind: mapping_unwind::FRAME_POINTERS,
+        table: 0,
+    }
 }
 
 /// What the background thread reads and builds.
@@ -263,10 +286,17 @@ impl UnwindTables {
             mappings: Box::default(),
             pending: 0,
             left_out: 0,
+            unreadable: 0,
         };
         let list = &mut result.mappings;
         for mapping in executable {
-            let entry = self.mapping_entry(pid, mapping);
+            let entry = match self.file_index(pid, mapping) {
+                Some(index) => self.mapping_entry(index, mapping),
+                None => {
+                    result.unreadable += 1;
+                    frame_pointers(mapping)
+                }
+            };
             if entry.unwind == mapping_unwind::PENDING {
                 result.pending += 1;
             }
@@ -286,18 +316,9 @@ impl UnwindTables {
         result
     }
 
-    /// The entry of one executable mapping.
-    fn mapping_entry(&mut self, pid: u32, mapping: &Mapping) -> UnwindMapping {
-        let frame_pointers = UnwindMapping {
-            start: mapping.start,
-            end: mapping.end,
-            bias: 0,
-            unwind: mapping_unwind::FRAME_POINTERS,
-            table: 0,
-        };
-        let Some(index) = self.file_index(pid, mapping) else {
-            return frame_pointers;
-        };
+    /// The entry of one executable mapping of the file `index`.
+    fn mapping_entry(&self, index: usize, mapping: &Mapping) -> UnwindMapping {
+        let frame_pointers = frame_pointers(mapping);
         let segments = &self.files[index].segments;
         let index = self.files[index].same_as.unwrap_or(index);
         match self.files[index].state {
@@ -397,7 +418,9 @@ impl UnwindTables {
                 info.fdes = built.fdes;
                 info.fdes_skipped = built.fdes_skipped;
                 let room = self.capacity.rows - self.rows_used;
-                if info.rows > room || self.tables_used >= self.capacity.tables {
+                if info.rows > 1 << UNWIND_ROW_SEARCH_STEPS {
+                    TableState::TooManyRows
+                } else if info.rows > room || self.tables_used >= self.capacity.tables {
                     TableState::NoRoom
                 } else {
                     let id = self.tables_used;
@@ -447,7 +470,7 @@ impl UnwindTables {
                 TableState::Ready(..) => summary.ready += 1,
                 TableState::FramePointers => summary.frame_pointers += 1,
                 TableState::NoUnwindInfo | TableState::NotAnObject => summary.without_info += 1,
-                TableState::NoRoom => summary.no_room += 1,
+                TableState::NoRoom | TableState::TooManyRows => summary.no_room += 1,
             }
         }
         summary

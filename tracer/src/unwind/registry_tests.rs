@@ -217,6 +217,12 @@ fn mappings_merge_when_adjacent_and_stop_at_capacity() {
     // Adjacent to the first: merged with it. Not executable: left out.
     maps.push(fake_mapping(&text, 0x101000, true));
     maps.push(fake_mapping(&text, 0x50000, false));
+    // Gone: counted, and walked by frame pointers.
+    maps.push(fake_mapping(
+        Path::new("/nonexistent/libgone.so"),
+        1 << 32,
+        true,
+    ));
     let mut tables = UnwindTables::new(ROOMY, false);
     tables.process_mappings(pid, &maps);
     assert!(tables.wait_for_builds(WAIT));
@@ -224,7 +230,7 @@ fn mappings_merge_when_adjacent_and_stop_at_capacity() {
     let mappings = tables.process_mappings(pid, &maps);
     let list = entries(&mappings);
     assert_eq!(list.len(), MAX_UNWIND_MAPPINGS);
-    assert_eq!(mappings.left_out, 10);
+    assert_eq!((mappings.left_out, mappings.unreadable), (11, 1));
     assert_eq!((list[0].start, list[0].end), (0x100000, 0x102000));
     assert!(
         list.iter()

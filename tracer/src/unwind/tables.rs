@@ -210,6 +210,8 @@ pub fn build_rows(sections: &FrameSections<'_>) -> BuiltRows {
             built.fdes_skipped += 1;
         }
     }
+    // Kept until the rows are written to the kernel: no spare capacity.
+    built.rows.shrink_to_fit();
     built
 }
 

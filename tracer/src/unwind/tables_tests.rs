@@ -485,3 +485,138 @@ fn libtorch_cpu_builds_fast_and_compact() {
     // Generous for a shared, loaded CI machine; ~0.2 s when idle.
     assert!(elapsed.as_secs_f64() < 2.0, "{elapsed:?}");
 }
+
+/// A C file built without `.eh_frame` (only `.debug_frame`, as `-g
+/// -fno-asynchronous-unwind-tables` makes it) and, from the same
+/// assembly, with both sections.
+const FRAME_SECTIONS_SOURCE: &str = r#"
+#include <stdlib.h>
+__attribute__((noinline)) long leaf(long *p, long n) {
+    long s = 0;
+    for (long i = 0; i < n; i++) s += p[i] * 3;
+    return s;
+}
+long outer(long n) {
+    long *p = malloc(n * sizeof *p);
+    for (long i = 0; i < n; i++) p[i] = i;
+    long s = leaf(p, n);
+    free(p);
+    return n > 0 ? s + outer(n - 1) : s;
+}
+"#;
+
+/// Builds the two objects of FRAME_SECTIONS_SOURCE: (only .debug_frame,
+/// both sections).
+fn frame_section_objects() -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("tracer-frame-sections-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let source = dir.join("f.c");
+    std::fs::write(&source, FRAME_SECTIONS_SOURCE).expect("the source");
+    let flags = [
+        "-O2",
+        "-g",
+        "-fPIC",
+        "-fomit-frame-pointer",
+        "-fno-asynchronous-unwind-tables",
+    ];
+    let cc = |arguments: &[&std::ffi::OsStr]| {
+        let status = Command::new("cc")
+            .args(flags)
+            .args(arguments)
+            .status()
+            .expect("cc (gcc) must be installed");
+        assert!(status.success(), "cc {arguments:?}");
+    };
+    let debug_only = dir.join("debug_frame.so");
+    cc(&[
+        "-shared".as_ref(),
+        source.as_os_str(),
+        "-o".as_ref(),
+        debug_only.as_os_str(),
+    ]);
+    let assembly = dir.join("f.s");
+    cc(&[
+        "-S".as_ref(),
+        source.as_os_str(),
+        "-o".as_ref(),
+        assembly.as_os_str(),
+    ]);
+    let text = std::fs::read_to_string(&assembly).expect("the assembly");
+    let directive = "\t.cfi_sections\t.debug_frame";
+    assert!(
+        text.contains(directive),
+        "gcc no longer writes {directive:?}"
+    );
+    let both_assembly = dir.join("both.s");
+    std::fs::write(
+        &both_assembly,
+        text.replace(directive, "\t.cfi_sections .eh_frame, .debug_frame"),
+    )
+    .expect("the assembly");
+    let both = dir.join("both.so");
+    cc(&[
+        "-shared".as_ref(),
+        both_assembly.as_os_str(),
+        "-o".as_ref(),
+        both.as_os_str(),
+    ]);
+    (debug_only, both)
+}
+
+#[test]
+fn debug_frame_alone_or_beside_eh_frame() {
+    let (debug_only_path, both_path) = frame_section_objects();
+    let (debug_only, both) = (
+        debug_only_path.to_str().unwrap(),
+        both_path.to_str().unwrap(),
+    );
+
+    // Only .debug_frame: its FDEs are the rows, as readelf reads them.
+    let object = self::object(debug_only);
+    assert!(object.debug_frame().is_some());
+    let built = build_rows(&FrameSections::of(&object));
+    assert_eq!((built.fdes, built.fdes_skipped), (2, 0), "{built:?}");
+    let outer = function_address(&object, "outer");
+    assert_eq!(
+        row_for(&built.rows, outer).map(|row| (row.rule, row.cfa_offset)),
+        Some((RSP, 8))
+    );
+    assert_eq!(check_against_readelf(debug_only, 1), 2);
+
+    // Both: .eh_frame's FDEs win, .debug_frame's (the same code) are
+    // left out, and either section alone gives the same rows.
+    let object = self::object(both);
+    let sections = FrameSections::of(&object);
+    let built = build_rows(&sections);
+    let eh_only = build_rows(&FrameSections {
+        debug_frame: None,
+        ..sections
+    });
+    let debug_only = build_rows(&FrameSections {
+        eh_frame: None,
+        ..sections
+    });
+    // .eh_frame also has the linker's FDEs of the PLT.
+    assert_eq!(debug_only.fdes, 2);
+    assert!(eh_only.fdes > 2, "{eh_only:?}");
+    assert_eq!(
+        (built.fdes, built.fdes_skipped),
+        (eh_only.fdes, 2),
+        "{built:?}"
+    );
+    assert_eq!(built.rows, eh_only.rows);
+    for name in ["leaf", "outer"] {
+        let function = object
+            .functions
+            .iter()
+            .find(|function| function.name == name)
+            .expect(name);
+        let (start, end) = (function.address, function.address + function.size);
+        assert_eq!(
+            rows_between(&debug_only.rows, start, end),
+            rows_between(&eh_only.rows, start, end),
+            "{name}"
+        );
+    }
+    std::fs::remove_dir_all(both_path.parent().expect("a directory")).expect("removed");
+}
