@@ -237,3 +237,52 @@ fn mappings_merge_when_adjacent_and_stop_at_capacity() {
             .all(|m| m.unwind == mapping_unwind::FRAME_POINTERS)
     );
 }
+
+#[test]
+fn lld_executable_bias_is_its_load_base() {
+    // rust_leak is linked by lld: its executable segment's addresses are a
+    // page beyond its file offsets (p_vaddr != p_offset), so the bias is
+    // not the mapping's start minus its offset.
+    use std::io::BufRead as _;
+    use std::process::{Command, Stdio};
+    let path = fixture("rust_leak");
+    let mut child = Command::new(&path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("rust_leak starts");
+    let mut ready = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut ready)
+        .expect("rust_leak answers");
+    let pid = child.id();
+    let maps = procfs::read_maps(pid).expect("its maps");
+    let mut tables = UnwindTables::new(ROOMY, false);
+    tables.process_mappings(pid, &maps);
+    assert!(tables.wait_for_builds(WAIT));
+    let mappings = tables.process_mappings(pid, &maps);
+    child.kill().expect("rust_leak stops");
+    child.wait().expect("rust_leak is reaped");
+
+    let own: Vec<&Mapping> = maps.iter().filter(|mapping| mapping.path == path).collect();
+    let load_base = own
+        .iter()
+        .find(|mapping| mapping.file_offset == 0)
+        .expect("its first page is mapped")
+        .start;
+    let text = own
+        .iter()
+        .find(|mapping| mapping.executable)
+        .expect("its code");
+    let entry = entries(&mappings)
+        .iter()
+        .find(|entry| entry.start == text.start)
+        .expect("listed");
+    assert_eq!(entry.unwind, mapping_unwind::TABLE);
+    assert_eq!(entry.bias, load_base);
+    assert_ne!(
+        entry.bias,
+        text.start - text.file_offset,
+        "no longer an lld layout"
+    );
+}

@@ -11,6 +11,10 @@
 //! between FDEs get a NO_INFO row, so a search never applies one
 //! function's rule to the code after it.
 //!
+//! A compressed `.debug_frame` (Go's) is not read: Go code keeps frame
+//! pointers, and its CFI never says where rbp is saved, so a NO_INFO row
+//! (walked by the frame pointer) serves it better than its own rules.
+//!
 //! Built in one pass over the FDEs in address order, reusing one gimli
 //! unwind context; the only allocations are the output rows, an index of
 //! the FDEs (24 bytes each) and the parsed CIEs.
