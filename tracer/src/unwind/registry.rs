@@ -249,6 +249,8 @@ pub struct UnwindTables {
     jobs: Sender<Job>,
     done: Receiver<Done>,
     in_flight: usize,
+    /// Per process, the files its last `process_mappings` found pending.
+    waiting: HashMap<u32, Vec<usize>>,
 }
 
 impl UnwindTables {
@@ -272,6 +274,7 @@ impl UnwindTables {
             jobs,
             done,
             in_flight: 0,
+            waiting: HashMap::new(),
         }
     }
 
@@ -289,9 +292,16 @@ impl UnwindTables {
             unreadable: 0,
         };
         let list = &mut result.mappings;
+        let mut waiting = Vec::new();
         for mapping in executable {
             let entry = match self.file_index(pid, mapping) {
-                Some(index) => self.mapping_entry(index, mapping),
+                Some(index) => {
+                    let entry = self.mapping_entry(index, mapping);
+                    if entry.unwind == mapping_unwind::PENDING {
+                        waiting.push(index);
+                    }
+                    entry
+                }
                 None => {
                     result.unreadable += 1;
                     frame_pointers(mapping)
@@ -313,7 +323,39 @@ impl UnwindTables {
                 result.left_out += 1;
             }
         }
+        if waiting.is_empty() {
+            self.waiting.remove(&pid);
+        } else {
+            self.waiting.insert(pid, waiting);
+        }
         result
+    }
+
+    /// The processes whose last `process_mappings` had a pending table
+    /// that is now decided: call `process_mappings` for each again (after
+    /// writing `take_ready`'s tables). Cheap.
+    pub fn processes_to_refresh(&mut self) -> Vec<u32> {
+        self.poll();
+        let files = &self.files;
+        let mut due: Vec<u32> = self
+            .waiting
+            .iter()
+            .filter(|(_, waiting)| {
+                waiting.iter().any(|&index| {
+                    let index = files[index].same_as.unwrap_or(index);
+                    files[index].state != TableState::Pending
+                })
+            })
+            .map(|(&pid, _)| pid)
+            .collect();
+        due.sort_unstable();
+        due
+    }
+
+    /// Forgets a process that exited (its tables stay, for the next
+    /// process that maps the same files).
+    pub fn forget_process(&mut self, pid: u32) {
+        self.waiting.remove(&pid);
     }
 
     /// The entry of one executable mapping of the file `index`.

@@ -49,9 +49,11 @@ fn own_libc_gets_its_table_and_bias() {
             .all(|m| m.unwind != mapping_unwind::TABLE)
     );
     assert!(tables.wait_for_builds(WAIT), "builds did not finish");
+    assert_eq!(tables.processes_to_refresh(), [pid]);
 
     let mappings = tables.process_mappings(pid, &maps);
     assert_eq!((mappings.pending, mappings.left_out), (0, 0));
+    assert!(tables.processes_to_refresh().is_empty());
     let list = entries(&mappings);
     assert!(
         list.windows(2).all(|pair| pair[0].end <= pair[1].start),
@@ -129,6 +131,9 @@ fn frame_pointer_objects_get_no_table_when_trusted() {
     let mut tables = UnwindTables::new(ROOMY, true);
     tables.process_mappings(pid, &maps);
     assert!(tables.wait_for_builds(WAIT));
+    assert_eq!(tables.processes_to_refresh(), [pid]);
+    tables.forget_process(pid);
+    assert!(tables.processes_to_refresh().is_empty());
     let mappings = tables.process_mappings(pid, &maps);
     let list = entries(&mappings);
     assert_eq!(list.len(), 2, "{list:x?}");
