@@ -1,13 +1,13 @@
-//! The reference walk: each rule on synthetic stacks, then a real stack of
-//! this process (through libc's qsort, built without frame pointers),
-//! walked from the registry's tables and compared with framehop's unwind
-//! of the same copy.
+//! The reference walk: each rule on synthetic stacks, then real stacks of
+//! this process (through libc's qsort, built without frame pointers; in a
+//! signal handler) walked from the registry's tables and compared with
+//! framehop's unwind of the same copy.
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::time::Duration;
 
-use tracer_ebpf::{MAX_UNWIND_MAPPINGS, StackCopy, UnwindMapping};
+use tracer_ebpf::{StackCopy, UnwindMapping};
 
 use super::*;
 use crate::procfs;
@@ -291,16 +291,10 @@ extern "C" fn compare(a: *const c_void, b: *const c_void) -> c_int {
     a.cmp(&b) as c_int
 }
 
-#[test]
-fn own_stack_through_qsort_walks_as_framehop_unwinds_it() {
-    let mut numbers: Vec<i32> = (0..64).rev().collect();
-    // SAFETY: a valid array of 64 i32 and a comparator of i32.
-    unsafe {
-        libc::qsort(numbers.as_mut_ptr().cast(), numbers.len(), 4, Some(compare));
-    }
-    assert!(numbers.is_sorted());
-    let Captured { registers, stack } = CAPTURED.take().expect("the comparator ran");
-
+/// A capture walked by the reference walk over this process's tables,
+/// and unwound by framehop: (frames, why the walk ended, framehop's).
+fn walk_both_ways(captured: &Captured) -> (Vec<u64>, WalkEnd, crate::unwind::Unwound) {
+    let Captured { registers, stack } = captured;
     let pid = std::process::id();
     let maps = procfs::read_maps(pid).expect("own maps");
     let capacity = Capacity {
@@ -327,8 +321,7 @@ fn own_stack_through_qsort_walks_as_framehop_unwinds_it() {
         let word = stack.get(offset..offset + 8)?;
         Some(u64::from_le_bytes(word.try_into().ok()?))
     };
-    let (frames, end) = walk(&mappings.mappings, &rows, &placed, registers, read, 127);
-
+    let (frames, end) = walk(&mappings.mappings, &rows, &placed, *registers, read, 127);
     let copy = StackCopy {
         tgid: pid,
         ip: registers.ip,
@@ -339,21 +332,70 @@ fn own_stack_through_qsort_walks_as_framehop_unwinds_it() {
         reached_top: 1,
         ..StackCopy::default()
     };
-    let unwound = crate::unwind::Unwinder::new().unwind(&copy, &stack);
+    let unwound = crate::unwind::Unwinder::new().unwind(&copy, stack);
+    (frames, end, unwound)
+}
+
+/// The executable mapping of this process that holds `address`.
+fn own_mapping_of(address: u64) -> procfs::Mapping {
+    procfs::read_maps(std::process::id())
+        .expect("own maps")
+        .into_iter()
+        .find(|mapping| mapping.contains(address))
+        .expect("mapped")
+}
+
+#[test]
+fn own_stack_through_qsort_walks_as_framehop_unwinds_it() {
+    let mut numbers: Vec<i32> = (0..64).rev().collect();
+    // SAFETY: a valid array of 64 i32 and a comparator of i32.
+    unsafe {
+        libc::qsort(numbers.as_mut_ptr().cast(), numbers.len(), 4, Some(compare));
+    }
+    assert!(numbers.is_sorted());
+    let captured = CAPTURED.take().expect("the comparator ran");
+    let (frames, end, unwound) = walk_both_ways(&captured);
     assert_eq!(frames, unwound.addresses, "{end:?} vs framehop {unwound:?}");
     // The thread's first frame (clone3's child) ends both.
     assert_eq!(end, WalkEnd::Outermost);
     assert_eq!((unwound.stopped, unwound.truncated), (None, false));
     // Through libc: qsort's frames are in its code.
-    let qsort = libc::qsort as *const () as u64;
-    let libc = maps
-        .iter()
-        .find(|m| m.contains(qsort))
-        .expect("libc is mapped");
+    let libc = own_mapping_of(libc::qsort as *const () as u64);
     let in_libc = frames.iter().filter(|frame| libc.contains(**frame)).count();
     assert!(in_libc >= 3, "{frames:x?}");
-    assert!(
-        frames.len() > 8 && frames.len() < MAX_UNWIND_MAPPINGS,
-        "{frames:x?}"
-    );
+    assert!(frames.len() > 8 && frames.len() < 127, "{frames:x?}");
+}
+
+extern "C" fn on_signal(_signal: c_int) {
+    CAPTURED.with(|captured| *captured.borrow_mut() = Some(capture()));
+}
+
+#[test]
+fn own_stack_in_a_signal_handler_stops_at_the_signal_frame() {
+    // SAFETY: a handler for SIGUSR2 raised by this thread itself, then
+    // the default restored.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_signal as *const () as usize;
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut()),
+            0
+        );
+        assert_eq!(libc::raise(libc::SIGUSR2), 0);
+        libc::signal(libc::SIGUSR2, libc::SIG_DFL);
+    }
+    let captured = CAPTURED.take().expect("the handler ran");
+    let (frames, end, unwound) = walk_both_ways(&captured);
+    assert_eq!(end, WalkEnd::Signal, "{frames:x?}");
+    // The handler returns into libc's __restore_rt (`mov $15,%rax;
+    // syscall`): the walk's last frame.
+    let restorer = *frames.last().expect("frames");
+    let libc = own_mapping_of(restorer);
+    assert!(libc.path.to_string_lossy().contains("libc.so"), "{libc:?}");
+    // SAFETY: reads 9 bytes of libc's mapped code.
+    let code = unsafe { std::slice::from_raw_parts(restorer as *const u8, 9) };
+    assert_eq!(code, [0x48, 0xc7, 0xc0, 0x0f, 0, 0, 0, 0x0f, 0x05]);
+    // framehop agrees up to the handler's return address.
+    let before = frames.len() - 1;
+    assert_eq!(frames[..before], unwound.addresses[..before], "{unwound:?}");
 }
