@@ -13,7 +13,10 @@
 pub mod frame_pointers;
 pub mod go;
 mod modules;
+pub mod registry;
 mod stops;
+pub mod tables;
+pub mod walk;
 
 use std::{
     collections::{BTreeMap, HashMap},

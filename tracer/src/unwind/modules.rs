@@ -33,7 +33,7 @@ impl std::ops::Deref for Section {
 
 /// One loadable segment (PT_LOAD) of an object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Segment {
+pub struct Segment {
     address: u64,
     file_offset: u64,
     file_size: u64,
@@ -153,31 +153,14 @@ impl ObjectInfo {
     }
 
     /// The object address at the start of `mapping` (which maps this
-    /// object): from the segment that the loader mapped there. lld packs
-    /// segments into shared file pages (the read-only segment ends and the
-    /// executable one begins in the same page, one page apart in
-    /// addresses), so the first segment whose file range holds the
-    /// mapping's offset can be the wrong one, a page off: the segment
-    /// whose mapping starts there, with the mapping's permission, is right.
+    /// object): see [`address_of_mapping`].
     pub fn address_of_mapping(&self, mapping: &Mapping) -> Option<u64> {
-        let offset = mapping.file_offset;
-        self.segments
-            .iter()
-            .filter(|segment| {
-                (segment.mapped_from()..segment.file_offset + segment.file_size).contains(&offset)
-            })
-            .max_by_key(|segment| {
-                (
-                    segment.mapped_from() == offset,
-                    segment.executable == mapping.executable,
-                )
-            })
-            .map(|segment| {
-                segment
-                    .address
-                    .wrapping_add(offset)
-                    .wrapping_sub(segment.file_offset)
-            })
+        address_of_mapping(&self.segments, mapping)
+    }
+
+    /// The loadable segments (PT_LOAD).
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
     }
 
     /// The file offset of an object address.
@@ -228,6 +211,22 @@ impl ObjectInfo {
     /// The address range of `.text`.
     pub fn text(&self) -> Option<Range<u64>> {
         self.text.clone()
+    }
+
+    /// `.eh_frame`: its object address and bytes.
+    pub fn eh_frame(&self) -> Option<(u64, &[u8])> {
+        let (addresses, bytes) = self.eh_frame.clone()?;
+        Some((addresses.start, self.map.get(bytes)?))
+    }
+
+    /// `.debug_frame`'s bytes (its addresses are absolute).
+    pub fn debug_frame(&self) -> Option<&[u8]> {
+        self.map.get(self.debug_frame.clone()?)
+    }
+
+    /// The GNU build id, when the object has one.
+    pub fn build_id(&self) -> Option<&[u8]> {
+        self.build_id.as_deref()
     }
 
     pub fn eh_frame_hdr(&self) -> Option<(u64, &[u8])> {
@@ -321,6 +320,34 @@ impl ModuleFiles {
         );
         Some((module, object, base_avma))
     }
+}
+
+/// The object address at the start of `mapping` (which maps the object
+/// of `segments`): from the segment that the loader mapped there. lld packs
+/// segments into shared file pages (the read-only segment ends and the
+/// executable one begins in the same page, one page apart in addresses),
+/// so the first segment whose file range holds the mapping's offset can be
+/// the wrong one, a page off: the segment whose mapping starts there, with
+/// the mapping's permission, is right.
+pub fn address_of_mapping(segments: &[Segment], mapping: &Mapping) -> Option<u64> {
+    let offset = mapping.file_offset;
+    segments
+        .iter()
+        .filter(|segment| {
+            (segment.mapped_from()..segment.file_offset + segment.file_size).contains(&offset)
+        })
+        .max_by_key(|segment| {
+            (
+                segment.mapped_from() == offset,
+                segment.executable == mapping.executable,
+            )
+        })
+        .map(|segment| {
+            segment
+                .address
+                .wrapping_add(offset)
+                .wrapping_sub(segment.file_offset)
+        })
 }
 
 /// The addresses of a Go object's Go code, from the linker's
