@@ -274,8 +274,9 @@ struct TargetArgs {
     python: PythonMode,
 
     /// Most Python frames kept per stack (1..=128); deeper Python stacks
-    /// keep their innermost frames and are marked truncated.
-    #[arg(long, value_name = "N", default_value_t = 64)]
+    /// keep their innermost frames and are marked truncated (torch's
+    /// stacks are often 70-110 frames deep).
+    #[arg(long, value_name = "N", default_value_t = 128)]
     python_depth: u32,
 
     /// Also count Python objects from CPython's own allocator (pymalloc),
