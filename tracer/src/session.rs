@@ -3,6 +3,7 @@
 //! the verbs that trace (`record`, `top`).
 use std::{
     collections::{BTreeMap, HashMap},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -184,10 +185,12 @@ pub fn build_report(
     memory_status: BTreeMap<u32, MemoryStatus>,
     config: &Config,
 ) -> Report {
-    let mut frames: HashMap<StackKey, Vec<Frame>> = HashMap::new();
+    // Shared copies of the frames: up to MERGE_ALL_UP_TO stacks of 100-200
+    // frames each, whose names copied per stack took GiBs (issue 25).
+    let mut frames: HashMap<StackKey, Vec<Arc<Frame>>> = HashMap::new();
     let mut apis: HashMap<StackKey, String> = HashMap::new();
     for key in stacks_to_merge(model, config.top) {
-        frames.insert(key, collector.frames(&key));
+        frames.insert(key, collector.shared_frames(&key));
         if let Some(api) = collector.api(&key) {
             apis.insert(key, api.to_owned());
         }
@@ -210,7 +213,11 @@ pub fn build_report(
         unwinding_stopped: collector.unwinding_stops(),
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,
-        frames: &|key| frames.get(key).cloned().unwrap_or_default(),
+        frames: &|key| {
+            frames.get(key).map_or_else(Vec::new, |frames| {
+                frames.iter().map(|frame| Frame::clone(frame)).collect()
+            })
+        },
         wrappers: &config.wrappers,
         api: &|key| apis.get(key).cloned(),
         memory_status,

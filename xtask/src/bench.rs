@@ -17,8 +17,9 @@
 //! exact mode is slower than the naive floor or when malloc's or free's
 //! probe is single-stepped. Both add a Python row (`bench_python`): a
 //! Python program's allocations with and without Python frames and with
-//! `--python-objects`. The full run adds Debian's redis-server and the
-//! other allocators Debian ships (`bench_real`).
+//! `--python-objects`, and a torch section (`bench_torch`): tracer on
+//! Debian's python3-torch building models. The full run adds Debian's
+//! redis-server and the other allocators Debian ships (`bench_real`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
@@ -408,6 +409,8 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
     let mut table = render_table(&medians, &cpu, reps, short);
     let python = crate::bench_python::bench_python(root, short)?;
     table.push_str(&python.table);
+    let torch = crate::bench_torch::bench_torch(root, short)?;
+    table.push_str(&torch.table);
     let real = if short {
         Value::Null
     } else {
@@ -441,6 +444,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         "results": results,
         "tracer_cpu": cpu,
         "python": python.json,
+        "torch": torch.json,
         "real_allocators_and_redis": real,
         "probes": probes,
         "checks": checks.iter().map(|(name, passed, detail)| json!({"name": name, "passed": passed, "detail": detail})).collect::<Vec<_>>(),

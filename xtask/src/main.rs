@@ -7,6 +7,7 @@
 mod bench;
 mod bench_python;
 mod bench_real;
+mod bench_torch;
 mod demo;
 mod fixture_process;
 mod fixtures;

@@ -222,7 +222,8 @@ struct TargetArgs {
     /// stacks; stacks beyond it are counted as dropped (stack_table_full).
     /// Distinct stacks never collide below it. Kernel memory: about 80 B
     /// per entry up front (10 MiB at the default), then about 1.2 KiB for
-    /// each stack seen (100 000 stacks: ~120 MiB).
+    /// each stack seen (100 000 stacks: ~120 MiB). tracer's own memory
+    /// also grows with distinct stacks (README: "tracer's own memory").
     #[arg(long, value_name = "N", default_value_t = 1 << 17)]
     max_stacks: u32,
 
@@ -265,7 +266,8 @@ struct TargetArgs {
     /// With dwarf unwinding: size of the ring buffer of stack copies, in
     /// MiB (a power of two); a thread of tracer empties it every 5 ms, and
     /// at once when a quarter is full; copies that find it full fall back
-    /// to frame pointers and are counted.
+    /// to frame pointers and are counted. Mapped into tracer (twice: its
+    /// RSS counts 2 x MIB) once some process's stacks are copied.
     #[arg(long, value_name = "MIB", default_value_t = Unwinding::DEFAULT_RING_MIB)]
     stack_ring_mib: u32,
 
@@ -274,8 +276,9 @@ struct TargetArgs {
     python: PythonMode,
 
     /// Most Python frames kept per stack (1..=128); deeper Python stacks
-    /// keep their innermost frames and are marked truncated.
-    #[arg(long, value_name = "N", default_value_t = 64)]
+    /// keep their innermost frames and are marked truncated (torch's
+    /// stacks are often 70-110 frames deep).
+    #[arg(long, value_name = "N", default_value_t = 128)]
     python_depth: u32,
 
     /// Also count Python objects from CPython's own allocator (pymalloc),

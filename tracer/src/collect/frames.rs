@@ -1,7 +1,8 @@
 //! The frames of the stacks the collector saw, read from wherever each
 //! kind of stack is kept and symbolized once; and what the report says of
 //! them: whether each reaches its thread's start, where unwinding stopped.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use super::Collector;
 use crate::{
@@ -11,6 +12,44 @@ use crate::{
     },
     unwind::StopReason,
 };
+
+/// Symbolized stacks, each frame stored once however many stacks share
+/// it: a process with deep stacks (torch's Python frames under its C++
+/// ones) holds up to 100 000 distinct stacks of 100-200 frames, whose
+/// names, files, module paths and build ids copied per stack took GiBs.
+#[derive(Default)]
+pub(super) struct Interned {
+    stacks: HashMap<StackKey, Vec<Arc<Frame>>>,
+    frames: HashSet<Arc<Frame>>,
+}
+
+impl Interned {
+    fn get(&self, key: &StackKey) -> Option<&[Arc<Frame>]> {
+        self.stacks.get(key).map(Vec::as_slice)
+    }
+
+    /// `frames`, each as its one shared copy.
+    fn intern(&mut self, frames: Vec<Frame>) -> Vec<Arc<Frame>> {
+        frames
+            .into_iter()
+            .map(|frame| match self.frames.get(&frame) {
+                Some(known) => Arc::clone(known),
+                None => {
+                    let frame = Arc::new(frame);
+                    self.frames.insert(Arc::clone(&frame));
+                    frame
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets the stacks of a process that exited; the frames only it
+    /// had go with them.
+    pub(super) fn forget(&mut self, pid: u32) {
+        self.stacks.retain(|key, _| key.pid != pid);
+        self.frames.retain(|frame| Arc::strong_count(frame) > 1);
+    }
+}
 
 impl Collector {
     /// The CUDA function that made a GPU stack's memory.
@@ -22,8 +61,17 @@ impl Collector {
     /// kernel could not store it). Each stack is read and symbolized once;
     /// frames outside every known object are tried again later.
     pub fn frames(&mut self, key: &StackKey) -> Vec<Frame> {
+        self.shared_frames(key)
+            .iter()
+            .map(|frame| Frame::clone(frame))
+            .collect()
+    }
+
+    /// [`Collector::frames`] as shared copies: what a caller holding the
+    /// frames of many stacks at once (the report) keeps.
+    pub fn shared_frames(&mut self, key: &StackKey) -> Vec<Arc<Frame>> {
         if let Some(frames) = self.frames.get(key) {
-            return frames.clone();
+            return frames.to_vec();
         }
         let maps = self.probes.maps();
         let frames = match key.stack_id {
@@ -59,8 +107,9 @@ impl Collector {
         let complete = frames
             .iter()
             .all(|frame| frame.module.is_some() || frame.address == 0);
+        let frames = self.frames.intern(frames);
         if complete {
-            self.frames.insert(*key, frames.clone());
+            self.frames.stacks.insert(*key, frames.clone());
         }
         frames
     }
@@ -69,7 +118,8 @@ impl Collector {
     /// only its outermost frame is symbolized, unless it was already.
     pub fn reaches_entry(&mut self, key: &StackKey) -> bool {
         if let Some(frames) = self.frames.get(key) {
-            return frames.last().is_some_and(is_thread_entry) || python_reaches_start(frames);
+            return frames.last().is_some_and(|frame| is_thread_entry(frame))
+                || python_reaches_start(frames);
         }
         // A Python stack is whole from where Python started it, wherever
         // its native frames stop.

@@ -39,7 +39,7 @@ use crate::{
         Probes, Rings, cuda, libraries,
         spawn::{self, ChildState},
     },
-    model::{Counters, Frame, Kind, Snapshot, StackId, StackKey, Target, run::LibraryReport},
+    model::{Counters, Kind, Snapshot, StackId, StackKey, Target, run::LibraryReport},
     procfs,
     symbolize::Symbols,
 };
@@ -150,8 +150,9 @@ pub struct Collector {
     /// Live counters of the stacks of images replaced by exec, taken off
     /// every later snapshot: that memory is gone.
     exec_baselines: HashMap<StackKey, Counters>,
-    /// The frames of the stacks symbolized so far.
-    frames: HashMap<StackKey, Vec<Frame>>,
+    /// The frames of the stacks symbolized so far, each distinct frame
+    /// kept once (`frames::Interned`): a stack costs 8 bytes a frame.
+    frames: frames::Interned,
     /// The CUDA function that made each GPU stack's memory.
     apis: HashMap<StackKey, &'static str>,
     /// Whether each outermost return address seen is a thread's start, by
@@ -189,7 +190,7 @@ impl Collector {
             symbols: Symbols::new(),
             watched: Vec::new(),
             exec_baselines: HashMap::new(),
-            frames: HashMap::new(),
+            frames: frames::Interned::default(),
             apis: HashMap::new(),
             thread_entries: HashMap::new(),
             schedule,
@@ -503,7 +504,7 @@ impl Collector {
         self.probes.forget(pid);
         self.symbols.forget(pid);
         self.copied.forget(pid);
-        self.frames.retain(|key, _| key.pid != pid);
+        self.frames.forget(pid);
         self.apis.retain(|key, _| key.pid != pid);
         self.exec_baselines.retain(|key, _| key.pid != pid);
         self.thread_entries

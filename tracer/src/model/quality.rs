@@ -4,6 +4,7 @@
 //! missing, unwinding stopped, the copy too small) splits one leak over
 //! many stacks or hides its caller; this figure tells the user when to
 //! distrust the stacks and what to do (`--unwind dwarf`, `--stack-bytes`).
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -51,9 +52,10 @@ pub fn is_thread_entry(outermost: &Frame) -> bool {
 /// (`Thread._bootstrap`, 3.10: `_bootstrap`). The native frames below may
 /// be cut (`--unwind fp` stops early in a Python built without frame
 /// pointers); the Python stack is whole.
-pub fn python_reaches_start(frames: &[Frame]) -> bool {
+pub fn python_reaches_start<F: Borrow<Frame>>(frames: &[F]) -> bool {
     let Some(outermost) = frames
         .iter()
+        .map(Borrow::borrow)
         .rev()
         .find(|frame| frame.language == Language::Python)
     else {

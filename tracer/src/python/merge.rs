@@ -3,6 +3,8 @@
 //! was running, from the innermost not yet placed up to the next entry
 //! frame (the first frame that call ran); every other native frame (C
 //! extensions such as numpy, the interpreter's own C code) stays.
+use std::borrow::Borrow;
+
 use crate::model::{Frame, Language};
 
 /// The native function that runs Python frames.
@@ -11,11 +13,15 @@ const EVAL_FUNCTION: &str = "_PyEval_EvalFrameDefault";
 /// Merges `python` (innermost first, each with its entry flag) into
 /// `native`. Python frames left when no evaluation frame remains (native
 /// unwinding stopped early) go before the native stack's end marker.
-pub fn merge(native: Vec<Frame>, python: &[(Frame, bool)], truncated: bool) -> Vec<Frame> {
+pub fn merge<F: Borrow<Frame>>(
+    native: Vec<Frame>,
+    python: &[(F, bool)],
+    truncated: bool,
+) -> Vec<Frame> {
     let mut groups = Vec::new();
     let mut group = Vec::new();
     for (frame, entry) in python {
-        group.push(frame.clone());
+        group.push(frame.borrow().clone());
         if *entry {
             groups.push(std::mem::take(&mut group));
         }

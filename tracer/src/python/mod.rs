@@ -12,8 +12,9 @@ mod merge;
 mod real_bytes;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
@@ -371,14 +372,30 @@ struct Code {
     line_table: Vec<u8>,
 }
 
+/// Most code objects kept named: a program that keeps generating code
+/// (torch.fx, exec) would grow the cache without end. Past it the cache
+/// starts again (names are read again from the target).
+const MAX_NAMED_CODES: usize = 1 << 16;
+
+/// A named Python frame, shared by every stack that has it, and whether
+/// it is an entry frame.
+pub type SharedFrame = (Arc<Frame>, bool);
+
 /// The Python stacks of every target, named while the targets live.
+///
+/// Memory: each distinct frame (code object and line) is kept once, in
+/// `interned`; a stack is a list of references to them (16 bytes a
+/// frame), not a copy of its frames' names and files. The kernel keeps
+/// at most PYTHON_STACKS' capacity (65 536) stacks.
 #[derive(Default)]
 pub struct Stacks {
     interpreters: HashMap<u32, Interpreter>,
-    /// Named code objects by (pid, address).
+    /// Named code objects by (pid, address), at most MAX_NAMED_CODES.
     codes: HashMap<(u32, u64), Code>,
+    /// Every distinct Python frame of the stacks, once.
+    interned: HashSet<Arc<Frame>>,
     /// Each Python stack, named, by (pid, id).
-    frames: HashMap<(u32, u32), Vec<(Frame, bool)>>,
+    frames: HashMap<(u32, u32), Vec<SharedFrame>>,
     /// Stacks cut at --python-depth.
     truncated: HashMap<(u32, u32), bool>,
 }
@@ -413,7 +430,7 @@ impl Stacks {
             return;
         };
         let count = (stack.count as usize).min(stack.frames.len());
-        let mut frames: Vec<(Frame, bool)> = Vec::with_capacity(count);
+        let mut frames: Vec<SharedFrame> = Vec::with_capacity(count);
         for &packed in &stack.frames[..count] {
             let address = packed & python_frame::ADDRESS_MASK;
             let offset = packed >> python_frame::OFFSET_SHIFT;
@@ -425,10 +442,21 @@ impl Stacks {
                 }
                 continue;
             }
-            frames.push((self.frame(&interpreter, address, offset), entry));
+            let frame = self.frame(&interpreter, address, offset);
+            frames.push((self.intern(frame), entry));
         }
         self.frames.insert((pid, id), frames);
         self.truncated.insert((pid, id), stack.truncated != 0);
+    }
+
+    /// The one shared copy of `frame`.
+    fn intern(&mut self, frame: Frame) -> Arc<Frame> {
+        if let Some(known) = self.interned.get(&frame) {
+            return Arc::clone(known);
+        }
+        let frame = Arc::new(frame);
+        self.interned.insert(Arc::clone(&frame));
+        frame
     }
 
     /// Whether the stack `id` of `pid` was named already.
@@ -438,7 +466,7 @@ impl Stacks {
 
     /// The named frames of a Python stack, innermost first, each with
     /// whether it is an entry frame; and whether the stack was truncated.
-    pub fn frames(&self, pid: u32, id: u32) -> Option<(&[(Frame, bool)], bool)> {
+    pub fn frames(&self, pid: u32, id: u32) -> Option<(&[SharedFrame], bool)> {
         let frames = self.frames.get(&(pid, id))?;
         let truncated = self.truncated.get(&(pid, id)).copied().unwrap_or(false);
         Some((frames, truncated))
@@ -472,6 +500,9 @@ impl Stacks {
                 line_table: read_bytes(pid, field_u64(&header, layout.code_line_table), layout)
                     .unwrap_or_default(),
             };
+            if self.codes.len() >= MAX_NAMED_CODES {
+                self.codes.clear();
+            }
             self.codes.insert((pid, address), code.clone());
             Some(code)
         });
