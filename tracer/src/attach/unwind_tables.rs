@@ -179,3 +179,7 @@ impl Probes {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "unwind_walk_tests.rs"]
+mod walk_tests;
