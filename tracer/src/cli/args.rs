@@ -271,7 +271,7 @@ struct TargetArgs {
     stack_ring_mib: u32,
 
     /// With --unwind auto or dwarf: kernel memory for the rows of the unwind
-    /// tables, in MiB (8 bytes a row, 1..=128); objects whose table does
+    /// tables, in MiB (8 bytes a row, 1..=256); objects whose table does
     /// not fit are walked by frame pointers, and -v says which.
     #[arg(long, value_name = "MIB", default_value_t = Unwinding::DEFAULT_TABLE_MIB)]
     unwind_table_mib: u32,
