@@ -501,9 +501,9 @@ fn device_reset_releases_what_was_live_and_reused_addresses_count_once() {
 
 #[test]
 fn device_reset_is_exact_with_copied_stacks_too() {
-    // --unwind dwarf: the blocks are counted in userspace from the stack
+    // --unwind copy: the blocks are counted in userspace from the stack
     // copies, and the reset must release them there as well.
-    assert_device_reset_exact(&["--unwind", "dwarf"]);
+    assert_device_reset_exact(&["--unwind", "copy"]);
 }
 
 fn assert_device_reset_exact(tracer_args: &[&str]) {

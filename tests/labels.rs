@@ -110,7 +110,7 @@ fn copies_that_fell_back_to_frame_pointers_merge_into_their_site() {
     let trace = Record::pid(fixture.pid)
         .args([
             "--unwind",
-            "dwarf",
+            "copy",
             "--stack-ring-mib",
             "1",
             "--wrapper",

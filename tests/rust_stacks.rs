@@ -258,8 +258,32 @@ fn c_executable_linking_a_frame_pointer_library_is_unwound_with_dwarf() {
 }
 
 #[test]
+fn stack_walked_in_the_kernel_through_code_without_unwind_information_is_one_stack() {
+    // nocfi_alloc has no unwind information and junk in rbp: the kernel's
+    // walk tries its frame pointer, finds no frame there, and stops,
+    // counted: both callers' blocks are one stack.
+    let session = record_with("nocfi", &[], &["leak 150"]);
+    let report = &session.report;
+    let stacks = report.heap_stacks_with("nocfi_alloc");
+    assert_eq!(stacks.len(), 1, "\n{report}");
+    assert_eq!(
+        live(stacks[0]),
+        Live {
+            bytes: field(&session.answers[0], "bytes"),
+            allocs: 300
+        },
+        "\n{report}"
+    );
+    assert_eq!(function_names(stacks[0]).len(), 1, "\n{report}");
+    let stopped = report.int("/events/unwind_stop_invalid_step")
+        + report.int("/events/unwind_stop_read_fault");
+    assert!(stopped >= 299, "{}", report.json["events"]);
+    assert_eq!(report.int("/events/stack_copies"), 0);
+}
+
+#[test]
 fn stack_through_code_without_unwind_information_ends_in_one_marked_stack() {
-    let session = record_with("nocfi", &["--unwind", "dwarf"], &["leak 150"]);
+    let session = record_with("nocfi", &["--unwind", "copy"], &["leak 150"]);
     let report = &session.report;
     let answer = &session.answers[0];
     let stacks = report.heap_stacks_with("nocfi_alloc");

@@ -1,6 +1,9 @@
 //! Stacks through code without frame pointers (`--unwind`): fixtures built
 //! with -O2 -fomit-frame-pointer (tests/fixtures/kernel_cache.cpp,
 //! nested_nofp.c) whose leaking functions and bytes are known exactly.
+//! The default walks them in the kernel through unwind tables (no stack
+//! copy, nothing per allocation in userspace); `--unwind copy` is the
+//! earlier path, copies unwound in userspace.
 
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
@@ -17,7 +20,7 @@ const THREADS: i64 = 4;
 const LAYERS: i64 = 6;
 
 #[test]
-fn cpp_cache_without_frame_pointers_is_unwound_with_dwarf() {
+fn cpp_cache_without_frame_pointers_is_unwound_in_the_kernel() {
     // Default --unwind auto: the executable has no frame pointers.
     let session = record_with("kernel_cache", &[], &["load 25"]);
     let report = &session.report;
@@ -67,8 +70,10 @@ fn cpp_cache_without_frame_pointers_is_unwound_with_dwarf() {
         report,
     );
     assert_eq!(stack_live(from_main[0]).allocs, 25 * LAYERS, "\n{report}");
-    // Every allocation copied (the thread stacks' mappings may add some).
-    assert!(report.int("/events/stack_copies") >= report.int("/events/allocs"));
+    // Every allocation walked through the tables (the thread stacks'
+    // mappings add some), none copied.
+    assert_eq!(report.int("/events/stack_copies"), 0);
+    assert!(report.int("/events/unwind_stacks") >= report.int("/events/allocs"));
     assert!(report.int("/events/allocs") >= kernels);
     report.assert_no_drops();
 }
@@ -119,7 +124,7 @@ fn stack_deeper_than_the_copy_is_truncated_and_still_attributed() {
     // 300 levels of ~200 bytes: far deeper than an 8 KiB copy.
     let session = record_with(
         "nested_nofp",
-        &["--unwind", "dwarf", "--stack-bytes", "8192"],
+        &["--unwind", "copy", "--stack-bytes", "8192"],
         &["deep 300 7", "leak 5"],
     );
     let report = &session.report;
@@ -149,14 +154,29 @@ fn stack_deeper_than_the_copy_is_truncated_and_still_attributed() {
 }
 
 #[test]
-fn dwarf_mode_counts_frees_reallocs_and_threads_exactly() {
-    // leaky keeps frame pointers; --unwind dwarf copies its stacks anyway,
+fn copy_mode_counts_frees_reallocs_and_threads_exactly() {
+    // leaky keeps frame pointers; --unwind copy copies its stacks anyway,
     // and every free, realloc and memalign must still balance.
-    let session = record_with(
-        "leaky",
+    counts_frees_reallocs_and_threads_exactly(&[
+        "--unwind",
+        "copy",
         // A ring that holds the bursts below whole: no copy falls back to
         // frame pointers, so every free goes through the copy path.
-        &["--unwind", "dwarf", "--stack-ring-mib", "64"],
+        "--stack-ring-mib",
+        "64",
+    ]);
+}
+
+#[test]
+fn dwarf_mode_counts_frees_reallocs_and_threads_exactly() {
+    // --unwind dwarf walks even leaky's own frames through its table.
+    counts_frees_reallocs_and_threads_exactly(&["--unwind", "dwarf"]);
+}
+
+fn counts_frees_reallocs_and_threads_exactly(args: &[&str]) {
+    let session = record_with(
+        "leaky",
+        args,
         &["churn 20", "threads 4 300", "realloc_chain", "leak 40"],
     );
     let report = &session.report;
@@ -222,7 +242,7 @@ fn auto_keeps_frame_pointers_for_code_that_has_them() {
 
 #[test]
 fn cuda_allocations_are_unwound_too() {
-    let session = record_with("gpu_executor", &["--unwind", "dwarf"], &["executor 4"]);
+    let session = record_with("gpu_executor", &["--unwind", "copy"], &["executor 4"]);
     let report = &session.report;
     let leaked_bytes = field(&session.answers[0], "leaked_bytes");
     let top = report
@@ -253,11 +273,27 @@ fn cuda_allocations_are_unwound_too() {
 fn mapping_calls_are_unwound_too() {
     // mmap through glibc's wrapper and a raw syscall(SYS_mmap): the copy is
     // taken at the system call and unwound through the wrapper.
-    let session = record_with(
-        "mappings",
-        &["--unwind", "dwarf"],
-        &["anon 6", "raw 4", "file 3"],
+    let report = mapping_stacks_through_the_wrappers(&["--unwind", "copy"]);
+    // One copy per mapping call that mapped: 6 + 4 + 3.
+    assert_eq!(
+        report.int("/events/stack_copies"),
+        13,
+        "{}",
+        report.json["events"]
     );
+}
+
+#[test]
+fn mapping_calls_are_walked_through_the_wrappers_tables() {
+    // The same stacks walked in the kernel from the registers at the
+    // system call, through glibc's wrapper by its table.
+    let report = mapping_stacks_through_the_wrappers(&["--unwind", "dwarf"]);
+    assert_eq!(report.int("/events/stack_copies"), 0);
+    assert!(report.int("/events/unwind_stacks") >= 13);
+}
+
+fn mapping_stacks_through_the_wrappers(args: &[&str]) -> harness::Report {
+    let session = record_with("mappings", args, &["anon 6", "raw 4", "file 3"]);
     let report = &session.report;
     let anon = report.stacks_with("mmap-anon", "leak_anon_mapping");
     assert_eq!(anon.len(), 1, "\n{report}");
@@ -280,19 +316,15 @@ fn mapping_calls_are_unwound_too() {
         3,
         "\n{report}"
     );
-    // One copy per mapping call that mapped: 6 + 4 + 3.
-    assert_eq!(
-        report.int("/events/stack_copies"),
-        13,
-        "{}",
-        report.json["events"]
-    );
+    session.report
 }
 
 #[test]
-fn auto_switches_to_dwarf_when_a_library_without_frame_pointers_is_loaded() {
+fn auto_walks_a_library_without_frame_pointers_loaded_later_through_its_table() {
     // plugin_host keeps frame pointers; its plugin, loaded after attach,
-    // does not: auto starts copying its stacks when it is mapped.
+    // does not: its table is built when it is mapped, and each stack is
+    // one walk, by frame pointers in the host and by the table in the
+    // plugin.
     let mut host = Fixture::start("plugin_host", &[]);
     let mut trace = Record::pid(host.pid).attach();
     assert_eq!(host.cmd("load"), "loaded");
@@ -320,5 +352,68 @@ fn auto_switches_to_dwarf_when_a_library_without_frame_pointers_is_loaded() {
     assert_eq!(
         report.json["unwinding"]["dwarf"][0]["objects_without_frame_pointers"],
         serde_json::json!(["nofp_plugin"])
+    );
+    assert_eq!(report.int("/events/stack_copies"), 0);
+    assert!(report.int("/events/unwind_stacks") >= 30);
+}
+
+#[test]
+fn stack_deeper_than_64_frames_without_frame_pointers_reaches_main() {
+    // 100 levels of deep_recurse, each without a frame pointer: past
+    // where a 64-frame walk would stop, within the 127 frames kept.
+    let session = record_with("nested_nofp", &[], &["deep 100 7"]);
+    let report = &session.report;
+    assert_eq!(field(&session.answers[0], "bytes"), 7 * DEEP_LEAK_BYTES);
+    let deep = report.heap_stacks_with("deep_recurse");
+    assert_eq!(deep.len(), 1, "\n{report}");
+    let names = function_names(deep[0]);
+    let recursions = names
+        .iter()
+        .filter(|name| name.contains("deep_recurse"))
+        .count();
+    assert_eq!(recursions, 101, "{names:?}");
+    assert_in_order(deep[0], &["deep_recurse", "deep_leak", "main"], report);
+    assert_eq!(stack_live(deep[0]), Live::blocks(7, DEEP_LEAK_BYTES));
+    assert_eq!(report.total("heap"), Live::blocks(7, DEEP_LEAK_BYTES));
+    assert_eq!(report.int("/events/stack_copies"), 0);
+    assert_eq!(report.int("/events/unwind_stop_depth"), 0);
+    report.assert_no_drops();
+}
+
+#[test]
+fn stack_deeper_than_the_frames_kept_is_cut_and_counted() {
+    let session = record_with("nested_nofp", &[], &["deep 300 5", "leak 3"]);
+    let report = &session.report;
+    let deep = report.heap_stacks_with("deep_recurse");
+    assert_eq!(deep.len(), 1, "\n{report}");
+    assert_eq!(stack_live(deep[0]), Live::blocks(5, DEEP_LEAK_BYTES));
+    assert!(!frames_contain(deep[0], "main"), "\n{report}");
+    assert!(report.int("/events/unwind_stop_depth") >= 5);
+    let shallow = report.heap_stacks_with("outer_static");
+    assert_eq!(shallow.len(), 1, "\n{report}");
+    assert!(frames_contain(shallow[0], "main"), "\n{report}");
+    assert_eq!(report.int("/events/stack_copies"), 0);
+}
+
+#[test]
+fn walk_stopped_at_a_signal_frame_is_counted() {
+    // reentrant's SIGUSR1 handler allocates: its stack goes through the
+    // kernel's signal trampoline (__restore_rt), whose unwind rule the
+    // tables mark as a signal frame, where the walk stops.
+    let session = record_with("reentrant", &["--unwind", "dwarf"], &["signal 50"]);
+    let report = &session.report;
+    let answer = &session.answers[0];
+    assert_eq!(
+        report.heap_live_with("handler_alloc"),
+        Live {
+            bytes: field(answer, "handler_bytes"),
+            allocs: 50
+        },
+        "\n{report}"
+    );
+    assert!(
+        report.int("/events/unwind_stop_signal_frame") >= 50,
+        "{}",
+        report.json["events"]
     );
 }

@@ -5,7 +5,7 @@
 //!
 //! Every type is `#[repr(C)]`, made of plain integers and has no padding
 //! holes, so the kernel and userspace agree on its bytes.
-#![no_std]
+#![cfg_attr(not(test), no_std)]
 
 /// Defines ids numbered from 0 in the order listed: one `u32` constant per
 /// id, `COUNT`, and the array `$table` of what each id stands for, by
@@ -42,11 +42,12 @@ mod abi {
     pub mod stacks;
     pub mod stats;
     pub mod unwind;
+    pub mod unwind_walk;
 }
 
 pub use abi::{
     events::*, gpu::*, live::*, malloc::*, mappings::*, names::*, python::*, sampling, stacks::*,
-    stats::*, unwind::*,
+    stats::*, unwind::*, unwind_walk,
 };
 
 #[cfg(feature = "user")]

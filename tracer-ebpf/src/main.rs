@@ -3,7 +3,8 @@
 //! calls), `libraries.rs` (libraries loaded later, exec), `forks.rs`,
 //! `signals.rs`, `spawn.rs` and the benchmark's `floor.rs`. What they
 //! share, below them: the live set and its per-stack totals (`live.rs`),
-//! where a block's stack comes from (`stacks.rs`), which allocations are
+//! where a block's stack comes from (`stacks.rs`) and the walk
+//! through unwind tables (`unwind.rs`), which allocations are
 //! recorded (`sampling.rs`), rare events for userspace (`events.rs`), the
 //! per-thread allocator call (`pending.rs`), Python frames (`python.rs`),
 //! call arguments (`args.rs`),
@@ -49,6 +50,8 @@ mod signals;
 mod spawn;
 #[cfg(target_arch = "bpf")]
 mod stacks;
+#[cfg(target_arch = "bpf")]
+mod unwind;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -80,10 +80,14 @@ fn enter(ctx: &TracePointContext, mut event: MappingEvent, with_stack: bool) {
         // A copied stack is unwound through the syscall wrapper itself.
         match crate::stacks::copy_at_syscall(tgid) {
             Some(stack_ref) => event.stack_id = stack_ref,
-            None => {
-                event.stack_id = crate::stacks::walk_frame_pointers(ctx);
-                event.caller_address = word_at_user_sp();
-            }
+            None => match crate::stacks::walk_at_syscall(ctx, tgid) {
+                // Walked through the wrapper by its table.
+                Some(stack_id) => event.stack_id = stack_id,
+                None => {
+                    event.stack_id = crate::stacks::walk_frame_pointers(ctx);
+                    event.caller_address = word_at_user_sp();
+                }
+            },
         }
     }
     if MAPPING_PENDING

@@ -28,7 +28,7 @@ use aya_ebpf::{
 use tracer_ebpf::{
     COPIED_STACK, COPIED_STACK_MASK, CopyRef, GoStackSwitch, MAX_GO_SLOT, MAX_GOROUTINE_BYTES,
     MAX_STACK_FRAMES, MAX_STACK_PAGES, NO_STACK, PYTHON_FRAME_TAG, STACK_PAGE_BYTES, StackCopy,
-    StackFrames, StackFree, stack_record, stat,
+    StackFrames, StackFree, stack_record, stat, unwind_walk::Registers,
 };
 
 use crate::counters::{atomic_add, count, count_by, fetch_add};
@@ -142,7 +142,17 @@ pub(crate) fn capture(
             return stack_ref;
         }
     }
-    walk_frame_pointers_with(ctx, python)
+    let regs = unsafe { &*ctx.regs };
+    let start = Registers {
+        ip: if return_address != 0 {
+            return_address
+        } else {
+            regs.rip
+        },
+        sp: regs.rsp,
+        bp: regs.rbp,
+    };
+    walk_stack(ctx, tgid, python, Some(start))
 }
 
 /// The return address of the call entered now (the word at the stack
@@ -150,7 +160,8 @@ pub(crate) fn capture(
 /// current process are copied; 0 otherwise.
 #[inline(always)]
 pub(crate) fn return_address_at_entry(ctx: &ProbeContext) -> u64 {
-    if !copies_stacks_of((bpf_get_current_pid_tgid() >> 32) as u32) {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !copies_stacks_of(tgid) && !crate::unwind::walks(tgid) {
         return 0;
     }
     let sp = unsafe { (*ctx.regs).rsp };
@@ -195,6 +206,29 @@ pub(crate) fn copy_at_syscall(tgid: u32) -> Option<u32> {
     copy_stack(&call, ip, sp, bp)
 }
 
+/// At a system call of `tgid` (the mapping tracepoints): the id of its
+/// user stack walked through the unwind tables from the registers where
+/// the call was made; None when the process has none.
+#[inline(always)]
+pub(crate) fn walk_at_syscall(ctx: &impl EbpfContext, tgid: u32) -> Option<u32> {
+    if !crate::unwind::walks(tgid) {
+        return None;
+    }
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u64;
+    let read = |index: usize| unsafe { bpf_probe_read_kernel(regs.add(index)) }.ok();
+    let start = Registers {
+        ip: read(PT_REGS_IP_INDEX)?,
+        sp: read(PT_REGS_SP_INDEX)?,
+        bp: read(PT_REGS_BP_INDEX)?,
+    };
+    Some(walk_stack(
+        ctx,
+        tgid,
+        crate::python::current_stack(),
+        Some(start),
+    ))
+}
+
 /// Indices of rbp, rip and rsp in the kernel's `struct pt_regs` (x86-64,
 /// the ptrace register layout).
 const PT_REGS_BP_INDEX: usize = 4;
@@ -217,13 +251,20 @@ struct Block {
 /// stack in STACKS, stored on its first walk.
 #[inline(always)]
 pub(crate) fn walk_frame_pointers(ctx: &impl EbpfContext) -> u32 {
-    walk_frame_pointers_with(ctx, crate::python::current_stack())
+    walk_stack(ctx, 0, crate::python::current_stack(), None)
 }
 
-/// `walk_frame_pointers` with the current Python stack (`python.rs`)
-/// walked already: its id becomes the stack's last frame.
+/// The id of the user stack: walked from `start` through the unwind
+/// tables of `tgid` (`unwind.rs`) when it has them, by frame pointers
+/// otherwise, with the current Python stack (`python.rs`) walked already:
+/// its id becomes the stack's last frame.
 #[inline(always)]
-fn walk_frame_pointers_with(ctx: &impl EbpfContext, python: Option<u32>) -> u32 {
+fn walk_stack(
+    ctx: &impl EbpfContext,
+    tgid: u32,
+    python: Option<u32>,
+    start: Option<Registers>,
+) -> u32 {
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
         count(stat::DROP_STACK_ERROR);
         return NO_STACK;
@@ -234,16 +275,20 @@ fn walk_frame_pointers_with(ctx: &impl EbpfContext, python: Option<u32>) -> u32 
     } else {
         MAX_STACK_FRAMES
     };
-    // Masked so the verifier sees the size bounded by the scratch value.
-    let size = (room * 8) as u32 & (size_of::<StackFrames>() as u32 - 1);
-    let bytes =
-        unsafe { bpf_get_stack(ctx.as_ptr(), scratch.cast(), size, BPF_F_USER_STACK as u64) };
-    if bytes <= 0 {
-        count(stat::DROP_STACK_ERROR);
-        return NO_STACK;
+    let walked = start.is_some_and(|start| crate::unwind::walk(tgid, start, scratch, room));
+    if !walked {
+        // Masked so the verifier sees the size bounded by the scratch value.
+        let size = (room * 8) as u32 & (size_of::<StackFrames>() as u32 - 1);
+        let bytes =
+            unsafe { bpf_get_stack(ctx.as_ptr(), scratch.cast(), size, BPF_F_USER_STACK as u64) };
+        if bytes <= 0 {
+            count(stat::DROP_STACK_ERROR);
+            return NO_STACK;
+        }
+        let stack = unsafe { &mut *scratch };
+        stack.count = (bytes as u64 / 8).min(room as u64);
     }
     let stack = unsafe { &mut *scratch };
-    stack.count = (bytes as u64 / 8).min(room as u64);
     if let Some(id) = python {
         let index = stack.count as usize;
         if index < MAX_STACK_FRAMES {

@@ -170,8 +170,17 @@ async fn collect(
                 eprintln!("tracer: following child PID {pid} ({command}) after {after_s:.1} s");
             }
             Event::Notice(line) => eprintln!("tracer: {line}"),
+            Event::Detail(line) if config.trace.verbose => eprintln!("tracer: {line}"),
+            Event::Detail(_) => {}
             Event::Exec { .. } => {}
-            Event::Stopped(reason) => return Ok(reason),
+            Event::Stopped(reason) => {
+                if config.trace.verbose
+                    && let Some(summary) = collector.probes().unwind_tables_summary()
+                {
+                    eprintln!("tracer: {summary}");
+                }
+                return Ok(reason);
+            }
         }
     }
 }

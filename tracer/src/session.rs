@@ -103,9 +103,25 @@ pub fn attach(config: &Config) -> Result<Collector> {
     for (pid, objects) in &probes.copying_stacks_of {
         eprintln!(
             "tracer: PID {pid}: no frame pointers in {}: its stacks are copied and unwound \
-             with DWARF (--unwind auto; --unwind fp is cheaper, with shorter stacks)",
+             with DWARF (a Go program that calls C, or --unwind copy)",
             objects.join(", ")
         );
+    }
+    for (pid, objects) in probes
+        .walking_tables_of
+        .iter()
+        .filter(|(_, objects)| !objects.is_empty())
+    {
+        eprintln!(
+            "tracer: PID {pid}: no frame pointers in {}: its stacks are walked in the kernel \
+             through unwind tables",
+            objects.join(", ")
+        );
+    }
+    if config.verbose
+        && let Some(summary) = probes.unwind_tables_summary()
+    {
+        eprintln!("tracer: {summary} at attach");
     }
     Ok(collector)
 }

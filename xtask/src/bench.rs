@@ -4,13 +4,17 @@
 //! The workloads are tests/fixtures/bench.c (2 threads of malloc/free pairs
 //! of random sizes 16..4096 B, and a calloc/realloc/posix_memalign mix).
 //! Each runs without tracer, under `tracer record` in exact and sampling
-//! mode and with DWARF unwinding (`--unwind dwarf`: a stack copy per
-//! block), and under the floors: empty eBPF programs (`tracer floor`) at the
+//! mode, and under the floors: empty eBPF programs (`tracer floor`) at the
 //! function entries (where every other uprobe tool probes: the *naive
 //! floor*), at the sites tracer chooses (*site floor*), and at those sites
 //! without return probes (*site entry floor*: what a sampled call that
 //! skips its return can cost at least). The runs alternate, each in a fresh
-//! fixture process; the table shows medians. Then tracer's own CPU time and
+//! fixture process; the table shows medians. The same workloads built
+//! without frame pointers (`bench_nofp`) run without tracer, with the
+//! default `--unwind auto` (the kernel walks them through unwind tables)
+//! and with `--unwind copy` (a stack copy per block, unwound in
+//! userspace): what each adds is compared with what frame-pointer stacks
+//! add to the frame-pointer build. Then tracer's own CPU time and
 //! peak RSS while the fixture allocates at fixed rates.
 //!
 //! `--short` (CI, also run at the end of `cargo xtask test`) fails when
@@ -45,8 +49,14 @@ pub(crate) enum Mode {
     Baseline,
     Exact,
     Sampled,
-    /// Every stack copied and unwound in userspace (`--unwind dwarf`).
-    Dwarf,
+    /// The workloads built without frame pointers, without tracer.
+    BaselineNoFp,
+    /// The same under the default `--unwind auto`: the kernel walks them
+    /// through unwind tables.
+    AutoNoFp,
+    /// The same with every stack copied and unwound in userspace
+    /// (`--unwind copy`).
+    CopyNoFp,
     /// Frame pointers whatever the target maps (`--unwind fp`): what the
     /// probes cost with an allocator library that has none (`bench_real`).
     FramePointers,
@@ -55,11 +65,13 @@ pub(crate) enum Mode {
     SiteEntryFloor,
 }
 
-const MODES: [Mode; 7] = [
+const MODES: [Mode; 9] = [
     Mode::Baseline,
     Mode::Exact,
     Mode::Sampled,
-    Mode::Dwarf,
+    Mode::BaselineNoFp,
+    Mode::AutoNoFp,
+    Mode::CopyNoFp,
     Mode::NaiveFloor,
     Mode::SiteFloor,
     Mode::SiteEntryFloor,
@@ -71,7 +83,9 @@ impl Mode {
             Mode::Baseline => "no tracer",
             Mode::Exact => "tracer exact",
             Mode::Sampled => "tracer --sample-bytes 524288",
-            Mode::Dwarf => "tracer --unwind dwarf",
+            Mode::BaselineNoFp => "no tracer, no frame pointers",
+            Mode::AutoNoFp => "tracer (auto), no frame pointers",
+            Mode::CopyNoFp => "tracer --unwind copy, no frame pointers",
             Mode::FramePointers => "tracer --unwind fp",
             Mode::NaiveFloor => "naive floor (entries)",
             Mode::SiteFloor => "site floor",
@@ -98,12 +112,12 @@ impl Mode {
             args
         };
         match self {
-            Mode::Baseline => None,
-            Mode::Exact => Some(record(&[])),
+            Mode::Baseline | Mode::BaselineNoFp => None,
+            Mode::Exact | Mode::AutoNoFp => Some(record(&[])),
             Mode::Sampled => Some(record(&["--sample-bytes", &SAMPLE_BYTES.to_string()])),
             // A ring that holds every copy of the run: each one is unwound,
             // none falls back to frame pointers (checked).
-            Mode::Dwarf => Some(record(&["--unwind", "dwarf", "--stack-ring-mib", "256"])),
+            Mode::CopyNoFp => Some(record(&["--unwind", "copy", "--stack-ring-mib", "256"])),
             Mode::FramePointers => Some(record(&["--unwind", "fp"])),
             Mode::NaiveFloor => Some(floor("entry", &[])),
             Mode::SiteFloor => Some(floor("chosen", &[])),
@@ -115,13 +129,21 @@ impl Mode {
     /// traps (the naive floor single-steps free).
     fn pairs_per_thread(self, short: bool) -> u64 {
         let full = match self {
-            Mode::Baseline => 1_000_000,
+            Mode::Baseline | Mode::BaselineNoFp => 1_000_000,
             Mode::NaiveFloor => 20_000,
             // 16 KiB copied per block: 2 x 5 000 fit the ring.
-            Mode::Dwarf => 5_000,
+            Mode::CopyNoFp => 5_000,
             _ => 100_000,
         };
         if short { full / 5 } else { full }
+    }
+
+    /// The fixture the mode runs.
+    fn fixture(self) -> &'static str {
+        match self {
+            Mode::BaselineNoFp | Mode::AutoNoFp | Mode::CopyNoFp => "bench_nofp",
+            _ => "bench",
+        }
     }
 }
 
@@ -235,8 +257,8 @@ pub(crate) fn measure_preloaded(
         .map(|library| ("LD_PRELOAD", library))
         .into_iter()
         .collect();
-    let mut fixture =
-        FixtureProcess::start_with_env(&root.join("target/fixtures/bench"), false, &env)?;
+    let fixture_path = root.join("target/fixtures").join(mode.fixture());
+    let mut fixture = FixtureProcess::start_with_env(&fixture_path, false, &env)?;
     let json_path = std::env::temp_dir().join(format!("tracer-bench-{}.json", std::process::id()));
     let attached = match mode.tracer_args(fixture.pid, &json_path) {
         Some(args) => Some(Attached::start(root, &args)?),
@@ -247,7 +269,10 @@ pub(crate) fn measure_preloaded(
     let mut report = None;
     if let Some(attached) = attached {
         attached.stop()?;
-        if matches!(mode, Mode::Exact | Mode::Sampled | Mode::Dwarf) {
+        if matches!(
+            mode,
+            Mode::Exact | Mode::Sampled | Mode::AutoNoFp | Mode::CopyNoFp
+        ) {
             let text = std::fs::read_to_string(&json_path)
                 .with_context(|| format!("could not read {}", json_path.display()))?;
             let _ = std::fs::remove_file(&json_path);
@@ -280,7 +305,8 @@ pub(crate) fn median(values: &[f64]) -> f64 {
 /// tracer's CPU and peak RSS while the fixture makes `pairs_per_s`
 /// malloc/free pairs per second for `seconds`.
 fn measure_tracer_cpu(root: &Path, mode: Mode, pairs_per_s: u64, seconds: u64) -> Result<Value> {
-    let mut fixture = FixtureProcess::start(&root.join("target/fixtures/bench"), false)?;
+    let mut fixture =
+        FixtureProcess::start(&root.join("target/fixtures").join(mode.fixture()), false)?;
     let json_path =
         std::env::temp_dir().join(format!("tracer-bench-cpu-{}.json", std::process::id()));
     let mut args = mode
@@ -356,6 +382,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
     let mut samples: BTreeMap<(Workload, Mode), Vec<f64>> = BTreeMap::new();
     let mut exact_report = None;
     let mut dwarf_ring_full = 0;
+    let mut auto_copies = 0;
     for rep in 0..reps {
         for workload in workloads {
             for mode in MODES {
@@ -367,11 +394,19 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
                     mode.name()
                 );
                 samples.entry((workload, mode)).or_default().push(ns);
-                if mode == Mode::Dwarf
+                if mode == Mode::CopyNoFp
                     && let Some(report) = &report
                 {
                     dwarf_ring_full += report
                         .pointer("/drops/stack_copy_ring_full")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0);
+                }
+                if mode == Mode::AutoNoFp
+                    && let Some(report) = &report
+                {
+                    auto_copies += report
+                        .pointer("/events/stack_copies")
                         .and_then(Value::as_u64)
                         .unwrap_or(0);
                 }
@@ -386,14 +421,20 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         .map(|(key, values)| (*key, median(values)))
         .collect();
     let rates: &[(Mode, u64, u64)] = if short {
-        &[(Mode::Exact, 100_000, 1), (Mode::Dwarf, 10_000, 1)]
+        &[
+            (Mode::Exact, 100_000, 1),
+            (Mode::AutoNoFp, 100_000, 1),
+            (Mode::CopyNoFp, 10_000, 1),
+        ]
     } else {
         &[
             (Mode::Exact, 10_000, 5),
             (Mode::Exact, 100_000, 5),
             (Mode::Exact, 1_000_000, 5),
-            (Mode::Dwarf, 2_000, 5),
-            (Mode::Dwarf, 10_000, 5),
+            (Mode::AutoNoFp, 100_000, 5),
+            (Mode::AutoNoFp, 1_000_000, 5),
+            (Mode::CopyNoFp, 2_000, 5),
+            (Mode::CopyNoFp, 10_000, 5),
         ]
     };
     let cpu: Vec<Value> = rates
@@ -421,9 +462,14 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
     print!("{table}");
     let mut checks = checks(&medians, &probes);
     checks.push((
-        "every dwarf-mode copy was unwound".to_owned(),
+        "every copy-mode copy was unwound".to_owned(),
         dwarf_ring_full == 0,
         format!("{dwarf_ring_full} copies fell back to frame pointers (ring full)"),
+    ));
+    checks.push((
+        "auto walks code without frame pointers in the kernel".to_owned(),
+        auto_copies == 0,
+        format!("{auto_copies} stacks copied"),
     ));
     let mut results = Vec::new();
     for ((workload, mode), median_ns) in &medians {
@@ -530,6 +576,19 @@ fn checks(
     checks
 }
 
+/// The run without tracer a mode is compared with: the same build.
+fn baseline_of(mode: Mode) -> Mode {
+    match mode.fixture() {
+        "bench_nofp" => Mode::BaselineNoFp,
+        _ => Mode::Baseline,
+    }
+}
+
+/// What a mode adds per pair to the run without tracer of its build.
+fn added_ns(medians: &BTreeMap<(Workload, Mode), f64>, workload: Workload, mode: Mode) -> f64 {
+    medians[&(workload, mode)] - medians[&(workload, baseline_of(mode))]
+}
+
 fn render_table(
     medians: &BTreeMap<(Workload, Mode), f64>,
     cpu: &[Value],
@@ -545,12 +604,12 @@ fn render_table(
     out.push_str("| workload | mode | ns/pair | added ns | x no tracer | added / naive floor's | added / site floor's | added / site entry floor's |\n");
     out.push_str("|---|---|---:|---:|---:|---:|---:|---:|\n");
     for workload in [Workload::Pairs, Workload::Mixed] {
-        let base = medians[&(workload, Mode::Baseline)];
-        let added = |mode: Mode| medians[&(workload, mode)] - base;
+        let added = |mode: Mode| added_ns(medians, workload, mode);
         for mode in MODES {
+            let base = medians[&(workload, baseline_of(mode))];
             let ns = medians[&(workload, mode)];
             let ratio = |floor: Mode| {
-                if mode == Mode::Baseline {
+                if mode == baseline_of(mode) {
                     "".to_owned()
                 } else {
                     format!("{:.2}", added(mode) / added(floor))
@@ -569,13 +628,16 @@ fn render_table(
         }
     }
     for workload in [Workload::Pairs, Workload::Mixed] {
-        let base = medians[&(workload, Mode::Baseline)];
-        let added = |mode: Mode| medians[&(workload, mode)] - base;
+        let added = |mode: Mode| added_ns(medians, workload, mode);
         out.push_str(&format!(
-            "\n{}: --unwind dwarf adds {:.0} ns per call pair, {:.2}x what frame pointers (exact mode) add",
+            "\n{}: on code without frame pointers, auto (the kernel's walk through unwind \
+             tables) adds {:.0} ns per call pair, {:.2}x what frame pointers add on code with \
+             them; --unwind copy adds {:.0} ns, {:.2}x",
             workload.name(),
-            added(Mode::Dwarf),
-            added(Mode::Dwarf) / added(Mode::Exact),
+            added(Mode::AutoNoFp),
+            added(Mode::AutoNoFp) / added(Mode::Exact),
+            added(Mode::CopyNoFp),
+            added(Mode::CopyNoFp) / added(Mode::Exact),
         ));
     }
     out.push('\n');

@@ -95,7 +95,7 @@ pub(crate) fn bench_python(root: &Path, short: bool) -> Result<PythonRow> {
         .map(|(key, values)| (*key, median(values)))
         .collect();
     let mut table = format!(
-        "\nPython: `bytes(1000)` at Python depth D in Debian's libpython3.11 (DWARF stack copies, \
+        "\nPython: `bytes(1000)` at Python depth D in Debian's libpython3.11 (walked through unwind tables, \
          --unwind auto), {iterations} allocations per run, median of {reps} alternating runs\n\n\
          | Python depth | mode | ns/alloc | added ns | x no tracer | added / --python off's |\n\
          |---:|---|---:|---:|---:|---:|\n"

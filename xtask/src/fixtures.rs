@@ -56,7 +56,12 @@ const EXTRA_FLAGS: &[(&str, &[&str])] = &[
 
 /// More binaries built from one fixture source: (output name, source file
 /// name, extra flags). A static leaky carries malloc inside the executable.
-const VARIANTS: &[(&str, &str, &[&str])] = &[("leaky_static", "leaky.c", &["-static"])];
+const VARIANTS: &[(&str, &str, &[&str])] = &[
+    ("leaky_static", "leaky.c", &["-static"]),
+    // The benchmark's workloads without frame pointers: the kernel's walk
+    // through unwind tables against its frame-pointer walk.
+    ("bench_nofp", "bench.c", NO_FRAME_POINTERS),
+];
 
 /// The fixture CUDA libraries and the programs that use them, built in this
 /// order from tests/fixtures/cuda: (output, source, flags after the

@@ -93,6 +93,33 @@ pub mod stat {
             /// Shared objects opened whose message did not fit in OPENED: they
             /// are hooked when their mapping is noticed (late).
             DROP_OPENED_FULL => ("opened_ring_full", Drop),
+            /// Stacks walked in the kernel through unwind tables (`--unwind
+            /// auto`, `dwarf`): per frame, the table of its object or its frame
+            /// pointer.
+            UNWIND_STACKS => ("unwind_stacks", Event),
+            /// Walks stopped at a signal frame (its rule is not in the tables).
+            UNWIND_STOP_SIGNAL => ("unwind_stop_signal_frame", Event),
+            /// Walks stopped at a rule the kernel cannot follow (a DWARF
+            /// expression, a register other than rsp and rbp).
+            UNWIND_STOP_UNSUPPORTED => ("unwind_stop_unsupported_rule", Event),
+            /// Walks through a return address outside every file-backed
+            /// executable mapping of the process (JIT or anonymous code), walked
+            /// on by its frame pointer.
+            UNWIND_OUTSIDE_MAPPINGS => ("unwind_outside_mappings", Event),
+            /// Walks stopped at a stack word that could not be read.
+            UNWIND_STOP_READ_FAULT => ("unwind_stop_read_fault", Event),
+            /// Walks stopped at a step that did not move up the stack (a frame
+            /// pointer that is not one).
+            UNWIND_STOP_INVALID => ("unwind_stop_invalid_step", Event),
+            /// Walks that reached the most frames a stack keeps: outer frames
+            /// cut.
+            UNWIND_STOP_DEPTH => ("unwind_stop_depth", Event),
+            /// Walks that went through an object whose table was not built
+            /// yet (its frames walked by frame pointers).
+            UNWIND_TABLE_PENDING => ("unwind_table_pending", Event),
+            /// Walks through a mapping past the most a process's table lists
+            /// (walked by frame pointers).
+            UNWIND_MAPPINGS_FULL => ("unwind_mappings_full", Event),
         }
     }
 }

@@ -147,6 +147,8 @@ impl Probes {
         self.hooks.retain(|hook| hook.pid != pid);
         self.libraries.retain(|library| library.pid != pid);
         self.copying_stacks_of.retain(|(copied, _)| *copied != pid);
+        self.walking_tables_of.retain(|(walked, _)| *walked != pid);
+        self.forget_unwinding(pid);
         for name in [
             tracer_ebpf::map::TARGETS,
             tracer_ebpf::map::FOLLOWED,

@@ -369,7 +369,28 @@ impl Probes {
         if new_paths.is_empty() {
             return Ok(());
         }
-        if self.unwinding.mode == crate::unwind::UnwindMode::Auto && !self.copies_stacks_of(pid) {
+        if self.walks_tables_of(pid) {
+            let lacking = crate::unwind::frame_pointers::objects_lacking(
+                pid,
+                maps.iter()
+                    .filter(|mapping| new_paths.contains(&mapping.path)),
+            );
+            if !lacking.is_empty() {
+                notes.push(format!(
+                    "PID {pid} mapped {} without frame pointers: its frames are walked \
+                     through unwind tables (--unwind auto)",
+                    lacking.join(", ")
+                ));
+                if let Some((_, objects)) = self
+                    .walking_tables_of
+                    .iter_mut()
+                    .find(|(walked, _)| *walked == pid)
+                {
+                    objects.extend(lacking);
+                }
+            }
+            self.refresh_unwinding(pid, &maps)?;
+        } else if self.unwinding.uses_tables() && !self.copies_stacks_of(pid) {
             let lacking = crate::unwind::frame_pointers::objects_lacking(
                 pid,
                 maps.iter()

@@ -123,6 +123,15 @@ impl Probes {
                 format!("cannot follow mmap, munmap, mremap and brk: {error:#}"),
             )
         })?;
+        // The kernel's walk needs bpf_loop; without it, stacks go by frame
+        // pointers.
+        let uses_tables = unwinding.uses_tables() && has_bpf_loop();
+        // Never written without tables: the smallest map there is.
+        let table_rows = if uses_tables {
+            unwinding.table_rows()
+        } else {
+            1
+        };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(tracer_ebpf::map::LIVE, max_live_allocs)
             // A block can only be freed while it is in LIVE: room for the
@@ -200,6 +209,12 @@ impl Probes {
                 &u32::from(has_bpf_loop()),
                 true,
             )
+            .override_global(
+                tracer_ebpf::global::UNWIND_TABLES_ON,
+                &u32::from(uses_tables),
+                true,
+            )
+            .map_max_entries(tracer_ebpf::map::UNWIND_ROWS, table_rows)
             .load(object)
             .map_err(|error| load_error(error.into()))?;
         // uprobe_multi links where the kernel has them: the uprobe programs
@@ -268,7 +283,17 @@ impl Probes {
                 .take_map(tracer_ebpf::map::COPY_FREES_MADE)
                 .context("eBPF object lacks COPY_FREES_MADE")?,
         };
+        let kernel_unwinding = if uses_tables {
+            let maps = super::unwind_maps::UnwindMaps::take(&mut ebpf, table_rows)?;
+            Some(super::unwind_tables::KernelUnwinding::new(
+                maps,
+                unwinding.mode == UnwindMode::Auto,
+            ))
+        } else {
+            None
+        };
         let probes = Probes {
+            kernel_unwinding,
             ebpf,
             hooks: Vec::new(),
             return_probes,
@@ -276,6 +301,7 @@ impl Probes {
             sampling: *sampling,
             unwinding: *unwinding,
             copying_stacks_of: Vec::new(),
+            walking_tables_of: Vec::new(),
             links,
             perf_links: Vec::new(),
             tracepoint_links,

@@ -29,6 +29,8 @@ mod maps;
 mod preflight;
 mod python;
 mod reports;
+mod unwind_maps;
+mod unwind_tables;
 
 use std::num::NonZeroU32;
 
@@ -180,6 +182,12 @@ pub struct Probes {
     /// `--unwind auto`: the processes unwound with DWARF, and the objects
     /// without frame pointers that made it so.
     pub copying_stacks_of: Vec<(u32, Vec<String>)>,
+    /// `--unwind auto`, `dwarf`: the processes whose stacks the kernel
+    /// walks through unwind tables, and their objects without frame
+    /// pointers (glibc's aside).
+    pub walking_tables_of: Vec<(u32, Vec<String>)>,
+    /// `--unwind auto`, `dwarf`: the kernel's unwind tables.
+    kernel_unwinding: Option<unwind_tables::KernelUnwinding>,
     /// How the uprobes are attached.
     pub links: ProbeLinks,
     /// Perf-event uprobes, where uprobe_multi links are not to be had.
@@ -235,14 +243,22 @@ impl Probes {
         self.attach_sites(pid, &sites, NoticedBy::Ahead)
     }
 
-    /// `--unwind auto`: copies the stacks of `pid` when an object it maps
-    /// (other than glibc's) lacks frame pointers.
+    /// `--unwind auto`, `dwarf`: the kernel walks the stacks of `pid`
+    /// through unwind tables, or, for a Go program that calls C (whose
+    /// stack switch the kernel's walk does not follow), they are copied
+    /// when an object it maps (other than glibc's) lacks frame pointers.
     fn choose_unwinding(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
-        if self.unwinding.mode != UnwindMode::Auto {
+        if !self.unwinding.uses_tables() {
             return Ok(());
         }
         let lacking = crate::unwind::frame_pointers::objects_lacking(pid, maps);
-        self.start_copying(pid, lacking)
+        let cgo = crate::unwind::go::stack_switch(pid, maps).is_some();
+        if cgo || self.kernel_unwinding.is_none() {
+            return self.start_copying(pid, lacking);
+        }
+        self.track_unwinding(pid, maps)?;
+        self.walking_tables_of.push((pid, lacking));
+        Ok(())
     }
 
     /// A Go program that calls C (cgo): tells the kernel how its
@@ -285,8 +301,8 @@ impl Probes {
     pub fn copies_stacks_of(&self, pid: u32) -> bool {
         match self.unwinding.mode {
             UnwindMode::FramePointers => false,
-            UnwindMode::Dwarf => true,
-            UnwindMode::Auto => self
+            UnwindMode::Copy => true,
+            UnwindMode::Dwarf | UnwindMode::Auto => self
                 .copying_stacks_of
                 .iter()
                 .any(|(copied, _)| *copied == pid),

@@ -17,15 +17,22 @@ impl Probes {
             dwarf: pids
                 .iter()
                 .copied()
-                .filter(|&pid| self.copies_stacks_of(pid))
-                .map(|pid| DwarfProcess {
-                    pid,
-                    objects_without_frame_pointers: self
+                .filter_map(|pid| {
+                    let lacking = self
                         .copying_stacks_of
                         .iter()
-                        .find(|(copied, _)| *copied == pid)
-                        .map(|(_, objects)| objects.clone())
-                        .unwrap_or_default(),
+                        .chain(&self.walking_tables_of)
+                        .find(|(walked, _)| *walked == pid)
+                        .map(|(_, objects)| objects.clone());
+                    match (self.copies_stacks_of(pid), lacking) {
+                        (_, Some(objects)) if !objects.is_empty() => Some(objects),
+                        (true, _) => Some(Vec::new()),
+                        _ => None,
+                    }
+                    .map(|objects| DwarfProcess {
+                        pid,
+                        objects_without_frame_pointers: objects,
+                    })
                 })
                 .collect(),
         }
@@ -110,7 +117,7 @@ impl Probes {
 
     /// Whether some process's stacks are copied (the copy ring is in use).
     pub fn copies_any_stacks(&self) -> bool {
-        self.unwinding.mode == UnwindMode::Dwarf || !self.copying_stacks_of.is_empty()
+        self.unwinding.mode == UnwindMode::Copy || !self.copying_stacks_of.is_empty()
     }
 }
 

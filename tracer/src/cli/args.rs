@@ -169,6 +169,7 @@ enum UnwindArg {
     Fp,
     Dwarf,
     Auto,
+    Copy,
 }
 
 #[derive(Debug, Args)]
@@ -252,24 +253,30 @@ struct TargetArgs {
     #[arg(long, value_name = "BYTES")]
     max_size: Option<u64>,
 
-    /// How stacks are walked: fp, dwarf or auto.
+    /// How stacks are walked: auto, dwarf, fp or copy.
     #[arg(long, value_enum, value_name = "MODE", default_value = "auto", long_help = UNWIND_HELP)]
     unwind: UnwindArg,
 
-    /// With dwarf unwinding: bytes of stack copied at each allocation, from
+    /// With --unwind copy: bytes of stack copied at each allocation, from
     /// the start of the stack pointer's page (4096..=65536, rounded up to
     /// whole pages); deeper stacks are reported truncated, still
     /// attributed to their inner frames.
     #[arg(long, value_name = "BYTES", default_value_t = Unwinding::DEFAULT_STACK_BYTES)]
     stack_bytes: u32,
 
-    /// With dwarf unwinding: size of the ring buffer of stack copies, in
+    /// With --unwind copy: size of the ring buffer of stack copies, in
     /// MiB (a power of two); a thread of tracer empties it every 5 ms, and
     /// at once when a quarter is full; copies that find it full fall back
     /// to frame pointers and are counted. Mapped into tracer (twice: its
     /// RSS counts 2 x MIB) once some process's stacks are copied.
     #[arg(long, value_name = "MIB", default_value_t = Unwinding::DEFAULT_RING_MIB)]
     stack_ring_mib: u32,
+
+    /// With --unwind auto or dwarf: kernel memory for the rows of the unwind
+    /// tables, in MiB (8 bytes a row, 1..=256); objects whose table does
+    /// not fit are walked by frame pointers, and -v says which.
+    #[arg(long, value_name = "MIB", default_value_t = Unwinding::DEFAULT_TABLE_MIB)]
+    unwind_table_mib: u32,
 
     /// Python frames in every stack of a CPython target: auto, on or off.
     #[arg(long, value_enum, value_name = "MODE", default_value = "auto", long_help = PYTHON_HELP)]
@@ -484,14 +491,25 @@ fn config_of(args: TargetArgs) -> Result<Config> {
             "--stack-ring-mib must be a power of two, at most 1024",
         ));
     }
+    if !(1..=Unwinding::MAX_TABLE_MIB).contains(&args.unwind_table_mib) {
+        return Err(fatal(
+            ExitCode::Usage,
+            format!(
+                "--unwind-table-mib must be 1..={}",
+                Unwinding::MAX_TABLE_MIB
+            ),
+        ));
+    }
     let unwinding = Unwinding {
         mode: match args.unwind {
             UnwindArg::Fp => UnwindMode::FramePointers,
             UnwindArg::Dwarf => UnwindMode::Dwarf,
             UnwindArg::Auto => UnwindMode::Auto,
+            UnwindArg::Copy => UnwindMode::Copy,
         },
         stack_bytes: args.stack_bytes,
         ring_bytes: args.stack_ring_mib << 20,
+        table_bytes: args.unwind_table_mib << 20,
     };
     if !(1..=tracer_ebpf::MAX_PYTHON_FRAMES as u32).contains(&args.python_depth) {
         return Err(fatal(

@@ -71,19 +71,23 @@ standard deviation is at most sqrt(N * L): with N = 512 KiB, a stack holding \
 sampled blocks. Default: every allocation is recorded (exact mode).";
 
 pub(super) const UNWIND_HELP: &str = "\
-How call stacks are walked. fp: frame pointers, walked in the kernel at \
-every allocation (cheapest; stacks through code built without frame \
-pointers lose frames or show wrong callers). dwarf: the probe copies the top \
-of the user stack (--stack-bytes) and tracer unwinds it from .eh_frame: \
-right stacks through any code, at a cost per recorded allocation (about \
-4-5 us more than fp in the target, about 2 us of tracer's CPU to unwind; \
-see the README's Performance section); for targets making more than \
-~50 000 allocations per second, combine it with --sample-bytes or \
---min-size, or copies beyond the ring buffer fall back to frame pointers \
-(counted as stack_copy_ring_full). auto: dwarf for each process whose \
-executable or libraries (glibc's own objects aside) lack frame pointers, \
-decided per object at attach and for every library mapped later; fp for \
-the others.";
+How call stacks are walked. Every mode but copy walks them in the kernel at \
+each allocation and aggregates them there: nothing per allocation reaches \
+tracer. auto (default): objects that keep frame pointers are walked by them, \
+the others through unwind tables tracer builds from their .eh_frame (and \
+.debug_frame) in the background, per file, shared by every process that maps \
+it; until an object's table is ready its frames go by frame pointers \
+(counted as unwind_table_pending, and -v says which objects). One walk \
+handles stacks that mix both. dwarf: tables for every object that has unwind \
+information, frame pointers only for the rest. fp: frame pointers only \
+(cheapest; stacks through code built without them lose frames or show wrong \
+callers). copy: the earlier path, for comparison: the probe copies the top of \
+the user stack (--stack-bytes) into a ring buffer and tracer unwinds each \
+copy from .eh_frame (about 4-5 us more than fp per allocation; copies beyond \
+the ring fall back to frame pointers, counted as stack_copy_ring_full). Go \
+programs that call C (cgo) are copied in auto and dwarf too, counted as \
+stack_copies. Where a walk stops early it is counted by reason \
+(unwind_stop_*).";
 
 pub(super) const LISTEN_HELP: &str = "\
 Serve what tracer sees over HTTP while it traces: /metrics (Prometheus/\

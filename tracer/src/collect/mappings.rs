@@ -138,7 +138,10 @@ impl MappingTracker {
             .first()
             .and_then(|frame| frame.function.as_deref())
             .is_some_and(is_leaf_wrapper);
-        let unwound = matches!(stack.code_stack, StackId::Copied(_));
+        // Unwound from a copy, or walked in the kernel through the
+        // wrapper's table (the kernel reads the word at the stack pointer
+        // only for frame-pointer walks).
+        let unwound = matches!(stack.code_stack, StackId::Copied(_)) || stack.caller_address == 0;
         if in_leaf_wrapper && stack.caller_address != 0 {
             frames.extend(symbols.stack_frames(stack.pid, &[stack.caller_address]));
         } else if !(in_leaf_wrapper && unwound) {

@@ -93,6 +93,8 @@ pub enum Event {
     },
     /// A line worth showing on stderr: a library hooked, a warning.
     Notice(String),
+    /// A line for `-v`: an unwind table built.
+    Detail(String),
     /// Collection is over: nothing follows.
     Stopped(StopReason),
 }
@@ -366,6 +368,9 @@ impl Collector {
         for note in self.probes.watch_libraries(&live_pids(&self.watched)) {
             self.queued.push_back(Event::Notice(note));
         }
+        for detail in self.probes.poll_unwind_tables()? {
+            self.queued.push_back(Event::Detail(detail));
+        }
         let hooked = self.probes.library_reports();
         if hooked.len() > hooked_before {
             self.queued
@@ -374,6 +379,7 @@ impl Collector {
         let after_s = self.elapsed_s();
         for pid in self.probes.take_execs() {
             self.mark_exec(pid, after_s)?;
+            self.probes.remap_unwinding(pid)?;
             self.symbols.refresh(pid);
             self.queued.push_back(Event::Exec { pid, after_s });
         }

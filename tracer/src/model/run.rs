@@ -77,12 +77,15 @@ worded_enum! {
         /// Frame pointers, walked in the kernel: cheapest, wrong through
         /// code built without them.
         FramePointers = "fp",
-        /// Every stack copied and unwound from `.eh_frame` in userspace.
+        /// Walked in the kernel through unwind tables built from every
+        /// object's `.eh_frame` (frame pointers where an object has none).
         Dwarf = "dwarf",
-        /// DWARF for processes with code that lacks frame pointers (their
-        /// executable or a library other than glibc's own), frame pointers
-        /// for the others.
+        /// Walked in the kernel: through unwind tables for objects that lack
+        /// frame pointers, by frame pointers for those that keep them.
         Auto = "auto",
+        /// Every stack copied and unwound from `.eh_frame` in userspace (the
+        /// earlier DWARF path, for comparison).
+        Copy = "copy",
     }
 }
 

@@ -96,9 +96,17 @@ pub fn render(report: &Report) -> String {
             .iter()
             .map(|process| process.pid.to_string())
             .collect();
+        let how = if unwinding.mode == crate::model::run::UnwindMode::Copy {
+            format!(
+                "from {} copied at each allocation",
+                human_bytes(unwinding.stack_bytes as f64)
+            )
+        } else {
+            "in the kernel, through unwind tables (stack copies for Go programs that call C)"
+                .to_owned()
+        };
         lines.push(format!(
-            "stacks unwound with DWARF from {} copied at each allocation (--unwind {}): PID {}",
-            human_bytes(unwinding.stack_bytes as f64),
+            "stacks unwound with DWARF {how} (--unwind {}): PID {}",
             unwinding.mode,
             pids.join(", ")
         ));

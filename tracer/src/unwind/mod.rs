@@ -45,6 +45,8 @@ pub struct Unwinding {
     pub stack_bytes: u32,
     /// Size of the ring buffer of stack copies.
     pub ring_bytes: u32,
+    /// Kernel memory for the rows of every unwind table (8 bytes a row).
+    pub table_bytes: u32,
 }
 
 impl Unwinding {
@@ -56,10 +58,15 @@ impl Unwinding {
     /// stacks are copied.
     pub const DEFAULT_RING_MIB: u32 = 64;
     pub const MAX_STACK_BYTES: u32 = 64 << 10;
+    /// Room for 8 M rows: a process that imported torch (Debian's 1.13)
+    /// maps some 300 objects with about 5.6 M rows, libtorch_cpu's 1.4 M.
+    pub const DEFAULT_TABLE_MIB: u32 = 64;
+    pub const MAX_TABLE_MIB: u32 = 256;
     pub const DEFAULT: Unwinding = Unwinding {
         mode: UnwindMode::Auto,
         stack_bytes: Self::DEFAULT_STACK_BYTES,
         ring_bytes: Self::DEFAULT_RING_MIB << 20,
+        table_bytes: Self::DEFAULT_TABLE_MIB << 20,
     };
     /// Frame pointers only (benchmarks, `tracer floor`).
     pub const FRAME_POINTERS: Unwinding = Unwinding {
@@ -76,9 +83,19 @@ impl Unwinding {
     pub fn copy_mode(&self) -> u32 {
         match self.mode {
             UnwindMode::FramePointers => 0,
-            UnwindMode::Dwarf => 1,
-            UnwindMode::Auto => 2,
+            UnwindMode::Copy => 1,
+            UnwindMode::Dwarf | UnwindMode::Auto => 2,
         }
+    }
+
+    /// Rows UNWIND_ROWS holds.
+    pub fn table_rows(&self) -> u32 {
+        self.table_bytes / size_of::<tracer_ebpf::UnwindRow>() as u32
+    }
+
+    /// Whether the kernel walks stacks through unwind tables.
+    pub fn uses_tables(&self) -> bool {
+        matches!(self.mode, UnwindMode::Dwarf | UnwindMode::Auto)
     }
 }
 

@@ -1,0 +1,256 @@
+//! The kernel's walk of a user stack through the unwind tables userspace
+//! builds from each object's `.eh_frame` (`tracer_ebpf::unwind`): per
+//! frame, the process's mapping that holds the return address, then the
+//! row of its object's table for it (or, for objects that keep frame
+//! pointers, JIT code and tables not built yet, the frame pointer), and
+//! one or two reads of the stack. A `bpf_loop` callback steps one frame,
+//! so the verifier checks it once however deep the stack is.
+//!
+//! The decisions (searches, rules) are `tracer_ebpf::unwind_walk`'s,
+//! tested on the host; this file only feeds them maps and user memory.
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    helpers::{bpf_probe_read_user, generated},
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use tracer_ebpf::{
+    MAX_STACK_FRAMES, MAX_UNWIND_MAPPINGS, StackFrames, UNWIND_ROW_SEARCH_STEPS, UnwindMappings,
+    UnwindRow, UnwindTable, mapping_unwind, stat,
+    unwind_walk::{
+        Bounds, Registers, Step, find_mapping, last_at_or_below, step_by_frame_pointer, step_by_row,
+    },
+};
+
+use crate::counters::count;
+
+/// 1 when userspace fills the unwind tables (`--unwind auto`, `dwarf`):
+/// 0 leaves the walk out at load (a constant to the verifier).
+#[unsafe(no_mangle)]
+static UNWIND_TABLES_ON: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
+
+/// The rows of every table, each table a contiguous run sorted by pc.
+/// Sized by userspace at load; mappable, so userspace writes rows through
+/// memory rather than one system call per row.
+#[map]
+static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Where each table's rows are in UNWIND_ROWS.
+#[map]
+static UNWIND_TABLES: Array<UnwindTable> = Array::with_max_entries(1 << 14, 0);
+
+/// Per process (tgid), its executable mappings and how each is unwound.
+#[map]
+static UNWIND_MAPPINGS: HashMap<u32, UnwindMappings> =
+    HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+
+/// `BPF_F_MMAPABLE` (not in aya-ebpf's bindings).
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+/// A walk in progress, per CPU. In map memory, which the verifier does
+/// not follow: every load is a value it knows nothing of, so the paths of
+/// one step (and of each search halving) meet again at the next.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct WalkState {
+    regs: Registers,
+    /// Frames in the stack so far, and the most it may hold.
+    count: u64,
+    room: u64,
+    /// Whether a frame was walked by frame pointers for want of a table.
+    pending: u64,
+    mappings_full: u64,
+    /// Whether a frame was outside every mapping known.
+    outside: u64,
+    lo: u32,
+    hi: u32,
+}
+
+#[map]
+static UNWIND_WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+
+/// A search's bounds in the walk's map memory.
+struct MapBounds(*mut WalkState);
+
+impl Bounds for MapBounds {
+    #[inline(always)]
+    fn get(&self) -> (u32, u32) {
+        unsafe {
+            (
+                core::ptr::read_volatile(&raw const (*self.0).lo),
+                core::ptr::read_volatile(&raw const (*self.0).hi),
+            )
+        }
+    }
+    #[inline(always)]
+    fn set(&mut self, lo: u32, hi: u32) {
+        unsafe {
+            core::ptr::write_volatile(&raw mut (*self.0).lo, lo);
+            core::ptr::write_volatile(&raw mut (*self.0).hi, hi);
+        }
+    }
+}
+
+/// What the frame callback works on (on the caller's stack).
+#[repr(C)]
+struct Walk {
+    stack: *mut StackFrames,
+    mappings: *const UnwindMappings,
+    state: *mut WalkState,
+}
+
+/// Whether the stacks of `tgid` are walked through unwind tables.
+#[inline(always)]
+pub(crate) fn walks(tgid: u32) -> bool {
+    UNWIND_TABLES_ON.load() != 0 && unsafe { UNWIND_MAPPINGS.get(&tgid) }.is_some()
+}
+
+/// Walks the user stack of `tgid` from `regs` (at an allocator's return
+/// or a system call) into `stack`, at most `room` frames; false when the
+/// process has no unwind mappings (the caller walks frame pointers).
+#[inline(always)]
+pub(crate) fn walk(tgid: u32, regs: Registers, stack: *mut StackFrames, room: usize) -> bool {
+    if UNWIND_TABLES_ON.load() == 0 {
+        return false;
+    }
+    let Some(mappings) = (unsafe { UNWIND_MAPPINGS.get(&tgid) }) else {
+        return false;
+    };
+    let Some(state) = UNWIND_WALK.get_ptr_mut(0) else {
+        return false;
+    };
+    unsafe {
+        (*stack).frames[0] = regs.ip;
+        (*stack).count = 1;
+        *state = WalkState {
+            regs,
+            count: 1,
+            room: room as u64,
+            pending: 0,
+            mappings_full: 0,
+            outside: 0,
+            lo: 0,
+            hi: 0,
+        };
+    }
+    let mut walk = Walk {
+        stack,
+        mappings,
+        state,
+    };
+    unsafe {
+        generated::bpf_loop(
+            MAX_STACK_FRAMES as u32,
+            step_frame as *mut _,
+            (&raw mut walk).cast(),
+            0,
+        )
+    };
+    count(stat::UNWIND_STACKS);
+    let state = unsafe { &*state };
+    if state.pending != 0 {
+        count(stat::UNWIND_TABLE_PENDING);
+    }
+    if state.mappings_full != 0 {
+        count(stat::UNWIND_MAPPINGS_FULL);
+    }
+    if state.outside != 0 {
+        count(stat::UNWIND_OUTSIDE_MAPPINGS);
+    }
+    true
+}
+
+/// Reads one word of user memory.
+#[inline(always)]
+fn read_user(address: u64) -> Option<u64> {
+    unsafe { bpf_probe_read_user(address as *const u64) }.ok()
+}
+
+/// One frame: 0 to go on, 1 when the stack is walked. A callback of
+/// `bpf_loop` (Linux 5.17+).
+extern "C" fn step_frame(_index: u64, walk: *mut Walk) -> i64 {
+    let walk = unsafe { &*walk };
+    let state = walk.state;
+    let regs = unsafe { core::ptr::read_volatile(&raw const (*state).regs) };
+    let step = step_of(walk, regs);
+    let next = match step {
+        Step::Caller(next) => next,
+        Step::End => return 1,
+        Step::Stop(reason) => {
+            count(reason);
+            return 1;
+        }
+    };
+    let (frames, room) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*state).count),
+            core::ptr::read_volatile(&raw const (*state).room),
+        )
+    };
+    if frames >= room || frames >= MAX_STACK_FRAMES as u64 {
+        count(stat::UNWIND_STOP_DEPTH);
+        return 1;
+    }
+    unsafe {
+        (*walk.stack).frames[frames as usize] = next.ip;
+        (*walk.stack).count = frames + 1;
+        core::ptr::write_volatile(&raw mut (*state).count, frames + 1);
+        core::ptr::write_volatile(&raw mut (*state).regs, next);
+    }
+    0
+}
+
+/// The caller of the frame at `regs`: by its mapping's table, or by its
+/// frame pointer.
+#[inline(always)]
+fn step_of(walk: &Walk, regs: Registers) -> Step {
+    let mappings = unsafe { &*walk.mappings };
+    let address = regs.lookup_address();
+    let mut bounds = MapBounds(walk.state);
+    let Some(index) = find_mapping(&mut bounds, &mappings.mappings, mappings.count, address) else {
+        // JIT or anonymous code, or past the mappings the table had room
+        // for (`pad` set by userspace).
+        unsafe {
+            if mappings.pad != 0 {
+                (*walk.state).mappings_full = 1;
+            } else {
+                (*walk.state).outside = 1;
+            }
+        }
+        return step_by_frame_pointer(regs, read_user);
+    };
+    let mapping = &mappings.mappings[index & (MAX_UNWIND_MAPPINGS - 1)];
+    match mapping.unwind {
+        mapping_unwind::TABLE => {}
+        mapping_unwind::PENDING => {
+            unsafe { (*walk.state).pending = 1 };
+            return step_by_frame_pointer(regs, read_user);
+        }
+        _ => return step_by_frame_pointer(regs, read_user),
+    }
+    let Some(table) = UNWIND_TABLES.get(mapping.table) else {
+        return Step::Stop(stat::UNWIND_STOP_UNSUPPORTED);
+    };
+    let (first_row, row_count) = (table.first_row, table.row_count);
+    let pc = address.wrapping_sub(mapping.bias);
+    if pc > u32::MAX as u64 {
+        return step_by_frame_pointer(regs, read_user);
+    }
+    let found = last_at_or_below(
+        &mut bounds,
+        row_count,
+        UNWIND_ROW_SEARCH_STEPS + 1,
+        pc,
+        |index| {
+            UNWIND_ROWS
+                .get(first_row.wrapping_add(index))
+                .map(|row| row.pc as u64)
+        },
+    );
+    let row = found.and_then(|index| UNWIND_ROWS.get(first_row.wrapping_add(index)));
+    match row {
+        Some(row) => step_by_row(row, regs, read_user),
+        // Below the table's first row: no information.
+        None => step_by_frame_pointer(regs, read_user),
+    }
+}
