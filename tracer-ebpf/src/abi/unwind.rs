@@ -80,7 +80,7 @@ pub struct UnwindMapping {
     pub start: u64,
     pub end: u64,
     /// Subtracted from an instruction pointer in the mapping to get the
-    /// table's `pc` numbering: `start - offset_in_file + (p_vaddr - p_offset)`
+    /// table's `pc` numbering: `start - offset_in_file - (p_vaddr - p_offset)`
     /// of the segment mapped.
     pub bias: u64,
     /// A [`mapping_unwind`] value.
