@@ -164,3 +164,50 @@ fn a_target_that_exits_after_its_teardown_is_judged_at_its_peak() {
         "the stack judged at the peak is plotted: {legend:?}"
     );
 }
+
+#[test]
+fn a_recording_of_a_teardown_is_judged_at_its_peak_and_at_another_moment_when_asked() {
+    let mut fixture = Fixture::start("steps", &[]);
+    let recording = json_path("verdict_recording").with_extension("tracer");
+    let trace = Record::pid(fixture.pid)
+        .interval("250ms")
+        .args(["-o", recording.to_str().unwrap()])
+        .attach();
+    leak_in_steps(&mut fixture);
+    fixture.cmd("teardown");
+    let Traced { output, .. } = trace.wait_exit();
+    let live_first = output.stdout.lines().next().unwrap_or_default().to_owned();
+    let report = |extra: &[&str]| {
+        let mut args = vec!["report", recording.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let output = harness::Tracer::start(args).wait_exit(Duration::from_secs(60));
+        output.assert_success();
+        output.stdout
+    };
+    let replayed = report(&[]);
+    let asked = report(&["--at", "3s"]);
+    let _ = std::fs::remove_file(&recording);
+    assert!(
+        live_first.starts_with(&format!("PID {} exited after ", fixture.pid)),
+        "{output}"
+    );
+    assert_eq!(
+        replayed.lines().next(),
+        Some(live_first.as_str()),
+        "{replayed}"
+    );
+    assert!(
+        replayed.contains("rose in 4 steps of ~20.0 MiB"),
+        "{replayed}"
+    );
+    let first = asked.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("ranked and judged at the moment asked (--at), ")
+            && (first.contains(" live at 2.") || first.contains(" live at 3.0 s")),
+        "{asked}"
+    );
+    assert!(
+        !asked.contains("rose in 4 steps"),
+        "two steps by 3 s: {asked}"
+    );
+}
