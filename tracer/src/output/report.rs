@@ -217,11 +217,25 @@ impl Report {
                 stack_quality: quality.get(&target.pid).copied(),
             })
             .collect();
-        let stacks = judged
+        // Ranked at the moment judged; then, when that is not the end, the
+        // stacks holding the most at the end that it left out, so the end
+        // state is listed too.
+        let mut ranked: Vec<StackKey> = judged
             .top_stacks(input.top)
             .into_iter()
+            .map(|summary| summary.key)
+            .collect();
+        if judged_model.is_some() {
+            for summary in model.top_stacks(input.top) {
+                if !ranked.contains(&summary.key) {
+                    ranked.push(summary.key);
+                }
+            }
+        }
+        let stacks = ranked
+            .into_iter()
             .enumerate()
-            .map(|(index, summary)| stack_report(&input, views, &canonical, index + 1, summary.key))
+            .map(|(index, key)| stack_report(&input, views, &canonical, index + 1, key))
             .collect();
         let suspected_leaks = judged
             .suspected_leaks(input.top)
