@@ -72,6 +72,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
                 .is_some_and(is_thread_entry)
         },
         unwinding_stopped: Default::default(),
+        at_s: config.at_s,
     });
     let bytes = render(&report, &model, config)?;
     match &config.output_path {

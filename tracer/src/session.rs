@@ -238,6 +238,7 @@ pub fn build_report(
         api: &|key| apis.get(key).cloned(),
         memory_status,
         reaches_entry: &mut |key| collector.reaches_entry(key),
+        at_s: None,
     })
 }
 

@@ -105,6 +105,12 @@ struct FilterArgs {
     /// Leave out what happened after this time since attach (e.g. 2m).
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     to: Option<Duration>,
+
+    /// Rank and judge the stacks as they stood at this time since attach
+    /// (e.g. 90s); the end state is kept beside it. By default: the end,
+    /// or the peak of a target that exited or tore down.
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    at: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -575,6 +581,7 @@ fn report_config(args: ReportArgs) -> Result<ReportConfig> {
         pid: args.filter.pid,
         from_s: args.filter.from.map(|from| from.as_secs_f64()),
         to_s: args.filter.to.map(|to| to.as_secs_f64()),
+        at_s: args.filter.at.map(|at| at.as_secs_f64()),
         value: args.value,
         output_path: args.output,
         plot_stacks: DEFAULT_PLOT_STACKS,

@@ -114,6 +114,8 @@ pub struct ReportConfig {
     pub pid: Option<u32>,
     pub from_s: Option<f64>,
     pub to_s: Option<f64>,
+    /// The moment to rank and judge at (`--at`), in seconds since attach.
+    pub at_s: Option<f64>,
     pub value: FoldedValue,
     pub output_path: Option<PathBuf>,
     /// Stacks drawn in the growth plot.

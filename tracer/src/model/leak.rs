@@ -6,7 +6,9 @@
 //! grow, and the second half of the window still grows. A sawtooth (fill,
 //! then release) shrinks in some intervals and fits a line badly; a bounded
 //! cache stops growing (its second half is flat); a one-time step grows in
-//! a single interval.
+//! a single interval. Growth in steps is judged apart (`verdict`).
+
+use super::verdict::{LeakShape, StepGrowth};
 
 /// Evidence about one stack's growth over the window.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
@@ -26,8 +28,13 @@ pub struct Growth {
     pub last_live_bytes: i64,
     /// Last minus the value at attach (0: nothing before attach is seen).
     pub net_growth_bytes: i64,
-    /// The verdict: steady growth until the end of the window.
+    /// The verdict: steady growth until the end of the window, or step
+    /// growth (`verdict`).
     pub suspected_leak: bool,
+    /// Which shape made it a suspected leak; null when it is not one.
+    pub shape: Option<LeakShape>,
+    /// The evidence of step growth; null when it did not grow in steps.
+    pub steps: Option<StepGrowth>,
 }
 
 /// Fewer snapshots than this give no verdict: too short to tell a leak
@@ -91,6 +98,8 @@ pub fn assess(points: &[(f64, i64)]) -> Growth {
         last_live_bytes,
         net_growth_bytes,
         suspected_leak,
+        shape: None,
+        steps: None,
     }
 }
 

@@ -15,9 +15,11 @@ pub mod fixtures;
 pub mod leak;
 pub mod mappings;
 pub mod merge;
+pub mod peak;
 pub mod quality;
 pub mod ranges;
 pub mod run;
+pub mod verdict;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -475,11 +477,11 @@ impl Model {
 
     /// The evidence about a stack's growth over the window.
     pub fn growth(&self, key: &StackKey) -> Growth {
-        leak::assess(&self.live_bytes_at_every_snapshot(key))
+        verdict::judge(&self.counters_at_every_snapshot(key))
     }
 
-    /// Stacks that grew steadily until the end of the window, fastest
-    /// first, at most `count`.
+    /// Stacks that grew steadily until the end of the window or in
+    /// several steps (`verdict`), fastest first, at most `count`.
     pub fn suspected_leaks(&self, count: usize) -> Vec<(StackKey, Growth)> {
         let mut leaks: Vec<(StackKey, Growth)> = self
             .stacks

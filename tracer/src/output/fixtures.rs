@@ -113,5 +113,6 @@ pub(crate) fn sample_report(top: usize) -> Report {
         )]),
         reaches_entry: &mut |key| key.stack_id == StackId::Kernel(1),
         unwinding_stopped: BTreeMap::from([("outside_code".to_owned(), 2)]),
+        at_s: None,
     })
 }

@@ -46,6 +46,7 @@ mod tests {
                 "drops",
                 "events",
                 "interval_ms",
+                "judged_at",
                 "libraries",
                 "probes",
                 "sampling",
@@ -149,8 +150,11 @@ mod tests {
                 "kind",
                 "live_allocs",
                 "live_bytes",
+                "peak_at_s",
+                "peak_live_bytes",
                 "pid",
                 "rank",
+                "ranked_live_bytes",
                 "series",
                 "site",
                 "stack_id",
@@ -168,6 +172,8 @@ mod tests {
                 "non_shrinking_fraction",
                 "r_squared",
                 "rate_bytes_per_s",
+                "shape",
+                "steps",
                 "suspected_leak"
             ]
         );
@@ -179,6 +185,9 @@ mod tests {
         assert_eq!(stack["kind"], "heap");
         assert_eq!(stack["rank"], 1);
         assert_eq!(stack["live_bytes"], 4 * 65536);
+        assert_eq!(stack["peak_live_bytes"], 4 * 65536);
+        assert_eq!(stack["peak_at_s"], 4.0);
+        assert_eq!(json["judged_at"], Value::Null);
         let frame = &stack["frames"][0];
         assert_eq!(
             keys(frame),

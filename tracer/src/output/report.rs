@@ -8,6 +8,7 @@ use super::{
 };
 use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals, merge,
+    peak::{self, Judgement},
     quality::{StackQuality, stack_quality},
     run::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
 };
@@ -18,6 +19,10 @@ pub struct Report {
     pub tracer_version: String,
     /// Seconds from attach to the last snapshot.
     pub window_s: f64,
+    /// The moment the stacks are ranked and judged at when it is not the
+    /// end (a target that exited or tore down: its peak; `--at`); null
+    /// for the end. Live bytes, totals and series stay the end state.
+    pub judged_at: Option<Judgement>,
     pub interval_ms: u64,
     pub snapshots: usize,
     pub targets: Vec<TargetReport>,
@@ -39,8 +44,8 @@ pub struct Report {
     pub unwinding_stopped: BTreeMap<String, u64>,
     /// The top stacks by live bytes, rank 1 first.
     pub stacks: Vec<StackReport>,
-    /// Stacks that grew steadily until the end, fastest first (rank 1 is
-    /// shown as L1).
+    /// Stacks that grew steadily or in steps (as of `judged_at`), fastest
+    /// first (rank 1 is shown as L1).
     pub suspected_leaks: Vec<StackReport>,
 }
 
@@ -127,6 +132,12 @@ pub struct StackReport {
     pub alloc_bytes_total: u64,
     pub alloc_count_total: u64,
     pub growth_bytes_per_s: f64,
+    /// Live bytes at the moment the report ranks at (`judged_at`, else
+    /// the end).
+    pub ranked_live_bytes: i64,
+    /// The most live bytes the stack held, and when.
+    pub peak_live_bytes: i64,
+    pub peak_at_s: f64,
     /// Whether the growth is steady enough to suspect a leak.
     pub suspected_leak: bool,
     /// The evidence for or against.
@@ -169,6 +180,9 @@ pub struct ReportInput<'a> {
     pub reaches_entry: &'a mut dyn FnMut(&StackKey) -> bool,
     /// Stack copies whose unwinding stopped early, by reason.
     pub unwinding_stopped: BTreeMap<String, u64>,
+    /// The moment to judge at (`--at`); `None` lets the report choose
+    /// (`model::peak`).
+    pub at_s: Option<f64>,
 }
 
 impl Report {
@@ -178,6 +192,16 @@ impl Report {
             trim_allocator_frames((input.frames)(key))
         });
         let model = merged.as_ref().unwrap_or(input.model);
+        let judged_at = peak::judgement(input.model, input.targets, input.at_s);
+        let judged_model = judged_at.map(|judged| {
+            let as_of = input.model.as_of(judged.at_s);
+            match &merged {
+                Some(_) => as_of.merged(|key| canonical.get(key).copied().unwrap_or(*key)),
+                None => as_of,
+            }
+        });
+        let judged = judged_model.as_ref().unwrap_or(model);
+        let views = Views { model, judged };
         let targets = input
             .targets
             .iter()
@@ -193,21 +217,36 @@ impl Report {
                 stack_quality: quality.get(&target.pid).copied(),
             })
             .collect();
-        let stacks = model
+        // Ranked at the moment judged; then, when that is not the end, the
+        // stacks holding the most at the end that it left out, so the end
+        // state is listed too.
+        let mut ranked: Vec<StackKey> = judged
             .top_stacks(input.top)
             .into_iter()
-            .enumerate()
-            .map(|(index, summary)| stack_report(&input, model, &canonical, index + 1, summary.key))
+            .map(|summary| summary.key)
             .collect();
-        let suspected_leaks = model
+        if judged_model.is_some() {
+            for summary in model.top_stacks(input.top) {
+                if !ranked.contains(&summary.key) {
+                    ranked.push(summary.key);
+                }
+            }
+        }
+        let stacks = ranked
+            .into_iter()
+            .enumerate()
+            .map(|(index, key)| stack_report(&input, views, &canonical, index + 1, key))
+            .collect();
+        let suspected_leaks = judged
             .suspected_leaks(input.top)
             .into_iter()
             .enumerate()
-            .map(|(index, (key, _))| stack_report(&input, model, &canonical, index + 1, key))
+            .map(|(index, (key, _))| stack_report(&input, views, &canonical, index + 1, key))
             .collect();
         Report {
             tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
             window_s: model.window_s(),
+            judged_at,
             interval_ms: input.interval_ms,
             snapshots: model.snapshot_count(),
             targets,
@@ -232,20 +271,39 @@ impl Report {
     }
 }
 
-/// The report of stack `key` of the merged `model`; `canonical` maps
+/// The merged model at the end, and as of the moment judged (the same
+/// when that is the end).
+#[derive(Clone, Copy)]
+struct Views<'a> {
+    model: &'a Model,
+    judged: &'a Model,
+}
+
+/// The report of stack `key` of the merged models; `canonical` maps
 /// every stack to the one it was merged into.
 fn stack_report(
     input: &ReportInput<'_>,
-    model: &Model,
+    views: Views<'_>,
     canonical: &BTreeMap<StackKey, StackKey>,
     rank: usize,
     key: StackKey,
 ) -> StackReport {
+    let Views { model, judged } = views;
     let latest = model
         .series(&key)
         .map(|series| series.latest())
         .unwrap_or_default();
-    let growth = model.growth(&key);
+    let ranked = judged
+        .series(&key)
+        .map(|series| series.latest())
+        .unwrap_or_default();
+    let growth = judged.growth(&key);
+    let series = model.live_bytes_at_every_snapshot(&key);
+    let (peak_at_s, peak_live_bytes) =
+        series.iter().copied().fold(
+            (0.0, 0),
+            |peak, point| if point.1 > peak.1 { point } else { peak },
+        );
     let frames = trim_allocator_frames((input.frames)(&key));
     let site = site(&frames, input.wrappers);
     StackReport {
@@ -259,9 +317,12 @@ fn stack_report(
         alloc_bytes_total: latest.alloc_bytes_total,
         alloc_count_total: latest.alloc_count_total,
         growth_bytes_per_s: growth.rate_bytes_per_s,
+        ranked_live_bytes: ranked.live_bytes,
+        peak_live_bytes,
+        peak_at_s,
         suspected_leak: growth.suspected_leak,
         growth,
-        series: model.live_bytes_at_every_snapshot(&key),
+        series,
         frames,
         site,
         merged_stack_ids: canonical

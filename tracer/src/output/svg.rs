@@ -68,9 +68,16 @@ pub fn render(report: &Report, model: &Model, stack_lines: usize) -> Result<Stri
             window_s,
             &totals_lines(report, model),
         )?;
+        let caption = match &report.judged_at {
+            Some(judged) => format!(
+                "stacks as ranked at {}, suspected leaks first (at most {stack_lines})",
+                format_time(judged.at_s, report.window_s)
+            ),
+            None => format!("stacks still growing, suspected leaks first (at most {stack_lines})"),
+        };
         draw_panel(
             &bottom,
-            &format!("stacks still growing, suspected leaks first (at most {stack_lines})"),
+            &caption,
             window_s,
             &stack_lines_of(report, stack_lines),
         )?;
@@ -200,7 +207,7 @@ fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
                     String::new()
                 },
                 human_bytes(stack.growth_bytes_per_s),
-                human_bytes(stack.live_bytes as f64),
+                human_bytes(stack.ranked_live_bytes as f64),
                 if stack.suspected_leak {
                     ", suspected leak"
                 } else {
@@ -470,6 +477,7 @@ mod tests {
             memory_status: std::collections::BTreeMap::new(),
             reaches_entry: &mut |_| true,
             unwinding_stopped: Default::default(),
+            at_s: None,
         });
         (report, model)
     }

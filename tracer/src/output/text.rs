@@ -10,6 +10,8 @@ use tracer_ebpf::{GPU_API_NAMES, STAT_NAMES, stat};
 use super::{MemoryReconciliation, Report, StackReport, human_bytes};
 use crate::model::{Frame, Kind, quality::StackQuality, run::NoticedBy};
 
+mod evidence;
+
 /// Renders the whole report, one `\n`-terminated line after another.
 pub fn render(report: &Report) -> String {
     let mut lines = Vec::new();
@@ -21,6 +23,7 @@ pub fn render(report: &Report) -> String {
             }
         }
     }
+    lines.extend(evidence::judged_at_lines(report));
     for target in &report.targets {
         if let Some(quality) = target.stack_quality.filter(StackQuality::is_poor) {
             lines.push(format!(
@@ -229,25 +232,33 @@ pub fn render(report: &Report) -> String {
             crate::model::leak::MIN_SNAPSHOTS
         ));
     } else if report.suspected_leaks.is_empty() {
-        lines.push("suspected leaks: none (no stack grew steadily until the end)".to_owned());
+        lines.push(format!(
+            "suspected leaks: none (no stack grew steadily{}, or in several steps it kept)",
+            as_of(report).unwrap_or_else(|| " until the end".to_owned())
+        ));
     } else {
         lines.push(format!(
-            "suspected leaks ({}): stacks that grew steadily until the end, fastest first:",
-            report.suspected_leaks.len()
+            "suspected leaks ({}): stacks that grew steadily or in steps{}, fastest first:",
+            report.suspected_leaks.len(),
+            as_of(report).unwrap_or_default()
         ));
         for stack in &report.suspected_leaks {
             lines.push(String::new());
-            render_leak(stack, &mut lines);
+            render_leak(report, stack, &mut lines);
         }
     }
     lines.push(String::new());
     if report.stacks.is_empty() {
         lines.push("no live allocations seen in the window".to_owned());
     } else {
-        lines.push(format!("top {} stacks by live bytes:", report.stacks.len()));
+        lines.push(format!(
+            "top {} stacks by live bytes{}:",
+            report.stacks.len(),
+            as_of(report).unwrap_or_default()
+        ));
         for stack in &report.stacks {
             lines.push(String::new());
-            render_stack(stack, &mut lines);
+            render_stack(report, stack, &mut lines);
         }
     }
     let mut text = lines.join("\n");
@@ -307,30 +318,47 @@ fn drop_hint(name: &str) -> Option<&'static str> {
     })
 }
 
-fn render_leak(stack: &StackReport, lines: &mut Vec<String>) {
+/// ` as of 117.0 s` when the report is judged at another moment than the
+/// end.
+fn as_of(report: &Report) -> Option<String> {
+    let judged = report.judged_at.as_ref()?;
+    Some(format!(" as of {:.1} s", judged.at_s))
+}
+
+/// `live 358.2 MiB in 248 allocs`, with the end state beside it when the
+/// report is judged at another moment.
+fn live_words(report: &Report, stack: &StackReport) -> String {
+    let live = format!(
+        "live {} in {} allocs",
+        human_bytes(stack.live_bytes as f64),
+        stack.live_allocs
+    );
+    match &report.judged_at {
+        Some(judged) => format!(
+            "live {} at {:.1} s, {} at end",
+            human_bytes(stack.ranked_live_bytes as f64),
+            judged.at_s,
+            human_bytes(stack.live_bytes as f64)
+        ),
+        None => live,
+    }
+}
+
+fn render_leak(report: &Report, stack: &StackReport, lines: &mut Vec<String>) {
     let growth = &stack.growth;
     lines.push(format!("L{}  {}", stack.rank, site_label(stack)));
     lines.push(format!(
-        "    {}  pid {}  growth +{}/s  live {} in {} allocs",
+        "    {}  pid {}  growth +{}/s  {}",
         kind_and_api(stack),
         stack.pid,
         human_bytes(growth.rate_bytes_per_s),
-        human_bytes(stack.live_bytes as f64),
-        stack.live_allocs,
+        live_words(report, stack),
     ));
-    lines.push(format!(
-        "    steady: R² {:.2}, {:.0}% of intervals did not shrink, {:.0}% grew; \
-         first {} -> last {}",
-        growth.r_squared,
-        growth.non_shrinking_fraction * 100.0,
-        growth.growing_fraction * 100.0,
-        human_bytes(growth.first_live_bytes as f64),
-        human_bytes(growth.last_live_bytes as f64),
-    ));
+    lines.push(format!("    {}", evidence::evidence_line(stack)));
     render_frames(stack, lines);
 }
 
-fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
+fn render_stack(report: &Report, stack: &StackReport, lines: &mut Vec<String>) {
     let growth_sign = if stack.growth_bytes_per_s >= 0.0 {
         "+"
     } else {
@@ -338,11 +366,10 @@ fn render_stack(stack: &StackReport, lines: &mut Vec<String>) {
     };
     lines.push(format!("#{}  {}", stack.rank, site_label(stack)));
     lines.push(format!(
-        "    {}  pid {}  live {} in {} allocs  growth {growth_sign}{}/s{}",
+        "    {}  pid {}  {}  growth {growth_sign}{}/s{}",
         kind_and_api(stack),
         stack.pid,
-        human_bytes(stack.live_bytes as f64),
-        stack.live_allocs,
+        live_words(report, stack),
         human_bytes(stack.growth_bytes_per_s),
         if stack.suspected_leak {
             "  (suspected leak)"
@@ -495,6 +522,7 @@ mod tests {
         let report = Report {
             tracer_version: "0.1.0".to_owned(),
             window_s: 2.0,
+            judged_at: None,
             interval_ms: 500,
             snapshots: 4,
             targets: Vec::new(),
