@@ -80,6 +80,7 @@ pub fn attach(config: &Config) -> Result<Collector> {
             }
         }
     }
+    collector.probes_mut().wait_for_later_hooks()?;
     let attached_at = collector.start();
     let probes = collector.probes();
     for note in probes.attach_notes(config.verbose) {

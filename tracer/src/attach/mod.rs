@@ -30,7 +30,7 @@ mod preflight;
 mod python;
 mod reports;
 
-use std::num::NonZeroU32;
+use std::{num::NonZeroU32, time::Instant};
 
 use anyhow::{Context as _, Result};
 use aya::{
@@ -49,8 +49,8 @@ use crate::{
 };
 use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
 use links::TracepointLink;
-use load::program;
-pub use load::{Capacity, Rings, Sampling};
+pub use load::{AttachTimes, Capacity, Rings, Sampling};
+use load::{load_error, program};
 pub use maps::KernelMaps;
 pub use preflight::{check_kernel, check_privileges, check_target};
 pub use python::PythonObjectHooks;
@@ -194,6 +194,8 @@ pub struct Probes {
     /// The session programs, when calls may go unrecorded (Linux 6.13+).
     session: Option<RawPrograms>,
     watch: LibraryWatch,
+    /// Where the attach time went.
+    pub times: AttachTimes,
 }
 
 impl Probes {
@@ -201,7 +203,15 @@ impl Probes {
     /// that defines such functions, and watches it for libraries mapped
     /// later.
     pub fn attach_allocators(&mut self, pid: u32) -> Result<usize> {
+        let reading = Instant::now();
         let (maps, sites) = allocator_sites(pid)?;
+        let ahead = ahead::candidates(pid, &maps);
+        let ahead_sites = if ahead.is_empty() {
+            Vec::new()
+        } else {
+            symbols::hook_sites_in(pid, &ahead)?
+        };
+        self.times.symbols += reading.elapsed();
         if !sites
             .iter()
             .any(|site| site.function.name == "malloc" || site.function.name == "free")
@@ -220,19 +230,24 @@ impl Probes {
         let before = self.probe_count();
         self.watch.trace(pid, &maps)?;
         self.attach_sites(pid, &sites, NoticedBy::Attach)?;
-        self.attach_ahead(pid, &maps)?;
+        // The CUDA and allocator libraries `pid` could load but has not
+        // mapped, so that their first call after a dlopen is seen.
+        self.attach_sites(pid, &ahead_sites, NoticedBy::Ahead)?;
         Ok(self.probe_count() - before)
     }
 
-    /// Hooks the CUDA and allocator libraries `pid` could load but has not
-    /// mapped (`ahead`), so that their first call after a dlopen is seen.
-    fn attach_ahead(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
-        let candidates = ahead::candidates(pid, maps);
-        if candidates.is_empty() {
+    /// Waits for the CUDA programs still being verified, so that a CUDA
+    /// library dlopen()ed from now on is hooked at open without waiting.
+    pub fn wait_for_later_hooks(&mut self) -> Result<()> {
+        let Some(multi) = &self.multi else {
             return Ok(());
+        };
+        let waiting = Instant::now();
+        for program in load::GPU_PROGRAMS {
+            multi.ready(program).map_err(load_error)?;
         }
-        let sites = symbols::hook_sites_in(pid, &candidates)?;
-        self.attach_sites(pid, &sites, NoticedBy::Ahead)
+        self.times.verifier_wait += waiting.elapsed();
+        Ok(())
     }
 
     /// `--unwind auto`: copies the stacks of `pid` when an object it maps
@@ -304,6 +319,18 @@ impl Probes {
         let ordered = batches(&sites, |program| {
             session.is_some_and(|session| session.covers(program))
         });
+        let waiting = Instant::now();
+        for (stage, batch) in &ordered {
+            let programs = match stage {
+                Stage::Session => self.session.as_ref(),
+                _ => self.multi.as_ref(),
+            };
+            if let Some(programs) = programs {
+                programs.ready(batch.program).map_err(load_error)?;
+            }
+        }
+        let linking = Instant::now();
+        self.times.verifier_wait += linking - waiting;
         for (stage, batch) in &ordered {
             if *stage == Stage::Session {
                 let session = self.session.as_mut().expect("sessions are loaded");
@@ -314,6 +341,7 @@ impl Probes {
                 self.attach_batch(batch, pid)?;
             }
         }
+        self.times.links += linking.elapsed();
         self.hooks.extend(sites.iter().map(|site| AttachedHook {
             pid,
             site: site.clone(),

@@ -90,6 +90,11 @@ pub fn spawn_stopped(
     let (pid, error_pipe) = fork_stopped(&c_path, &arguments, end_with_tracer)?;
     let spawn_error = |message: String| fatal(ExitCode::SpawnFailed, message);
     let gate = program(&mut probes.ebpf, GATE_PROGRAM)?;
+    if gate.fd().is_err() {
+        gate.load()
+            .map_err(|error| super::load::load_error(error.into()))
+            .context("could not load the spawn gate")?;
+    }
     let link = gate
         .attach(
             UProbeAttachPoint {
