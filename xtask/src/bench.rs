@@ -18,7 +18,9 @@
 //! probe is single-stepped. Both add a Python row (`bench_python`): a
 //! Python program's allocations with and without Python frames and with
 //! `--python-objects`. The full run adds Debian's redis-server and the
-//! other allocators Debian ships (`bench_real`).
+//! other allocators Debian ships (`bench_real`). Both end with the attach
+//! section (`bench_attach`): start to "attached" and exit after SIGINT on
+//! a small C program, Python and Python with torch.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
@@ -408,6 +410,8 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
     let mut table = render_table(&medians, &cpu, reps, short);
     let python = crate::bench_python::bench_python(root, short)?;
     table.push_str(&python.table);
+    let attach = crate::bench_attach::bench_attach(root, reps)?;
+    table.push_str(&attach.table);
     let real = if short {
         Value::Null
     } else {
@@ -438,6 +442,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         "short": short,
         "threads": THREADS,
         "runs_per_mode": reps,
+        "attach": attach.json,
         "results": results,
         "tracer_cpu": cpu,
         "python": python.json,

@@ -42,6 +42,8 @@ pub mod map {
         PYTHON_ON = "PYTHON_ON",
         PYTHON_NEXT_ID = "PYTHON_NEXT_ID",
         PYTHON_MISSED = "PYTHON_MISSED",
+        LOADS_DONE = "LOADS_DONE",
+        LOADER_HELD = "LOADER_HELD",
     }
 }
 
@@ -64,6 +66,7 @@ pub mod program {
         FLOOR_ENTER = "floor_enter",
         FLOOR_RETURN = "floor_return",
         SPAWN_GATE = "spawn_gate",
+        LOADER_GATE = "loader_gate",
         GPU_ALLOC_ENTER = "gpu_alloc_enter",
         GPU_PITCH_ENTER = "gpu_pitch_enter",
         GPU_CREATE_ENTER = "gpu_create_enter",

@@ -312,6 +312,8 @@ impl Probes {
             session,
             watch,
             times,
+            pause_at_loader: true,
+            loader_pauses: Vec::new(),
         };
         Ok((probes, rings))
     }

@@ -196,6 +196,11 @@ pub struct Probes {
     watch: LibraryWatch,
     /// Where the attach time went.
     pub times: AttachTimes,
+    /// Whether a process whose dlopen() completes before its new libraries
+    /// are hooked is held at the loader gate (`--no-loader-pause`: not).
+    pub pause_at_loader: bool,
+    /// Each time a process was held at the loader gate: which, how long.
+    pub loader_pauses: Vec<(u32, std::time::Duration)>,
 }
 
 impl Probes {
@@ -234,6 +239,43 @@ impl Probes {
         // mapped, so that their first call after a dlopen is seen.
         self.attach_sites(pid, &ahead_sites, NoticedBy::Ahead)?;
         Ok(self.probe_count() - before)
+    }
+
+    /// Puts the loader gate on `pid` (a running process, not one tracer
+    /// spawned, which has its own gate): its dlopen()s do not return
+    /// before the libraries they opened are hooked (within a bound). Not
+    /// for a static executable, nor without at-open hooks or with
+    /// `--no-loader-pause`.
+    pub fn hold_at_loader(&mut self, pid: u32) -> Result<()> {
+        if !self.pause_at_loader || !self.hooks_at_open() {
+            return Ok(());
+        }
+        let Some(gate) = spawn::running_loader_gate(pid) else {
+            return Ok(());
+        };
+        if gate.cookie == 0 {
+            return Ok(());
+        }
+        let multi = self
+            .multi
+            .as_mut()
+            .expect("at-open hooks have uprobe_multi");
+        multi
+            .attach(
+                tracer_ebpf::program::LOADER_GATE,
+                &gate.path,
+                &[(gate.offset, gate.cookie)],
+                pid,
+            )
+            .map_err(|error| attach_error(error, pid))
+    }
+
+    /// The pauses at the loader gate: how many, and their time in all.
+    pub fn loader_pause_total(&self) -> (usize, std::time::Duration) {
+        (
+            self.loader_pauses.len(),
+            self.loader_pauses.iter().map(|(_, held)| *held).sum(),
+        )
     }
 
     /// Waits for the CUDA programs still being verified, so that a CUDA

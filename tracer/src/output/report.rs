@@ -9,7 +9,7 @@ use super::{
 use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals, merge,
     quality::{StackQuality, stack_quality},
-    run::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
+    run::{LibraryReport, LoaderPauses, ProbeReport, SamplingReport, UnwindingReport},
 };
 
 /// Everything a report shows, in the shape of its JSON form.
@@ -34,6 +34,8 @@ pub struct Report {
     pub unwinding: Option<UnwindingReport>,
     /// The objects that were hooked, when, and how.
     pub libraries: Vec<LibraryEntry>,
+    /// How often a process was held at the loader gate, and how long.
+    pub loader_pauses: LoaderPauses,
     /// Stack copies whose unwinding stopped before the thread's start, by
     /// reason (their stacks end in a marker frame).
     pub unwinding_stopped: BTreeMap<String, u64>,
@@ -152,6 +154,7 @@ pub struct ReportInput<'a> {
     pub sampling: SamplingReport,
     pub unwinding: Option<UnwindingReport>,
     pub libraries: Vec<LibraryReport>,
+    pub loader_pauses: LoaderPauses,
     pub interval_ms: u64,
     /// How many stacks to rank.
     pub top: usize,
@@ -217,6 +220,7 @@ impl Report {
             probes: input.probes,
             sampling: input.sampling,
             unwinding: input.unwinding,
+            loader_pauses: input.loader_pauses,
             libraries: input
                 .libraries
                 .into_iter()
