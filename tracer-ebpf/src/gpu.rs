@@ -206,30 +206,28 @@ pub fn gpu_return(ctx: RetProbeContext) -> u32 {
     }
     let tgid = (thread >> 32) as u32;
     let pending = *pending;
+    // One stack capture for every call that makes memory: each inlined
+    // copy of it costs the verifier as much as the rest of the program.
+    let made = match pending.call {
+        gpu_call::ALLOC | gpu_call::CREATE => {
+            read_out(pending.pointer).map(|value| (value, pending.size))
+        }
+        gpu_call::PITCH => match (read_out(pending.pointer), read_out(pending.pitch_pointer)) {
+            (Some(address), Some(pitch)) => Some((address, pitch.wrapping_mul(pending.size))),
+            _ => None,
+        },
+        _ => None,
+    };
+    if let Some((value, size)) = made {
+        let block = new_block(&ctx, &pending, size);
+        if pending.call == gpu_call::CREATE {
+            created(tgid, &pending, value, block);
+        } else {
+            allocated(tgid, &pending, value, &block);
+        }
+        return 0;
+    }
     match pending.call {
-        gpu_call::ALLOC => {
-            if let Some(address) = read_out(pending.pointer) {
-                allocated(&ctx, tgid, &pending, address, pending.size);
-            }
-        }
-        gpu_call::PITCH => {
-            if let (Some(address), Some(pitch)) =
-                (read_out(pending.pointer), read_out(pending.pitch_pointer))
-            {
-                allocated(
-                    &ctx,
-                    tgid,
-                    &pending,
-                    address,
-                    pitch.wrapping_mul(pending.size),
-                );
-            }
-        }
-        gpu_call::CREATE => {
-            if let Some(handle) = read_out(pending.pointer) {
-                created(&ctx, tgid, &pending, handle);
-            }
-        }
         gpu_call::FREE => freed(tgid, pending.pointer),
         gpu_call::RELEASE => drop_holder(tgid, pending.handle),
         gpu_call::MAP => mapped(tgid, pending.pointer, pending.handle),
@@ -292,10 +290,9 @@ fn note_api(tgid: u32, block: &LiveAlloc, api: u32) {
 }
 
 #[inline(always)]
-fn allocated(ctx: &RetProbeContext, tgid: u32, pending: &GpuPending, address: u64, size: u64) {
-    let block = new_block(ctx, pending, size);
-    put_live(tgid, address, &block, true);
-    note_api(tgid, &block, pending.api);
+fn allocated(tgid: u32, pending: &GpuPending, address: u64, block: &LiveAlloc) {
+    put_live(tgid, address, block, true);
+    note_api(tgid, block, pending.api);
     count(stat::GPU_ALLOCS);
 }
 
@@ -320,14 +317,13 @@ fn vmm_key(tgid: u32, value: u64) -> LiveKey {
 }
 
 #[inline(always)]
-fn created(ctx: &RetProbeContext, tgid: u32, pending: &GpuPending, handle: u64) {
+fn created(tgid: u32, pending: &GpuPending, handle: u64, block: LiveAlloc) {
     let key = vmm_key(tgid, handle);
     if let Some(stale) = VMM_HANDLES.get_ptr(&key) {
         // The handle's release was not seen: retire it before reuse.
         let stale = unsafe { (*stale).block };
         remove_from_stack(tgid, &stale);
     }
-    let block = new_block(ctx, pending, pending.size);
     let value = VmmHandle { block, holders: 1 };
     if VMM_HANDLES.insert(&key, &value, BPF_ANY as u64).is_err() {
         count(stat::DROP_LIVE_FULL);

@@ -8,19 +8,32 @@
 //!   process maps a file with execute permission, and userspace looks the
 //!   new object up (the fallback, a few milliseconds after the mapping).
 //!
+//! - at the loader's gate: `loader_gate`, a uprobe on ld.so's
+//!   `_dl_debug_state` (which the loader calls once a dlopen's objects are
+//!   all mapped, before any of their constructors runs), stops the process
+//!   (SIGSTOP) while userspace has not looked at every shared object it
+//!   opened (LOADS_OPENED against LOADS_DONE); userspace lets it go on
+//!   (SIGCONT) once the objects are hooked, within a bound. A dlopen of a
+//!   library that needs hooking then never returns before its hooks are
+//!   in place.
+//!
 //! EVENTS (`events.rs`) also carries the other rare events: exec, and CUDA
 //! context destructions (`gpu.rs`).
 use aya_ebpf::{
-    Global,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
-    macros::{map, tracepoint},
+    EbpfContext as _, Global,
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_probe_read_user_str_bytes, bpf_send_signal,
+    },
+    macros::{map, tracepoint, uprobe},
     maps::{HashMap, LruHashMap, RingBuf},
-    programs::TracePointContext,
+    programs::{ProbeContext, TracePointContext},
 };
 use tracer_ebpf::{Event, OPENED_PATH_BYTES, OpenedFile, event, mmap_format, openat_format, stat};
 
 use crate::{
-    counters::count,
+    counters::{atomic_add, count},
     events::send_event,
     live::{EXEC_TIME, end_context_epoch},
 };
@@ -51,6 +64,77 @@ static OPENING: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
 /// Shared objects opened by traced processes, for userspace at once.
 #[map]
 static OPENED: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Per traced process: shared objects sent to OPENED so far.
+#[map]
+static LOADS_OPENED: HashMap<u32, u64> = HashMap::with_max_entries(1024, 0);
+
+/// Per traced process: how many of them userspace has looked at (and
+/// hooked where they needed it); written by userspace only.
+#[map]
+static LOADS_DONE: HashMap<u32, u64> = HashMap::with_max_entries(1024, 0);
+
+/// Processes the gate stopped, with when (`bpf_ktime_get_ns`), for
+/// userspace to let go on.
+#[map]
+static LOADER_HELD: HashMap<u32, u64> = HashMap::with_max_entries(1024, 0);
+
+const SIGSTOP: u32 = 19;
+/// `r_debug.r_state` when the list of objects is complete.
+const RT_CONSISTENT: i32 = 0;
+
+/// Whether userspace has looked at every shared object `tgid` opened.
+#[inline(always)]
+fn loads_looked_at(tgid: u32) -> bool {
+    let opened = unsafe { LOADS_OPENED.get(&tgid) }.copied().unwrap_or(0);
+    let done = unsafe { LOADS_DONE.get(&tgid) }.copied().unwrap_or(0);
+    done >= opened
+}
+
+/// On `_dl_debug_state`, scoped to one traced process; the attach cookie
+/// is the distance from the probe to `_r_debug.r_state`. Marks the process
+/// held before the last check, which userspace makes in the other order
+/// (done, then held): one of the two sees the other's write.
+#[uprobe]
+pub fn loader_gate(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    // SAFETY: `regs` is the probed task's saved registers.
+    let ip = unsafe { (*ctx.regs).rip };
+    let state_address = ip.wrapping_add(cookie) as *const i32;
+    match unsafe { bpf_probe_read_user(state_address) } {
+        Ok(RT_CONSISTENT) => {}
+        _ => return 0,
+    }
+    if loads_looked_at(tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    if LOADER_HELD.insert(&tgid, &now, 0).is_err() {
+        return 0;
+    }
+    if loads_looked_at(tgid) {
+        let _ = LOADER_HELD.remove(&tgid);
+        return 0;
+    }
+    unsafe {
+        bpf_send_signal(SIGSTOP);
+    }
+    0
+}
+
+/// One more shared object opened by `tgid`, for the gate.
+#[inline(always)]
+fn count_opened(tgid: u32) {
+    if let Some(opened) = LOADS_OPENED.get_ptr_mut(&tgid) {
+        atomic_add(opened, 1);
+    } else if LOADS_OPENED.insert(&tgid, &1, BPF_NOEXIST as u64).is_err()
+        && let Some(opened) = LOADS_OPENED.get_ptr_mut(&tgid)
+    {
+        // Another thread of the process made the entry first.
+        atomic_add(opened, 1);
+    }
+}
 
 /// A traced process replaced its image (execve): its old blocks are gone.
 #[tracepoint]
@@ -137,6 +221,8 @@ pub fn open_exit(ctx: TracePointContext) -> u32 {
         (*opened).timestamp_ns = bpf_ktime_get_ns();
     }
     count(stat::LIBRARY_OPENS);
+    // Counted before it is sent: userspace's count never runs ahead.
+    count_opened((thread >> 32) as u32);
     entry.submit(0);
     0
 }

@@ -58,6 +58,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         probes,
         sampling: recording.metadata.sampling.clone(),
         unwinding: recording.unwinding.clone(),
+        loader_pauses: Default::default(),
         libraries: recording.libraries(&filter),
         api: &|key| apis.get(key).cloned(),
         interval_ms: recording.metadata.interval_ms,

@@ -22,6 +22,7 @@ use crate::{
 /// attaches them. A spawned command is left stopped (its libraries mapped,
 /// none of their constructors run) until `resume`.
 pub fn attach(config: &Config) -> Result<Collector> {
+    crate::collect::catch_signals_during_attach();
     attach::check_privileges()?;
     attach::check_kernel()?;
     if let Targets::Pids(pids) = &config.targets {
@@ -42,6 +43,7 @@ pub fn attach(config: &Config) -> Result<Collector> {
         follow_forks: config.follow_forks,
     };
     let mut collector = Collector::new(probes, rings, schedule)?;
+    collector.probes_mut().pause_at_loader = config.loader_pause;
     collector.set_debug_dirs(config.debug_dirs.clone());
     collector.set_python(config.python, config.python_depth, config.python_objects);
     if config.follow_forks {
@@ -81,6 +83,7 @@ pub fn attach(config: &Config) -> Result<Collector> {
             }
         }
     }
+    collector.probes_mut().wait_for_later_hooks()?;
     let attached_at = collector.start();
     let probes = collector.probes();
     for note in probes.attach_notes(config.verbose) {
@@ -226,6 +229,13 @@ pub fn build_report(
         sampling,
         unwinding: Some(unwinding),
         libraries: collector.library_reports(),
+        loader_pauses: {
+            let (times, held) = probes.loader_pause_total();
+            crate::model::run::LoaderPauses {
+                times: times as u64,
+                held_ms: held.as_secs_f64() * 1e3,
+            }
+        },
         unwinding_stopped: collector.unwinding_stops(),
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,

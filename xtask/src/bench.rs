@@ -24,6 +24,9 @@
 //! `--python-objects`, and a torch section (`bench_torch`): tracer on
 //! Debian's python3-torch building models. The full run adds Debian's
 //! redis-server and the other allocators Debian ships (`bench_real`).
+//! Both end with the attach section (`bench_attach`): start to
+//! "attached" and exit after SIGINT on a small C program, Python and
+//! Python with torch.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
@@ -452,6 +455,8 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
     table.push_str(&python.table);
     let torch = crate::bench_torch::bench_torch(root, short)?;
     table.push_str(&torch.table);
+    let attach = crate::bench_attach::bench_attach(root, reps)?;
+    table.push_str(&attach.table);
     let real = if short {
         Value::Null
     } else {
@@ -487,6 +492,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         "short": short,
         "threads": THREADS,
         "runs_per_mode": reps,
+        "attach": attach.json,
         "results": results,
         "tracer_cpu": cpu,
         "python": python.json,

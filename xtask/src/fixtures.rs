@@ -97,6 +97,13 @@ const CUDA_BUILDS: &[(&str, &str, &[&str])] = &[
         "gpu_executor.c",
         &["-DLOAD_LATER", "-ldl"],
     ),
+    // The same, finding the runtime it dlopen()s by name through its
+    // RUNPATH, as TVM's executors do.
+    (
+        "gpu_executor_runpath",
+        "gpu_executor.c",
+        &["-DLOAD_LATER", "-ldl", "-Wl,-rpath,$ORIGIN/cuda"],
+    ),
 ];
 
 /// The spawn fixtures, built in this order from tests/fixtures/ctor: a

@@ -5,6 +5,7 @@
 //! task with one line that names the command.
 
 mod bench;
+mod bench_attach;
 mod bench_python;
 mod bench_real;
 mod bench_torch;

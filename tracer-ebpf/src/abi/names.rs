@@ -45,6 +45,8 @@ pub mod map {
         UNWIND_ROWS = "UNWIND_ROWS",
         UNWIND_TABLES = "UNWIND_TABLES",
         UNWIND_MAPPINGS = "UNWIND_MAPPINGS",
+        LOADS_DONE = "LOADS_DONE",
+        LOADER_HELD = "LOADER_HELD",
     }
 }
 
@@ -67,6 +69,7 @@ pub mod program {
         FLOOR_ENTER = "floor_enter",
         FLOOR_RETURN = "floor_return",
         SPAWN_GATE = "spawn_gate",
+        LOADER_GATE = "loader_gate",
         GPU_ALLOC_ENTER = "gpu_alloc_enter",
         GPU_PITCH_ENTER = "gpu_pitch_enter",
         GPU_CREATE_ENTER = "gpu_create_enter",
@@ -112,5 +115,6 @@ pub mod global {
         FORK_CHILD_PID_OFFSET = "FORK_CHILD_PID_OFFSET",
         GO_STACK_SEARCH = "GO_STACK_SEARCH",
         UNWIND_TABLES_ON = "UNWIND_TABLES_ON",
+        BPF_LOOP = "BPF_LOOP",
     }
 }

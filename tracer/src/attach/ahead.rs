@@ -6,7 +6,11 @@
 //! when its mapping is noticed (`libraries`), a few milliseconds late.
 //!
 //! The candidates are the CUDA and allocator libraries the target could
-//! load: those in its executable's RUNPATH/RPATH, in its LD_LIBRARY_PATH
+//! load: those in the RUNPATH/RPATH of its executable and of every object
+//! it maps (the loader searches the calling object's; `$ORIGIN`, `$LIB`
+//! and `$PLATFORM` expanded as the loader does), and in those of the
+//! candidates themselves (libcudart's `$ORIGIN` finds libcuda), in its
+//! LD_LIBRARY_PATH
 //! (/proc/PID/environ) and in Python's nvidia wheels
 //! (`site-packages/nvidia/*/lib` of the interpreter's prefix), and the CUDA
 //! libraries of the loader cache (allocators installed system-wide are
@@ -19,7 +23,7 @@ use std::{
     process::Command,
 };
 
-use object::read::elf::{Dyn as _, FileHeader as _, SectionHeader as _};
+use object::read::elf::{Dyn as _, FileHeader as _};
 
 use crate::procfs::{self, Mapping};
 
@@ -52,14 +56,38 @@ pub fn candidates(pid: u32, maps: &[Mapping]) -> Vec<PathBuf> {
         dirs.extend(run_paths(pid, executable));
         dirs.extend(python_wheel_dirs(pid, executable));
     }
-    dirs.extend(library_path(pid));
-    let mut files: Vec<PathBuf> = dirs
+    let mut objects: Vec<&Path> = maps
         .iter()
-        .flat_map(|dir| files_in(pid, dir))
-        .chain(loader_cache(pid))
-        .filter_map(|path| resolve(pid, &path))
-        .filter(|path| !maps.iter().any(|mapping| mapping.path == *path))
+        .filter(|mapping| mapping.executable)
+        .map(|mapping| mapping.path.as_path())
+        .filter(|path| Some(*path) != executable.as_deref())
         .collect();
+    objects.sort();
+    objects.dedup();
+    for object in objects {
+        dirs.extend(run_paths(pid, object));
+    }
+    dirs.extend(library_path(pid));
+    let found = |dirs: &[PathBuf]| -> Vec<PathBuf> {
+        dirs.iter()
+            .flat_map(|dir| files_in(pid, dir))
+            .filter_map(|path| resolve(pid, &path))
+            .collect()
+    };
+    let mut files: Vec<PathBuf> = found(&dirs);
+    files.extend(
+        loader_cache(pid)
+            .iter()
+            .filter_map(|path| resolve(pid, path)),
+    );
+    // The candidates' own RUNPATHs: the libraries they load in turn.
+    let their_dirs: Vec<PathBuf> = files
+        .iter()
+        .flat_map(|file| run_paths(pid, file))
+        .filter(|dir| !dirs.contains(dir))
+        .collect();
+    files.extend(found(&their_dirs));
+    files.retain(|path| !maps.iter().any(|mapping| mapping.path == *path));
     files.sort();
     files.dedup();
     files
@@ -90,27 +118,43 @@ fn files_in(pid: u32, dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The directories of the executable's DT_RUNPATH and DT_RPATH, with
-/// `$ORIGIN` replaced by its directory.
-fn run_paths(pid: u32, executable: &Path) -> Vec<PathBuf> {
-    let Ok(data) = fs::read(procfs::host_path(pid, executable)) else {
+/// The directories of an object's DT_RUNPATH and DT_RPATH, with the
+/// loader's dynamic string tokens expanded (`expand_tokens`).
+fn run_paths(pid: u32, object: &Path) -> Vec<PathBuf> {
+    let Ok(data) = fs::read(procfs::host_path(pid, object)) else {
         return Vec::new();
     };
-    let origin = executable.parent().unwrap_or(Path::new("/"));
+    let origin = object.parent().unwrap_or(Path::new("/"));
     dynamic_paths(&data)
         .unwrap_or_default()
         .iter()
         .flat_map(|paths| paths.split(':'))
         .filter(|dir| !dir.is_empty())
-        .map(|dir| {
-            let dir = dir
-                .replace("${ORIGIN}", &origin.to_string_lossy())
-                .replace("$ORIGIN", &origin.to_string_lossy());
-            PathBuf::from(dir)
-        })
+        .map(|dir| PathBuf::from(expand_tokens(dir, origin)))
         .filter(|dir| dir.is_absolute())
         .collect()
 }
+
+/// `$ORIGIN` (the object's directory), `$LIB` and `$PLATFORM` (as glibc
+/// expands them on x86-64 Debian: `lib/x86_64-linux-gnu`, `x86_64`), bare
+/// or in braces.
+fn expand_tokens(dir: &str, origin: &Path) -> String {
+    let origin = origin.to_string_lossy();
+    [
+        ("ORIGIN", origin.as_ref()),
+        ("LIB", LIB_TOKEN),
+        ("PLATFORM", PLATFORM_TOKEN),
+    ]
+    .iter()
+    .fold(dir.to_owned(), |dir, (token, value)| {
+        dir.replace(&format!("${{{token}}}"), value)
+            .replace(&format!("${token}"), value)
+    })
+}
+
+/// What glibc's loader puts for `$LIB` and `$PLATFORM` here.
+const LIB_TOKEN: &str = "lib/x86_64-linux-gnu";
+const PLATFORM_TOKEN: &str = "x86_64";
 
 /// The DT_RUNPATH and DT_RPATH strings of a 64-bit ELF file.
 fn dynamic_paths(data: &[u8]) -> object::read::Result<Vec<String>> {
@@ -120,7 +164,8 @@ fn dynamic_paths(data: &[u8]) -> object::read::Result<Vec<String>> {
     let Some((entries, index)) = sections.dynamic(endian, data)? else {
         return Ok(Vec::new());
     };
-    let strings = sections.strings(endian, data, sections.section(index)?.link(endian))?;
+    // `dynamic` gives the index of the string table it links to.
+    let strings = sections.strings(endian, data, index)?;
     Ok(entries
         .iter()
         .filter(|entry| {
@@ -219,6 +264,19 @@ fn python_wheel_dirs(pid: u32, executable: &Path) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loader_tokens_are_expanded_as_glibc_does() {
+        let origin = Path::new("/opt/app/bin");
+        assert_eq!(
+            expand_tokens("$ORIGIN/../lib:${ORIGIN}/cuda", origin),
+            "/opt/app/bin/../lib:/opt/app/bin/cuda"
+        );
+        assert_eq!(
+            expand_tokens("/opt/$LIB/nvidia:/opt/${PLATFORM}", origin),
+            "/opt/lib/x86_64-linux-gnu/nvidia:/opt/x86_64"
+        );
+    }
 
     #[test]
     fn candidates_are_cuda_and_allocator_libraries() {

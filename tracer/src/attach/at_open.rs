@@ -8,7 +8,8 @@
 //! before the loader maps the file, or after but before the first call,
 //! see every call.
 //!
-//! It is a race against the target, which tracer must not stop: the loader
+//! Without the loader gate (`--no-loader-pause`) it is a race against the
+//! target: the loader
 //! maps the file, relocates it and runs its constructors, then `dlopen`
 //! returns and the caller may allocate at once (~340 µs after the openat
 //! for a small library, measured). The thread does nothing else, runs
@@ -17,6 +18,12 @@
 //! attaches goes to the collect loop (`Probes::watch_libraries`) to be
 //! reported; a library it missed is hooked late, when its mapping is
 //! noticed.
+//!
+//! With the loader gate (the default), the race cannot be lost: the
+//! kernel's `loader_gate` stops a process whose dlopen completes while
+//! this thread has not looked at every shared object it opened, and the
+//! thread lets it go on (SIGCONT) as soon as it has, or after
+//! `PAUSE_BOUND` at the most. Each pause is reported.
 use std::{
     collections::{HashMap, HashSet},
     fs,
@@ -35,7 +42,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use aya::maps::{MapData, RingBuf};
+use aya::maps::{HashMap as KernelHashMap, MapData, RingBuf};
 use tracer_ebpf::OpenedFile;
 
 use super::{
@@ -49,6 +56,10 @@ use crate::procfs;
 const STOP_CHECK: Duration = Duration::from_millis(100);
 /// How long the last report waits for a hook in progress.
 const SETTLE_AT_MOST: Duration = Duration::from_millis(200);
+/// The longest a process is held at the loader gate.
+pub const PAUSE_BOUND: Duration = Duration::from_millis(200);
+/// How often a held process is checked against the bound.
+const BOUND_CHECK: Duration = Duration::from_millis(10);
 
 /// The files hooked (or found to hold nothing to hook) per process, by
 /// device and inode: uprobes are keyed by file, so a file gets its probes
@@ -132,6 +143,88 @@ pub enum AtOpenNews {
     },
     /// A line for stderr.
     Note(String),
+    /// A process the loader gate held was let go on, after `held`; by the
+    /// bound (its libraries were not all looked at by then) or not.
+    Paused {
+        pid: u32,
+        held: Duration,
+        by_bound: bool,
+    },
+}
+
+/// The userspace side of the loader gate: how many opened shared objects
+/// of each process this thread has looked at (LOADS_DONE), and the
+/// processes the gate stopped (LOADER_HELD).
+pub struct LoaderGate {
+    pub done: KernelHashMap<MapData, u32, u64>,
+    pub held: KernelHashMap<MapData, u32, u64>,
+    looked_at: HashMap<u32, u64>,
+}
+
+impl LoaderGate {
+    pub fn new(
+        done: KernelHashMap<MapData, u32, u64>,
+        held: KernelHashMap<MapData, u32, u64>,
+    ) -> LoaderGate {
+        LoaderGate {
+            done,
+            held,
+            looked_at: HashMap::new(),
+        }
+    }
+
+    /// One more shared object of `pid` looked at (and hooked if it needed
+    /// it); lets `pid` go on if the gate holds it. Done, then held: the
+    /// gate writes in the other order.
+    fn looked_at(&mut self, pid: u32, news: &mpsc::Sender<AtOpenNews>) {
+        let count = self.looked_at.entry(pid).or_insert(0);
+        *count += 1;
+        let _ = self.done.insert(pid, *count, 0);
+        if let Ok(since_ns) = self.held.get(&pid, 0) {
+            self.release(pid, since_ns, false, news);
+        }
+    }
+
+    /// Lets go on every held process held for longer than the bound.
+    fn release_overdue(&mut self, news: &mpsc::Sender<AtOpenNews>) {
+        let now_ns = procfs::monotonic_ns();
+        let overdue: Vec<(u32, u64)> = self
+            .held
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|&(_, since_ns)| {
+                now_ns.saturating_sub(since_ns) >= PAUSE_BOUND.as_nanos() as u64
+            })
+            .collect();
+        for (pid, since_ns) in overdue {
+            self.release(pid, since_ns, true, news);
+        }
+    }
+
+    fn release(
+        &mut self,
+        pid: u32,
+        since_ns: u64,
+        by_bound: bool,
+        news: &mpsc::Sender<AtOpenNews>,
+    ) {
+        let _ = self.held.remove(&pid);
+        // SAFETY: a plain signal; a process that is gone gets nothing.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        let _ = news.send(AtOpenNews::Paused {
+            pid,
+            held: Duration::from_nanos(procfs::monotonic_ns().saturating_sub(since_ns)),
+            by_bound,
+        });
+    }
+
+    /// Lets go on every process still held (tracer stops).
+    fn release_all(&mut self, news: &mpsc::Sender<AtOpenNews>) {
+        let held: Vec<(u32, u64)> = self.held.iter().filter_map(Result::ok).collect();
+        for (pid, since_ns) in held {
+            self.release(pid, since_ns, false, news);
+        }
+    }
 }
 
 /// The at-open thread, and what it sends.
@@ -151,6 +244,7 @@ impl AtOpen {
         multi: Linker,
         session: Option<Linker>,
         files: HookedFiles,
+        gate: Option<LoaderGate>,
     ) -> Result<AtOpen> {
         let (sender, news) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -164,7 +258,7 @@ impl AtOpen {
         let (thread_stop, thread_busy) = (Arc::clone(&stop), Arc::clone(&busy));
         let thread = std::thread::Builder::new()
             .name("tracer-at-open".to_owned())
-            .spawn(move || hooker.run(opened, &thread_stop, &thread_busy))
+            .spawn(move || hooker.run(opened, gate, &thread_stop, &thread_busy))
             .context("could not start the at-open thread")?;
         Ok(AtOpen {
             news,
@@ -207,7 +301,13 @@ struct Hooker {
 }
 
 impl Hooker {
-    fn run(self, mut opened: RingBuf<MapData>, stop: &AtomicBool, busy: &AtomicBool) {
+    fn run(
+        self,
+        mut opened: RingBuf<MapData>,
+        mut gate: Option<LoaderGate>,
+        stop: &AtomicBool,
+        busy: &AtomicBool,
+    ) {
         if let Err(error) = raise_priority() {
             let _ = self.news.send(AtOpenNews::Note(format!(
                 "note: libraries opened later are hooked at normal priority \
@@ -215,7 +315,11 @@ impl Hooker {
             )));
         }
         let fd = opened.as_fd().as_raw_fd();
-        let timeout_ms = STOP_CHECK.as_millis() as i32;
+        let timeout_ms = if gate.is_some() {
+            BOUND_CHECK.as_millis() as i32
+        } else {
+            STOP_CHECK.as_millis() as i32
+        };
         while !stop.load(Ordering::Relaxed) {
             let mut ready = libc::pollfd {
                 fd,
@@ -233,8 +337,17 @@ impl Hooker {
                 let file: OpenedFile = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                 drop(item);
                 self.hook(&file);
+                if let Some(gate) = gate.as_mut() {
+                    gate.looked_at(file.tgid, &self.news);
+                }
+            }
+            if let Some(gate) = gate.as_mut() {
+                gate.release_overdue(&self.news);
             }
             busy.store(false, Ordering::Release);
+        }
+        if let Some(gate) = gate.as_mut() {
+            gate.release_all(&self.news);
         }
     }
 

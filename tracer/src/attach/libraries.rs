@@ -27,7 +27,7 @@ use tracer_ebpf::{Event, event};
 
 use super::{
     AttachedHook, HookSite, Probes,
-    at_open::{AtOpen, AtOpenNews, HookedFiles, OpenedHook},
+    at_open::{AtOpen, AtOpenNews, HookedFiles, LoaderGate, OpenedHook},
     links::{TracepointLink, attach_tracepoint},
     raw::{LinkKind, Linker},
     symbols::{executable_paths, hook_sites_in},
@@ -140,6 +140,10 @@ impl LibraryWatch {
         let events = RingBuf::try_from(take(tracer_ebpf::map::EVENTS)?)?;
         let traced_tgids = KernelHashMap::try_from(take(tracer_ebpf::map::TRACED_TGIDS)?)?;
         let opened = RingBuf::try_from(take(tracer_ebpf::map::OPENED)?)?;
+        let gate = LoaderGate::new(
+            KernelHashMap::try_from(take(tracer_ebpf::map::LOADS_DONE)?)?,
+            KernelHashMap::try_from(take(tracer_ebpf::map::LOADER_HELD)?)?,
+        );
         let files = HookedFiles::default();
         let at_open = match linkers {
             Some((multi, session)) => {
@@ -149,7 +153,13 @@ impl LibraryWatch {
                 ] {
                     links.push(attach_tracepoint(ebpf, program, "syscalls", event)?);
                 }
-                Some(AtOpen::start(opened, multi, session, files.clone())?)
+                Some(AtOpen::start(
+                    opened,
+                    multi,
+                    session,
+                    files.clone(),
+                    Some(gate),
+                )?)
             }
             None => None,
         };
@@ -285,6 +295,21 @@ impl Probes {
                     path.display()
                 )),
                 AtOpenNews::Note(note) => notes.push(note),
+                AtOpenNews::Paused {
+                    pid,
+                    held,
+                    by_bound,
+                } => {
+                    self.loader_pauses.push((pid, held));
+                    if by_bound {
+                        notes.push(format!(
+                            "warning: PID {pid} was let go on at the loader gate after {} ms \
+                             (the bound) before the libraries it opened were all hooked: \
+                             their first calls may be missed",
+                            held.as_millis()
+                        ));
+                    }
+                }
             }
         }
         for (pid, noticed_by) in self.watch.due(pids) {
@@ -312,6 +337,12 @@ impl Probes {
         if let Some(at_open) = &self.watch.at_open {
             at_open.settle();
         }
+    }
+
+    /// Whether libraries are hooked at open (and a process can be held at
+    /// the loader gate until they are).
+    pub fn hooks_at_open(&self) -> bool {
+        self.watch.at_open.is_some()
     }
 
     /// Takes in the probes the at-open thread attached; returns the line

@@ -2,6 +2,8 @@
 //! configuration (sampling, size filters, unwinding, tracepoint field
 //! offsets), loads the programs, attaches the tracepoints every run needs,
 //! and takes out the ring buffers that collect drains.
+use std::time::{Duration, Instant};
+
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf, EbpfLoader,
@@ -105,6 +107,7 @@ impl Probes {
             stacks: max_stacks,
             mapping_ring_bytes,
         } = capacity;
+        let started = Instant::now();
         raise_memlock_limit();
         let mmap = tracefs::mmap_offsets()?;
         let object = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
@@ -214,36 +217,26 @@ impl Probes {
                 &u32::from(uses_tables),
                 true,
             )
+            .override_global(
+                tracer_ebpf::global::BPF_LOOP,
+                &u32::from(has_bpf_loop()),
+                true,
+            )
             .map_max_entries(tracer_ebpf::map::UNWIND_ROWS, table_rows)
             .load(object)
             .map_err(|error| load_error(error.into()))?;
+        let maps_time = started.elapsed();
         // uprobe_multi links where the kernel has them: the uprobe programs
         // are then loaded apart (`raw`), like the session programs (only
-        // when used); the fork tracepoint only with --follow-forks
-        // (`watch_forks`), the exec one only with --comm (`watch_execs`).
+        // when used), each when first linked; the allocator programs every
+        // target needs are verified now, on threads of their own, while
+        // the targets' objects are read. The fork tracepoint is loaded
+        // only with --follow-forks (`watch_forks`), the exec one only with
+        // --comm (`watch_execs`), the spawn gate only in spawn mode.
         let (multi, links) = match RawPrograms::load(object, &ebpf, LinkKind::Multi) {
             Ok(multi) => (Some(multi), ProbeLinks::Multi),
             Err(error) => (None, ProbeLinks::PerProbe(format!("{error:#}"))),
         };
-        for (name, program) in ebpf.programs_mut() {
-            let loaded_apart = multi.as_ref().is_some_and(|multi| multi.covers(name));
-            if loaded_apart
-                || name.ends_with("_session")
-                || name == FORK_PROGRAM
-                || name == COMM_EXEC_PROGRAM
-                || mappings::is_mapping_program(name)
-            {
-                continue;
-            }
-            match program {
-                Program::UProbe(program) => program.load(),
-                Program::TracePoint(program) => program.load(),
-                _ => continue,
-            }
-            .map_err(|error| load_error(error.into()))
-            .with_context(|| format!("could not load eBPF program {name}"))?;
-        }
-        let mut tracepoint_links = attach_signal_tracepoints(&mut ebpf)?;
         let (session, return_probes) = if sampling.skips_calls() {
             match RawPrograms::load(object, &ebpf, LinkKind::Session) {
                 Ok(session) => (Some(session), ReturnProbes::Session),
@@ -252,6 +245,36 @@ impl Probes {
         } else {
             (None, ReturnProbes::Uretprobe)
         };
+        if let Some(session) = &session {
+            session.prefetch(ALLOCATOR_PROGRAMS);
+        }
+        if let Some(multi) = &multi {
+            let not_in_session: Vec<&str> = ALLOCATOR_PROGRAMS
+                .iter()
+                .copied()
+                .filter(|name| !session.as_ref().is_some_and(|session| session.covers(name)))
+                .collect();
+            multi.prefetch(&not_in_session);
+            multi.prefetch(GPU_PROGRAMS);
+        }
+        let tracepoints_started = Instant::now();
+        load_together(&mut ebpf, |name, program| match program {
+            Program::TracePoint(_) => {
+                name != FORK_PROGRAM
+                    && name != COMM_EXEC_PROGRAM
+                    && (multi.is_some()
+                        || (name != tracer_ebpf::program::OPEN_ENTER
+                            && name != tracer_ebpf::program::OPEN_EXIT))
+            }
+            // Without uprobe_multi links, aya attaches every uprobe.
+            Program::UProbe(_) => {
+                multi.is_none()
+                    && name != tracer_ebpf::program::SPAWN_GATE
+                    && !name.ends_with("_session")
+            }
+            _ => false,
+        })?;
+        let mut tracepoint_links = attach_signal_tracepoints(&mut ebpf)?;
         // After the session loader, which looks up every map of the object
         // (the watch takes EVENTS out of it).
         let linkers = match &multi {
@@ -266,6 +289,11 @@ impl Probes {
             .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
         let mapping_tracepoints = mapping_links.len();
         tracepoint_links.extend(mapping_links);
+        let times = AttachTimes {
+            maps: maps_time,
+            tracepoints: tracepoints_started.elapsed(),
+            ..AttachTimes::default()
+        };
         // After the session loader, which looks up every map of the object.
         let rings = Rings {
             mapping_events: RingBuf::try_from(
@@ -309,9 +337,87 @@ impl Probes {
             multi,
             session,
             watch,
+            times,
+            pause_at_loader: true,
+            loader_pauses: Vec::new(),
         };
         Ok((probes, rings))
     }
+}
+
+/// The programs of the malloc family: every target with an allocator
+/// needs them, so they are verified while its objects are read.
+const ALLOCATOR_PROGRAMS: &[&str] = &[
+    tracer_ebpf::program::MALLOC_ENTER,
+    tracer_ebpf::program::CALLOC_ENTER,
+    tracer_ebpf::program::REALLOC_ENTER,
+    tracer_ebpf::program::REALLOCARRAY_ENTER,
+    tracer_ebpf::program::POSIX_MEMALIGN_ENTER,
+    tracer_ebpf::program::ALIGNED_ENTER,
+    tracer_ebpf::program::PVALLOC_ENTER,
+    tracer_ebpf::program::FREE_ENTER,
+    tracer_ebpf::program::ALLOC_RETURN,
+];
+
+/// The CUDA programs, verified with the others, and waited for before the
+/// attach is announced (`Probes::wait_for_later_hooks`): a CUDA library
+/// dlopen()ed right after is hooked at open only if the at-open thread
+/// need not wait for the verifier.
+pub(super) const GPU_PROGRAMS: &[&str] = &[
+    tracer_ebpf::program::GPU_ALLOC_ENTER,
+    tracer_ebpf::program::GPU_PITCH_ENTER,
+    tracer_ebpf::program::GPU_CREATE_ENTER,
+    tracer_ebpf::program::GPU_FREE_ENTER,
+    tracer_ebpf::program::GPU_RELEASE_ENTER,
+    tracer_ebpf::program::GPU_MAP_ENTER,
+    tracer_ebpf::program::GPU_UNMAP_ENTER,
+    tracer_ebpf::program::GPU_CONTEXT_ENTER,
+    tracer_ebpf::program::GPU_RETURN,
+];
+
+/// Where the time of the attach went, for `-v`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttachTimes {
+    /// Creating the maps (aya's load of the object).
+    pub maps: Duration,
+    /// Loading and attaching the tracepoints every run has.
+    pub tracepoints: Duration,
+    /// Reading the targets' objects: mappings, symbols, probe sites,
+    /// libraries to hook ahead.
+    pub symbols: Duration,
+    /// Waiting for uprobe programs still being verified.
+    pub verifier_wait: Duration,
+    /// Making the uprobe links.
+    pub links: Duration,
+}
+
+/// Loads the programs of `ebpf` that `wanted` picks, each on a thread of
+/// its own: the verifier's time is most of the attach.
+fn load_together(ebpf: &mut Ebpf, wanted: impl Fn(&str, &Program) -> bool) -> Result<()> {
+    std::thread::scope(|scope| {
+        let loads: Vec<_> = ebpf
+            .programs_mut()
+            .filter(|(name, program)| wanted(name, program))
+            .map(|(name, program)| {
+                let load = scope.spawn(move || {
+                    super::raw::block_signals();
+                    match program {
+                        Program::UProbe(program) => program.load(),
+                        Program::TracePoint(program) => program.load(),
+                        _ => Ok(()),
+                    }
+                });
+                (name, load)
+            })
+            .collect();
+        for (name, load) in loads {
+            load.join()
+                .map_err(|_| anyhow::anyhow!("the thread loading {name} panicked"))?
+                .map_err(|error| load_error(error.into()))
+                .with_context(|| format!("could not load eBPF program {name}"))?;
+        }
+        Ok(())
+    })
 }
 
 /// `exp(-i / SAMPLE_STEPS_PER_PERIOD)` in units of 2^-32: the chance that

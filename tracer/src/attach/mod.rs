@@ -32,7 +32,7 @@ mod reports;
 mod unwind_maps;
 mod unwind_tables;
 
-use std::num::NonZeroU32;
+use std::{num::NonZeroU32, time::Instant};
 
 use anyhow::{Context as _, Result};
 use aya::{
@@ -51,8 +51,8 @@ use crate::{
 };
 use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
 use links::TracepointLink;
-use load::program;
-pub use load::{Capacity, Rings, Sampling};
+pub use load::{AttachTimes, Capacity, Rings, Sampling};
+use load::{load_error, program};
 pub use maps::KernelMaps;
 pub use preflight::{check_kernel, check_privileges, check_target};
 pub use python::PythonObjectHooks;
@@ -202,6 +202,13 @@ pub struct Probes {
     /// The session programs, when calls may go unrecorded (Linux 6.13+).
     session: Option<RawPrograms>,
     watch: LibraryWatch,
+    /// Where the attach time went.
+    pub times: AttachTimes,
+    /// Whether a process whose dlopen() completes before its new libraries
+    /// are hooked is held at the loader gate (`--no-loader-pause`: not).
+    pub pause_at_loader: bool,
+    /// Each time a process was held at the loader gate: which, how long.
+    pub loader_pauses: Vec<(u32, std::time::Duration)>,
 }
 
 impl Probes {
@@ -209,7 +216,15 @@ impl Probes {
     /// that defines such functions, and watches it for libraries mapped
     /// later.
     pub fn attach_allocators(&mut self, pid: u32) -> Result<usize> {
+        let reading = Instant::now();
         let (maps, sites) = allocator_sites(pid)?;
+        let ahead = ahead::candidates(pid, &maps);
+        let ahead_sites = if ahead.is_empty() {
+            Vec::new()
+        } else {
+            symbols::hook_sites_in(pid, &ahead)?
+        };
+        self.times.symbols += reading.elapsed();
         if !sites
             .iter()
             .any(|site| site.function.name == "malloc" || site.function.name == "free")
@@ -228,19 +243,61 @@ impl Probes {
         let before = self.probe_count();
         self.watch.trace(pid, &maps)?;
         self.attach_sites(pid, &sites, NoticedBy::Attach)?;
-        self.attach_ahead(pid, &maps)?;
+        // The CUDA and allocator libraries `pid` could load but has not
+        // mapped, so that their first call after a dlopen is seen.
+        self.attach_sites(pid, &ahead_sites, NoticedBy::Ahead)?;
         Ok(self.probe_count() - before)
     }
 
-    /// Hooks the CUDA and allocator libraries `pid` could load but has not
-    /// mapped (`ahead`), so that their first call after a dlopen is seen.
-    fn attach_ahead(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
-        let candidates = ahead::candidates(pid, maps);
-        if candidates.is_empty() {
+    /// Puts the loader gate on `pid` (a running process, not one tracer
+    /// spawned, which has its own gate): its dlopen()s do not return
+    /// before the libraries they opened are hooked (within a bound). Not
+    /// for a static executable, nor without at-open hooks or with
+    /// `--no-loader-pause`.
+    pub fn hold_at_loader(&mut self, pid: u32) -> Result<()> {
+        if !self.pause_at_loader || !self.hooks_at_open() {
             return Ok(());
         }
-        let sites = symbols::hook_sites_in(pid, &candidates)?;
-        self.attach_sites(pid, &sites, NoticedBy::Ahead)
+        let Some(gate) = spawn::running_loader_gate(pid) else {
+            return Ok(());
+        };
+        if gate.cookie == 0 {
+            return Ok(());
+        }
+        let multi = self
+            .multi
+            .as_mut()
+            .expect("at-open hooks have uprobe_multi");
+        multi
+            .attach(
+                tracer_ebpf::program::LOADER_GATE,
+                &gate.path,
+                &[(gate.offset, gate.cookie)],
+                pid,
+            )
+            .map_err(|error| attach_error(error, pid))
+    }
+
+    /// The pauses at the loader gate: how many, and their time in all.
+    pub fn loader_pause_total(&self) -> (usize, std::time::Duration) {
+        (
+            self.loader_pauses.len(),
+            self.loader_pauses.iter().map(|(_, held)| *held).sum(),
+        )
+    }
+
+    /// Waits for the CUDA programs still being verified, so that a CUDA
+    /// library dlopen()ed from now on is hooked at open without waiting.
+    pub fn wait_for_later_hooks(&mut self) -> Result<()> {
+        let Some(multi) = &self.multi else {
+            return Ok(());
+        };
+        let waiting = Instant::now();
+        for program in load::GPU_PROGRAMS {
+            multi.ready(program).map_err(load_error)?;
+        }
+        self.times.verifier_wait += waiting.elapsed();
+        Ok(())
     }
 
     /// `--unwind auto`, `dwarf`: the kernel walks the stacks of `pid`
@@ -320,6 +377,18 @@ impl Probes {
         let ordered = batches(&sites, |program| {
             session.is_some_and(|session| session.covers(program))
         });
+        let waiting = Instant::now();
+        for (stage, batch) in &ordered {
+            let programs = match stage {
+                Stage::Session => self.session.as_ref(),
+                _ => self.multi.as_ref(),
+            };
+            if let Some(programs) = programs {
+                programs.ready(batch.program).map_err(load_error)?;
+            }
+        }
+        let linking = Instant::now();
+        self.times.verifier_wait += linking - waiting;
         for (stage, batch) in &ordered {
             if *stage == Stage::Session {
                 let session = self.session.as_mut().expect("sessions are loaded");
@@ -330,6 +399,7 @@ impl Probes {
                 self.attach_batch(batch, pid)?;
             }
         }
+        self.times.links += linking.elapsed();
         self.hooks.extend(sites.iter().map(|site| AttachedHook {
             pid,
             site: site.clone(),

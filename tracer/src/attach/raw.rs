@@ -18,20 +18,29 @@
 //! `bpf_session_is_return()` placeholder becomes a kfunc call with the id
 //! from the kernel's BTF. Any failure to load means the kernel lacks the
 //! feature: tracer then uses aya's perf-event uprobes and uretprobes.
+//!
+//! Verifying a program is most of what attaching costs (a return program
+//! that captures stacks takes 0.1-0.5 s on a VM), so each program is
+//! loaded when it is first linked, or ahead of that on threads of their own
+//! (`prefetch`): a target without CUDA never pays for the CUDA programs,
+//! and the allocator programs are verified while the target's objects are
+//! read.
 
 use std::{
     collections::{HashMap, HashSet},
     ffi::CString,
     os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
     path::Path,
+    sync::{Arc, Mutex, OnceLock},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{Ebpf, maps::Map};
 use aya_obj::{
-    Function, Object, ProgramSection,
+    Object, ProgramSection,
     btf::{Btf, BtfKind},
-    generated::bpf_insn,
+    generated::{bpf_func_info, bpf_insn},
 };
 
 /// `bpf(2)` commands and constants (include/uapi/linux/bpf.h).
@@ -127,9 +136,10 @@ pub struct RawPrograms {
 const SPAWN_GATE_PROGRAM: &str = tracer_ebpf::program::SPAWN_GATE;
 
 impl RawPrograms {
-    /// Loads the programs of `object` that links of `kind` take, against
-    /// the maps of `ebpf` (loaded from the same object). An error means
-    /// this kernel cannot run them.
+    /// Prepares the programs of `object` that links of `kind` take, against
+    /// the maps of `ebpf` (loaded from the same object), and loads one of
+    /// them; the others are loaded on first use or `prefetch`. An error
+    /// means this kernel cannot run them.
     pub fn load(object: &[u8], ebpf: &Ebpf, kind: LinkKind) -> Result<RawPrograms> {
         let kfunc_id = match kind {
             LinkKind::Session => Some(
@@ -168,6 +178,7 @@ impl RawPrograms {
         // passes a callback (`bpf_loop`) is refused without it.
         let btf = load_btf(&mut obj)?;
 
+        let btf = btf.map(Arc::new);
         let mut programs = HashMap::new();
         for (name, program) in &obj.programs {
             let is_return = matches!(program.section, ProgramSection::URetProbe { .. });
@@ -191,23 +202,65 @@ impl RawPrograms {
                 }
                 None => BPF_TRACE_UPROBE_MULTI,
             };
-            let fd = load_program(
-                name,
-                &instructions,
-                &program.license,
-                attach_type,
-                btf.as_ref().map(|btf| (btf, function)),
-            )?;
-            programs.insert(key, (fd, is_return));
+            let func_info = btf
+                .as_ref()
+                .filter(|_| !function.func_info.func_info.is_empty())
+                .map(|btf| FuncInfo {
+                    btf: Arc::clone(btf),
+                    record_bytes: function.func_info_rec_size as u32,
+                    records: function.func_info.func_info.clone(),
+                });
+            programs.insert(
+                key,
+                LazyProgram {
+                    name: name.clone(),
+                    instructions,
+                    license: program.license.clone(),
+                    attach_type,
+                    func_info,
+                    is_return,
+                    fd: OnceLock::new(),
+                    load_time: Mutex::new(None),
+                },
+            );
         }
         if programs.is_empty() {
             bail!("the eBPF object has no programs for {kind:?} links");
         }
+        let programs = Linker {
+            kind,
+            table: Arc::new(programs),
+        };
+        // One program now, to learn whether this kernel takes them at all.
+        let probe = match kind {
+            LinkKind::Multi => tracer_ebpf::program::FREE_ENTER,
+            LinkKind::Session => tracer_ebpf::program::MALLOC_ENTER,
+        };
+        programs.program(probe)?;
         Ok(RawPrograms {
-            programs: Linker { kind, programs },
+            programs,
             links: Vec::new(),
             probe_count: 0,
         })
+    }
+
+    /// Starts loading `names` (those that are here and not loaded yet),
+    /// each on a thread of its own, so that they are verified by the time
+    /// they are linked.
+    pub fn prefetch(&self, names: &[&str]) {
+        self.programs.prefetch(names);
+    }
+
+    /// Loads `program` unless it is loaded (or waits for the thread that
+    /// loads it).
+    pub fn ready(&self, program: &str) -> Result<()> {
+        self.programs.program(program).map(|_| ())
+    }
+
+    /// The programs loaded so far: how many, and the verifier's time on
+    /// them, summed.
+    pub fn load_times(&self) -> (usize, Duration) {
+        self.programs.load_times()
     }
 
     /// Whether `program` (for sessions: the plain-uprobe twin's name) is
@@ -275,33 +328,117 @@ impl RawPrograms {
 /// a [`RawPrograms`], or a copy of them for another thread.
 pub struct Linker {
     pub kind: LinkKind,
-    /// Each program and whether it is a return probe.
-    programs: HashMap<String, (OwnedFd, bool)>,
+    /// Each program, by the name links ask for, loaded once on first use.
+    table: Arc<HashMap<String, LazyProgram>>,
+}
+
+/// One program of the object, ready to load, and its descriptor once
+/// loaded (or why the kernel refused it).
+struct LazyProgram {
+    /// The object's name of the program.
+    name: String,
+    instructions: Vec<bpf_insn>,
+    license: CString,
+    attach_type: u32,
+    func_info: Option<FuncInfo>,
+    is_return: bool,
+    fd: OnceLock<std::result::Result<OwnedFd, String>>,
+    /// How long the kernel took to load it.
+    load_time: Mutex<Option<Duration>>,
+}
+
+/// A program's function info: each subprogram's type in the object's BTF.
+struct FuncInfo {
+    btf: Arc<OwnedFd>,
+    record_bytes: u32,
+    records: Vec<bpf_func_info>,
+}
+
+impl LazyProgram {
+    /// The loaded program: loaded now unless it was before (a caller that
+    /// finds another thread loading it waits for that load).
+    fn fd(&self) -> Result<&OwnedFd> {
+        self.fd
+            .get_or_init(|| {
+                let started = Instant::now();
+                let loaded = load_program(
+                    &self.name,
+                    &self.instructions,
+                    &self.license,
+                    self.attach_type,
+                    self.func_info.as_ref(),
+                )
+                .map_err(|error| format!("{error:#}"));
+                *self
+                    .load_time
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(started.elapsed());
+                loaded
+            })
+            .as_ref()
+            .map_err(|error| anyhow!("{error}"))
+    }
 }
 
 impl Linker {
-    /// The same programs through duplicated descriptors.
+    /// The same programs, for another thread.
     fn try_clone(&self) -> Result<Linker> {
-        let programs = self
-            .programs
-            .iter()
-            .map(|(name, (fd, is_return))| {
-                let fd = fd
-                    .try_clone()
-                    .with_context(|| format!("could not duplicate program {name}"))?;
-                Ok((name.clone(), (fd, *is_return)))
-            })
-            .collect::<Result<_>>()?;
         Ok(Linker {
             kind: self.kind,
-            programs,
+            table: Arc::clone(&self.table),
         })
     }
 
     /// Whether `program` (for sessions: the plain-uprobe twin's name) is
     /// here.
     pub fn covers(&self, program: &str) -> bool {
-        self.programs.contains_key(program)
+        self.table.contains_key(program)
+    }
+
+    /// `program`, loaded.
+    fn program(&self, program: &str) -> Result<(&OwnedFd, bool)> {
+        let kind = self.kind;
+        let lazy = self
+            .table
+            .get(program)
+            .with_context(|| format!("no {kind:?} program {program}"))?;
+        Ok((lazy.fd()?, lazy.is_return))
+    }
+
+    /// See [`RawPrograms::prefetch`].
+    fn prefetch(&self, names: &[&str]) {
+        for &name in names {
+            let Some(lazy) = self.table.get(name) else {
+                continue;
+            };
+            if lazy.fd.get().is_some() {
+                continue;
+            }
+            let table = Arc::clone(&self.table);
+            let name = name.to_owned();
+            // A program that fails to load says so when it is linked.
+            let _ = std::thread::Builder::new()
+                .name("tracer-verify".to_owned())
+                .spawn(move || {
+                    block_signals();
+                    let _ = table[&name].fd();
+                });
+        }
+    }
+
+    /// See [`RawPrograms::load_times`].
+    fn load_times(&self) -> (usize, Duration) {
+        self.table
+            .values()
+            .filter_map(|lazy| {
+                *lazy
+                    .load_time
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+            })
+            .fold((0, Duration::ZERO), |(count, sum), time| {
+                (count + 1, sum + time)
+            })
     }
 
     /// A uprobe_multi or session link of `program` at every file offset
@@ -315,10 +452,7 @@ impl Linker {
         pid: u32,
     ) -> Result<OwnedFd> {
         let kind = self.kind;
-        let (fd, is_return) = self
-            .programs
-            .get(program)
-            .with_context(|| format!("no {kind:?} program {program}"))?;
+        let (fd, is_return) = self.program(program)?;
         let path_c = CString::new(path.as_os_str().as_encoded_bytes())
             .with_context(|| format!("{} has a NUL byte", path.display()))?;
         let offsets: Vec<u64> = points.iter().map(|&(offset, _)| offset).collect();
@@ -333,7 +467,7 @@ impl Linker {
             offsets: offsets.as_ptr() as u64,
             cookies: cookies.as_ptr() as u64,
             cnt: points.len() as u32,
-            uprobe_flags: if *is_return {
+            uprobe_flags: if is_return {
                 BPF_F_UPROBE_MULTI_RETURN
             } else {
                 0
@@ -348,6 +482,20 @@ impl Linker {
                 path.display()
             )
         })
+    }
+}
+
+/// Blocks every signal on the calling thread, a verifying one: the
+/// verifier gives up with EAGAIN when a signal is pending on its thread
+/// (a SIGCHLD of `ldconfig`, a Ctrl-C), and the process's other threads
+/// take them.
+pub(super) fn block_signals() {
+    // SAFETY: a zeroed sigset filled by sigfillset, then set as this
+    // thread's mask; neither call has other preconditions.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
     }
 }
 
@@ -411,7 +559,7 @@ fn load_program(
     instructions: &[bpf_insn],
     license: &CString,
     expected_attach_type: u32,
-    btf: Option<(&OwnedFd, &Function)>,
+    func_info: Option<&FuncInfo>,
 ) -> Result<OwnedFd> {
     let mut prog_name = [0u8; 16];
     for (slot, byte) in prog_name.iter_mut().zip(name.bytes().take(15)) {
@@ -427,18 +575,26 @@ fn load_program(
         expected_attach_type,
         ..ProgLoadAttr::default()
     };
-    if let Some((btf, function)) = btf
-        && !function.func_info.func_info.is_empty()
-    {
-        attr.prog_btf_fd = btf.as_raw_fd() as u32;
-        attr.func_info_rec_size = function.func_info_rec_size as u32;
-        attr.func_info = function.func_info.func_info.as_ptr() as u64;
-        attr.func_info_cnt = function.func_info.func_info.len() as u32;
+    if let Some(info) = func_info {
+        attr.prog_btf_fd = info.btf.as_raw_fd() as u32;
+        attr.func_info_rec_size = info.record_bytes;
+        attr.func_info = info.records.as_ptr() as u64;
+        attr.func_info_cnt = info.records.len() as u32;
     }
-    let first = match bpf(BPF_PROG_LOAD, &attr) {
-        Ok(fd) => return Ok(fd),
-        Err(error) => error,
-    };
+    // EAGAIN: a signal came to the verifying thread; the load is to be
+    // made again.
+    let mut first = None;
+    for _ in 0..5 {
+        match bpf(BPF_PROG_LOAD, &attr) {
+            Ok(fd) => return Ok(fd),
+            Err(error) if error.raw_os_error() == Some(libc::EAGAIN) => first = Some(error),
+            Err(error) => {
+                first = Some(error);
+                break;
+            }
+        }
+    }
+    let first = first.expect("at least one load was tried");
     // Again with the verifier's log, for the error message. The log is
     // rotated: its last lines say where the verifier stopped (a log too
     // long for the buffer fails with ENOSPC, so the first error is kept).

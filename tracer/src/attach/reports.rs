@@ -112,7 +112,36 @@ impl Probes {
         if verbose || matches!(self.return_probes, ReturnProbes::UretprobeFallback(_)) {
             notes.push(format!("return probes: {}", self.return_probes.describe()));
         }
+        if verbose {
+            notes.push(self.attach_time_note());
+        }
         notes
+    }
+
+    /// Where the attach time went: maps, tracepoints, the targets'
+    /// objects, the verifier (on threads of its own while the objects were
+    /// read: only the wait for it adds to the attach), the links.
+    fn attach_time_note(&self) -> String {
+        let (programs, verifier) = [&self.multi, &self.session]
+            .into_iter()
+            .flatten()
+            .map(|programs| programs.load_times())
+            .fold((0, std::time::Duration::ZERO), |(count, sum), (n, time)| {
+                (count + n, sum + time)
+            });
+        let times = &self.times;
+        let ms = |duration: std::time::Duration| duration.as_secs_f64() * 1e3;
+        format!(
+            "attach time: maps {:.0} ms, tracepoints {:.0} ms, symbols and probe sites {:.0} ms, \
+             waiting for the verifier {:.0} ms, links {:.0} ms ({programs} uprobe programs \
+             verified so far, {:.0} ms of verifier time, in parallel)",
+            ms(times.maps),
+            ms(times.tracepoints),
+            ms(times.symbols),
+            ms(times.verifier_wait),
+            ms(times.links),
+            ms(verifier),
+        )
     }
 
     /// Whether some process's stacks are copied (the copy ring is in use).

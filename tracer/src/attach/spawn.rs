@@ -45,14 +45,14 @@ pub struct Spawned {
 
 /// Where the gate goes.
 #[derive(Debug, PartialEq, Eq)]
-struct Gate {
+pub(super) struct Gate {
     /// The file (the loader, or a static executable).
-    path: PathBuf,
+    pub(super) path: PathBuf,
     /// File offset of the probed instruction.
-    offset: u64,
+    pub(super) offset: u64,
     /// Distance from the probed function to `_r_debug.r_state` (0: stop
     /// at every hit).
-    cookie: u64,
+    pub(super) cookie: u64,
 }
 
 /// Offset of `r_state` in glibc's `struct r_debug` on 64-bit targets
@@ -90,6 +90,11 @@ pub fn spawn_stopped(
     let (pid, error_pipe) = fork_stopped(&c_path, &arguments, end_with_tracer)?;
     let spawn_error = |message: String| fatal(ExitCode::SpawnFailed, message);
     let gate = program(&mut probes.ebpf, GATE_PROGRAM)?;
+    if gate.fd().is_err() {
+        gate.load()
+            .map_err(|error| super::load::load_error(error.into()))
+            .context("could not load the spawn gate")?;
+    }
     let link = gate
         .attach(
             UProbeAttachPoint {
@@ -349,6 +354,16 @@ fn interpreter(data: &[u8]) -> Option<PathBuf> {
 
 /// The gate on a glibc loader: `_dl_debug_state`, with the distance to
 /// `_r_debug.r_state` as cookie. None when the loader lacks either symbol.
+/// The loader gate of a running process: its dynamic loader's
+/// `_dl_debug_state` (the loader read through /proc/PID/root); None for a
+/// static executable.
+pub(super) fn running_loader_gate(pid: u32) -> Option<Gate> {
+    let executable = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let data = fs::read(crate::procfs::host_path(pid, &executable)).ok()?;
+    let loader = interpreter(&data)?;
+    loader_gate(&crate::procfs::host_path(pid, &loader))
+}
+
 fn loader_gate(loader: &Path) -> Option<Gate> {
     use object::ObjectSymbol as _;
     let data = fs::read(loader).ok()?;

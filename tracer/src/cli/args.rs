@@ -310,6 +310,15 @@ struct TargetArgs {
     #[arg(long)]
     follow_forks: bool,
 
+    /// Never hold a traced process at its dynamic loader: by default a
+    /// dlopen() whose libraries tracer has not hooked yet (they were not
+    /// foreseen: none of the target's RUNPATH, LD_LIBRARY_PATH or loader
+    /// cache holds them) returns only once they are, a pause of a few
+    /// milliseconds (200 ms at the most) counted in the report. Without
+    /// it, their first calls can be missed.
+    #[arg(long)]
+    no_loader_pause: bool,
+
     // --- Spawned commands (`-- COMMAND`) ---
     /// When tracing stops (--duration, Ctrl-C, SIGTERM) leave the command
     /// tracer started running, untraced, and print its PID; by default it
@@ -550,6 +559,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         unwinding,
         verbose: args.verbose,
         follow_forks: args.follow_forks,
+        loader_pause: !args.no_loader_pause,
         leave_running: args.leave_running,
         wrappers,
         debug_dirs: args.labels.debug_dirs,

@@ -47,6 +47,8 @@ pub struct Config {
     pub unwinding: Unwinding,
     pub verbose: bool,
     pub follow_forks: bool,
+    /// Processes may be held at the loader gate (`--no-loader-pause`: not).
+    pub loader_pause: bool,
     /// A spawned command goes on, untraced, when tracing stops (else it is
     /// passed the stop signal and waited for).
     pub leave_running: bool,

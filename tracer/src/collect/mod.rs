@@ -25,6 +25,7 @@ mod targets;
 
 use std::{
     collections::{HashMap, VecDeque},
+    sync::atomic::{AtomicI32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -141,6 +142,30 @@ impl Clock {
     }
 }
 
+/// The SIGINT or SIGTERM that came before collection caught them (during
+/// the attach); 0: none.
+static EARLY_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn note_early_signal(signal: libc::c_int) {
+    EARLY_SIGNAL.store(signal, Ordering::Relaxed);
+}
+
+/// Catches SIGINT and SIGTERM from now until collection starts (the
+/// attach takes a while): they stop tracing once the probes are in
+/// place, with a report, instead of killing tracer.
+pub fn catch_signals_during_attach() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction with a handler that only stores to an
+        // atomic (async-signal-safe).
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = note_early_signal as *const () as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
 /// Probes in place on the targets, and what collection builds from them.
 pub struct Collector {
     probes: Probes,
@@ -215,6 +240,9 @@ impl Collector {
     /// and follows its mapping calls from now on.
     pub fn add_target(&mut self, pid: u32, spawned: bool) -> Result<()> {
         self.trace(pid)?;
+        if !spawned {
+            self.probes.hold_at_loader(pid)?;
+        }
         if self.schedule.follow_forks {
             self.probes.follow(pid)?;
         }
@@ -287,7 +315,21 @@ impl Collector {
         }
         let mut clock = match self.clock.take() {
             Some(clock) => clock,
-            None => Clock::start(&self.schedule, self.attached_at)?,
+            None => {
+                let clock = Clock::start(&self.schedule, self.attached_at)?;
+                // A Ctrl-C or SIGTERM that came during the attach stops
+                // collection now, with a report.
+                match EARLY_SIGNAL.swap(0, Ordering::Relaxed) {
+                    libc::SIGINT => self.finish(StopReason::Interrupted)?,
+                    libc::SIGTERM => self.finish(StopReason::Terminated)?,
+                    _ => {}
+                }
+                if !self.queued.is_empty() {
+                    self.clock = Some(clock);
+                    return Ok(self.queued.pop_front().expect("queued"));
+                }
+                clock
+            }
         };
         let result = self.wait(&mut clock).await;
         self.clock = Some(clock);

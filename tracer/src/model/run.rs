@@ -250,6 +250,15 @@ pub struct ProbeReport {
     pub reason: String,
 }
 
+/// The times processes were held at the loader gate until the libraries
+/// their dlopen() opened were hooked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoaderPauses {
+    pub times: u64,
+    /// Their time in all.
+    pub held_ms: f64,
+}
+
 /// What the probes recorded: every allocation, or a sample.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SamplingReport {

@@ -74,6 +74,7 @@ pub(crate) fn sample_report(top: usize) -> Report {
         }],
         sampling: SamplingReport::exact(),
         unwinding: None,
+        loader_pauses: Default::default(),
         libraries: vec![
             LibraryReport {
                 pid: 10,

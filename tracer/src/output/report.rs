@@ -10,7 +10,7 @@ use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals, merge,
     peak::{self, Judgement},
     quality::{StackQuality, stack_quality},
-    run::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
+    run::{LibraryReport, LoaderPauses, ProbeReport, SamplingReport, UnwindingReport},
 };
 
 /// Everything a report shows, in the shape of its JSON form.
@@ -39,6 +39,8 @@ pub struct Report {
     pub unwinding: Option<UnwindingReport>,
     /// The objects that were hooked, when, and how.
     pub libraries: Vec<LibraryEntry>,
+    /// How often a process was held at the loader gate, and how long.
+    pub loader_pauses: LoaderPauses,
     /// Stack copies whose unwinding stopped before the thread's start, by
     /// reason (their stacks end in a marker frame).
     pub unwinding_stopped: BTreeMap<String, u64>,
@@ -163,6 +165,7 @@ pub struct ReportInput<'a> {
     pub sampling: SamplingReport,
     pub unwinding: Option<UnwindingReport>,
     pub libraries: Vec<LibraryReport>,
+    pub loader_pauses: LoaderPauses,
     pub interval_ms: u64,
     /// How many stacks to rank.
     pub top: usize,
@@ -256,6 +259,7 @@ impl Report {
             probes: input.probes,
             sampling: input.sampling,
             unwinding: input.unwinding,
+            loader_pauses: input.loader_pauses,
             libraries: input
                 .libraries
                 .into_iter()

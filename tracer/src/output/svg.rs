@@ -468,6 +468,7 @@ mod tests {
             model: &model,
             targets: &targets,
             probes: Vec::new(),
+            loader_pauses: Default::default(),
             libraries: Vec::new(),
             interval_ms: 1000,
             top: 10,

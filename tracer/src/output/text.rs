@@ -203,6 +203,14 @@ pub fn render(report: &Report) -> String {
             library.functions.len()
         ));
     }
+    let pauses = &report.loader_pauses;
+    if pauses.times > 0 {
+        lines.push(format!(
+            "held at the loader gate until the libraries a dlopen() opened were hooked: \
+             paused {} times, {:.1} ms in all (--no-loader-pause: never)",
+            pauses.times, pauses.held_ms
+        ));
+    }
     for (kind, totals) in &report.totals {
         if kind == Kind::MmapReserved.as_str() {
             lines.push(format!(
@@ -532,6 +540,7 @@ mod tests {
             probes: Vec::new(),
             sampling: crate::model::run::SamplingReport::exact(),
             unwinding: None,
+            loader_pauses: Default::default(),
             libraries: Vec::new(),
             unwinding_stopped: BTreeMap::new(),
             stacks: Vec::new(),
