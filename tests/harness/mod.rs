@@ -609,7 +609,7 @@ pub fn record_while(name: &str, commands: &[&str]) -> Session {
     record_with(name, &[], commands)
 }
 
-/// `tracer record --pid PID` every 200 ms with the top 100 stacks and a
+/// `tracer record --pid PID` every 200 ms with every stack and a
 /// JSON report at `json`, plus `extra_args`; returns once attached.
 pub fn record_attached(pid: u32, json: &Path, extra_args: &[&str]) -> Tracer {
     Record::pid(pid)

@@ -67,7 +67,7 @@ struct ReportArgs {
     format: ReportFormat,
 
     /// Number of stacks; default 10 for text and json, every stack for the
-    /// other formats.
+    /// other formats; 0: every stack.
     #[arg(long, value_name = "N")]
     top: Option<usize>,
 
@@ -209,7 +209,8 @@ struct TargetArgs {
     #[arg(short, long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
     interval: Duration,
 
-    /// Number of stacks in the report (and in each section of it).
+    /// Number of stacks in the report (and in each section of it); 0:
+    /// every stack.
     #[arg(long, value_name = "N", default_value_t = 10)]
     top: usize,
 
@@ -515,7 +516,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         targets,
         duration: args.duration,
         interval: args.interval,
-        top: args.top,
+        top: every_stack_if_zero(args.top),
         max_live_allocs: args.max_live_allocs,
         max_stacks: args.max_stacks,
         ring_buffer_kib: args.ring_buffer_kib,
@@ -531,6 +532,11 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         python_depth: args.python_depth,
         python_objects: args.python_objects,
     })
+}
+
+/// `--top 0` asks for every stack.
+fn every_stack_if_zero(top: usize) -> usize {
+    if top == 0 { usize::MAX } else { top }
 }
 
 fn report_config(args: ReportArgs) -> Result<ReportConfig> {
@@ -549,7 +555,7 @@ fn report_config(args: ReportArgs) -> Result<ReportConfig> {
     Ok(ReportConfig {
         recording_path: args.recording,
         format: args.format,
-        top: args.top,
+        top: args.top.map(every_stack_if_zero),
         kind: args.filter.kind,
         pid: args.filter.pid,
         from_s: args.filter.from.map(|from| from.as_secs_f64()),
