@@ -13,13 +13,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use harness::{
-    EXIT_TIMEOUT, Fixture, Record, Report, Traced, Tracer, field, fixture, json_path, stack_int,
-    workspace_root,
+    EXIT_TIMEOUT, Fixture, LEAK_SIZE_BYTES, Record, Report, Traced, Tracer, field, fixture,
+    json_path, stack_int, workspace_root,
 };
 use serde_json::Value;
 
-/// `malloc` size in leaky.c's `leak_here`.
-const LEAK_SIZE_BYTES: i64 = 1337;
 const LEAKS: i64 = 25;
 
 fn debug_dir() -> PathBuf {

@@ -244,7 +244,7 @@ fn outputs_never_follow_a_planted_symlink() {
     );
     assert_eq!(metadata.permissions().mode() & 0o777, 0o600);
     let _ = std::fs::remove_file(&victim);
-    let report = Report::read(&json);
+    let report = Report::read_checked(&json);
     assert_eq!(report.heap_live_with("leak_here"), leaked(1), "\n{report}");
 }
 

@@ -19,7 +19,7 @@ use std::{
     process::Command,
 };
 
-use object::read::elf::{Dyn as _, FileHeader as _, SectionHeader as _};
+use object::read::elf::{Dyn as _, FileHeader as _};
 
 use crate::procfs::{self, Mapping};
 
