@@ -13,15 +13,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use harness::{
-    Fixture, Live, Report, field, frames_contain, json_path, record_attached, record_in,
-    require_root, stack_int,
+    CHURN_ALLOCS_PER_ROUND, Fixture, LEAK_SIZE_BYTES, Live, Report, churn_held, field,
+    frames_contain, json_path, record_attached, record_in, require_root, stack_int,
 };
 use serde_json::Value;
-
-/// `malloc` size in leaky.c's `leak_here`.
-const LEAK_SIZE_BYTES: i64 = 1337;
-/// Allocator calls that return a block in one `churn` round of leaky.c.
-const CHURN_ALLOCS_PER_ROUND: i64 = 10;
 
 const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 const TCMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4";
@@ -93,6 +88,12 @@ fn exact_under(library: &str) {
         "\n{report}"
     );
     harness::assert_churn_frees_everything(report);
+    // What is left is the leak and what churn keeps: nothing vanished.
+    assert_eq!(
+        report.total("heap"),
+        Live::blocks(50, LEAK_SIZE_BYTES) + churn_held(&session.answers[1]),
+        "\n{report}"
+    );
 
     let probes = probes_in(report, library);
     for function in HOT {
@@ -250,14 +251,8 @@ fn redis_keyspace_growth_is_counted_under_redis_frames() {
     std::thread::sleep(Duration::from_millis(500));
     let output = tracer.stop();
     output.assert_success();
-    let report = Report::read(&json);
-    assert!(
-        report.json["drops"]
-            .as_object()
-            .is_some_and(serde_json::Map::is_empty),
-        "nothing may be dropped: {}",
-        report.json["drops"]
-    );
+    let report = Report::read_checked(&json);
+    report.assert_no_drops();
 
     // One dictEntry per new key, allocated in dictAddRaw (the table
     // itself grows in _dictExpand, under dictAddRaw too).

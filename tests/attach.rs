@@ -51,7 +51,7 @@ fn exits_within_a_second_of_sigint_with_70_probes_in_place() {
     // One link per program, file and process, each holding every probe
     // of that program there: glibc's malloc_enter covers malloc and
     // valloc, libstdc++'s every operator new.
-    let report = Report::read(&json);
+    let report = Report::read_checked(&json);
     let functions = report.json["probes"].as_array().expect("probes").len();
     assert!(
         links > 0 && links < functions,

@@ -13,13 +13,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use harness::{
-    EXIT_TIMEOUT, Fixture, Record, Report, Traced, Tracer, field, fixture, json_path, stack_int,
-    workspace_root,
+    EXIT_TIMEOUT, Fixture, LEAK_SIZE_BYTES, Record, Report, Traced, Tracer, field, fixture,
+    json_path, stack_int, workspace_root,
 };
 use serde_json::Value;
 
-/// `malloc` size in leaky.c's `leak_here`.
-const LEAK_SIZE_BYTES: i64 = 1337;
 const LEAKS: i64 = 25;
 
 fn debug_dir() -> PathBuf {
@@ -50,15 +48,26 @@ fn leak_stack(report: &Report) -> &Value {
 }
 
 fn assert_leak_here_named_with_its_line(traced: &Traced) {
-    let stack = leak_stack(&traced.report);
-    let site = &stack["site"];
-    assert_eq!(site["function"], "leak_here", "{stack}");
+    assert_site_is_leak_here(&leak_stack(&traced.report)["site"]);
+}
+
+/// leak_here, in leaky.c, at its malloc's line: names from the debug file.
+fn assert_site_is_leak_here(site: &Value) {
+    let source = workspace_root().join("tests/fixtures/leaky.c");
+    assert_eq!(site["function"], "leak_here", "{site}");
     assert!(
         site["file"]
             .as_str()
-            .is_some_and(|file| file.ends_with("leaky.c"))
-            && site["line"].as_u64().is_some(),
-        "file and line from the debug file: {site}"
+            .is_some_and(|file| file.ends_with("leaky.c")),
+        "file from the debug file: {site}"
+    );
+    assert_eq!(
+        site["line"].as_i64(),
+        Some(harness::marked_line(
+            &source,
+            "sink = malloc(LEAK_SIZE_BYTES);"
+        )),
+        "line from the debug file: {site}"
     );
 }
 
@@ -149,6 +158,5 @@ fn report_symbolizes_a_recording_from_a_debug_dir() {
     output.assert_success();
     let _ = std::fs::remove_file(&recording);
     let report = Report::read(&json);
-    let site = &leak_stack(&report)["site"];
-    assert_eq!(site["function"], "leak_here", "{site}");
+    assert_site_is_leak_here(&leak_stack(&report)["site"]);
 }

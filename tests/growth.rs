@@ -124,13 +124,40 @@ fn svg_is_rewritten_while_tracing() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(svg.exists(), "no SVG while tracing after 10 s");
-    let first = std::fs::read_to_string(&svg).unwrap();
-    roxmltree::Document::parse(&first).expect("a mid-run SVG is complete XML");
-    std::thread::sleep(Duration::from_millis(2500));
-    let second = std::fs::read_to_string(&svg).unwrap();
-    assert_ne!(first, second, "the SVG was not rewritten");
+    let first = drawn(&std::fs::read_to_string(&svg).unwrap());
+    // Rewritten with more drawn (not only a new time label), within 5 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = drawn(&std::fs::read_to_string(&svg).unwrap());
+        if now != first {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the SVG's drawing did not change in 5 s of a growing leak"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     trace.stop();
     let _ = std::fs::remove_file(&svg);
+}
+
+/// What an SVG draws, its text left out (the time label changes at every
+/// rewrite): every element's name and attributes. Fails unless the SVG
+/// is complete XML (a rewrite is never seen half-written).
+fn drawn(svg: &str) -> Vec<String> {
+    let document = roxmltree::Document::parse(svg).expect("a mid-run SVG is complete XML");
+    document
+        .descendants()
+        .filter(roxmltree::Node::is_element)
+        .map(|node| {
+            let attributes: Vec<String> = node
+                .attributes()
+                .map(|attribute| format!("{}={}", attribute.name(), attribute.value()))
+                .collect();
+            format!("{} {}", node.tag_name().name(), attributes.join(" "))
+        })
+        .collect()
 }
 
 #[test]
@@ -152,11 +179,10 @@ fn top_shows_the_leak_first_within_5_s() {
     let output = tracer.wait_exit(Duration::from_secs(30));
     output.assert_success();
     // Piped stdout: one plain table per interval; look at the last one.
-    let last_table = output
+    let (_, last_table) = output
         .stdout
-        .rsplit("tracer top — ")
-        .next()
-        .expect("at least one table");
+        .rsplit_once("tracer top — ")
+        .unwrap_or_else(|| panic!("no table on stdout: {output}"));
     let first_row = last_table
         .lines()
         .skip_while(|line| !line.trim_start().starts_with("RANK"))

@@ -10,7 +10,7 @@ mod harness;
 
 use std::time::Duration;
 
-use harness::{Fixture, Live, Record, Traced, field};
+use harness::{Fixture, Live, Record, Report, Traced, field};
 
 /// Bytes of each block `hold` keeps.
 const HELD_SIZE: i64 = 1000;
@@ -22,6 +22,17 @@ fn held_after(burst: &mut Fixture, command: &str) -> Live {
         bytes: field(&answer, "held_bytes"),
         allocs: field(&answer, "held"),
     }
+}
+
+/// Fails with `why` if the report lists an mmap-anon stack.
+fn assert_no_mmap_anon(report: &Report, why: &str) {
+    assert!(
+        !report
+            .stacks()
+            .iter()
+            .any(|stack| stack["kind"] == "mmap-anon"),
+        "{why}:\n{report}"
+    );
 }
 
 /// Stops (SIGSTOP) or resumes (SIGCONT) the tracer: a tracer that gets no
@@ -90,15 +101,7 @@ fn an_arena_made_inside_free_is_the_allocators_not_mmap_anon() {
     assert_eq!(held, Live::blocks(300, HELD_SIZE));
     let Traced { report, .. } = trace.stop();
     assert_eq!(report.heap_live_with("arena_block"), held, "\n{report}");
-    let anonymous: Vec<_> = report
-        .stacks()
-        .iter()
-        .filter(|stack| stack["kind"] == "mmap-anon")
-        .collect();
-    assert!(
-        anonymous.is_empty(),
-        "the arena is counted twice, as mmap-anon:\n{report}"
-    );
+    assert_no_mmap_anon(&report, "the arena is counted twice, as mmap-anon");
     assert_eq!(report.int_if_present("/totals/mmap-anon/live_bytes"), None);
     report.assert_no_drops();
 }
@@ -125,7 +128,12 @@ fn copies_keep_up_at_an_ordinary_allocation_rate() {
     let held = held_after(&mut burst, &format!("hold 100 {HELD_SIZE}"));
     let Traced { report, .. } = trace.stop();
     report.assert_no_drops();
-    assert!(report.int("/events/stack_copies") >= blocks + 100);
+    // One copy per allocation: the burst's blocks and the 100 held.
+    assert_eq!(
+        report.int("/events/stack_copies"),
+        blocks + 100,
+        "\n{report}"
+    );
     assert_eq!(report.total("heap"), held, "\n{report}");
     assert_eq!(report.heap_live_with("burst_alloc"), Live::default());
 }
@@ -140,14 +148,6 @@ fn a_block_mapped_inside_an_unrecorded_malloc_is_not_mmap_anon() {
     let held = held_after(&mut burst, "hold 5 1048576");
     assert_eq!(held, Live::blocks(5, 1 << 20));
     let Traced { report, .. } = trace.stop();
-    let anonymous: Vec<_> = report
-        .stacks()
-        .iter()
-        .filter(|stack| stack["kind"] == "mmap-anon")
-        .collect();
-    assert!(
-        anonymous.is_empty(),
-        "blocks mapped by malloc counted as mmap-anon:\n{report}"
-    );
-    assert!(report.int("/events/allocs_not_recorded") >= 5);
+    assert_no_mmap_anon(&report, "blocks mapped by malloc counted as mmap-anon");
+    assert_eq!(report.int("/events/allocs_not_recorded"), 5, "\n{report}");
 }

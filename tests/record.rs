@@ -7,7 +7,8 @@ mod harness;
 use harness::{
     Allocated, CHURN_ALLOCS_PER_ROUND, CHURN_KEEP_BYTES, Fixture, LEAK_SIZE_BYTES, Live,
     PREALLOC_COUNT, PREALLOC_SIZE_BYTES, Record, Report, THREAD_LEAK_SIZE_BYTES, Traced,
-    churn_held, field, fixture, record_while, stack_allocated, stack_int, thread_dtvs,
+    churn_held, field, fixture, record_while, stack_allocated, stack_int, stdout_pipe_buffer,
+    thread_dtvs,
 };
 
 /// The one heap stack of `function`: what it allocated over the run.
@@ -203,8 +204,12 @@ fn spawn_mode_exact() {
     );
     // Traced from its start, so stdout's buffer (glibc allocates it on the
     // first printf) is live too.
-    let stdout_buffer = report.heap_live_with("_IO_file_doallocate");
-    assert_eq!(stdout_buffer.allocs, 1, "\n{report}");
+    let stdout_buffer = stdout_pipe_buffer();
+    assert_eq!(
+        report.heap_live_with("_IO_file_doallocate"),
+        stdout_buffer,
+        "\n{report}"
+    );
     assert_eq!(
         report.total("heap"),
         Live::blocks(30, LEAK_SIZE_BYTES) + prealloc + stdout_buffer,
@@ -260,7 +265,7 @@ fn leaks_accumulate_across_commands() {
 /// The check every traced report passes: a stack that went negative is
 /// not listed, and must still show in the totals.
 #[test]
-#[should_panic(expected = "not the sum of the listed stacks")]
+#[should_panic(expected = "not the sum of the listed and unlisted stacks")]
 fn a_stack_gone_negative_is_caught_by_the_totals() {
     let report = Report {
         json: serde_json::json!({
@@ -269,5 +274,25 @@ fn a_stack_gone_negative_is_caught_by_the_totals() {
             "stacks": [{"pid": 7, "kind": "heap", "live_bytes": 1000, "live_allocs": 3}],
         }),
     };
-    report.assert_totals_are_the_listed_stacks(100);
+    report.assert_totals_are_the_listed_stacks(0);
+}
+
+/// A list cut by `--top` is checked too: the stacks it leaves out are
+/// summed in `unlisted`, and a report that lost one is caught.
+#[test]
+#[should_panic(expected = "not the sum of the listed and unlisted stacks")]
+fn a_cut_list_that_lost_a_stack_is_caught_by_the_totals() {
+    let stack = |live_bytes| serde_json::json!({"pid": 7, "kind": "heap", "live_bytes": live_bytes, "live_allocs": 1});
+    let totals = serde_json::json!({"heap": {"live_bytes": 600, "live_allocs": 3}});
+    let mut report = Report {
+        json: serde_json::json!({
+            "targets": [{"pid": 7, "totals": totals}],
+            "totals": totals,
+            "stacks": [stack(300)],
+            "unlisted": [{"pid": 7, "kind": "heap", "stacks": 2, "live_bytes": 300, "live_allocs": 2}],
+        }),
+    };
+    report.assert_totals_are_the_listed_stacks(1);
+    report.json["unlisted"][0]["live_bytes"] = 200.into();
+    report.assert_totals_are_the_listed_stacks(1);
 }

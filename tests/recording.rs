@@ -167,14 +167,9 @@ fn go_tool_pprof_lists_leak_here_with_its_bytes() {
         .args(["tool", "pprof", "-top", "-unit=byte"])
         .arg(&profile)
         .output();
-    let go = match go {
-        Ok(go) => go,
-        Err(error) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipping go tool pprof ({error}): run `cargo xtask setup` to install Go");
-            return;
-        }
-        Err(error) => panic!("go is missing on CI ({error}): `cargo xtask setup` installs it"),
-    };
+    let go = go.unwrap_or_else(|error| {
+        panic!("could not run go tool pprof ({error}): `cargo xtask setup` installs Go")
+    });
     let top = String::from_utf8_lossy(&go.stdout);
     assert!(
         go.status.success(),

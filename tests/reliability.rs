@@ -125,11 +125,13 @@ fn target_exit_ends_the_trace_with_a_report() {
     leaky.cmd("leak 11");
     assert_eq!(leaky.cmd("quit"), "bye");
     let Traced { report, .. } = trace.wait_exit();
+    // It exited after attach, and its exit ended the trace: the last
+    // snapshot is the exit's.
+    let exited = report.target(leaky.pid)["exited_after_s"].as_f64();
+    let window = report.json["window_s"].as_f64().expect("window_s");
     assert!(
-        report.target(leaky.pid)["exited_after_s"]
-            .as_f64()
-            .is_some(),
-        "{}",
+        exited.is_some_and(|exited| exited > 0.0 && exited <= window),
+        "exited after {exited:?} s in a window of {window} s: {}",
         report.json
     );
     assert_eq!(report.heap_live_with("leak_here"), leaked(11), "\n{report}");
@@ -242,7 +244,7 @@ fn outputs_never_follow_a_planted_symlink() {
     );
     assert_eq!(metadata.permissions().mode() & 0o777, 0o600);
     let _ = std::fs::remove_file(&victim);
-    let report = Report::read(&json);
+    let report = Report::read_checked(&json);
     assert_eq!(report.heap_live_with("leak_here"), leaked(1), "\n{report}");
 }
 
@@ -451,7 +453,12 @@ fn follow_forks_traces_children_and_without_it_they_cost_nothing() {
             let leak = Live::blocks(300, REENTRANT_BLOCK_BYTES);
             assert_eq!(child_leak, leak, "{report}");
             assert_eq!(report.target_total(child, "heap"), leak, "{report}");
-            assert!(followed.is_some_and(|target| target["followed_after_s"].as_f64().is_some()));
+            let window = report.json["window_s"].as_f64().expect("window_s");
+            let followed_after = followed.and_then(|target| target["followed_after_s"].as_f64());
+            assert!(
+                followed_after.is_some_and(|after| after > 0.0 && after <= window),
+                "followed after {followed_after:?} s in a window of {window} s: {report}"
+            );
             assert!(output.stdout.contains("a child followed from"), "{output}");
         } else {
             assert_eq!(child_leak, Live::default(), "{report}");

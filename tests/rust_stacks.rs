@@ -204,11 +204,7 @@ fn rust_release_build_has_right_stacks(fixture: &str) {
     for stack in report.stacks() {
         assert_not_stopped(stack, report);
     }
-    assert!(
-        report.json["drops"].as_object().unwrap().is_empty(),
-        "{}",
-        report.json["drops"]
-    );
+    report.assert_no_drops();
 }
 
 #[test]

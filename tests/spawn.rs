@@ -123,13 +123,13 @@ fn python_script_runs_through_its_interpreter() {
         &script,
         format!(
             "#!/usr/bin/env python3.11\n\
-             import time\n\
+             import sys, time\n\
              held = []\n\
              def leak_strings():\n\
              \x20   for i in range({STRINGS}):\n\
              \x20       held.append('x' * {LENGTH} + str(i))\n\
              leak_strings()\n\
-             print('held', len(held), flush=True)\n\
+             print('held', len(held), f'bytes={{sum(map(sys.getsizeof, held))}}', flush=True)\n\
              time.sleep(120)\n"
         ),
     )
@@ -145,10 +145,27 @@ fn python_script_runs_through_its_interpreter() {
         output.stdout.contains(&format!("held {STRINGS}")),
         "the script did not run to its leak: {output}"
     );
-    let strings = report.heap_live_with("PyUnicode_New");
-    assert!(
-        strings.allocs >= STRINGS && strings.bytes >= STRINGS * LENGTH,
-        "the script's strings are not in the report ({strings:?}): {output}\n{report}"
+    // Each string is one block of its own size (sys.getsizeof), made by
+    // PyUnicode_New under leak_strings.
+    let held_line = output
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("held "))
+        .unwrap_or_else(|| panic!("no held line: {output}"));
+    let strings = sum_live(
+        &report
+            .heap_stacks_with("PyUnicode_New")
+            .into_iter()
+            .filter(|stack| frames_contain(stack, "leak_strings"))
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(
+        strings,
+        Live {
+            bytes: field(held_line, "bytes"),
+            allocs: STRINGS
+        },
+        "the script's strings are not in the report: {output}\n{report}"
     );
     let pid = spawned_pid(&output.stderr);
     assert!(
@@ -283,11 +300,12 @@ fn go_program_is_traced_for_its_mappings() {
             && output.stderr.contains("only its mappings"),
         "no note: {output}"
     );
+    // Each chunk is a span of its own, mapped as Go's heap grows for it.
     let leak = report.live_with("mmap-anon", "main.leakChunk");
-    assert!(
-        leak.bytes >= held,
-        "main.leakChunk's mappings hold {leak:?}, less than the {held} bytes retained: \
-         {output}\n{report}"
+    assert_eq!(
+        leak,
+        Live::blocks(ROUNDS, CHUNK_BYTES),
+        "main.leakChunk's mappings are not the {held} bytes retained: {output}\n{report}"
     );
 }
 
@@ -304,33 +322,42 @@ fn node_jit_frames_are_named_from_its_perf_map() {
          function leakBuffers(count) {\n\
          \x20 for (let i = 0; i < count; i++) held.push(Buffer.allocUnsafeSlow(64 * 1024));\n\
          }\n\
-         setInterval(() => leakBuffers(20), 50);\n\
-         console.log('leaking');\n",
+         // Run it until V8 compiles it (and writes its perf map line).\n\
+         for (let i = 0; i < 5000; i++) { leakBuffers(1); held.pop(); }\n\
+         console.log(`ready pid=${process.pid}`);\n\
+         require('readline').createInterface({ input: process.stdin }).on('line', (line) => {\n\
+         \x20 leakBuffers(Number(line.split(' ')[1]));\n\
+         \x20 console.log(`held count=${held.length} bytes=${held.length * 64 * 1024}`);\n\
+         });\n",
     )
     .unwrap();
-    let mut node = Command::new("node")
-        // V8 writes an isolate log next to it: not in the source tree.
+    let mut command = Command::new("node");
+    // V8 writes an isolate log next to it: not in the source tree.
+    command
         .current_dir(std::env::temp_dir())
         .arg("--perf-basic-prof")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("node is installed by `cargo xtask setup`");
-    // Let V8 compile leakBuffers (and write its perf map line).
-    std::thread::sleep(Duration::from_millis(1000));
-    let Traced { output, report } = Record::pid(node.id())
-        .args(["--unwind", "fp", "--duration", "3s"])
-        .start()
-        .wait_exit();
-    let _ = node.kill();
-    let _ = node.wait();
+        .arg(&script);
+    let mut node = Fixture::start_command(command);
+    let trace = Record::pid(node.pid).args(["--unwind", "fp"]).attach();
+    let answer = node.cmd("leak 200");
+    let Traced { output, report } = trace.stop();
+    let pid = node.pid;
+    drop(node);
     let _ = fs::remove_file(&script);
-    let _ = fs::remove_file(format!("/tmp/perf-{}.map", node.id()));
-    let leak = report.heap_live_with("leakBuffers");
-    assert!(
-        // 20 blocks of 64 KiB every 50 ms for 3 s: ~77 MiB.
-        leak.bytes >= 16 << 20,
-        "the JS function leakBuffers is not named in any heap stack ({leak:?}): {output}\n{report}"
+    let _ = fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    // The buffers themselves (V8 keeps a few small blocks beside each).
+    let buffers: Vec<_> = report
+        .heap_stacks_with("AllocateUninitialized")
+        .into_iter()
+        .filter(|stack| frames_contain(stack, "leakBuffers"))
+        .collect();
+    assert_eq!(
+        sum_live(&buffers),
+        Live {
+            bytes: field(&answer, "bytes"),
+            allocs: field(&answer, "count")
+        },
+        "the JS function leakBuffers is not named in the heap stacks of its buffers: \
+         {output}\n{report}"
     );
 }

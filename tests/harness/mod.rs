@@ -482,6 +482,15 @@ impl Report {
         Self { json }
     }
 
+    /// Reads and removes the report of a `tracer record` run started with
+    /// every stack (`--top 0`, as [`record_attached`] does), and checks
+    /// that its totals are its stacks.
+    pub fn read_checked(path: &Path) -> Self {
+        let report = Self::read(path);
+        report.assert_totals_are_the_listed_stacks(0);
+        report
+    }
+
     /// The integer at a JSON pointer such as `/totals/heap/live_bytes`.
     pub fn int(&self, pointer: &str) -> i64 {
         self.json
@@ -609,7 +618,7 @@ pub fn record_while(name: &str, commands: &[&str]) -> Session {
     record_with(name, &[], commands)
 }
 
-/// `tracer record --pid PID` every 200 ms with the top 100 stacks and a
+/// `tracer record --pid PID` every 200 ms with every stack and a
 /// JSON report at `json`, plus `extra_args`; returns once attached.
 pub fn record_attached(pid: u32, json: &Path, extra_args: &[&str]) -> Tracer {
     Record::pid(pid)

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use super::{ATTACH_TIMEOUT, EXIT_TIMEOUT, Report, Tracer, TracerOutput, json_path, require_root};
 
-/// The arguments of one `tracer record` run: every 200 ms, the top 100
-/// stacks, a JSON report at a fresh temporary path, unless changed.
+/// The arguments of one `tracer record` run: every 200 ms, every stack
+/// (`--top 0`), a JSON report at a fresh temporary path, unless changed.
 pub struct Record {
     targets: Vec<OsString>,
     interval: String,
@@ -31,7 +31,7 @@ impl Record {
         Self {
             targets,
             interval: "200ms".to_owned(),
-            top: 100,
+            top: 0,
             json: json_path("record"),
             extra_args: Vec::new(),
         }
@@ -54,7 +54,7 @@ impl Record {
         self
     }
 
-    /// `--top` (100 unless set).
+    /// `--top` (0, every stack, unless set).
     pub fn top(mut self, top: usize) -> Self {
         self.top = top;
         self

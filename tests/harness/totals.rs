@@ -96,15 +96,24 @@ impl Report {
     }
 
     /// Every memory total, overall and per target, is the sum of the listed
-    /// stacks: no stack holding memory was left out and none that went
-    /// negative hides in the totals. Says nothing where `--top` may have
-    /// cut the list (`top` stacks listed).
+    /// stacks and of those `--top` left out (`unlisted`): no stack holding
+    /// memory was lost and none that went negative hides in the totals.
+    /// `top` is the `--top` the report was made with (0: every stack): at
+    /// most that many are listed, and stacks are left out only then.
     pub fn assert_totals_are_the_listed_stacks(&self, top: usize) {
-        if self.stacks().len() >= top {
-            return;
-        }
+        let unlisted = self.json.get("unlisted").map_or(&[][..], |unlisted| {
+            unlisted
+                .as_array()
+                .unwrap_or_else(|| panic!("`unlisted` is not an array:\n{}", self.json))
+        });
+        let cut = top != 0 && self.stacks().len() == top;
+        assert!(
+            (top == 0 || self.stacks().len() <= top) && (cut || unlisted.is_empty()),
+            "{} stacks listed at --top {top} (0: every stack), unlisted {unlisted:?}",
+            self.stacks().len()
+        );
         let mut listed: BTreeMap<(Option<u64>, String), Live> = BTreeMap::new();
-        for stack in self.stacks() {
+        for stack in self.stacks().iter().chain(unlisted) {
             let kind = stack["kind"].as_str().expect("a kind name").to_owned();
             for pid in [None, stack["pid"].as_u64()] {
                 let sum = listed.entry((pid, kind.clone())).or_default();
@@ -128,8 +137,8 @@ impl Report {
         totalled.retain(|key, live| *live != Live::default() || listed.contains_key(key));
         assert_eq!(
             totalled, listed,
-            "totals (left) that are not the sum of the listed stacks (right), \
-             by (PID, kind):\n{self}"
+            "totals (left) that are not the sum of the listed and unlisted stacks \
+             (right), by (PID, kind):\n{self}"
         );
     }
 }

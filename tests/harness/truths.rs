@@ -39,9 +39,97 @@ pub fn churn_held(answer: &str) -> Live {
 }
 
 /// The block glibc's pthread_create keeps for each new thread (its
-/// thread-local storage vector, from allocate_dtv): one per thread.
+/// thread-local storage vector, from allocate_dtv): one per thread, of
+/// `(TLS modules + DTV_SURPLUS 14 + 2) * 16` bytes, the TLS modules being
+/// the objects with a PT_TLS segment among the first target's program and
+/// the libraries `ldd` lists for it.
 pub fn thread_dtvs(report: &Report, threads: i64) -> Live {
+    let program = report.targets()[0]["command"]
+        .as_str()
+        .and_then(|command| command.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no command line in the report:\n{}", report.json))
+        .to_owned();
+    let modules = loaded_objects(&program)
+        .iter()
+        .filter(|object| has_tls_segment(object))
+        .count();
+    let vector_bytes = (modules as i64 + 14 + 2) * 16;
     let dtvs = report.heap_live_with("allocate_dtv");
-    assert_eq!(dtvs.allocs, threads, "one TLS vector per thread:\n{report}");
+    assert_eq!(
+        dtvs,
+        Live::blocks(threads, vector_bytes),
+        "one TLS vector of {modules} modules per thread:\n{report}"
+    );
     dtvs
+}
+
+/// `program` and the libraries the dynamic loader maps for it.
+fn loaded_objects(program: &str) -> Vec<std::path::PathBuf> {
+    let output = std::process::Command::new("ldd")
+        .arg(program)
+        .output()
+        .unwrap_or_else(|error| panic!("ldd {program}: {error}"));
+    let listing = String::from_utf8_lossy(&output.stdout);
+    let libraries = listing.lines().filter_map(|line| {
+        let path = match line.split_once("=>") {
+            Some((_, after)) => after.split_whitespace().next()?,
+            None => line.split_whitespace().next()?,
+        };
+        path.starts_with('/').then(|| path.into())
+    });
+    std::iter::once(program.into()).chain(libraries).collect()
+}
+
+/// Whether the ELF file at `path` has a PT_TLS program header.
+fn has_tls_segment(path: &std::path::Path) -> bool {
+    const PT_TLS: u32 = 7;
+    let elf = std::fs::read(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    let read = |at: usize, width: usize| -> u64 {
+        let mut bytes = [0u8; 8];
+        bytes[..width].copy_from_slice(&elf[at..at + width]);
+        u64::from_le_bytes(bytes)
+    };
+    assert!(
+        elf.starts_with(b"\x7fELF\x02\x01"),
+        "{} is not a 64-bit LE ELF",
+        path.display()
+    );
+    let (table, entry, count) = (
+        read(0x20, 8) as usize,
+        read(0x36, 2) as usize,
+        read(0x38, 2),
+    );
+    (0..count as usize).any(|index| read(table + index * entry, 4) as u32 == PT_TLS)
+}
+
+/// glibc's `BUFSIZ`, the largest buffer `_IO_file_doallocate` gives a
+/// stream.
+const GLIBC_BUFSIZ: i64 = 8192;
+
+/// The buffer glibc gives stdout (on its first write) in a process whose
+/// stdout is a pipe, as the harness's are: one block of the pipe's
+/// `st_blksize`, at most `BUFSIZ`.
+pub fn stdout_pipe_buffer() -> Live {
+    let mut ends = [0; 2];
+    // SAFETY: pipe writes two descriptors into `ends`.
+    assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0, "pipe(2)");
+    // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `ends[1]` is open; fstat writes one stat into `stat`.
+    let fstat = unsafe { libc::fstat(ends[1], &mut stat) };
+    // SAFETY: both ends are ours and closed once.
+    unsafe {
+        libc::close(ends[0]);
+        libc::close(ends[1]);
+    }
+    assert_eq!(fstat, 0, "fstat on a pipe");
+    let block = i64::from(stat.st_blksize as i32);
+    Live::blocks(
+        1,
+        if block > 0 {
+            block.min(GLIBC_BUFSIZ)
+        } else {
+            GLIBC_BUFSIZ
+        },
+    )
 }

@@ -159,7 +159,11 @@ print fmt: \"addr: 0x%08lx, len: 0x%08lx\"
     #[test]
     fn reads_this_kernels_mapping_tracepoints() {
         ensure_mounted().expect("tracefs can be mounted (tests run as root)");
-        assert!(required_field_offset("syscalls", "sys_enter_munmap", "len").is_ok());
+        // After the common fields (8 bytes), __syscall_nr and addr.
+        assert_eq!(
+            required_field_offset("syscalls", "sys_enter_munmap", "len").unwrap(),
+            24
+        );
         let missing = required_field_offset("syscalls", "sys_enter_munmap", "nope");
         assert!(format!("{:#}", missing.unwrap_err()).contains("has no field `nope`"));
     }

@@ -164,7 +164,7 @@ fn dynamic_paths(data: &[u8]) -> object::read::Result<Vec<String>> {
     let Some((entries, index)) = sections.dynamic(endian, data)? else {
         return Ok(Vec::new());
     };
-    // `dynamic` gives the index of the string table it links to.
+    // `index` is already the linked string table.
     let strings = sections.strings(endian, data, index)?;
     Ok(entries
         .iter()
@@ -300,9 +300,24 @@ mod tests {
 
     #[test]
     fn reads_the_runpath_of_an_elf_file() {
-        // This test binary has none; a library built with one is in the
-        // integration tests. At least it parses.
+        // A program linked here with a runpath, and this test binary, which
+        // has none.
+        let dir = std::env::temp_dir().join(format!("tracer-runpath-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let (source, program) = (dir.join("main.c"), dir.join("main"));
+        fs::write(&source, "int main(void) { return 0; }\n").unwrap();
+        let status = std::process::Command::new("cc")
+            .arg(&source)
+            .arg("-o")
+            .arg(&program)
+            .arg("-Wl,--enable-new-dtags,-rpath,/opt/one:$ORIGIN/../lib")
+            .status()
+            .expect("cc runs");
+        assert!(status.success(), "cc failed: {status}");
+        let data = fs::read(&program).unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        assert_eq!(dynamic_paths(&data).unwrap(), ["/opt/one:$ORIGIN/../lib"]);
         let data = fs::read("/proc/self/exe").unwrap();
-        assert!(dynamic_paths(&data).is_ok());
+        assert_eq!(dynamic_paths(&data).unwrap(), Vec::<String>::new());
     }
 }

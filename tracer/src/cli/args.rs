@@ -67,7 +67,7 @@ struct ReportArgs {
     format: ReportFormat,
 
     /// Number of stacks; default 10 for text and json, every stack for the
-    /// other formats.
+    /// other formats; 0: every stack.
     #[arg(long, value_name = "N")]
     top: Option<usize>,
 
@@ -216,7 +216,8 @@ struct TargetArgs {
     #[arg(short, long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
     interval: Duration,
 
-    /// Number of stacks in the report (and in each section of it).
+    /// Number of stacks in the report (and in each section of it); 0:
+    /// every stack.
     #[arg(long, value_name = "N", default_value_t = 10)]
     top: usize,
 
@@ -551,7 +552,7 @@ fn config_of(args: TargetArgs) -> Result<Config> {
         targets,
         duration: args.duration,
         interval: args.interval,
-        top: args.top,
+        top: every_stack_if_zero(args.top),
         max_live_allocs: args.max_live_allocs,
         max_stacks: args.max_stacks,
         ring_buffer_kib: args.ring_buffer_kib,
@@ -570,6 +571,11 @@ fn config_of(args: TargetArgs) -> Result<Config> {
     })
 }
 
+/// `--top 0` asks for every stack.
+fn every_stack_if_zero(top: usize) -> usize {
+    if top == 0 { usize::MAX } else { top }
+}
+
 fn report_config(args: ReportArgs) -> Result<ReportConfig> {
     if let (Some(from), Some(to)) = (args.filter.from, args.filter.to)
         && from >= to
@@ -586,7 +592,7 @@ fn report_config(args: ReportArgs) -> Result<ReportConfig> {
     Ok(ReportConfig {
         recording_path: args.recording,
         format: args.format,
-        top: args.top,
+        top: args.top.map(every_stack_if_zero),
         kind: args.filter.kind,
         pid: args.filter.pid,
         from_s: args.filter.from.map(|from| from.as_secs_f64()),

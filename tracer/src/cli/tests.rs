@@ -121,6 +121,22 @@ fn usage_errors_are_one_line_with_code_2() {
     }
 }
 
+#[test]
+fn top_zero_is_every_stack() {
+    let Ok(Parsed::Record(config)) = record(&["--pid", "1", "--top", "0"]) else {
+        panic!("expected a config");
+    };
+    assert_eq!(config.trace.top, usize::MAX);
+    let Ok(Parsed::Report(config)) = report(&["t.tracer", "--top", "0"]) else {
+        panic!("expected a report config");
+    };
+    assert_eq!(config.top, Some(usize::MAX));
+    let Ok(Parsed::Report(config)) = report(&["t.tracer", "--top", "7"]) else {
+        panic!("expected a report config");
+    };
+    assert_eq!(config.top, Some(7));
+}
+
 fn report(arguments: &[&str]) -> Result<Parsed> {
     parse(
         ["tracer", "report"]

@@ -56,10 +56,18 @@ mod tests {
                 "targets",
                 "totals",
                 "tracer_version",
+                "unlisted",
                 "unwinding",
                 "unwinding_stopped",
                 "window_s"
             ]
+        );
+        // The third stack by live bytes, cut by --top 2.
+        assert_eq!(
+            json["unlisted"],
+            serde_json::json!([
+                {"pid": 10, "kind": "heap", "stacks": 1, "live_bytes": 4096, "live_allocs": 64}
+            ])
         );
         assert_eq!(json["unwinding_stopped"]["outside_code"], 2);
         assert_eq!(json["window_s"], 4.0);

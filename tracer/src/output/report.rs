@@ -7,7 +7,8 @@ use super::{
     human_bytes,
 };
 use crate::model::{
-    ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, Target, Totals, merge,
+    ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, StackSummary, Target,
+    Totals, merge,
     peak::{self, Judgement},
     quality::{StackQuality, stack_quality},
     run::{LibraryReport, LoaderPauses, ProbeReport, SamplingReport, UnwindingReport},
@@ -46,9 +47,23 @@ pub struct Report {
     pub unwinding_stopped: BTreeMap<String, u64>,
     /// The top stacks by live bytes, rank 1 first.
     pub stacks: Vec<StackReport>,
+    /// The stacks holding memory that `--top` left out of `stacks`, summed
+    /// by process and kind: with `stacks`, they add up to the totals.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unlisted: Vec<Unlisted>,
     /// Stacks that grew steadily or in steps (as of `judged_at`), fastest
     /// first (rank 1 is shown as L1).
     pub suspected_leaks: Vec<StackReport>,
+}
+
+/// The stacks of one process and kind that hold memory but are not listed.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Unlisted {
+    pub pid: u32,
+    pub kind: Kind,
+    pub stacks: u64,
+    pub live_bytes: i64,
+    pub live_allocs: i64,
 }
 
 /// A hooked object and how its hooks got there.
@@ -235,6 +250,13 @@ impl Report {
                 }
             }
         }
+        let listed: std::collections::HashSet<StackKey> = ranked.iter().copied().collect();
+        let left_out: Vec<StackSummary> = model
+            .top_stacks(usize::MAX)
+            .into_iter()
+            .filter(|summary| !listed.contains(&summary.key))
+            .collect();
+        let unlisted = unlisted(&left_out);
         let stacks = ranked
             .into_iter()
             .enumerate()
@@ -270,9 +292,29 @@ impl Report {
                 .collect(),
             unwinding_stopped: input.unwinding_stopped,
             stacks,
+            unlisted,
             suspected_leaks,
         }
     }
+}
+
+/// The stacks left out, summed by process and kind.
+fn unlisted(left_out: &[StackSummary]) -> Vec<Unlisted> {
+    let mut sums: BTreeMap<(u32, Kind), Unlisted> = BTreeMap::new();
+    for summary in left_out {
+        let (pid, kind) = (summary.key.pid, summary.key.kind);
+        let sum = sums.entry((pid, kind)).or_insert(Unlisted {
+            pid,
+            kind,
+            stacks: 0,
+            live_bytes: 0,
+            live_allocs: 0,
+        });
+        sum.stacks += 1;
+        sum.live_bytes += summary.latest.live_bytes;
+        sum.live_allocs += summary.latest.live_allocs;
+    }
+    sums.into_values().collect()
 }
 
 /// The merged model at the end, and as of the moment judged (the same

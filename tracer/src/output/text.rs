@@ -544,6 +544,7 @@ mod tests {
             libraries: Vec::new(),
             unwinding_stopped: BTreeMap::new(),
             stacks: Vec::new(),
+            unlisted: Vec::new(),
             suspected_leaks: Vec::new(),
         };
         let text = render(&report);
