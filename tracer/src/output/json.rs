@@ -48,6 +48,7 @@ mod tests {
                 "interval_ms",
                 "judged_at",
                 "libraries",
+                "loader_pauses",
                 "probes",
                 "sampling",
                 "snapshots",
