@@ -2,8 +2,8 @@
 //! copied reach the totals even when the copy ring is full (no phantom
 //! live bytes), the mappings an allocator makes inside free are counted
 //! once (as its blocks), and copies keep up at an ordinary allocation
-//! rate. The fixture (tests/fixtures/burst.c) has no frame pointers, so
-//! `--unwind auto` copies its stacks, and prints what it holds.
+//! rate. The fixture (tests/fixtures/burst.c) has no frame pointers; the
+//! copy-path tests ask for `--unwind copy`. It prints what it holds.
 
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
@@ -49,7 +49,7 @@ fn signal(pid: u32, signal: libc::c_int) {
 #[test]
 fn bursts_of_frees_reach_the_totals_even_when_the_copy_ring_is_full() {
     let mut burst = Fixture::start("burst", &[]);
-    let trace = Record::pid(burst.pid).attach();
+    let trace = Record::pid(burst.pid).args(["--unwind", "copy"]).attach();
     let tracer_pid = trace.tracer.pid();
     // The program: 5 000 x 1 000 B every 50 ms, all freed; then
     // a faster one, 20 000 every 10 ms. The tracer is stopped during each,
@@ -109,7 +109,7 @@ fn an_arena_made_inside_free_is_the_allocators_not_mmap_anon() {
 #[test]
 fn copies_keep_up_at_an_ordinary_allocation_rate() {
     let mut burst = Fixture::start("burst", &[]);
-    let trace = Record::pid(burst.pid).attach();
+    let trace = Record::pid(burst.pid).args(["--unwind", "copy"]).attach();
     let tracer_pid = trace.tracer.pid();
     // A 100 ms hiccup in the middle, as a busy machine gives tracer: the
     // ring must hold the ~2 000 copies made meanwhile (a 16 MiB ring,
