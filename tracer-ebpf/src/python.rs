@@ -13,10 +13,7 @@
 //! (PYTHON_ON stays 0 until userspace finds an interpreter).
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        generated::{self, bpf_probe_read_user},
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_probe_read_user},
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
@@ -40,12 +37,6 @@ static PYTHON_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(1 << 16, 0)
 /// Where each Python process's frames are, by process id.
 #[map]
 static PYTHON_OFFSETS: HashMap<u32, PythonOffsets> = HashMap::with_max_entries(4096, 0);
-
-/// 1 when the kernel has `bpf_loop` (Linux 5.17+): the walk's loops are
-/// then its callbacks, which the verifier checks once instead of once per
-/// frame; 0 leaves them unrolled (a constant to the verifier).
-#[unsafe(no_mangle)]
-static BPF_LOOP: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
 
 /// The frames of each Python stack, by id (from 1).
 #[map]
@@ -172,70 +163,6 @@ fn find_thread(offsets: &PythonOffsets, tid: u32) -> Option<u64> {
     None
 }
 
-/// The walk's state from one frame to the next (`bpf_loop`).
-#[repr(C)]
-struct Walk {
-    offsets: *const PythonOffsets,
-    scratch: *mut Scratch,
-    /// The frame to read next (0: the walk is over).
-    frame: u64,
-    /// The previous frame of the last frame read.
-    beyond: u64,
-    depth: u64,
-    count_frames: u64,
-}
-
-/// One frame of the walk: 0 to go on, 1 to stop. A callback of
-/// `bpf_loop` (Linux 5.17+), so the verifier checks it once, not once per
-/// frame: unrolled, the walk made every program that captures a stack
-/// several times slower to load.
-extern "C" fn walk_frame(index: u64, walk: *mut Walk) -> i64 {
-    walk_step(index, unsafe { &mut *walk })
-}
-
-/// One branch in the body (its start), so that the verifier's walk of the
-/// unrolled loop stays linear where there is no `bpf_loop`: a failed read
-/// leaves a zeroed window, whose previous frame (0) ends the walk, and
-/// past --python-depth the next frame is masked to 0.
-#[inline(always)]
-fn walk_step(index: u64, walk: &mut Walk) -> i64 {
-    let frame = walk.frame;
-    if frame == 0 {
-        return 1;
-    }
-    let offsets = unsafe { &*walk.offsets };
-    let scratch = unsafe { &mut *walk.scratch };
-    // A failed read zeroes the window (bpf_probe_read_user).
-    unsafe {
-        bpf_probe_read_user(
-            scratch.frame.as_mut_ptr().cast(),
-            FRAME_WINDOW as u32,
-            frame as *const _,
-        )
-    };
-    let code = word(&scratch.frame, offsets.frame_code);
-    let instruction = word(&scratch.frame, offsets.frame_instruction);
-    let entry_byte = byte(&scratch.frame, offsets.frame_entry) ^ offsets.entry_xor as u64;
-    let entry = (((entry_byte & 0xff) + 0xff) >> 8) ^ (offsets.entry_invert as u64 & 1);
-    let beyond = word(&scratch.frame, offsets.frame_previous);
-    walk.beyond = beyond;
-    // All ones while index + 1 < depth.
-    let more = (((index + 1).wrapping_sub(walk.depth)) as i64 >> 63) as u64;
-    walk.frame = beyond & more;
-    // Code units since the first instruction (an offset past 64 Ki
-    // units, or before the first, wraps: such a frame has no line):
-    // from the instruction pointer, or (3.10) the `int` index of the
-    // last instruction, whose -1 (not started) wraps too.
-    let from_pointer = instruction.wrapping_sub(code + offsets.code_instructions as u64) >> 1;
-    let is_index = 0u64.wrapping_sub(offsets.instruction_index as u64 & 1);
-    let units = ((instruction & 0xffff_ffff & is_index) | (from_pointer & !is_index))
-        & python_frame::MAX_OFFSET;
-    scratch.stack.frames[index as usize & (MAX_PYTHON_FRAMES - 1)] =
-        (code & python_frame::ADDRESS_MASK) | (entry << 47) | (units << python_frame::OFFSET_SHIFT);
-    walk.count_frames = index + 1;
-    0
-}
-
 #[inline(never)]
 fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
     let mut frame = read_u64(thread_state + offsets.thread_frame as u64)?;
@@ -248,38 +175,45 @@ fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
     let scratch = PYTHON_SCRATCH.get_ptr_mut(0)?;
     let scratch = unsafe { &mut *scratch };
     let depth = PYTHON_ON.get(python_setting::DEPTH).copied().unwrap_or(0);
-    let mut walk = Walk {
-        offsets,
-        scratch,
-        frame,
-        beyond: 0,
-        depth: depth as u64,
-        count_frames: 0,
-    };
-    if BPF_LOOP.load() != 0 {
+    // One branch in the loop body (its end), so that the verifier's walk
+    // of it stays linear: a failed read leaves a zeroed window, whose
+    // previous frame (0) ends the walk, and past --python-depth the next
+    // frame is masked to 0.
+    let mut count_frames = 0u32;
+    let mut beyond = 0u64;
+    for index in 0..MAX_PYTHON_FRAMES {
+        if frame == 0 {
+            break;
+        }
+        // A failed read zeroes the window (bpf_probe_read_user).
         unsafe {
-            generated::bpf_loop(
-                MAX_PYTHON_FRAMES as u32,
-                walk_frame as *mut _,
-                (&raw mut walk).cast(),
-                0,
+            bpf_probe_read_user(
+                scratch.frame.as_mut_ptr().cast(),
+                FRAME_WINDOW as u32,
+                frame as *const _,
             )
         };
-    } else {
-        for index in 0..MAX_PYTHON_FRAMES {
-            if walk_step(index as u64, &mut walk) != 0 {
-                break;
-            }
-        }
+        let code = word(&scratch.frame, offsets.frame_code);
+        let instruction = word(&scratch.frame, offsets.frame_instruction);
+        let entry_byte = byte(&scratch.frame, offsets.frame_entry) ^ offsets.entry_xor as u64;
+        let entry = (((entry_byte & 0xff) + 0xff) >> 8) ^ (offsets.entry_invert as u64 & 1);
+        beyond = word(&scratch.frame, offsets.frame_previous);
+        // All ones while index + 1 < depth.
+        let more = (((index as u64 + 1).wrapping_sub(depth as u64)) as i64 >> 63) as u64;
+        frame = beyond & more;
+        // Code units since the first instruction (an offset past 64 Ki
+        // units, or before the first, wraps: such a frame has no line):
+        // from the instruction pointer, or (3.10) the `int` index of the
+        // last instruction, whose -1 (not started) wraps too.
+        let from_pointer = instruction.wrapping_sub(code + offsets.code_instructions as u64) >> 1;
+        let is_index = 0u64.wrapping_sub(offsets.instruction_index as u64 & 1);
+        let units = ((instruction & 0xffff_ffff & is_index) | (from_pointer & !is_index))
+            & python_frame::MAX_OFFSET;
+        scratch.stack.frames[index & (MAX_PYTHON_FRAMES - 1)] = (code & python_frame::ADDRESS_MASK)
+            | (entry << 47)
+            | (units << python_frame::OFFSET_SHIFT);
+        count_frames = index as u32 + 1;
     }
-    let Walk {
-        frame,
-        beyond,
-        count_frames,
-        ..
-    } = walk;
-    let count_frames = count_frames as u32;
-    let scratch = unsafe { &mut *walk.scratch };
     if count_frames == 0 {
         return None;
     }
@@ -329,56 +263,19 @@ fn store(hash: u64, stack: &PythonStack) -> Option<u32> {
     }
 }
 
-/// The hash of a stack so far (`bpf_loop`).
-#[repr(C)]
-struct Hash {
-    stack: *const PythonStack,
-    hash: u64,
-}
-
-/// One frame of the hash: 0 to go on, 1 to stop (`bpf_loop`).
-extern "C" fn hash_frame(index: u64, hash: *mut Hash) -> i64 {
-    hash_step(index, unsafe { &mut *hash })
-}
-
-#[inline(always)]
-fn hash_step(index: u64, hash: &mut Hash) -> i64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let stack = unsafe { &*hash.stack };
-    if index >= stack.count as u64 {
-        return 1;
-    }
-    hash.hash =
-        (hash.hash ^ stack.frames[index as usize & (MAX_PYTHON_FRAMES - 1)]).wrapping_mul(PRIME);
-    0
-}
-
 /// FNV-1a over the process, the frames and their count.
 #[inline(always)]
 fn hash_stack(stack: &PythonStack, tgid: u32) -> u64 {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let start: u64 = 0xcbf2_9ce4_8422_2325 ^ ((tgid as u64) << 32 | stack.count as u64);
-    let mut hash = Hash {
-        stack,
-        hash: (start ^ stack.truncated as u64).wrapping_mul(PRIME),
-    };
-    if BPF_LOOP.load() != 0 {
-        unsafe {
-            generated::bpf_loop(
-                MAX_PYTHON_FRAMES as u32,
-                hash_frame as *mut _,
-                (&raw mut hash).cast(),
-                0,
-            )
-        };
-    } else {
-        for index in 0..MAX_PYTHON_FRAMES {
-            if hash_step(index as u64, &mut hash) != 0 {
-                break;
-            }
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ ((tgid as u64) << 32 | stack.count as u64);
+    hash = (hash ^ stack.truncated as u64).wrapping_mul(PRIME);
+    for index in 0..MAX_PYTHON_FRAMES {
+        if index as u32 >= stack.count {
+            break;
         }
+        hash = (hash ^ stack.frames[index]).wrapping_mul(PRIME);
     }
-    hash.hash
+    hash
 }
 
 #[inline(always)]

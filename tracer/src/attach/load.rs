@@ -220,7 +220,7 @@ impl Probes {
             .override_global(
                 tracer_ebpf::global::BPF_LOOP,
                 &u32::from(has_bpf_loop()),
-                true,
+                false,
             )
             .map_max_entries(tracer_ebpf::map::UNWIND_ROWS, table_rows)
             .load(object)
