@@ -115,6 +115,5 @@ pub mod global {
         FORK_CHILD_PID_OFFSET = "FORK_CHILD_PID_OFFSET",
         GO_STACK_SEARCH = "GO_STACK_SEARCH",
         UNWIND_TABLES_ON = "UNWIND_TABLES_ON",
-        BPF_LOOP = "BPF_LOOP",
     }
 }

@@ -217,11 +217,6 @@ impl Probes {
                 &u32::from(uses_tables),
                 true,
             )
-            .override_global(
-                tracer_ebpf::global::BPF_LOOP,
-                &u32::from(has_bpf_loop()),
-                false,
-            )
             .map_max_entries(tracer_ebpf::map::UNWIND_ROWS, table_rows)
             .load(object)
             .map_err(|error| load_error(error.into()))?;
