@@ -2,7 +2,7 @@
 //! decisions it makes (`tracer_ebpf::unwind_walk`), on a real stack of
 //! this process through libc's qsort (no frame pointers) with the
 //! registry's tables, against the reference walk (`unwind::walk`).
-use std::{cell::RefCell, ffi::c_int, ffi::c_void, time::Duration};
+use std::time::Duration;
 
 use tracer_ebpf::{
     UNWIND_ROW_SEARCH_STEPS, UnwindMappings, UnwindRow, UnwindTable, mapping_unwind,
@@ -16,7 +16,10 @@ use crate::{
     procfs,
     unwind::{
         registry::{Capacity, UnwindTables},
-        walk,
+        walk::{
+            self,
+            tests::{CAPTURED, Captured, compare},
+        },
     },
 };
 
@@ -74,68 +77,6 @@ fn kernel_walk(
     }
 }
 
-struct Captured {
-    registers: Registers,
-    stack: Vec<u8>,
-}
-
-thread_local! {
-    static CAPTURED: RefCell<Option<Captured>> = const { RefCell::new(None) };
-}
-
-/// This frame's registers (ip after a `call`, as at a return probe) and
-/// the stack above them.
-#[inline(never)]
-fn capture() -> Captured {
-    let (ip, sp, bp): (u64, u64, u64);
-    // SAFETY: reads three registers through a call to the next
-    // instruction, whose return address it pops: writes nothing else.
-    unsafe {
-        std::arch::asm!(
-            "call 2f",
-            "2:",
-            "pop {ip}",
-            "mov {sp}, rsp",
-            "mov {bp}, rbp",
-            ip = out(reg) ip,
-            sp = out(reg) sp,
-            bp = out(reg) bp,
-        );
-    }
-    let own = std::fs::read_to_string("/proc/self/maps").expect("own maps");
-    let top = own
-        .lines()
-        .filter_map(|line| {
-            let (start, end) = line.split_whitespace().next()?.split_once('-')?;
-            Some((
-                u64::from_str_radix(start, 16).ok()?,
-                u64::from_str_radix(end, 16).ok()?,
-            ))
-        })
-        .find(|(start, end)| (*start..*end).contains(&sp))
-        .expect("the stack is mapped")
-        .1;
-    // SAFETY: from the stack pointer to the top of this thread's stack
-    // mapping is this thread's own, mapped stack.
-    let stack =
-        unsafe { std::slice::from_raw_parts(sp as *const u8, (top - sp) as usize) }.to_vec();
-    Captured {
-        registers: Registers { ip, sp, bp },
-        stack,
-    }
-}
-
-extern "C" fn compare(a: *const c_void, b: *const c_void) -> c_int {
-    CAPTURED.with(|captured| {
-        if captured.borrow().is_none() {
-            *captured.borrow_mut() = Some(capture());
-        }
-    });
-    // SAFETY: qsort passes pointers to two elements of the i32 array.
-    let (a, b) = unsafe { (*a.cast::<i32>(), *b.cast::<i32>()) };
-    a.cmp(&b) as c_int
-}
-
 #[test]
 fn kernel_walk_takes_the_reference_walks_frames_through_qsort() {
     let mut numbers: Vec<i32> = (0..64).rev().collect();
@@ -170,16 +111,18 @@ fn kernel_walk_takes_the_reference_walks_frames_through_qsort() {
             let word = stack.get(offset..offset + 8)?;
             Some(u64::from_le_bytes(word.try_into().ok()?))
         };
-        let (kernel, step) = kernel_walk(&mappings.mappings, &rows, &placed, registers, read);
+        let kernel_registers = Registers {
+            ip: registers.ip,
+            sp: registers.sp,
+            bp: registers.bp,
+        };
+        let (kernel, step) =
+            kernel_walk(&mappings.mappings, &rows, &placed, kernel_registers, read);
         let reference = walk::walk(
             &mappings.mappings,
             &rows,
             &placed,
-            walk::Registers {
-                ip: registers.ip,
-                sp: registers.sp,
-                bp: registers.bp,
-            },
+            registers,
             read,
             tracer_ebpf::MAX_STACK_FRAMES,
         );

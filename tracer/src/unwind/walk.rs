@@ -157,4 +157,4 @@ pub fn walk(
 
 #[cfg(test)]
 #[path = "walk_tests.rs"]
-mod tests;
+pub(crate) mod tests;

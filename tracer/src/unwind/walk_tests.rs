@@ -232,19 +232,19 @@ fn walks_stop_with_their_reason() {
 
 /// What one capture inside the comparator saw: registers, and the thread's
 /// stack from the stack pointer up.
-struct Captured {
-    registers: Registers,
-    stack: Vec<u8>,
+pub(crate) struct Captured {
+    pub(crate) registers: Registers,
+    pub(crate) stack: Vec<u8>,
 }
 
 thread_local! {
-    static CAPTURED: RefCell<Option<Captured>> = const { RefCell::new(None) };
+    pub(crate) static CAPTURED: RefCell<Option<Captured>> = const { RefCell::new(None) };
 }
 
 /// Reads this frame's registers and copies the stack above them (the
 /// callers' frames stay as they are while this runs).
 #[inline(never)]
-fn capture() -> Captured {
+pub(crate) fn capture() -> Captured {
     let (ip, sp, bp): (u64, u64, u64);
     // SAFETY: reads three registers, writes nothing else.
     unsafe {
@@ -280,7 +280,7 @@ fn capture() -> Captured {
     }
 }
 
-extern "C" fn compare(a: *const c_void, b: *const c_void) -> c_int {
+pub(crate) extern "C" fn compare(a: *const c_void, b: *const c_void) -> c_int {
     CAPTURED.with(|captured| {
         if captured.borrow().is_none() {
             *captured.borrow_mut() = Some(capture());
