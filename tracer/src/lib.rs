@@ -14,6 +14,7 @@ pub mod cli;
 pub mod collect;
 pub mod debug_files;
 pub mod error;
+pub mod holders;
 pub mod model;
 pub mod output;
 pub mod perf_map;

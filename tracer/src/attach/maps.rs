@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
-    maps::{HashMap as KernelHashMap, MapData, PerCpuArray},
+    maps::{HashMap as KernelHashMap, IterableMap as _, MapData, PerCpuArray},
 };
-use tracer_ebpf::{StackFrames, StackKey, StackTotals, stat};
+use tracer_ebpf::{LiveAlloc, LiveKey, StackFrames, StackKey, StackTotals, stat};
 
 use super::Probes;
 
@@ -38,6 +38,37 @@ impl KernelMaps<'_> {
             .iter()
             .map(|entry| entry.context("could not read BY_STACK"))
             .collect()
+    }
+
+    /// Every LIVE entry of process `tgid`: its outstanding blocks by
+    /// address (`holders` scans for pointers to them), and how many
+    /// entries went away while the table was walked (freed meanwhile).
+    pub fn live_blocks(&self, tgid: u32) -> Result<(HashMap<u64, LiveAlloc>, u64)> {
+        let live: KernelHashMap<&MapData, LiveKey, LiveAlloc> = KernelHashMap::try_from(
+            self.ebpf
+                .map(tracer_ebpf::map::LIVE)
+                .context("eBPF object lacks LIVE")?,
+        )?;
+        // A key deleted under the walk sends the kernel's next-key back to
+        // the first bucket: entries are met again (kept once), and the walk
+        // is cut off after a bounded number of steps.
+        let most_steps =
+            4 * u64::from(live.map().info().map_or(1 << 20, |info| info.max_entries()));
+        let (mut blocks, mut gone, mut steps) = (HashMap::new(), 0, 0u64);
+        for entry in live.iter() {
+            steps += 1;
+            if steps > most_steps {
+                break;
+            }
+            match entry {
+                Ok((key, block)) if key.tgid == tgid => {
+                    blocks.insert(key.address, block);
+                }
+                Ok(_) => {}
+                Err(_) => gone += 1,
+            }
+        }
+        Ok((blocks, gone))
     }
 
     /// STATS by `tracer_ebpf::stat` index, summed over CPUs.

@@ -400,6 +400,17 @@ struct RecordArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PLOT_STACKS)]
     plot_stacks: usize,
 
+    /// At the end, scan the target for who holds each listed stack's
+    /// blocks: unreachable bytes (possibly lost apart), holders, path to a
+    /// root. Reads the writable mappings, blocked threads' stacks and
+    /// registers with process_vm_readv; never stops, writes or signals the
+    /// target. Conservative (an integer that looks like a pointer holds a
+    /// block); memory allocated before attach is an untraced holder named
+    /// by its mapping; the target runs on, so it is a best-effort snapshot.
+    /// Costs about 1 s and the memory read per GiB of target memory.
+    #[arg(long)]
+    holders: bool,
+
     // --- Spawned commands: where the report goes ---
     /// Write the text report to this file instead of stdout (stderr when
     /// tracer started the command, whose stdout is its own).
@@ -420,6 +431,7 @@ impl Cli {
                 plot_stacks: args.plot_stacks,
                 recording_path: args.output,
                 text_path: args.text,
+                holders: args.holders,
             })),
             Verb::Top(args) => Ok(Parsed::Top(config_of(args.targets)?)),
             Verb::Report(args) => report_config(args).map(Parsed::Report),

@@ -79,6 +79,8 @@ pub struct RecordConfig {
     /// The text report goes here (else stdout, or stderr for a spawned
     /// command).
     pub text_path: Option<PathBuf>,
+    /// `--holders`: scan the targets for who holds the listed stacks.
+    pub holders: bool,
 }
 
 /// `tracer floor`: what the benchmark wants measured.

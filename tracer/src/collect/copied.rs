@@ -331,6 +331,12 @@ impl CopiedStacks {
             })
     }
 
+    /// The stack a live block with copied stack `stack_ref` (its LIVE
+    /// entry's stack id) is counted under.
+    pub fn block_key(&self, tgid: u32, stack_ref: u32) -> Option<StackKey> {
+        self.live.get(&(tgid, stack_ref)).map(|block| block.key)
+    }
+
     /// The CUDA function of each GPU stack.
     pub fn apis(&self) -> impl Iterator<Item = (StackKey, &'static str)> + '_ {
         self.apis.iter().map(|(key, api)| (*key, *api))

@@ -19,6 +19,7 @@ mod copied;
 mod copy_reader;
 mod frames;
 mod kernel_stacks;
+mod live;
 mod mappings;
 mod python;
 mod targets;
@@ -48,6 +49,7 @@ pub use comms::CommWatch;
 use contexts::EpochEntry;
 use copied::CopiedStacks;
 use kernel_stacks::KernelStacks;
+pub use live::LiveBlocks;
 use mappings::MappingTracker;
 pub use targets::{Watched, live_pids};
 

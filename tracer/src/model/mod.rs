@@ -18,6 +18,7 @@ pub mod merge;
 pub mod peak;
 pub mod quality;
 pub mod ranges;
+pub mod reachability;
 pub mod run;
 pub mod verdict;
 

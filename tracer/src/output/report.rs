@@ -11,6 +11,7 @@ use crate::model::{
     Totals, merge,
     peak::{self, Judgement},
     quality::{StackQuality, stack_quality},
+    reachability::{HoldersScan, Reachability},
     run::{LibraryReport, LoaderPauses, ProbeReport, SamplingReport, UnwindingReport},
 };
 
@@ -54,6 +55,9 @@ pub struct Report {
     /// Stacks that grew steadily or in steps (as of `judged_at`), fastest
     /// first (rank 1 is shown as L1).
     pub suspected_leaks: Vec<StackReport>,
+    /// What each `--holders` scan read and cost, one per process scanned.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holders_scans: Vec<HoldersScan>,
 }
 
 /// The stacks of one process and kind that hold memory but are not listed.
@@ -170,6 +174,9 @@ pub struct StackReport {
     /// counters and series are included above).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub merged_stack_ids: Vec<u32>,
+    /// Who holds its blocks (`record --holders`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reachability: Option<Reachability>,
 }
 
 /// What a report is built from.
@@ -294,6 +301,7 @@ impl Report {
             stacks,
             unlisted,
             suspected_leaks,
+            holders_scans: Vec::new(),
         }
     }
 }
@@ -376,6 +384,7 @@ fn stack_report(
             .filter(|&(other, into)| *into == key && *other != key)
             .map(|(other, _)| other.stack_id.to_raw())
             .collect(),
+        reachability: None,
     }
 }
 

@@ -11,6 +11,7 @@ use super::{MemoryReconciliation, Report, StackReport, human_bytes};
 use crate::model::{Frame, Kind, quality::StackQuality, run::NoticedBy};
 
 mod evidence;
+mod holders;
 
 /// Renders the whole report, one `\n`-terminated line after another.
 pub fn render(report: &Report) -> String {
@@ -232,6 +233,7 @@ pub fn render(report: &Report) -> String {
             lines.push(describe_memory(target.target.pid, memory));
         }
     }
+    lines.extend(holders::scan_lines(report));
     lines.push(String::new());
     if report.snapshots > 0 && report.snapshots < crate::model::leak::MIN_SNAPSHOTS {
         lines.push(format!(
@@ -363,6 +365,7 @@ fn render_leak(report: &Report, stack: &StackReport, lines: &mut Vec<String>) {
         live_words(report, stack),
     ));
     lines.push(format!("    {}", evidence::evidence_line(stack)));
+    holders::stack_lines(stack, lines);
     render_frames(stack, lines);
 }
 
@@ -385,6 +388,7 @@ fn render_stack(report: &Report, stack: &StackReport, lines: &mut Vec<String>) {
             ""
         },
     ));
+    holders::stack_lines(stack, lines);
     lines.push(format!(
         "    allocated {} in {} calls since attach, from:",
         human_bytes(stack.alloc_bytes_total as f64),
@@ -546,6 +550,7 @@ mod tests {
             stacks: Vec::new(),
             unlisted: Vec::new(),
             suspected_leaks: Vec::new(),
+            holders_scans: Vec::new(),
         };
         let text = render(&report);
         assert!(text.starts_with("window: 2.0 s from attach, 4 snapshots every 500 ms;"));

@@ -1,0 +1,204 @@
+//! Who holds it (`record --holders`): at the end of a recording, the
+//! running target is read, never stopped, written or signalled, for
+//! pointers to its traced live blocks, and the reference graph of those
+//! blocks tells, per stack, which blocks nothing reaches (definitely lost,
+//! and possibly lost through interior pointers only), what holds the
+//! others, and the shortest chain from the stack's blocks to a root.
+//!
+//! Limits, as `--help` states them: the scan is conservative (any word
+//! that looks like a pointer into a block counts, an integer too); memory
+//! tracer has no blocks for (allocated before attach, allocator metadata,
+//! freed memory) is a root of its own, "untraced memory in MAPPING"; a
+//! running thread's stack pointer is unknown, so its stack is scanned
+//! whole as untraced memory; and the target runs on while it is read, so
+//! the graph is a best-effort snapshot.
+//!
+//! `blocks`: the block table; `memory`: /proc and process_vm_readv;
+//! `names`: globals by ELF symbol; `scan`: the pass over memory; `graph`:
+//! the walk; here: the per-stack figures.
+pub mod blocks;
+mod graph;
+pub mod memory;
+mod names;
+mod scan;
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::Instant,
+};
+
+use anyhow::Result;
+
+use crate::model::{
+    StackKey,
+    reachability::{Holder, HolderKind, HoldersScan, PathStep, Reachability},
+};
+pub use blocks::Block;
+use blocks::Blocks;
+use graph::{Class, NONE, Walked};
+
+/// The walked reference graph of one process.
+pub struct Scan {
+    pub cost: HoldersScan,
+    blocks: Blocks,
+    roots: Vec<(HolderKind, String)>,
+    edges: Vec<(u32, u32, bool)>,
+    walked: Walked,
+}
+
+/// Scans process `pid` for pointers to its traced live `blocks`;
+/// `blocks_gone`: LIVE entries that went away while read.
+pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
+    let started = Instant::now();
+    let blocks = Blocks::new(blocks);
+    let mut cost = HoldersScan {
+        pid,
+        blocks: blocks.len() as u64,
+        block_bytes: blocks.iter().map(|block| block.size).sum(),
+        blocks_gone,
+        blocks_overlapping: blocks.overlapping,
+        ..HoldersScan::default()
+    };
+    let (mut graph, roots) = scan::scan(pid, &blocks, &mut cost)?;
+    let weak_roots: Vec<bool> = roots
+        .names
+        .iter()
+        .map(|(kind, _)| *kind == HolderKind::Untraced)
+        .collect();
+    let walked = graph.walk(blocks.len() as u32, &weak_roots);
+    let edges: Vec<(u32, u32, bool)> = graph.edges().collect();
+    cost.pointers = edges.len() as u64;
+    cost.graph_bytes = (blocks.len() * std::mem::size_of::<Block>()
+        + edges.len() * (std::mem::size_of::<(u32, u32, bool)>() + 8)
+        + walked.parent.len() * 10) as u64;
+    cost.seconds = started.elapsed().as_secs_f64();
+    Ok(Scan {
+        cost,
+        blocks,
+        roots: roots.names,
+        edges,
+        walked,
+    })
+}
+
+impl Scan {
+    /// The reachability of each group of stacks (a listed stack and those
+    /// merged into it); `label` names a traced block's stack.
+    pub fn reachability(
+        &self,
+        groups: &[Vec<StackKey>],
+        label: &mut dyn FnMut(&StackKey) -> String,
+    ) -> Vec<Reachability> {
+        let group_of: HashMap<StackKey, usize> = groups
+            .iter()
+            .enumerate()
+            .flat_map(|(index, keys)| keys.iter().map(move |key| (*key, index)))
+            .collect();
+        let mut results = vec![Reachability::default(); groups.len()];
+        // The block of each group nearest a root, a strong one first.
+        let mut nearest: Vec<Option<u32>> = vec![None; groups.len()];
+        let mut block_group: Vec<Option<usize>> = Vec::with_capacity(self.blocks.len());
+        for (index, block) in self.blocks.iter().enumerate() {
+            let group = group_of.get(&block.key).copied();
+            block_group.push(group);
+            let Some(group) = group else { continue };
+            let result = &mut results[group];
+            let (bytes, count) = match self.walked.class[index] {
+                Class::Reachable => (&mut result.reachable_bytes, &mut result.reachable_blocks),
+                Class::PossiblyLost => (
+                    &mut result.possibly_lost_bytes,
+                    &mut result.possibly_lost_blocks,
+                ),
+                Class::Unreachable => (
+                    &mut result.unreachable_bytes,
+                    &mut result.unreachable_blocks,
+                ),
+            };
+            *bytes += block.size;
+            *count += 1;
+            let rank = |block: usize| (self.walked.weak[block], self.walked.depth[block]);
+            if self.walked.depth[index] != u32::MAX
+                && nearest[group].is_none_or(|best| rank(index) < rank(best as usize))
+            {
+                nearest[group] = Some(index as u32);
+            }
+        }
+        // Direct holders: each (group, holder, block) once.
+        let mut labels: HashMap<StackKey, String> = HashMap::new();
+        let mut held: HashSet<(usize, (HolderKind, String), u32)> = HashSet::new();
+        for &(source, target, _) in &self.edges {
+            let Some(group) = block_group[target as usize] else {
+                continue;
+            };
+            let holder = self.holder_name(source, &mut labels, label);
+            held.insert((group, holder, target));
+        }
+        let mut sums: HashMap<(usize, (HolderKind, String)), (u64, u64)> = HashMap::new();
+        for (group, holder, target) in held {
+            let sum = sums.entry((group, holder)).or_default();
+            sum.0 += 1;
+            sum.1 += self.blocks.get(target).size;
+        }
+        for ((group, (kind, name)), (blocks, bytes)) in sums {
+            results[group].held_by.push(Holder {
+                kind,
+                name,
+                blocks,
+                bytes,
+            });
+        }
+        for (result, nearest) in results.iter_mut().zip(nearest) {
+            result
+                .held_by
+                .sort_by(|a, b| (b.bytes, b.blocks, &a.name).cmp(&(a.bytes, a.blocks, &b.name)));
+            if let Some(block) = nearest {
+                result.path_to_root = self.path(block, &mut labels, label);
+            }
+        }
+        results
+    }
+
+    fn holder_name(
+        &self,
+        node: u32,
+        labels: &mut HashMap<StackKey, String>,
+        label: &mut dyn FnMut(&StackKey) -> String,
+    ) -> (HolderKind, String) {
+        match node.checked_sub(self.blocks.len() as u32) {
+            Some(root) => self.roots[root as usize].clone(),
+            None => {
+                let key = self.blocks.get(node).key;
+                let name = labels.entry(key).or_insert_with(|| label(&key)).clone();
+                (HolderKind::Block, name)
+            }
+        }
+    }
+
+    /// The chain from `block` to its root, `block` first.
+    fn path(
+        &self,
+        block: u32,
+        labels: &mut HashMap<StackKey, String>,
+        label: &mut dyn FnMut(&StackKey) -> String,
+    ) -> Vec<PathStep> {
+        let mut steps = Vec::new();
+        let mut node = block;
+        let mut interior = false;
+        while node != NONE {
+            let (kind, name) = self.holder_name(node, labels, label);
+            let is_block = (node as usize) < self.blocks.len();
+            steps.push(PathStep {
+                kind,
+                name,
+                address: is_block.then(|| self.blocks.get(node).address),
+                interior,
+            });
+            if !is_block {
+                break;
+            }
+            interior = self.walked.parent_interior[node as usize];
+            node = self.walked.parent[node as usize];
+        }
+        steps
+    }
+}

@@ -1,0 +1,181 @@
+//! Names of the memory outside traced blocks that holds pointers: a
+//! module's globals by symbol (the ELF symbol tables, data objects only,
+//! C++ names demangled), the module by file name, and the other mappings
+//! by what /proc/PID/maps calls them.
+use std::collections::HashMap;
+
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+
+use super::memory::Region;
+use crate::procfs;
+
+/// A mapped ELF object: where it was loaded and its data symbols.
+struct Module {
+    /// Its file name (`libc.so.6`).
+    name: String,
+    /// Addresses from its first load segment to the end of its last,
+    /// `.bss` included (an anonymous mapping after the file's own).
+    start: u64,
+    end: u64,
+    /// (start, end, name) of each data object, as loaded, sorted.
+    symbols: Vec<(u64, u64, String)>,
+}
+
+/// The mapped objects of one process.
+#[derive(Default)]
+pub struct Globals {
+    modules: Vec<Module>,
+}
+
+impl Globals {
+    /// Reads the symbol tables of the objects `regions` maps (through
+    /// /proc/PID/root); an object that cannot be read names no symbol.
+    pub fn load(pid: u32, regions: &[Region]) -> Globals {
+        let mut first_of: HashMap<&str, &Region> = HashMap::new();
+        for region in regions.iter().filter(|region| region.is_file()) {
+            first_of
+                .entry(region.name.as_str())
+                .and_modify(|first| {
+                    if region.start < first.start {
+                        *first = region;
+                    }
+                })
+                .or_insert(region);
+        }
+        let mut modules: Vec<Module> = first_of
+            .into_iter()
+            .filter(|(_, region)| region.file_offset == 0)
+            .filter_map(|(path, region)| load_module(pid, path, region))
+            .collect();
+        modules.sort_by_key(|module| module.start);
+        Globals { modules }
+    }
+
+    fn module_at(&self, address: u64) -> Option<&Module> {
+        let after = self
+            .modules
+            .partition_point(|module| module.start <= address);
+        let module = &self.modules[after.checked_sub(1)?];
+        (address < module.end).then_some(module)
+    }
+
+    /// The file name of the module whose load range holds `address`.
+    pub fn module_name(&self, address: u64) -> Option<&str> {
+        self.module_at(address).map(|module| module.name.as_str())
+    }
+
+    /// The data object at `address` and its module, e.g.
+    /// (`g_list`, `holders`).
+    #[cfg(test)]
+    pub fn symbol(&self, address: u64) -> Option<(&str, &str)> {
+        self.symbol_range(address)
+            .map(|(_, _, name, module)| (name, module))
+    }
+
+    /// [`Globals::symbol`] with the object's address range.
+    pub fn symbol_range(&self, address: u64) -> Option<(u64, u64, &str, &str)> {
+        let module = self.module_at(address)?;
+        let after = module
+            .symbols
+            .partition_point(|(start, _, _)| *start <= address);
+        let (start, end, name) = module.symbols.get(after.checked_sub(1)?)?;
+        (address < *end).then_some((*start, *end, name.as_str(), module.name.as_str()))
+    }
+}
+
+fn load_module(pid: u32, path: &str, first: &Region) -> Option<Module> {
+    let host = procfs::host_path(pid, std::path::Path::new(path));
+    let file = std::fs::File::open(&host).ok()?;
+    // SAFETY: the map is read-only and only parsed; a file changed under
+    // it gives wrong names, not unsafety beyond what `object` checks.
+    let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    let loads: Vec<(u64, u64, u64)> = elf
+        .segments()
+        .map(|segment| {
+            let (offset, _) = segment.file_range();
+            (segment.address(), segment.size(), offset)
+        })
+        .collect();
+    // The mapping at file offset 0 is the first load segment's.
+    let &(first_address, _, first_offset) = loads.iter().min_by_key(|(address, _, _)| *address)?;
+    let bias = first
+        .start
+        .wrapping_sub(first_address)
+        .wrapping_add(first_offset);
+    let end = loads
+        .iter()
+        .map(|(address, size, _)| address + size)
+        .max()?;
+    let mut symbols: Vec<(u64, u64, String)> = elf
+        .symbols()
+        .chain(elf.dynamic_symbols())
+        .filter(|symbol| symbol.kind() == SymbolKind::Data && symbol.size() > 0)
+        .filter_map(|symbol| {
+            let start = symbol.address().wrapping_add(bias);
+            Some((start, start + symbol.size(), demangle(symbol.name().ok()?)))
+        })
+        .collect();
+    symbols.sort();
+    symbols.dedup_by_key(|(start, _, _)| *start);
+    Some(Module {
+        name: path.rsplit('/').next().unwrap_or(path).to_owned(),
+        start: first.start,
+        end: end.wrapping_add(bias),
+        symbols,
+    })
+}
+
+/// A C++ name demangled (`(anonymous namespace)::cache`); others as they are.
+fn demangle(name: &str) -> String {
+    if name.starts_with("_Z")
+        && let Ok(symbol) = cpp_demangle::Symbol::new(name)
+        && let Ok(demangled) = symbol.demangle()
+    {
+        return demangled;
+    }
+    name.to_owned()
+}
+
+/// What a mapping outside any module is called in a report:
+/// `[heap]`, `anonymous mapping 0x7f..`, or its path.
+pub fn mapping_name(region: &Region) -> String {
+    if region.name.is_empty() {
+        format!("anonymous mapping {:#x}", region.start)
+    } else {
+        region.name.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demangles_cpp_names_and_keeps_c_names() {
+        assert_eq!(demangle("g_list"), "g_list");
+        assert_eq!(
+            demangle("_ZN12_GLOBAL__N_15cacheE"),
+            "(anonymous namespace)::cache"
+        );
+    }
+
+    #[test]
+    fn names_own_globals_by_symbol_and_module() {
+        static NAMED_BY_THE_TEST: std::sync::atomic::AtomicU64 =
+            std::sync::atomic::AtomicU64::new(1);
+        let pid = std::process::id();
+        let regions = super::super::memory::regions(pid).unwrap();
+        let globals = Globals::load(pid, &regions);
+        let address = &NAMED_BY_THE_TEST as *const _ as u64;
+        let (symbol, module) = globals.symbol(address).expect("a symbol");
+        assert!(symbol.contains("NAMED_BY_THE_TEST"), "{symbol}");
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(module, exe.file_name().unwrap().to_str().unwrap());
+        assert_eq!(
+            globals.module_name(address + 1),
+            Some(module),
+            "inside the module's range"
+        );
+    }
+}

@@ -1,0 +1,94 @@
+//! Who holds a stack's blocks (`record --holders`): the result of scanning
+//! the target for pointers to its traced live blocks, per stack and per
+//! scan. Pure data; `holders` computes it, `output` renders it.
+
+/// What holds a block: another traced block, a global, a thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HolderKind {
+    /// A traced live block, named by its stack's site label.
+    Block,
+    /// A module's global, named `SYMBOL in MODULE` (`data of MODULE`
+    /// where no symbol covers the word).
+    Global,
+    /// A thread's stack, from its stack pointer up: `thread TID (COMM)`.
+    Thread,
+    /// The argument registers of the system call a thread is blocked in.
+    Registers,
+    /// Memory tracer does not know the blocks of (allocated before attach,
+    /// allocator metadata, freed memory): named by its mapping.
+    Untraced,
+}
+
+/// One holder of a stack's blocks and how much of it it holds directly.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Holder {
+    pub kind: HolderKind,
+    pub name: String,
+    /// The stack's blocks it points into, and their bytes.
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
+/// One step of a chain to a root.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PathStep {
+    pub kind: HolderKind,
+    pub name: String,
+    /// A block's address (null for a root).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<u64>,
+    /// The pointer to the step before points into that block's interior.
+    pub interior: bool,
+}
+
+/// What the scan found for one stack's blocks (those live at the scan).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Reachability {
+    /// No pointer reaches them from anywhere readable ("definitely lost").
+    pub unreachable_bytes: u64,
+    pub unreachable_blocks: u64,
+    /// Reached only through a pointer into some block's interior.
+    pub possibly_lost_bytes: u64,
+    pub possibly_lost_blocks: u64,
+    /// Reached from a root through start pointers.
+    pub reachable_bytes: u64,
+    pub reachable_blocks: u64,
+    /// Direct holders, most bytes first.
+    pub held_by: Vec<Holder>,
+    /// The shortest chain from one of the stack's blocks to a root, the
+    /// stack's own block first, the root last; empty when none is reached.
+    pub path_to_root: Vec<PathStep>,
+}
+
+/// What one scan of a process read and found, and what it cost.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct HoldersScan {
+    pub pid: u32,
+    /// Seconds to read the kernel's LIVE table, then to scan and walk.
+    pub live_read_seconds: f64,
+    pub seconds: f64,
+    /// Bytes read from the target's writable mappings, and the bytes of
+    /// those mappings that could not be read (guard pages).
+    pub bytes_read: u64,
+    pub bytes_unreadable: u64,
+    /// Thread stack bytes below a blocked thread's stack pointer: dead
+    /// frames, not scanned.
+    pub bytes_below_stack_pointers: u64,
+    pub mappings: u64,
+    pub threads: u64,
+    /// Threads whose stack pointer and registers were readable (blocked);
+    /// a running thread's stack is scanned whole, as untraced memory.
+    pub threads_blocked: u64,
+    /// Traced live blocks scanned for, and their bytes.
+    pub blocks: u64,
+    pub block_bytes: u64,
+    /// Aligned words that point into a traced block (distinct edges).
+    pub pointers: u64,
+    /// LIVE entries that went away while the table was read, and entries
+    /// left out because they overlapped another block.
+    pub blocks_gone: u64,
+    pub blocks_overlapping: u64,
+    /// Tracer memory for the block table and the graph.
+    pub graph_bytes: u64,
+}

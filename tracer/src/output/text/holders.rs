@@ -1,0 +1,146 @@
+//! The lines of `record --holders`: what each scan read, and under a
+//! stack what nothing reaches, who holds the rest, and its chain to a root.
+use crate::model::reachability::{HolderKind, HoldersScan, PathStep, Reachability};
+use crate::output::{Report, StackReport, human_bytes};
+
+/// Holders named on a stack's "held by" line.
+const HOLDERS_SHOWN: usize = 4;
+
+/// One line per scan, under the run's totals.
+pub fn scan_lines(report: &Report) -> Vec<String> {
+    report.holders_scans.iter().map(scan_line).collect()
+}
+
+fn scan_line(scan: &HoldersScan) -> String {
+    format!(
+        "holders of PID {}: read {} of {} writable mappings and {} of {} thread stacks \
+         (blocked ones, from their stack pointer) in {:.2} s, after {:.2} s reading LIVE; {} \
+         traced blocks, {} pointers to them (conservative: a word that looks like a pointer \
+         counts)",
+        scan.pid,
+        human_bytes(scan.bytes_read as f64),
+        scan.mappings,
+        scan.threads_blocked,
+        scan.threads,
+        scan.seconds,
+        scan.live_read_seconds,
+        scan.blocks,
+        scan.pointers,
+    )
+}
+
+/// The lines under a stack with reachability: the counts, the holders and
+/// the path.
+pub fn stack_lines(stack: &StackReport, lines: &mut Vec<String>) {
+    let Some(reachability) = &stack.reachability else {
+        return;
+    };
+    lines.push(format!("    {}", counts(reachability)));
+    if !reachability.held_by.is_empty() {
+        let mut holders: Vec<String> = reachability
+            .held_by
+            .iter()
+            .take(HOLDERS_SHOWN)
+            .map(|holder| {
+                format!(
+                    "{} ({}{} in {} block{})",
+                    holder.name,
+                    kind_word(holder.kind),
+                    human_bytes(holder.bytes as f64),
+                    holder.blocks,
+                    if holder.blocks == 1 { "" } else { "s" }
+                )
+            })
+            .collect();
+        if reachability.held_by.len() > HOLDERS_SHOWN {
+            holders.push(format!(
+                "{} more",
+                reachability.held_by.len() - HOLDERS_SHOWN
+            ));
+        }
+        lines.push(format!("    held by: {}", holders.join("; ")));
+    }
+    if !reachability.path_to_root.is_empty() {
+        lines.push(format!(
+            "    path to root: {}",
+            path_words(&reachability.path_to_root)
+        ));
+    }
+}
+
+fn counts(reachability: &Reachability) -> String {
+    format!(
+        "unreachable {} in {} blocks, possibly lost {} in {}, reachable {} in {}",
+        human_bytes(reachability.unreachable_bytes as f64),
+        reachability.unreachable_blocks,
+        human_bytes(reachability.possibly_lost_bytes as f64),
+        reachability.possibly_lost_blocks,
+        human_bytes(reachability.reachable_bytes as f64),
+        reachability.reachable_blocks,
+    )
+}
+
+fn kind_word(kind: HolderKind) -> &'static str {
+    match kind {
+        HolderKind::Block => "block, ",
+        HolderKind::Global => "global, ",
+        HolderKind::Thread => "stack, ",
+        HolderKind::Registers => "",
+        HolderKind::Untraced => "",
+    }
+}
+
+/// `a <- b x3 <- g_list in prog`: runs of steps with one name folded.
+fn path_words(path: &[PathStep]) -> String {
+    let mut words: Vec<(String, usize, bool)> = Vec::new();
+    for step in path {
+        match words.last_mut() {
+            Some((name, count, interior)) if *name == step.name => {
+                *count += 1;
+                *interior |= step.interior;
+            }
+            _ => words.push((step.name.clone(), 1, step.interior)),
+        }
+    }
+    words
+        .into_iter()
+        .map(|(name, count, interior)| {
+            let times = if count > 1 {
+                format!(" x{count}")
+            } else {
+                String::new()
+            };
+            let inside = if interior { " (interior)" } else { "" };
+            format!("{name}{times}{inside}")
+        })
+        .collect::<Vec<_>>()
+        .join(" <- ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(kind: HolderKind, name: &str, interior: bool) -> PathStep {
+        PathStep {
+            kind,
+            name: name.to_owned(),
+            address: None,
+            interior,
+        }
+    }
+
+    #[test]
+    fn folds_runs_of_one_site_in_a_path() {
+        let path = [
+            step(HolderKind::Block, "list_push (holders.c:1)", false),
+            step(HolderKind::Block, "list_push (holders.c:1)", false),
+            step(HolderKind::Block, "list_push (holders.c:1)", false),
+            step(HolderKind::Global, "g_list in holders", false),
+        ];
+        assert_eq!(
+            path_words(&path),
+            "list_push (holders.c:1) x3 <- g_list in holders"
+        );
+    }
+}
