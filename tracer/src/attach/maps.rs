@@ -43,31 +43,37 @@ impl KernelMaps<'_> {
     /// Every LIVE entry of process `tgid`: its outstanding blocks by
     /// address (`holders` scans for pointers to them), and how many
     /// entries went away while the table was walked (freed meanwhile).
-    pub fn live_blocks(&self, tgid: u32) -> Result<(HashMap<u64, LiveAlloc>, u64)> {
-        let live: KernelHashMap<&MapData, LiveKey, LiveAlloc> = KernelHashMap::try_from(
-            self.ebpf
-                .map(tracer_ebpf::map::LIVE)
-                .context("eBPF object lacks LIVE")?,
-        )?;
-        // A key deleted under the walk sends the kernel's next-key back to
-        // the first bucket: entries are met again (kept once), and the walk
-        // is cut off after a bounded number of steps.
-        let most_steps =
-            4 * u64::from(live.map().info().map_or(1 << 20, |info| info.max_entries()));
-        let (mut blocks, mut gone, mut steps) = (HashMap::new(), 0, 0u64);
-        for entry in live.iter() {
-            steps += 1;
-            if steps > most_steps {
-                break;
+    /// Read a batch of buckets per system call (BPF_MAP_LOOKUP_BATCH), or
+    /// entry by entry on a kernel without it.
+    pub fn live_blocks(&self, tgid: u32) -> Result<(Vec<(u64, LiveAlloc)>, u64)> {
+        let map = self
+            .ebpf
+            .map(tracer_ebpf::map::LIVE)
+            .context("eBPF object lacks LIVE")?;
+        let live: KernelHashMap<&MapData, LiveKey, LiveAlloc> = KernelHashMap::try_from(map)?;
+        let (mut blocks, mut gone) = (Vec::new(), 0);
+        let batched = lookup_batches(live.map(), &mut |key: &LiveKey, block: &LiveAlloc| {
+            if key.tgid == tgid {
+                blocks.push((key.address, *block));
             }
-            match entry {
-                Ok((key, block)) if key.tgid == tgid => {
-                    blocks.insert(key.address, block);
+        });
+        if batched.is_err() {
+            blocks.clear();
+            // A key deleted under the walk sends the kernel's next-key back
+            // to the first bucket: entries are met again (kept once), and
+            // the walk is cut off after a bounded number of steps.
+            let most_steps =
+                4 * u64::from(live.map().info().map_or(1 << 20, |info| info.max_entries()));
+            for entry in live.iter().take(most_steps as usize) {
+                match entry {
+                    Ok((key, block)) if key.tgid == tgid => blocks.push((key.address, block)),
+                    Ok(_) => {}
+                    Err(_) => gone += 1,
                 }
-                Ok(_) => {}
-                Err(_) => gone += 1,
             }
         }
+        blocks.sort_unstable_by_key(|(address, _)| *address);
+        blocks.dedup_by_key(|(address, _)| *address);
         Ok((blocks, gone))
     }
 
@@ -133,5 +139,75 @@ impl KernelMaps<'_> {
             return Vec::new();
         };
         apis.iter().filter_map(Result::ok).collect()
+    }
+}
+
+/// The batch fields of `union bpf_attr` (BPF_MAP_*_BATCH).
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+/// Entries asked for per call.
+const BATCH_ENTRIES: usize = 4096;
+
+/// Calls `each` on every entry of hash map `map`, a batch of buckets per
+/// BPF_MAP_LOOKUP_BATCH call (a bucket is read whole, so entries deleted
+/// meanwhile do not restart the walk); Err when the kernel has no batch
+/// lookup or a call failed (the entries given so far are then partial).
+fn lookup_batches<K: Default + Clone, V: Default + Clone>(
+    map: &MapData,
+    each: &mut dyn FnMut(&K, &V),
+) -> std::io::Result<()> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let mut keys = vec![K::default(); BATCH_ENTRIES];
+    let mut values = vec![V::default(); BATCH_ENTRIES];
+    // The hash map's batch token: a bucket index.
+    let (mut in_batch, mut out_batch) = (0u32, 0u32);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { &raw const in_batch as u64 },
+            out_batch: &raw mut out_batch as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: BATCH_ENTRIES as u32,
+            map_fd: map.fd().as_fd().as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: the attribute points at buffers of BATCH_ENTRIES keys and
+        // values of the map's own types, and at the two batch tokens, all
+        // alive through the call; the kernel writes at most `count` entries.
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &raw mut attr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let error = (result < 0).then(std::io::Error::last_os_error);
+        let count = (attr.count as usize).min(BATCH_ENTRIES);
+        for (key, value) in keys[..count].iter().zip(&values[..count]) {
+            each(key, value);
+        }
+        match error {
+            None => {}
+            Some(error) if error.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            // No batch lookup, or a bucket over BATCH_ENTRIES entries: the
+            // caller walks entry by entry instead.
+            Some(error) => return Err(error),
+        }
+        in_batch = out_batch;
+        first = false;
     }
 }

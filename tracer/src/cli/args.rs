@@ -407,7 +407,8 @@ struct RecordArgs {
     /// target. Conservative (an integer that looks like a pointer holds a
     /// block); memory allocated before attach is an untraced holder named
     /// by its mapping; the target runs on, so it is a best-effort snapshot.
-    /// Costs about 1 s and the memory read per GiB of target memory.
+    /// Cost, measured on 1 GiB in 500 k blocks: 1.1 s scan + 0.7 s reading
+    /// LIVE, about 140 bytes of tracer memory per traced block.
     #[arg(long)]
     holders: bool,
 

@@ -37,6 +37,14 @@ pub use blocks::Block;
 use blocks::Blocks;
 use graph::{Class, NONE, Walked};
 
+/// The site labels of holder blocks, each named once.
+#[derive(Default)]
+struct Labels {
+    names: Vec<String>,
+    by_name: HashMap<String, u32>,
+    of_stack: HashMap<StackKey, u32>,
+}
+
 /// The walked reference graph of one process.
 pub struct Scan {
     pub cost: HoldersScan,
@@ -123,24 +131,26 @@ impl Scan {
                 nearest[group] = Some(index as u32);
             }
         }
-        // Direct holders: each (group, holder, block) once.
-        let mut labels: HashMap<StackKey, String> = HashMap::new();
-        let mut held: HashSet<(usize, (HolderKind, String), u32)> = HashSet::new();
+        // Direct holders: each (group, holder, block) once, holders by
+        // number (a root's, or a block label's after the roots').
+        let mut labels = Labels::default();
+        let mut held: HashSet<(u32, u32, u32)> = HashSet::new();
         for &(source, target, _) in &self.edges {
             let Some(group) = block_group[target as usize] else {
                 continue;
             };
-            let holder = self.holder_name(source, &mut labels, label);
-            held.insert((group, holder, target));
+            let holder = self.holder_id(source, &mut labels, label);
+            held.insert((group as u32, holder, target));
         }
-        let mut sums: HashMap<(usize, (HolderKind, String)), (u64, u64)> = HashMap::new();
+        let mut sums: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
         for (group, holder, target) in held {
             let sum = sums.entry((group, holder)).or_default();
             sum.0 += 1;
             sum.1 += self.blocks.get(target).size;
         }
-        for ((group, (kind, name)), (blocks, bytes)) in sums {
-            results[group].held_by.push(Holder {
+        for ((group, holder), (blocks, bytes)) in sums {
+            let (kind, name) = self.holder_of_id(holder, &labels);
+            results[group as usize].held_by.push(Holder {
                 kind,
                 name,
                 blocks,
@@ -158,27 +168,53 @@ impl Scan {
         results
     }
 
+    /// A holder's number: a root's index, or a block label's after them.
+    fn holder_id(
+        &self,
+        node: u32,
+        labels: &mut Labels,
+        label: &mut dyn FnMut(&StackKey) -> String,
+    ) -> u32 {
+        let roots = self.roots.len() as u32;
+        match node.checked_sub(self.blocks.len() as u32) {
+            Some(root) => root,
+            None => {
+                let key = self.blocks.get(node).key;
+                let next = labels.names.len() as u32;
+                let id = *labels.of_stack.entry(key).or_insert_with(|| {
+                    let name = label(&key);
+                    *labels.by_name.entry(name.clone()).or_insert_with(|| {
+                        labels.names.push(name);
+                        next
+                    })
+                });
+                roots + id
+            }
+        }
+    }
+
+    fn holder_of_id(&self, id: u32, labels: &Labels) -> (HolderKind, String) {
+        match id.checked_sub(self.roots.len() as u32) {
+            Some(label) => (HolderKind::Block, labels.names[label as usize].clone()),
+            None => self.roots[id as usize].clone(),
+        }
+    }
+
     fn holder_name(
         &self,
         node: u32,
-        labels: &mut HashMap<StackKey, String>,
+        labels: &mut Labels,
         label: &mut dyn FnMut(&StackKey) -> String,
     ) -> (HolderKind, String) {
-        match node.checked_sub(self.blocks.len() as u32) {
-            Some(root) => self.roots[root as usize].clone(),
-            None => {
-                let key = self.blocks.get(node).key;
-                let name = labels.entry(key).or_insert_with(|| label(&key)).clone();
-                (HolderKind::Block, name)
-            }
-        }
+        let id = self.holder_id(node, labels, label);
+        self.holder_of_id(id, labels)
     }
 
     /// The chain from `block` to its root, `block` first.
     fn path(
         &self,
         block: u32,
-        labels: &mut HashMap<StackKey, String>,
+        labels: &mut Labels,
         label: &mut dyn FnMut(&StackKey) -> String,
     ) -> Vec<PathStep> {
         let mut steps = Vec::new();
