@@ -11,7 +11,8 @@
 //! freed memory) is a root of its own, "untraced memory in MAPPING"; a
 //! running thread's stack pointer is unknown, so its stack is scanned
 //! whole as untraced memory; and the target runs on while it is read, so
-//! the graph is a best-effort snapshot.
+//! the graph is a best-effort snapshot: the memory is read twice, and the
+//! blocks the second pass classes otherwise are counted.
 //!
 //! `blocks`: the block table; `memory`: /proc and process_vm_readv;
 //! `names`: globals by ELF symbol; `scan`: the pass over memory; `graph`:
@@ -80,6 +81,23 @@ pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
         + edges.len() * (std::mem::size_of::<(u32, u32, bool)>() + 8)
         + walked.parent.len() * 10) as u64;
     cost.seconds = started.elapsed().as_secs_f64();
+    // The target ran on while it was read: a second pass over the same
+    // blocks tells how far one snapshot can be trusted.
+    let rescan_started = Instant::now();
+    let (mut again, again_roots) = scan::scan(pid, &blocks, &mut HoldersScan::default())?;
+    let weak_again: Vec<bool> = again_roots
+        .names
+        .iter()
+        .map(|(kind, _)| *kind == HolderKind::Untraced)
+        .collect();
+    let walked_again = again.walk(blocks.len() as u32, &weak_again);
+    cost.rescan_disagreed_blocks = walked
+        .class
+        .iter()
+        .zip(&walked_again.class)
+        .filter(|(first, second)| first != second)
+        .count() as u64;
+    cost.rescan_seconds = rescan_started.elapsed().as_secs_f64();
     Ok(Scan {
         cost,
         blocks,

@@ -89,6 +89,11 @@ pub struct HoldersScan {
     /// left out because they overlapped another block.
     pub blocks_gone: u64,
     pub blocks_overlapping: u64,
+    /// A second pass over the same blocks, right after: the blocks it
+    /// classes otherwise (the target changed its pointers meanwhile), and
+    /// what it took.
+    pub rescan_disagreed_blocks: u64,
+    pub rescan_seconds: f64,
     /// Tracer memory for the block table and the graph.
     pub graph_bytes: u64,
 }

@@ -16,7 +16,7 @@ fn scan_line(scan: &HoldersScan) -> String {
         "holders of PID {}: read {} of {} writable mappings and {} of {} thread stacks \
          (blocked ones, from their stack pointer) in {:.2} s, after {:.2} s reading LIVE; {} \
          traced blocks, {} pointers to them (conservative: a word that looks like a pointer \
-         counts)",
+         counts); a rescan classed {} blocks otherwise",
         scan.pid,
         human_bytes(scan.bytes_read as f64),
         scan.mappings,
@@ -26,6 +26,7 @@ fn scan_line(scan: &HoldersScan) -> String {
         scan.live_read_seconds,
         scan.blocks,
         scan.pointers,
+        scan.rescan_disagreed_blocks,
     )
 }
 
