@@ -109,8 +109,35 @@ pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
 
 impl Scan {
     /// The reachability of each group of stacks (a listed stack and those
-    /// merged into it); `label` names a traced block's stack.
+    /// merged into it; a stack listed twice, as a top stack and a suspected
+    /// leak, gets the same figures twice); `label` names a traced block's
+    /// stack.
     pub fn reachability(
+        &self,
+        groups: &[Vec<StackKey>],
+        label: &mut dyn FnMut(&StackKey) -> String,
+    ) -> Vec<Reachability> {
+        let mut distinct: Vec<Vec<StackKey>> = Vec::new();
+        let positions: Vec<usize> = groups
+            .iter()
+            .map(|group| {
+                distinct
+                    .iter()
+                    .position(|seen| seen == group)
+                    .unwrap_or_else(|| {
+                        distinct.push(group.clone());
+                        distinct.len() - 1
+                    })
+            })
+            .collect();
+        let found = self.reachability_of_distinct(&distinct, label);
+        positions
+            .into_iter()
+            .map(|position| found[position].clone())
+            .collect()
+    }
+
+    fn reachability_of_distinct(
         &self,
         groups: &[Vec<StackKey>],
         label: &mut dyn FnMut(&StackKey) -> String,
