@@ -8,7 +8,7 @@ use std::{io::Write as _, path::Path};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    cli::{ReportConfig, ReportFormat},
+    config::{ReportConfig, ReportFormat},
     model::quality::is_thread_entry,
     output::{self, Report, ReportInput},
     recording::{self, Filter},

@@ -6,8 +6,10 @@ use anyhow::Result;
 use tracer::{
     analyze,
     attach::{self, Probes},
-    cli::{self, FloorConfig, Parsed},
-    collect, error, record, top,
+    cli::{self, Parsed},
+    collect,
+    config::FloorConfig,
+    error, record, top,
 };
 
 fn main() -> std::process::ExitCode {

@@ -10,8 +10,8 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    cli::{RecordConfig, Targets},
     collect::{Collector, Event, StopReason},
+    config::{RecordConfig, Targets},
     error,
     model::Model,
     output,

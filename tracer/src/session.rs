@@ -11,8 +11,8 @@ use anyhow::Result;
 
 use crate::{
     attach::{self, Probes, spawn},
-    cli::{Config, Targets},
     collect::{Collector, Schedule, StopReason},
+    config::{Config, Targets},
     model::{Frame, MemoryStatus, Model, StackKey, Target},
     output::{Report, ReportInput},
     procfs,

@@ -12,8 +12,8 @@ use crossterm::{
 };
 
 use crate::{
-    cli::Config,
     collect::{Collector, Event},
+    config::Config,
     model::{Model, Target, merge},
     output::{Wrappers, human_bytes, site, trim_allocator_frames},
     session,
@@ -61,7 +61,7 @@ pub fn run(config: &Config) -> Result<()> {
 fn draw(
     collector: &mut Collector,
     model: &Model,
-    config: &crate::cli::Config,
+    config: &crate::config::Config,
     interactive: bool,
 ) -> Result<()> {
     let watched = collector.targets();

@@ -263,7 +263,7 @@ impl Collector {
     /// `--comm`: announces the processes started from now on with a
     /// matching name (attached by the liveness timer) and returns those
     /// running now, for `add_target`.
-    pub fn watch_comms(&mut self, targets: &crate::cli::CommTargets) -> Result<Vec<u32>> {
+    pub fn watch_comms(&mut self, targets: &crate::config::CommTargets) -> Result<Vec<u32>> {
         let watch = CommWatch::new(targets)?;
         self.probes
             .watch_execs(&targets.names, !targets.patterns.is_empty())?;

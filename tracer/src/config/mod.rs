@@ -1,4 +1,9 @@
-//! What the command line asks for, as the rest of tracer is given it.
+//! What a run is asked to do, as the rest of tracer is given it: the
+//! configs `cli` parses the command line into, and that `session`,
+//! `collect`, `serve`, `record`, `top` and `analyze` read. Below all of
+//! them: it names no stage of the data flow.
+mod listen;
+
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use crate::{
@@ -7,6 +12,8 @@ use crate::{
     output::{Wrappers, folded::FoldedValue},
     unwind::Unwinding,
 };
+
+pub use listen::parse_listen;
 
 /// Stacks drawn in the growth plot unless `--plot-stacks` says otherwise.
 pub const DEFAULT_PLOT_STACKS: usize = 8;
