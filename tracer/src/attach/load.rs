@@ -14,7 +14,6 @@ use tracer_ebpf::sampling::{PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TAB
 
 use super::{
     ProbeLinks, Probes, ReturnProbes,
-    forks::{COMM_EXEC_PROGRAM, FORK_PROGRAM},
     libraries::LibraryWatch,
     links::{TracepointLink, attach_tracepoint},
     mappings,
@@ -254,9 +253,10 @@ impl Probes {
         }
         let tracepoints_started = Instant::now();
         load_together(&mut ebpf, |name, program| match program {
+            // The fork and exec tracepoints are loaded by forks.rs, when asked.
             Program::TracePoint(_) => {
-                name != FORK_PROGRAM
-                    && name != COMM_EXEC_PROGRAM
+                name != tracer_ebpf::program::PROCESS_FORK
+                    && name != tracer_ebpf::program::COMM_EXEC
                     && (multi.is_some()
                         || (name != tracer_ebpf::program::OPEN_ENTER
                             && name != tracer_ebpf::program::OPEN_EXIT))
