@@ -8,6 +8,7 @@ mod bench;
 mod bench_attach;
 mod bench_python;
 mod bench_real;
+mod bench_runs;
 mod bench_torch;
 mod demo;
 mod fixture_process;
