@@ -1,7 +1,8 @@
 //! What a run is asked to do, as the rest of tracer is given it: the
 //! configs `cli` parses the command line into, and that `session`,
 //! `collect`, `serve`, `record`, `top` and `analyze` read. Below all of
-//! them: it names no stage of the data flow.
+//! them: it names the stages' option types (`Sampling`, `Unwinding`,
+//! `Wrappers`, `PythonMode`), never cli or a module that runs a trace.
 mod listen;
 
 use std::{ffi::OsString, path::PathBuf, time::Duration};
