@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use harness::{
     EXIT_TIMEOUT, Fixture, LEAK_SIZE_BYTES, Live, Record, Report, Traced, Tracer, TracerOutput,
-    churn_held, field, fixture, json_path,
+    build_id, churn_held, field, fixture, json_path, return_address,
 };
 use serde_json::Value;
 /// Exit code for a recording that cannot be read (`tracer --help`).
@@ -91,11 +91,14 @@ fn report_json_equals_the_live_json() {
     );
     let frame = &live.heap_stacks_with("leak_here")[0]["frames"][0];
     assert_eq!(frame["function"], "leak_here");
-    assert!(
-        frame["build_id"].as_str().is_some_and(|id| id.len() >= 16),
-        "no build id in {frame}"
+    let leaky = fixture("leaky");
+    assert_eq!(frame["build_id"], build_id(&leaky).as_str(), "{frame}");
+    // leaky's code is mapped at the file offsets of its ELF addresses.
+    assert_eq!(
+        frame["file_offset"],
+        return_address(&leaky, "leak_here", "malloc"),
+        "not the return address of leak_here's malloc call: {frame}"
     );
-    assert!(frame["file_offset"].is_u64(), "no file offset in {frame}");
 
     let text = report(&[recording.as_os_str()]);
     text.assert_success();
