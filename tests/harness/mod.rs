@@ -33,6 +33,20 @@ pub const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a fixture may take to answer one command.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Fails unless `took` is under `bound`, naming both: a wall-clock bound
+/// in a test is a generous one that a busy CI machine meets (performance
+/// figures belong to `cargo xtask bench`), so a failure says by how much.
+#[track_caller]
+pub fn assert_took_under(what: &str, took: Duration, bound: Duration, context: &dyn fmt::Display) {
+    assert!(
+        took < bound,
+        "{what} took {:.2} s, over the test's generous bound of {:.1} s \
+         (a machine this busy, or a regression: see `cargo xtask bench`): {context}",
+        took.as_secs_f64(),
+        bound.as_secs_f64()
+    );
+}
+
 /// Fails the test loudly unless it runs as root: these tests load eBPF
 /// programs, and a silent skip would hide that nothing was tested.
 pub fn require_root() {
