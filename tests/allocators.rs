@@ -248,7 +248,6 @@ fn redis_keyspace_growth_is_counted_under_redis_frames() {
         "redis answered DBSIZE in {:?} with tracer attached",
         started.elapsed()
     );
-    std::thread::sleep(Duration::from_millis(500));
     let output = tracer.stop();
     output.assert_success();
     let report = Report::read_checked(&json);

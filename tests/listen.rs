@@ -311,12 +311,21 @@ fn growth_profile_holds_what_grew_since_the_previous_fetch() {
         .args(["--listen", "0"])
         .attach();
     let address = listen_address(&mut trace.tracer);
+    // Each fetch once a snapshot holds the blocks leaked before it.
+    let leaked_in_a_snapshot = |count: i64| {
+        let bytes = count * LEAK_SIZE_BYTES;
+        wait_for_samples(&address, &format!("{bytes} B of leak_here"), |samples| {
+            samples
+                .iter()
+                .any(|(_, site, live)| site.starts_with("leak_here") && *live == bytes)
+        });
+    };
     fixture.cmd("leak 4");
-    std::thread::sleep(Duration::from_millis(800));
+    leaked_in_a_snapshot(4);
     let (status, first) = http_get(&address, "/debug/pprof/growth");
     assert_eq!(status, 200);
     fixture.cmd("leak 3");
-    std::thread::sleep(Duration::from_millis(800));
+    leaked_in_a_snapshot(7);
     let (status, second) = http_get(&address, "/debug/pprof/growth");
     assert_eq!(status, 200);
     assert_eq!(
@@ -372,6 +381,9 @@ fn clients_that_never_read_do_not_stall_snapshots() {
         .args(["--listen", "0", "--duration", "11s"])
         .attach();
     let address = listen_address(&mut trace.tracer);
+    wait_for_samples(&address, "the auto leak in a snapshot", |samples| {
+        !samples.is_empty()
+    });
     // 20 connections that never send a request, and one that sends 500
     // requests for a profile and never reads an answer.
     let silent: Vec<TcpStream> = (0..20)
@@ -389,7 +401,8 @@ fn clients_that_never_read_do_not_stall_snapshots() {
             break;
         }
     }
-    std::thread::sleep(Duration::from_secs(1));
+    // The greedy client's requests are all sent, or the tracer stopped
+    // reading them (the write timed out): either way the clients are stuck.
     let asked_at = Instant::now();
     let (status, metrics) = http_get(&address, "/metrics");
     let answered_in = asked_at.elapsed();
@@ -399,9 +412,12 @@ fn clients_that_never_read_do_not_stall_snapshots() {
         "{}",
         String::from_utf8_lossy(&metrics)
     );
-    assert!(
-        answered_in < Duration::from_secs(2),
-        "a new scrape is answered beside the stuck clients ({answered_in:?})"
+    // Stuck clients would hold the scrape until --duration ends (11 s).
+    assert_took_under(
+        "a new scrape beside the stuck clients",
+        answered_in,
+        Duration::from_secs(6),
+        &"(/metrics)",
     );
     let traced = trace.wait_exit();
     drop((silent, greedy));

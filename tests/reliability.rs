@@ -13,8 +13,9 @@ use std::{
 };
 
 use harness::{
-    Fixture, LEAK_SIZE_BYTES, Live, NESTED_LEAK_BYTES, REENTRANT_BLOCK_BYTES, Record, Report,
-    Traced, churn_held, field, json_path, require_root, stack_int, sum_live, thread_dtvs,
+    ATTACH_TIMEOUT, Fixture, LEAK_SIZE_BYTES, Live, NESTED_LEAK_BYTES, REENTRANT_BLOCK_BYTES,
+    Record, Report, Traced, churn_held, field, json_path, require_root, stack_int, sum_live,
+    thread_dtvs,
 };
 
 /// `count` blocks leaked in leaky.c's leak_here.
@@ -146,10 +147,13 @@ fn target_exit_ends_the_trace_with_a_report() {
 fn one_target_exits_early_the_other_is_traced_on() {
     let mut first = Fixture::start("leaky", &[]);
     let mut second = Fixture::start("leaky", &[]);
-    let trace = Record::pids(&[first.pid, second.pid]).attach();
+    let mut trace = Record::pids(&[first.pid, second.pid]).attach();
     first.cmd("leak 5");
     assert_eq!(first.cmd("quit"), "bye");
-    std::thread::sleep(Duration::from_millis(500));
+    trace.tracer.wait_stderr(
+        &format!("tracer: PID {} exited after ", first.pid),
+        ATTACH_TIMEOUT,
+    );
     second.cmd("leak 9");
     let Traced { report, .. } = trace.stop();
     assert_eq!(report.targets().len(), 2, "{}", report.json["targets"]);
@@ -441,8 +445,8 @@ fn follow_forks_traces_children_and_without_it_they_cost_nothing() {
         let trace = Record::pid(fixture.pid).args(follow_args).attach();
         let child: u32 = field(&fixture.cmd("spawn 300"), "pid").try_into().unwrap();
         let _child = KillOnDrop(child);
-        // The child leaks 1.5 s after the fork; give it time to finish.
-        std::thread::sleep(Duration::from_millis(3000));
+        // The child leaks 1.5 s after the fork and says so.
+        assert_eq!(fixture.next_line("the child's leak"), "child leaked=300");
         let Traced { output, report } = trace.stop();
         let child_leak = report.heap_live_of(child, "child_alloc");
         let followed = report

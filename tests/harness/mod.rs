@@ -200,6 +200,12 @@ impl Fixture {
         self.read_answer(line)
     }
 
+    /// Waits for the fixture's next line, one it prints by itself (`what`
+    /// it says, for the failure message), not as an answer.
+    pub fn next_line(&mut self, what: &str) -> String {
+        self.read_answer(what)
+    }
+
     fn read_answer(&mut self, line: &str) -> String {
         let answer = self
             .stdout_lines
