@@ -18,10 +18,7 @@ const HELD_SIZE: i64 = 1000;
 /// Sends `command` to the fixture and returns what it holds after it.
 fn held_after(burst: &mut Fixture, command: &str) -> Live {
     let answer = burst.cmd(command);
-    Live {
-        bytes: field(&answer, "held_bytes"),
-        allocs: field(&answer, "held"),
-    }
+    Live::answered(&answer, "held_bytes", "held")
 }
 
 /// Fails with `why` if the report lists an mmap-anon stack.

@@ -226,6 +226,29 @@ impl Drop for Fixture {
     }
 }
 
+/// Asserts the way every bad input must end: exit code `expected_code` and
+/// one stderr line starting with `tracer: error:`, no panic; returns it.
+#[track_caller]
+pub fn assert_one_line_error(output: &TracerOutput, expected_code: i32) -> &str {
+    assert_eq!(
+        output.status.code(),
+        Some(expected_code),
+        "wrong exit code: {output}"
+    );
+    let lines: Vec<&str> = output.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "stderr is not one line: {output}");
+    assert!(
+        lines[0].starts_with("tracer: error:"),
+        "unexpected stderr: {output}"
+    );
+    let stderr = output.stderr.to_lowercase();
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "the tracer panicked: {output}"
+    );
+    lines[0]
+}
+
 /// What a finished tracer left behind.
 pub struct TracerOutput {
     pub status: ExitStatus,
@@ -471,6 +494,17 @@ impl Live {
         Self {
             bytes: count * size_bytes,
             allocs: count,
+        }
+    }
+}
+
+impl Live {
+    /// What a fixture's answer says it holds: its `bytes_key=` bytes in
+    /// `allocs_key=` blocks.
+    pub fn answered(answer: &str, bytes_key: &str, allocs_key: &str) -> Self {
+        Self {
+            bytes: field(answer, bytes_key),
+            allocs: field(answer, allocs_key),
         }
     }
 }
