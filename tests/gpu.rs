@@ -10,8 +10,8 @@ mod harness;
 use std::time::{Duration, Instant};
 
 use harness::{
-    Allocated, Fixture, Live, Record, Report, Traced, field, frames_contain, record_while,
-    stack_allocated, stack_live,
+    Allocated, Fixture, Live, Record, Report, Traced, assert_took_under, field, frames_contain,
+    record_while, stack_allocated, stack_live,
 };
 use serde_json::Value;
 
@@ -23,8 +23,10 @@ const POOL_ENTRIES: i64 = 8;
 const ALLOCS_PER_INSTANCE: i64 = POOL_ENTRIES + LEAKED_BUFFERS_PER_INSTANCE;
 /// Bytes of one instance's pool: entry i holds (i + 1) x 256 KiB.
 const POOL_BYTES_PER_INSTANCE: i64 = 256 * 1024 * POOL_ENTRIES * (POOL_ENTRIES + 1) / 2;
-/// How soon a library mapped after attach must be hooked.
-const HOOK_DEADLINE: Duration = Duration::from_secs(1);
+/// How soon a library mapped after attach must be hooked: a generous
+/// bound a busy machine meets (milliseconds on a quiet one); what counts
+/// is that the calls after it are exact.
+const HOOK_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The one stack of `kind` containing `function` and made by `api`.
 fn stack_by_api<'a>(report: &'a Report, kind: &str, function: &str, api: &str) -> &'a Value {
@@ -118,7 +120,12 @@ fn executor_exact_when_cuda_is_loaded_after_attach() {
         .tracer
         .wait_stderr("libcudart.so.12 (PID", HOOK_DEADLINE);
     trace.tracer.wait_stderr("libcuda.so.1 (PID", HOOK_DEADLINE);
-    assert!(loaded_at.elapsed() <= HOOK_DEADLINE);
+    assert_took_under(
+        "hooking libcudart and libcuda after their dlopen",
+        loaded_at.elapsed(),
+        HOOK_DEADLINE,
+        &"(the two lines came)",
+    );
     let answer = fixture.cmd("executor 4");
     let Traced { output, report } = trace.stop();
 
@@ -425,10 +432,7 @@ fn vmm_counts_physical_memory_until_released_and_unmapped() {
     let session = record_while("gpu_executor", &["vmm 6"]);
     let (report, answer) = (&session.report, &session.answers[0]);
     let chunks = stack_by_api(report, "gpu-device", "vmm_map_chunk", "cuMemCreate");
-    let mapped = Live {
-        bytes: field(answer, "vmm_map_chunk"),
-        allocs: field(answer, "chunks"),
-    };
+    let mapped = Live::answered(answer, "vmm_map_chunk", "chunks");
     assert_eq!(stack_live(chunks), mapped);
     assert_eq!(
         report.live_with("gpu-device", "vmm_round_trip"),
@@ -532,10 +536,7 @@ fn assert_device_reset_exact(tracer_args: &[&str]) {
     let after = stack_by_api(report, "gpu-device", "reset_after", "cudaMalloc");
     assert_eq!(
         stack_live(after),
-        Live {
-            bytes: field(answer, "reset_after"),
-            allocs: field(answer, "reset_after_buffers")
-        },
+        Live::answered(answer, "reset_after", "reset_after_buffers"),
         "\n{report}"
     );
     // Stream-ordered memory belongs to no context: the reset left it.

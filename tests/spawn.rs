@@ -353,10 +353,7 @@ fn node_jit_frames_are_named_from_its_perf_map() {
         .collect();
     assert_eq!(
         sum_live(&buffers),
-        Live {
-            bytes: field(&answer, "bytes"),
-            allocs: field(&answer, "count")
-        },
+        Live::answered(&answer, "bytes", "count"),
         "the JS function leakBuffers is not named in the heap stacks of its buffers: \
          {output}\n{report}"
     );

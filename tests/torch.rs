@@ -21,8 +21,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use harness::{
-    Fixture, Live, Record, Report, field, frame_lines, python_frames, require_root, stack_live,
-    sum_live, workspace_root,
+    Fixture, Live, Record, Report, frame_lines, python_frames, require_root, stack_live, sum_live,
+    workspace_root,
 };
 use serde_json::Value;
 
@@ -151,19 +151,13 @@ fn torch_parameters_and_numpy_copies_are_exact_per_site() {
     );
     assert_eq!(
         sum_live(&parameters),
-        Live {
-            bytes: field(answer, "params_bytes"),
-            allocs: field(answer, "params_allocs"),
-        },
+        Live::answered(answer, "params_bytes", "params_allocs"),
         "the parameters' storage held by the registry, exactly: {answer}\n{report}"
     );
     let copies = copy_stacks(report);
     assert_eq!(
         sum_live(&copies),
-        Live {
-            bytes: field(answer, "copies_bytes"),
-            allocs: field(answer, "copies_allocs"),
-        },
+        Live::answered(answer, "copies_bytes", "copies_allocs"),
         "the numpy copies held by the registry, exactly: {answer}\n{report}"
     );
 }

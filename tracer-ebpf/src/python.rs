@@ -225,7 +225,7 @@ fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
     scratch.stack.truncated = truncated;
     scratch.stack.tgid = tgid;
     count(stat::PYTHON_STACKS);
-    let hash = hash_stack(&scratch.stack, tgid);
+    let hash = scratch.stack.hash(tgid);
     if let Some(&id) = unsafe { PYTHON_STACK_IDS.get(&hash) } {
         return Some(id);
     }
@@ -261,21 +261,6 @@ fn store(hash: u64, stack: &PythonStack) -> Option<u32> {
             None
         }
     }
-}
-
-/// FNV-1a over the process, the frames and their count.
-#[inline(always)]
-fn hash_stack(stack: &PythonStack, tgid: u32) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ ((tgid as u64) << 32 | stack.count as u64);
-    hash = (hash ^ stack.truncated as u64).wrapping_mul(PRIME);
-    for index in 0..MAX_PYTHON_FRAMES {
-        if index as u32 >= stack.count {
-            break;
-        }
-        hash = (hash ^ stack.frames[index]).wrapping_mul(PRIME);
-    }
-    hash
 }
 
 #[inline(always)]

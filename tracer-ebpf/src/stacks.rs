@@ -296,7 +296,7 @@ fn walk_stack(
             stack.count += 1;
         }
     }
-    let hash = hash_frames(stack);
+    let hash = stack.hash();
     if let Some(&id) = unsafe { STACK_IDS.get(&hash) } {
         return id;
     }
@@ -332,20 +332,6 @@ fn store_stack(hash: u64, stack: &StackFrames) -> u32 {
             NO_STACK
         }
     }
-}
-
-/// FNV-1a over the stack's return addresses and their count.
-#[inline(always)]
-fn hash_frames(stack: &StackFrames) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ stack.count;
-    for index in 0..MAX_STACK_FRAMES {
-        if index as u64 >= stack.count {
-            break;
-        }
-        hash = (hash ^ stack.frames[index]).wrapping_mul(PRIME);
-    }
-    hash
 }
 
 #[inline(always)]
