@@ -10,6 +10,11 @@
 //! - left to exit while traced (CPython's teardown runs the finalizers and
 //!   frees what they held), the same sites are flagged as of the peak,
 //!   and the first lines say so.
+//!
+//! The paused run's text report also shows how Python stacks read: the
+//! native frames below `<module>` fold into one line with their count,
+//! the fixture's `nested` recursion into one line with its depth, and
+//! `tracer report --native all` of its recording shows every frame.
 
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
@@ -18,7 +23,10 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use harness::{Fixture, Record, Traced, field, python_frames, require_root, workspace_root};
+use harness::{
+    Fixture, Record, Traced, Tracer, field, frame_lines, json_path, python_frames, require_root,
+    workspace_root,
+};
 use serde_json::Value;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -39,6 +47,8 @@ struct Run {
     leaked_bytes: i64,
     traced: Traced,
     pid: u32,
+    /// The run recorded (`-o`).
+    recording: std::path::PathBuf,
 }
 
 /// Starts the fixture, builds one model, attaches, builds `STEPS` more
@@ -54,9 +64,11 @@ fn run(exit: bool) -> Run {
     command.arg(script());
     let mut fixture = Fixture::start_command(command);
     fixture.cmd("build 1");
+    let recording =
+        json_path(if exit { "torch_exit" } else { "torch_pause" }).with_extension("tracer");
     let mut trace = Record::pid(fixture.pid)
         .interval("250ms")
-        .args(["-v"])
+        .args(["-v", "-o", recording.to_str().unwrap()])
         .attach();
     trace.tracer.wait_stderr(
         "unwind table libtorch_cpu.so.1.13.0: ",
@@ -79,6 +91,7 @@ fn run(exit: bool) -> Run {
         leaked_bytes,
         traced,
         pid,
+        recording,
     }
 }
 
@@ -187,4 +200,80 @@ fn torch_leak_left_to_exit_is_flagged_as_of_its_peak() {
         .find(|line| line.starts_with(&first))
         .unwrap_or_else(|| panic!("no {first:?} in the first lines:\n{output}"));
     assert!(line.contains("; ranked at its peak, "), "{line:?}");
+}
+
+/// The lines of the text report's entry headed `#rank  `, up to the next
+/// blank line.
+fn entry(text: &str, rank: usize) -> Vec<&str> {
+    let heading = format!("#{rank}  ");
+    text.lines()
+        .skip_while(|line| !line.starts_with(&heading))
+        .take_while(|line| !line.is_empty())
+        .collect()
+}
+
+#[test]
+fn python_stacks_fold_the_interpreter_frames_with_their_count() {
+    let run = paused();
+    let Traced { output, report } = &run.traced;
+    let group = &report.json["groups"][0];
+    let frames = frame_lines(group);
+    let outermost_python = frames
+        .iter()
+        .rposition(|(.., language)| language == "python")
+        .unwrap_or_else(|| panic!("no Python frame in #1: {group:#}"));
+    assert_eq!(frames[outermost_python].0, "<module>");
+    let below = &frames[outermost_python + 1..];
+    assert!(below.len() > 2, "{frames:?}");
+    let shown = entry(&output.stdout, 1);
+    let folded: Vec<&&str> = shown
+        .iter()
+        .filter(|line| {
+            line.trim_start()
+                .starts_with(&format!("[{} native frames: ", below.len()))
+        })
+        .collect();
+    assert_eq!(
+        folded.len(),
+        1,
+        "the {} frames below <module> in one line: {shown:#?}",
+        below.len()
+    );
+    let nested_line = harness::marked_line(&script(), "# NESTED");
+    let recursion = frames
+        .iter()
+        .filter(|(function, file, line, _)| {
+            function == "nested" && file == SCRIPT && *line == nested_line
+        })
+        .count();
+    assert!(recursion > 90, "the fixture's DEPTH: {frames:?}");
+    let repeated = format!("{SCRIPT}:{nested_line})  × {recursion} (recursion)");
+    assert!(
+        shown.iter().any(|line| line.ends_with(&repeated)),
+        "no {repeated:?} in {shown:#?}"
+    );
+    assert!(shown.len() < 60, "{} lines: {shown:#?}", shown.len());
+
+    let all = Tracer::start(["report", run.recording.to_str().unwrap(), "--native", "all"])
+        .wait_exit(Duration::from_secs(60));
+    all.assert_success();
+    let every = entry(&all.stdout, 1);
+    assert_eq!(
+        every.len(),
+        shown
+            .iter()
+            .position(|line| line.starts_with("      "))
+            .unwrap()
+            + frames.len(),
+        "every frame of #1: {every:#?}"
+    );
+    for (function, ..) in below.iter().filter(|(function, ..)| function != "?") {
+        assert!(
+            every
+                .iter()
+                .any(|line| line.trim_start().starts_with(function.as_str())),
+            "no {function} in {every:#?}"
+        );
+    }
+    assert!(!all.stdout.contains(" native frames: "), "{all}");
 }

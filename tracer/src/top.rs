@@ -1,7 +1,10 @@
 //! `tracer top`: a live table of the stacks growing fastest, refreshed at
-//! every snapshot, like `py-spy top`. Suspected leaks (steady growth, see
-//! `model::leak`) come first, so a one-time step does not hide a leak. On a terminal it redraws one screen
-//! (q or Ctrl-C quits); otherwise it prints one plain table per interval.
+//! every snapshot, like `py-spy top`. Suspected leaks (`model::verdict`)
+//! come first, so a one-time step does not hide a leak; the stacks of one
+//! site share a row (`--group-by`), and a target that exited or tore down
+//! is ranked at its peak, as in the report. On a terminal it redraws one
+//! screen (q or Ctrl-C quits); otherwise it prints one plain table per
+//! interval.
 use std::{
     collections::HashMap,
     io::{IsTerminal as _, Write as _},
