@@ -24,7 +24,7 @@ use crate::{
         Model, StackKey, Target, merge,
         peak::{self, Judgement},
     },
-    output::{GroupBy, Wrappers, by_site_label, human_bytes, site, trim_allocator_frames},
+    output::{GroupBy, by_site_label, human_bytes, site, trim_allocator_frames},
     session,
 };
 
@@ -79,22 +79,19 @@ fn draw(
     let merged_keys: std::collections::HashSet<_> = session::stacks_to_merge(model, config.top)
         .into_iter()
         .collect();
+    // Each stack's site label, taken from the frames the merge reads.
+    let mut labels: HashMap<StackKey, String> = HashMap::new();
     let (merged, _) = merge::by_frames(model, |key| {
-        if merged_keys.contains(key) {
-            trim_allocator_frames(collector.frames(key))
-        } else {
-            Vec::new()
+        if !merged_keys.contains(key) {
+            return Vec::new();
         }
+        let frames = trim_allocator_frames(collector.frames(key));
+        if let Some(site) = site(&frames, &config.wrappers) {
+            labels.insert(*key, site.label);
+        }
+        frames
     });
     let merged = merged.as_ref().unwrap_or(model);
-    let mut labels: HashMap<StackKey, String> = HashMap::new();
-    for (key, _) in merged.latest_counters() {
-        if merged_keys.contains(&key)
-            && let Some(label) = describe_site(&collector.frames(&key), &config.wrappers)
-        {
-            labels.insert(key, label);
-        }
-    }
     let into_site =
         match config.layout.group_by {
             GroupBy::Site => by_site_label(merged.latest_counters().filter_map(|(key, latest)| {
@@ -208,11 +205,6 @@ pub fn render_table(
         lines.push("(no stack has grown yet)".to_owned());
     }
     lines.join("\n")
-}
-
-/// The WHERE of a stack: its site's label.
-fn describe_site(frames: &[crate::model::Frame], wrappers: &Wrappers) -> Option<String> {
-    site(frames, wrappers).map(|site| site.label)
 }
 
 /// The terminal in raw mode on the alternate screen, restored on drop. A
