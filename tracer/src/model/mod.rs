@@ -18,7 +18,7 @@ pub mod merge;
 pub mod peak;
 pub mod quality;
 pub mod ranges;
-mod ranking;
+pub mod ranking;
 pub mod run;
 mod sum;
 pub mod verdict;

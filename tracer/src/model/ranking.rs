@@ -12,22 +12,25 @@ impl Model {
     /// Stacks that grew steadily until the end of the window or in
     /// several steps (`verdict`), fastest first, at most `count`.
     pub fn suspected_leaks(&self, count: usize) -> Vec<(StackKey, Growth)> {
-        let mut leaks: Vec<(StackKey, Growth)> = self
-            .stacks
-            .iter()
-            .filter(|(key, state)| {
-                key.kind.is_memory() && state.latest.live_bytes > 0 && self.growth_of(state) > 0.0
-            })
-            .map(|(key, _)| (*key, self.growth(key)))
-            .filter(|(_, growth)| growth.suspected_leak)
-            .collect();
-        leaks.sort_by(|a, b| {
-            b.1.rate_bytes_per_s
-                .total_cmp(&a.1.rate_bytes_per_s)
-                .then(a.0.cmp(&b.0))
-        });
+        let mut leaks = self.suspected_leaks_among(self.stacks.keys().copied());
+        sort_leaks(&mut leaks);
         leaks.truncate(count);
         leaks
+    }
+
+    /// The suspected leaks among `keys`, in no order.
+    pub fn suspected_leaks_among(
+        &self,
+        keys: impl Iterator<Item = StackKey>,
+    ) -> Vec<(StackKey, Growth)> {
+        keys.filter(|key| {
+            self.stacks.get(key).is_some_and(|state| {
+                key.kind.is_memory() && state.latest.live_bytes > 0 && self.growth_of(state) > 0.0
+            })
+        })
+        .map(|key| (key, self.growth(&key)))
+        .filter(|(_, growth)| growth.suspected_leak)
+        .collect()
     }
 
     /// The `count` stacks holding the most live bytes; ties go to the faster
@@ -98,4 +101,13 @@ impl Model {
             0.0
         }
     }
+}
+
+/// Suspected leaks fastest first, ties to the smaller key.
+pub fn sort_leaks(leaks: &mut [(StackKey, Growth)]) {
+    leaks.sort_by(|a, b| {
+        b.1.rate_bytes_per_s
+            .total_cmp(&a.1.rate_bytes_per_s)
+            .then(a.0.cmp(&b.0))
+    });
 }

@@ -250,15 +250,29 @@ impl Report {
                 stack_quality: quality.get(&target.pid).copied(),
             })
             .collect();
-        let listed = ranked_lists(&input, views, &canonical, judged_model.is_some());
+        // Every suspected leak, judged once: the site groups of one stack
+        // take theirs from here.
+        let mut stack_leaks = judged.suspected_leaks(usize::MAX);
+        let listed = ranked_lists(
+            &input,
+            views,
+            &canonical,
+            judged_model.is_some(),
+            stack_leaks.iter().take(input.top).cloned().collect(),
+        );
         let left_out: Vec<StackSummary> = model
             .top_stacks(usize::MAX)
             .into_iter()
             .filter(|summary| !listed.keys.contains(&summary.key))
             .collect();
         let unlisted = unlisted(&left_out);
-        let (groups, suspected_leak_groups) =
-            groups::site_groups(&input, views, &canonical, judged_model.is_some());
+        let (groups, suspected_leak_groups) = groups::site_groups(
+            &input,
+            views,
+            &canonical,
+            judged_model.is_some(),
+            std::mem::take(&mut stack_leaks),
+        );
         Report {
             tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
             window_s: model.window_s(),
@@ -303,12 +317,13 @@ struct Listed {
 /// The top stacks of `views` ranked at the moment judged; then, when that
 /// is not the end (`judged_elsewhere`), the stacks holding the most at the
 /// end that it left out, so the end state is listed too. And the suspected
-/// leaks, fastest first.
+/// leaks `leaks` (fastest first).
 fn ranked_lists(
     input: &ReportInput<'_>,
     views: Views<'_>,
     canonical: &BTreeMap<StackKey, StackKey>,
     judged_elsewhere: bool,
+    leaks: Vec<(StackKey, Growth)>,
 ) -> Listed {
     let mut ranked: Vec<StackKey> = views
         .judged
@@ -329,9 +344,7 @@ fn ranked_lists(
         .enumerate()
         .map(|(index, key)| stack_report(input, views, canonical, index + 1, key))
         .collect();
-    let suspected_leaks = views
-        .judged
-        .suspected_leaks(input.top)
+    let suspected_leaks = leaks
         .into_iter()
         .enumerate()
         .map(|(index, (key, _))| stack_report(input, views, canonical, index + 1, key))

@@ -7,11 +7,17 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{ReportInput, StackReport, Views, ranked_lists};
-use crate::model::{Kind, StackKey};
+use crate::model::{Growth, Kind, StackKey, ranking::sort_leaks};
 use crate::output::{
     GroupBy,
     frames::{site, trim_allocator_frames},
 };
+
+/// Beyond this many stacks the report lists them one by one: frames are
+/// then known for only some of them (`session::MERGE_ALL_UP_TO`), so a
+/// site's sum would leave some of its stacks out, and the grouping would
+/// double the time a report of 10^5 stacks takes.
+const MAX_GROUPED_STACKS: usize = 20_000;
 
 /// The stacks of one process and kind that share a site, summed.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -29,13 +35,18 @@ pub struct SiteGroup {
 
 /// The site groups as the report ranks them, and those suspected of
 /// leaking; `canonical` maps each stack of the model to the one it was
-/// merged into for equal frames.
+/// merged into for equal frames, `stack_leaks` are the suspected leaks by
+/// stack (a group of one stack is judged as that stack was).
 pub(super) fn site_groups(
     input: &ReportInput<'_>,
     views: Views<'_>,
     canonical: &BTreeMap<StackKey, StackKey>,
     judged_elsewhere: bool,
+    stack_leaks: Vec<(StackKey, Growth)>,
 ) -> (Vec<SiteGroup>, Vec<SiteGroup>) {
+    if views.model.latest_counters().count() > MAX_GROUPED_STACKS {
+        return (Vec::new(), Vec::new());
+    }
     let into_site = site_map(input, views);
     let site_of = |key: &StackKey| into_site.get(key).copied().unwrap_or(*key);
     let model = views.model.merged(site_of);
@@ -53,14 +64,29 @@ pub(super) fn site_groups(
     for (stack, into) in canonical {
         members.insert(*stack, site_of(into));
     }
-    let listed = ranked_lists(input, site_views, &members, judged_elsewhere);
+    let mut sizes: HashMap<StackKey, usize> = HashMap::new();
+    for into in into_site.values() {
+        *sizes.entry(*into).or_default() += 1;
+    }
+    let several = |key: &StackKey| sizes.get(key).is_some_and(|&size| size > 1);
+    let mut leaks = site_views
+        .judged
+        .suspected_leaks_among(sizes.keys().copied().filter(|key| several(key)));
+    leaks.extend(
+        stack_leaks
+            .into_iter()
+            .filter(|(key, _)| !into_site.contains_key(key) || !several(&site_of(key))),
+    );
+    sort_leaks(&mut leaks);
+    leaks.truncate(input.top);
+    let listed = ranked_lists(input, site_views, &members, judged_elsewhere, leaks);
     let group = |sum: StackReport| {
-        let stack_count = into_site
-            .values()
-            .filter(|into| {
+        let stack_count = sizes
+            .iter()
+            .find(|(into, _)| {
                 (into.pid, into.kind, into.stack_id.to_raw()) == (sum.pid, sum.kind, sum.stack_id)
             })
-            .count();
+            .map_or(1, |(_, size)| *size);
         let mut stack_ids = vec![sum.stack_id];
         stack_ids.extend(&sum.merged_stack_ids);
         SiteGroup {
@@ -127,14 +153,15 @@ pub struct Entry<'a> {
 
 impl super::Report {
     /// The ranked entries and the suspected leaks, one per site or one
-    /// per stack (`--group-by`).
+    /// per stack (`--group-by`; per stack where no groups were made).
     pub fn entries(&self) -> (Vec<Entry<'_>>, Vec<Entry<'_>>) {
+        let grouped = !self.groups.is_empty() || self.stacks.is_empty();
         match self.layout.group_by {
-            GroupBy::Site => (
+            GroupBy::Site if grouped => (
                 of_groups(&self.groups),
                 of_groups(&self.suspected_leak_groups),
             ),
-            GroupBy::Stack => (of_stacks(&self.stacks), of_stacks(&self.suspected_leaks)),
+            _ => (of_stacks(&self.stacks), of_stacks(&self.suspected_leaks)),
         }
     }
 }
