@@ -65,6 +65,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),
         wrappers: &config.wrappers,
+        layout: config.layout,
         memory_status: recording.memory_status(&filter),
         reaches_entry: &mut |key| {
             frames

@@ -245,6 +245,7 @@ pub fn build_report(
             })
         },
         wrappers: &config.wrappers,
+        layout: config.layout,
         api: &|key| apis.get(key).cloned(),
         memory_status,
         reaches_entry: &mut |key| collector.reaches_entry(key),

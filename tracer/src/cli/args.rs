@@ -21,7 +21,7 @@ use crate::{
     },
     error::{ExitCode, fatal},
     model::Kind,
-    output::{Wrappers, folded::FoldedValue},
+    output::{GroupBy, Layout, NativeFrames, Wrappers, folded::FoldedValue},
     python::PythonMode,
     unwind::Unwinding,
 };
@@ -156,9 +156,27 @@ struct LabelArgs {
     /// by build id.
     #[arg(long = "debug-dir", value_name = "DIR")]
     debug_dirs: Vec<PathBuf>,
+
+    /// One entry per site (the stacks that allocate at the same function
+    /// and line, summed, with their count) or per stack.
+    #[arg(long, value_enum, value_name = "HOW", default_value_t = GroupBy::Site)]
+    group_by: GroupBy,
+
+    /// The native frames of stacks with Python frames: those nearest the
+    /// allocation (the interpreter's own folded into one line with their
+    /// count), or all of them.
+    #[arg(long, value_enum, value_name = "WHICH", default_value_t = NativeFrames::Nearest)]
+    native: NativeFrames,
 }
 
 impl LabelArgs {
+    fn layout(&self) -> Layout {
+        Layout {
+            group_by: self.group_by,
+            native: self.native,
+        }
+    }
+
     fn wrappers(&self) -> Result<Wrappers> {
         Wrappers::new(&self.wrappers).map_err(|error| {
             fatal(

@@ -62,6 +62,8 @@ pub struct Config {
     pub leave_running: bool,
     /// What stacks are named past (`--wrapper` and the built-in list).
     pub wrappers: Wrappers,
+    /// `--group-by`, `--native`.
+    pub layout: crate::output::Layout,
     /// Separate debug files are searched here first (`--debug-dir`).
     pub debug_dirs: Vec<PathBuf>,
     /// Where to serve metrics and profiles (`--listen`).
@@ -132,6 +134,8 @@ pub struct ReportConfig {
     pub plot_stacks: usize,
     /// What stacks are named past (`--wrapper` and the built-in list).
     pub wrappers: Wrappers,
+    /// `--group-by`, `--native`.
+    pub layout: crate::output::Layout,
     /// Frames without a symbol are looked up in debug files here
     /// (`--debug-dir`).
     pub debug_dirs: Vec<PathBuf>,

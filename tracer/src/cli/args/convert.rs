@@ -125,6 +125,7 @@ pub(super) fn config_of(args: TargetArgs) -> Result<Config> {
         loader_pause: !args.no_loader_pause,
         leave_running: args.leave_running,
         wrappers,
+        layout: args.labels.layout(),
         debug_dirs: args.labels.debug_dirs,
         listen: args.fleet.listen,
         python: args.python,
@@ -164,6 +165,7 @@ pub(super) fn report_config(args: ReportArgs) -> Result<ReportConfig> {
         output_path: args.output,
         plot_stacks: DEFAULT_PLOT_STACKS,
         wrappers: args.labels.wrappers()?,
+        layout: args.labels.layout(),
         debug_dirs: args.labels.debug_dirs,
     })
 }
