@@ -262,7 +262,6 @@ fn torch_workload_drops_nothing_at_default_options() {
 /// path (`--unwind copy`) the 64 MiB stack-copy ring alone is 128 MiB of
 /// it (mapped twice); the kernel's walk through unwind tables maps no ring.
 #[test]
-#[ignore = "not met yet (issue 25, must-have 4): 270 MiB VmHWM measured on main after the attach merge, 245 MiB before it"]
 fn tracer_peak_rss_on_the_torch_workload_stays_under_its_bound() {
     let peak = session().tracer_peak_rss_bytes;
     assert!(
