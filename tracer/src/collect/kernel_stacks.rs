@@ -7,6 +7,10 @@
 //! `[unwinding stopped: ...]` frame, and stacks equal up to that point are
 //! one stack: every kernel id is mapped to the first id with the same
 //! checked frames.
+//!
+//! A stack the kernel's unwind walk took while one of its objects' tables
+//! was still being built ends in `UNWIND_PENDING_FRAME`: it is kept as a
+//! flag here (the report ends the stack in a marker frame) and counted.
 use std::collections::{BTreeMap, HashMap};
 
 use crate::{attach::KernelMaps, procfs, unwind::StopReason};
@@ -17,6 +21,19 @@ struct Checked {
     pid: u32,
     addresses: Vec<u64>,
     stopped: bool,
+    /// Walked by frame pointers where a table was pending.
+    pending: bool,
+}
+
+/// A canonical kernel stack, checked.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckedStack<'a> {
+    /// Return addresses (and the Python tag last, if any).
+    pub addresses: &'a [u64],
+    /// Cut at a return address outside the target's code.
+    pub stopped: bool,
+    /// Taken before one of its objects' unwind tables was ready.
+    pub pending: bool,
 }
 
 #[derive(Default)]
@@ -31,6 +48,8 @@ pub struct KernelStacks {
     code: HashMap<u32, Vec<(u64, u64)>>,
     /// Stacks cut short, by reason.
     stops: BTreeMap<StopReason, u64>,
+    /// Distinct stacks taken before one of their tables was ready.
+    pending: u64,
 }
 
 impl KernelStacks {
@@ -46,17 +65,29 @@ impl KernelStacks {
             if checked.stopped {
                 *self.stops.entry(StopReason::OutsideCode).or_default() += 1;
             }
+            if checked.pending {
+                self.pending += 1;
+            }
             self.stacks.insert((pid, id), checked);
         }
         self.canonical.insert((pid, id), canonical);
         canonical
     }
 
-    /// The checked return addresses of a canonical stack, and whether it
-    /// was cut short.
-    pub fn addresses(&self, pid: u32, id: u32) -> Option<(&[u64], bool)> {
+    /// A canonical stack, checked.
+    pub fn addresses(&self, pid: u32, id: u32) -> Option<CheckedStack<'_>> {
         let checked = self.stacks.get(&(pid, id))?;
-        Some((&checked.addresses, checked.stopped))
+        Some(CheckedStack {
+            addresses: &checked.addresses,
+            stopped: checked.stopped,
+            pending: checked.pending,
+        })
+    }
+
+    /// Distinct stacks taken before one of their objects' unwind tables
+    /// was ready.
+    pub fn pending(&self) -> u64 {
+        self.pending
     }
 
     /// Distinct stacks cut short, by reason.
@@ -67,6 +98,9 @@ impl KernelStacks {
     fn check(&mut self, pid: u32, mut addresses: Vec<u64>) -> Checked {
         // The Python stack's tag (the last frame) is no return address.
         let python = addresses.pop_if(|last| tracer_ebpf::python_stack_of_frame(*last).is_some());
+        let pending = addresses
+            .pop_if(|last| *last == tracer_ebpf::UNWIND_PENDING_FRAME)
+            .is_some();
         let mut outside = self.first_outside_code(pid, &addresses);
         if outside.is_some() {
             // A library mapped since, or a new image (exec): read the
@@ -82,6 +116,7 @@ impl KernelStacks {
             pid,
             addresses,
             stopped: outside.is_some(),
+            pending,
         }
     }
 
