@@ -680,6 +680,7 @@ impl Collector {
     /// kept here for blocks with copied stacks, after draining every copy
     /// sent so far.
     fn epoch_entries(&mut self) -> Result<Vec<EpochEntry>> {
+        self.kernel_stacks.new_pass();
         let maps = self.probes.maps();
         let mut entries: Vec<EpochEntry> = maps
             .by_stack()?
