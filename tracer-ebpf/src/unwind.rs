@@ -15,8 +15,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use tracer_ebpf::{
-    MAX_STACK_FRAMES, MAX_UNWIND_MAPPINGS, StackFrames, UNWIND_ROW_SEARCH_STEPS, UnwindMappings,
-    UnwindRow, UnwindTable, mapping_unwind, stat,
+    MAX_STACK_FRAMES, MAX_UNWIND_MAPPINGS, StackFrames, UNWIND_PENDING_FRAME,
+    UNWIND_ROW_SEARCH_STEPS, UnwindMappings, UnwindRow, UnwindTable, mapping_unwind, stat,
     unwind_walk::{
         Bounds, Registers, Step, find_mapping, last_at_or_below, step_by_frame_pointer, step_by_row,
     },
@@ -150,6 +150,20 @@ pub(crate) fn walk(tgid: u32, regs: Registers, stack: *mut StackFrames, room: us
     let state = unsafe { &*state };
     if state.pending != 0 {
         count(stat::UNWIND_TABLE_PENDING);
+        // The marker after the last frame (in place of it when the stack
+        // is full): the report says which stacks came before a table.
+        unsafe {
+            let frames = (*stack).count;
+            let index = if frames < room as u64 {
+                frames
+            } else {
+                frames.saturating_sub(1)
+            };
+            if index < MAX_STACK_FRAMES as u64 {
+                (*stack).frames[index as usize] = UNWIND_PENDING_FRAME;
+                (*stack).count = index + 1;
+            }
+        }
     }
     if state.mappings_full != 0 {
         count(stat::UNWIND_MAPPINGS_FULL);
