@@ -647,3 +647,44 @@ fn destroyed_context_releases_its_memory_for_the_next_one() {
         ]
     );
 }
+
+/// The state letter of `pid` in /proc/PID/stat ('T': stopped).
+fn process_state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the target runs");
+    let after_name = &stat[stat.rfind(')').expect("stat has the name in parentheses") + 2..];
+    after_name.chars().next().expect("a state letter")
+}
+
+/// A tracer killed (SIGKILL) while the loader gate holds its target at a
+/// dlopen does not leave the target stopped: its watchdog lets it go on.
+/// The tracer is stopped first (SIGSTOP), so that it cannot look at the
+/// libraries itself: the gate holds the target until tracer is gone.
+#[test]
+fn sigkilled_tracer_leaves_no_process_held_at_the_loader_gate() {
+    let mut fixture = Fixture::start("gpu_executor_dlopen", &[]);
+    let target = fixture.pid;
+    let trace = Record::pid(target).attach();
+    let tracer = trace.tracer;
+    // SAFETY: a plain signal to our own child.
+    assert_eq!(unsafe { libc::kill(tracer.pid() as i32, libc::SIGSTOP) }, 0);
+    std::thread::scope(|scope| {
+        let loading = scope.spawn(|| fixture.cmd("load"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while process_state(target) != 'T' {
+            assert!(
+                Instant::now() < deadline,
+                "the loader gate did not hold the target"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let output = tracer.stop_with(libc::SIGKILL);
+        assert_eq!(output.status.code(), None, "killed by a signal");
+        assert_eq!(loading.join().expect("the load answered"), "loaded");
+    });
+    let answer = fixture.cmd("executor 1");
+    assert_eq!(
+        field(&answer, "instances"),
+        1,
+        "the target runs on: {answer}"
+    );
+}

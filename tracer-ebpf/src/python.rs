@@ -65,6 +65,30 @@ static PYTHON_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0
 /// None for a thread without Python frames (or not a Python thread).
 #[inline(always)]
 pub(crate) fn current_stack() -> Option<u32> {
+    match tracer_python_stack() {
+        NO_PYTHON_STACK => None,
+        id => Some(id as u32),
+    }
+}
+
+/// What `tracer_python_stack` returns for no Python stack.
+const NO_PYTHON_STACK: i64 = -1;
+
+/// [`current_stack`]'s walk, as a global function: the kernel verifies
+/// it once per program, not once for each path of the program that
+/// reaches it (a program taking stacks in several places verified the
+/// unrolled walk that many times). The id, or `NO_PYTHON_STACK`.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn tracer_python_stack() -> i64 {
+    match walk_current() {
+        Some(id) => id as i64,
+        None => NO_PYTHON_STACK,
+    }
+}
+
+#[inline(always)]
+fn walk_current() -> Option<u32> {
     if PYTHON_ON.get(python_setting::ON).copied().unwrap_or(0) == 0 {
         return None;
     }

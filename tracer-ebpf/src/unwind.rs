@@ -105,11 +105,24 @@ pub(crate) fn walks(tgid: u32) -> bool {
     UNWIND_TABLES_ON.load() != 0 && unsafe { UNWIND_MAPPINGS.get(&tgid) }.is_some()
 }
 
+/// [`walk`] into the stack scratch of `stacks.rs`, as a global function
+/// with plain arguments: the kernel verifies it once per program, not
+/// once for each path of the program that reaches it. 1 when walked.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn tracer_unwind_walk(tgid: u32, ip: u64, sp: u64, bp: u64, room: u64) -> i64 {
+    let Some(stack) = crate::stacks::scratch() else {
+        return 0;
+    };
+    let room = (room as usize).min(MAX_STACK_FRAMES);
+    walk(tgid, Registers { ip, sp, bp }, stack, room) as i64
+}
+
 /// Walks the user stack of `tgid` from `regs` (at an allocator's return
 /// or a system call) into `stack`, at most `room` frames; false when the
 /// process has no unwind mappings (the caller walks frame pointers).
 #[inline(always)]
-pub(crate) fn walk(tgid: u32, regs: Registers, stack: *mut StackFrames, room: usize) -> bool {
+fn walk(tgid: u32, regs: Registers, stack: *mut StackFrames, room: usize) -> bool {
     if UNWIND_TABLES_ON.load() == 0 {
         return false;
     }

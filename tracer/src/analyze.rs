@@ -58,7 +58,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         probes,
         sampling: recording.metadata.sampling.clone(),
         unwinding: recording.unwinding.clone(),
-        loader_pauses: Default::default(),
+        loader_pauses: recording.loader_pauses,
         libraries: recording.libraries(&filter),
         api: &|key| apis.get(key).cloned(),
         interval_ms: recording.metadata.interval_ms,

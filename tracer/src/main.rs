@@ -13,6 +13,9 @@ use tracer::{
 };
 
 fn main() -> std::process::ExitCode {
+    if std::env::var_os(attach::watchdog::WATCHDOG_ENV).is_some() {
+        attach::watchdog::run();
+    }
     let result = cli::parse(std::env::args_os()).and_then(|parsed| match parsed {
         Parsed::Print(text) => {
             print!("{text}");

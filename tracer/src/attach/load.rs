@@ -279,11 +279,21 @@ impl Probes {
             )),
             None => None,
         };
-        let watch = LibraryWatch::start(&mut ebpf, &mut tracepoint_links, linkers)?;
+        let mut watch = LibraryWatch::start(&mut ebpf, &mut tracepoint_links, linkers)?;
         let mapping_links = mappings::attach_tracepoints(&mut ebpf)
             .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
         let mapping_tracepoints = mapping_links.len();
         tracepoint_links.extend(mapping_links);
+        let watchdog = match watch.loader_held.take() {
+            Some(held) => {
+                let events: Vec<u64> = tracepoint_links
+                    .iter()
+                    .filter_map(|link| link.event_id)
+                    .collect();
+                Some(super::watchdog::Watchdog::start(held, &events)?)
+            }
+            None => None,
+        };
         let times = AttachTimes {
             maps: maps_time,
             tracepoints: tracepoints_started.elapsed(),
@@ -335,6 +345,7 @@ impl Probes {
             times,
             pause_at_loader: true,
             loader_pauses: Vec::new(),
+            _watchdog: watchdog,
         };
         Ok((probes, rings))
     }
