@@ -19,6 +19,7 @@ const FOREIGN: &[(&str, &[&str])] = &[
     ("--loop", &["torch_models.py"]),
     ("--pause-ms", &["torch_models.py"]),
     ("--only-keep-debug", &["objcopy"]),
+    ("--lib", &["cargo test"]),
 ];
 /// Lines either side of a foreign flag searched for its program's name.
 const FOREIGN_WINDOW: usize = 3;
