@@ -16,19 +16,13 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
 use harness::{
-    Fixture, Live, Record, Report, frame_lines, python_frames, require_root, stack_live, sum_live,
-    workspace_root,
+    Live, Record, Report, TORCH_SCRIPT, frame_lines, python_frames, stack_live, start_torch_models,
+    sum_live, torch_script,
 };
 use serde_json::Value;
-
-const PYTHON: &str = "/usr/bin/python3";
-const TORCH: &str = "/usr/lib/python3/dist-packages/torch/__init__.py";
-const SCRIPT: &str = "torch_models.py";
 
 /// tracer's stated bound on its own peak resident memory for this
 /// workload (the README's "Memory" paragraph, `tracer record --help`).
@@ -43,28 +37,16 @@ struct Session {
     tracer_peak_rss_bytes: u64,
 }
 
-fn script() -> PathBuf {
-    workspace_root().join("tests/fixtures/python").join(SCRIPT)
-}
-
 fn marked_line(marker: &str) -> i64 {
-    harness::marked_line(&script(), marker)
+    harness::marked_line(&torch_script(), marker)
 }
 
 /// The session every test of this file checks (run once, on first use).
 fn session() -> &'static Session {
     static SESSION: OnceLock<Session> = OnceLock::new();
     SESSION.get_or_init(|| {
-        require_root();
-        assert!(
-            std::path::Path::new(TORCH).exists(),
-            "Debian's python3-torch is missing ({TORCH}): run `cargo xtask setup`"
-        );
-        let mut command = Command::new(PYTHON);
-        command.arg(script());
-        let mut fixture = Fixture::start_command(command);
         // Mid-run: torch is loaded and one model is held before attach.
-        fixture.cmd("build 1");
+        let mut fixture = start_torch_models();
         let mut trace = Record::pid(fixture.pid).top(1000).args(["-v"]).attach();
         // Stacks taken before an object's unwind table is in the kernel
         // are walked by frame pointers and end in a marker (the test
@@ -104,7 +86,7 @@ fn through(stack: &Value, function: &str, marker: &str) -> bool {
     let line = marked_line(marker);
     python_frames(stack)
         .iter()
-        .any(|(name, file, at)| name == function && file == SCRIPT && *at == line)
+        .any(|(name, file, at)| name == function && file == TORCH_SCRIPT && *at == line)
 }
 
 /// The heap stacks of the parameters' storage: torch's CPU allocator
@@ -189,7 +171,7 @@ fn torch_stacks_go_through_libtorch_cpu_to_the_program_start() {
             python
                 .last()
                 .map(|(function, file, _)| (function.as_str(), file.as_str())),
-            Some(("<module>", SCRIPT)),
+            Some(("<module>", TORCH_SCRIPT)),
             "the Python frames reach the script's <module>: {python:?}"
         );
         let outermost = &frames.last().expect("a frame").0;
@@ -279,11 +261,7 @@ const TABLE_PENDING_MARKER: &str = "[unwind table pending: walked by frame point
 /// in 0.2-1 s after ~300 others) is still pending.
 #[test]
 fn stacks_taken_before_their_table_was_ready_end_in_a_marker_and_are_counted() {
-    require_root();
-    let mut command = Command::new(PYTHON);
-    command.arg(script());
-    let mut fixture = Fixture::start_command(command);
-    fixture.cmd("build 1");
+    let mut fixture = start_torch_models();
     let trace = Record::pid(fixture.pid).top(1000).attach();
     let answer = fixture.cmd("build 1");
     let report = trace.stop().report;

@@ -19,27 +19,19 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use harness::{
-    Fixture, Record, Traced, Tracer, field, frame_lines, json_path, python_frames, require_root,
-    workspace_root,
+    Record, TORCH_SCRIPT, Traced, Tracer, field, frame_lines, json_path, python_frames,
+    start_torch_models, torch_script,
 };
 use serde_json::Value;
 
-const PYTHON: &str = "/usr/bin/python3";
-const TORCH: &str = "/usr/lib/python3/dist-packages/torch/__init__.py";
-const SCRIPT: &str = "torch_models.py";
 const STEPS: usize = 4;
 /// Several quiet snapshots (250 ms apart) between two models.
 const PAUSE: Duration = Duration::from_millis(1500);
 const MIB: i64 = 1 << 20;
-
-fn script() -> std::path::PathBuf {
-    workspace_root().join("tests/fixtures/python").join(SCRIPT)
-}
 
 /// A traced run: the bytes the fixture leaked after attach, and what
 /// tracer reported.
@@ -55,15 +47,7 @@ struct Run {
 /// with a pause after each; then stops tracer during the last pause, or
 /// tells the fixture to quit and lets tracer end with it.
 fn run(exit: bool) -> Run {
-    require_root();
-    assert!(
-        std::path::Path::new(TORCH).exists(),
-        "Debian's python3-torch is missing ({TORCH}): run `cargo xtask setup`"
-    );
-    let mut command = Command::new(PYTHON);
-    command.arg(script());
-    let mut fixture = Fixture::start_command(command);
-    fixture.cmd("build 1");
+    let mut fixture = start_torch_models();
     let recording =
         json_path(if exit { "torch_exit" } else { "torch_pause" }).with_extension("tracer");
     let mut trace = Record::pid(fixture.pid)
@@ -110,10 +94,10 @@ fn exited() -> &'static Run {
 fn leak_site(group: &Value) -> Option<&'static str> {
     let site = &group["site"];
     let file = site["file"].as_str().unwrap_or_default();
-    if !file.ends_with(SCRIPT) {
+    if !file.ends_with(TORCH_SCRIPT) {
         return None;
     }
-    let copy_line = harness::marked_line(&script(), "# COPY-SITE");
+    let copy_line = harness::marked_line(&torch_script(), "# COPY-SITE");
     match site["function"].as_str() {
         Some("build_model") => Some("build_model"),
         Some("Tracker.track") if site["line"] == copy_line => Some("copy"),
@@ -139,7 +123,7 @@ fn assert_the_leak_is_flagged(run: &Run) {
                 kinds.push(kind);
                 let iteration = python_frames(group)
                     .into_iter()
-                    .any(|(function, file, _)| function == "iteration" && file == SCRIPT);
+                    .any(|(function, file, _)| function == "iteration" && file == TORCH_SCRIPT);
                 assert!(iteration, "not under iteration: {group:#}");
             }
             None => assert!(
@@ -239,15 +223,15 @@ fn python_stacks_fold_the_interpreter_frames_with_their_count() {
         "the {} frames below <module> in one line: {shown:#?}",
         below.len()
     );
-    let nested_line = harness::marked_line(&script(), "# NESTED");
+    let nested_line = harness::marked_line(&torch_script(), "# NESTED");
     let recursion = frames
         .iter()
         .filter(|(function, file, line, _)| {
-            function == "nested" && file == SCRIPT && *line == nested_line
+            function == "nested" && file == TORCH_SCRIPT && *line == nested_line
         })
         .count();
     assert!(recursion > 90, "the fixture's DEPTH: {frames:?}");
-    let repeated = format!("{SCRIPT}:{nested_line})  × {recursion} (recursion)");
+    let repeated = format!("{TORCH_SCRIPT}:{nested_line})  × {recursion} (recursion)");
     assert!(
         shown.iter().any(|line| line.ends_with(&repeated)),
         "no {repeated:?} in {shown:#?}"

@@ -16,11 +16,14 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod record;
+mod torch;
 mod totals;
 mod truths;
 
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use record::{Record, Trace, Traced};
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
+pub use torch::{TORCH_SCRIPT, start_torch_models, torch_script};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use totals::{Allocated, stack_allocated, stack_live, sum_live};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
