@@ -90,14 +90,7 @@ fn the_stacks_of_one_site_are_one_entry_with_their_sum_and_count() {
     }
 
     // The SVG legend: the site's line, with the count in its detail.
-    let svg_text = std::fs::read_to_string(&svg).expect("the SVG was written");
-    let _ = std::fs::remove_file(&svg);
-    let document = roxmltree::Document::parse(&svg_text).expect("the SVG is XML");
-    let legend: Vec<&str> = document
-        .descendants()
-        .filter(|node| node.has_tag_name("text"))
-        .filter_map(|node| node.text().map(str::trim))
-        .collect();
+    let legend = harness::take_svg_texts(&svg);
     let at = legend
         .iter()
         .position(|text| text.starts_with("L1 ") && text.contains(" tree_leaf (stack_tree.c:"))

@@ -149,14 +149,7 @@ fn a_target_that_exits_after_its_teardown_is_judged_at_its_peak() {
         .unwrap_or_else(|| panic!("no {first:?} in the first lines:\n{output}"));
     assert!(line.contains(&sentence), "{line:?} lacks {sentence:?}");
 
-    let svg_text = std::fs::read_to_string(&svg).expect("the SVG was written");
-    let _ = std::fs::remove_file(&svg);
-    let document = roxmltree::Document::parse(&svg_text).expect("the SVG is XML");
-    let legend: Vec<&str> = document
-        .descendants()
-        .filter(|node| node.has_tag_name("text"))
-        .filter_map(|node| node.text().map(str::trim))
-        .collect();
+    let legend = harness::take_svg_texts(&svg);
     assert!(
         legend
             .iter()

@@ -780,3 +780,16 @@ pub fn dwarf_pids(report: &Report) -> Vec<i64> {
         .map(|process| process["pid"].as_i64().expect("a pid"))
         .collect()
 }
+
+/// The trimmed `<text>` contents of the SVG tracer wrote at `path` (the
+/// plot's titles and legend), the file removed once read.
+pub fn take_svg_texts(path: &Path) -> Vec<String> {
+    let svg = std::fs::read_to_string(path).expect("the SVG was written");
+    let _ = std::fs::remove_file(path);
+    let document = roxmltree::Document::parse(&svg).expect("the SVG is XML");
+    document
+        .descendants()
+        .filter(|node| node.has_tag_name("text"))
+        .filter_map(|node| node.text().map(|text| text.trim().to_owned()))
+        .collect()
+}
