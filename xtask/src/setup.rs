@@ -7,6 +7,7 @@
 //! the two always agree on the bitcode format.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
@@ -260,14 +261,8 @@ fn ensure_packages(shell: &Shell) -> Result<()> {
         return Ok(());
     }
     let apt_get = |args: &[&str]| {
-        let mut command = if is_root() {
-            shell.cmd("apt-get")
-        } else {
-            let mut sudo = shell.cmd("sudo");
-            sudo.arg("apt-get");
-            sudo
-        };
-        command.env("DEBIAN_FRONTEND", "noninteractive").args(args);
+        let mut command = apt_get(shell);
+        command.args(args);
         command
     };
     shell.run(&mut apt_get(&["update"]))?;
@@ -298,17 +293,19 @@ fn ensure_demo_packages(shell: &Shell) -> Result<()> {
         eprintln!("xtask: gcc: present");
         return Ok(());
     }
-    let apt_get = || {
-        let mut command = if is_root() {
-            shell.cmd("apt-get")
-        } else {
-            let mut sudo = shell.cmd("sudo");
-            sudo.arg("apt-get");
-            sudo
-        };
-        command.env("DEBIAN_FRONTEND", "noninteractive");
-        command
+    shell.run(apt_get(shell).arg("update"))?;
+    shell.run(apt_get(shell).args(["install", "-y"]).args(&missing))
+}
+
+/// `apt-get`, through sudo unless root, without questions.
+fn apt_get(shell: &Shell) -> Command {
+    let mut command = if is_root() {
+        shell.cmd("apt-get")
+    } else {
+        let mut sudo = shell.cmd("sudo");
+        sudo.arg("apt-get");
+        sudo
     };
-    shell.run(apt_get().arg("update"))?;
-    shell.run(apt_get().args(["install", "-y"]).args(&missing))
+    command.env("DEBIAN_FRONTEND", "noninteractive");
+    command
 }
