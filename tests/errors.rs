@@ -6,7 +6,10 @@ mod harness;
 
 use std::process::{Child, Command};
 
-use harness::{EXIT_TIMEOUT, Fixture, Tracer, TracerOutput, fixture, require_root};
+use harness::{
+    EXIT_TIMEOUT, Fixture, Tracer, TracerOutput, assert_one_line_error as assert_error, fixture,
+    require_root,
+};
 
 /// Exit codes of the tracer binary.
 const EXIT_USAGE: i32 = 2;
@@ -21,27 +24,6 @@ const NOBODY_UID: &str = "65534";
 
 fn run_tracer(args: &[&str]) -> TracerOutput {
     Tracer::start(args).wait_exit(EXIT_TIMEOUT)
-}
-
-/// Asserts the way every bad input must end: exit code `expected_code` and
-/// one stderr line starting with `tracer: error:`, no panic.
-fn assert_error(output: &TracerOutput, expected_code: i32) {
-    assert_eq!(
-        output.status.code(),
-        Some(expected_code),
-        "wrong exit code: {output}"
-    );
-    let lines: Vec<&str> = output.stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "stderr is not one line: {output}");
-    assert!(
-        lines[0].starts_with("tracer: error:"),
-        "unexpected stderr: {output}"
-    );
-    let stderr = output.stderr.to_lowercase();
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("backtrace"),
-        "the tracer panicked: {output}"
-    );
 }
 
 /// A process id that no process has right now.

@@ -10,8 +10,8 @@ mod harness;
 use std::time::{Duration, Instant};
 
 use harness::{
-    Allocated, Fixture, Live, Record, Report, Traced, field, frames_contain, record_while,
-    stack_allocated, stack_live,
+    Allocated, Fixture, Live, Record, Report, Traced, assert_took_under, field, frames_contain,
+    record_while, stack_allocated, stack_live,
 };
 use serde_json::Value;
 
@@ -23,8 +23,10 @@ const POOL_ENTRIES: i64 = 8;
 const ALLOCS_PER_INSTANCE: i64 = POOL_ENTRIES + LEAKED_BUFFERS_PER_INSTANCE;
 /// Bytes of one instance's pool: entry i holds (i + 1) x 256 KiB.
 const POOL_BYTES_PER_INSTANCE: i64 = 256 * 1024 * POOL_ENTRIES * (POOL_ENTRIES + 1) / 2;
-/// How soon a library mapped after attach must be hooked.
-const HOOK_DEADLINE: Duration = Duration::from_secs(1);
+/// How soon a library mapped after attach must be hooked: a generous
+/// bound a busy machine meets (milliseconds on a quiet one); what counts
+/// is that the calls after it are exact.
+const HOOK_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The one stack of `kind` containing `function` and made by `api`.
 fn stack_by_api<'a>(report: &'a Report, kind: &str, function: &str, api: &str) -> &'a Value {
@@ -118,7 +120,12 @@ fn executor_exact_when_cuda_is_loaded_after_attach() {
         .tracer
         .wait_stderr("libcudart.so.12 (PID", HOOK_DEADLINE);
     trace.tracer.wait_stderr("libcuda.so.1 (PID", HOOK_DEADLINE);
-    assert!(loaded_at.elapsed() <= HOOK_DEADLINE);
+    assert_took_under(
+        "hooking libcudart and libcuda after their dlopen",
+        loaded_at.elapsed(),
+        HOOK_DEADLINE,
+        &"(the two lines came)",
+    );
     let answer = fixture.cmd("executor 4");
     let Traced { output, report } = trace.stop();
 
@@ -425,10 +432,7 @@ fn vmm_counts_physical_memory_until_released_and_unmapped() {
     let session = record_while("gpu_executor", &["vmm 6"]);
     let (report, answer) = (&session.report, &session.answers[0]);
     let chunks = stack_by_api(report, "gpu-device", "vmm_map_chunk", "cuMemCreate");
-    let mapped = Live {
-        bytes: field(answer, "vmm_map_chunk"),
-        allocs: field(answer, "chunks"),
-    };
+    let mapped = Live::answered(answer, "vmm_map_chunk", "chunks");
     assert_eq!(stack_live(chunks), mapped);
     assert_eq!(
         report.live_with("gpu-device", "vmm_round_trip"),
@@ -532,10 +536,7 @@ fn assert_device_reset_exact(tracer_args: &[&str]) {
     let after = stack_by_api(report, "gpu-device", "reset_after", "cudaMalloc");
     assert_eq!(
         stack_live(after),
-        Live {
-            bytes: field(answer, "reset_after"),
-            allocs: field(answer, "reset_after_buffers")
-        },
+        Live::answered(answer, "reset_after", "reset_after_buffers"),
         "\n{report}"
     );
     // Stream-ordered memory belongs to no context: the reset left it.
@@ -644,5 +645,46 @@ fn destroyed_context_releases_its_memory_for_the_next_one() {
                 }
             ),
         ]
+    );
+}
+
+/// The state letter of `pid` in /proc/PID/stat ('T': stopped).
+fn process_state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the target runs");
+    let after_name = &stat[stat.rfind(')').expect("stat has the name in parentheses") + 2..];
+    after_name.chars().next().expect("a state letter")
+}
+
+/// A tracer killed (SIGKILL) while the loader gate holds its target at a
+/// dlopen does not leave the target stopped: its watchdog lets it go on.
+/// The tracer is stopped first (SIGSTOP), so that it cannot look at the
+/// libraries itself: the gate holds the target until tracer is gone.
+#[test]
+fn sigkilled_tracer_leaves_no_process_held_at_the_loader_gate() {
+    let mut fixture = Fixture::start("gpu_executor_dlopen", &[]);
+    let target = fixture.pid;
+    let trace = Record::pid(target).attach();
+    let tracer = trace.tracer;
+    // SAFETY: a plain signal to our own child.
+    assert_eq!(unsafe { libc::kill(tracer.pid() as i32, libc::SIGSTOP) }, 0);
+    std::thread::scope(|scope| {
+        let loading = scope.spawn(|| fixture.cmd("load"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while process_state(target) != 'T' {
+            assert!(
+                Instant::now() < deadline,
+                "the loader gate did not hold the target"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let output = tracer.stop_with(libc::SIGKILL);
+        assert_eq!(output.status.code(), None, "killed by a signal");
+        assert_eq!(loading.join().expect("the load answered"), "loaded");
+    });
+    let answer = fixture.cmd("executor 1");
+    assert_eq!(
+        field(&answer, "instances"),
+        1,
+        "the target runs on: {answer}"
     );
 }

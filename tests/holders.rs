@@ -65,6 +65,17 @@ fn holders_tell_lost_from_held_and_name_the_roots() {
         "{cached}"
     );
 
+    // Its site group (what the text report lists by default) carries the
+    // same figures.
+    let groups: Vec<&Value> = traced.report.json["groups"]
+        .as_array()
+        .expect("groups in the report")
+        .iter()
+        .filter(|group| group["kind"] == "heap" && group["site"]["function"] == "cache_put")
+        .collect();
+    assert_eq!(groups.len(), 1, "one cache_put group:\n{}", traced.report);
+    assert_eq!(groups[0]["reachability"], *cached, "{}", groups[0]);
+
     // The list: all reachable, held by its own nodes and the global, and
     // its chain to a root ends at g_list.
     let listed = reachability_of(&traced, "list_push");

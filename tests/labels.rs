@@ -43,7 +43,6 @@ fn trace_leaks(wrapper_args: &[&str]) -> (Traced, String) {
     let mut fixture = Fixture::start("wrappers", &[]);
     let trace = Record::pid(fixture.pid).args(wrapper_args).attach();
     let answer = fixture.cmd("leak 40");
-    std::thread::sleep(std::time::Duration::from_millis(600));
     (trace.stop(), answer)
 }
 
@@ -117,8 +116,9 @@ fn copies_that_fell_back_to_frame_pointers_merge_into_their_site() {
             "my_xmalloc.*",
         ])
         .attach();
+    // The answer comes after the last allocation: the copies that
+    // filled the ring are drained at SIGINT.
     let answer = fixture.cmd("burst 60000");
-    std::thread::sleep(std::time::Duration::from_millis(600));
     let traced = trace.stop();
     let fell_back = traced
         .report

@@ -32,6 +32,23 @@ fn listen_address(tracer: &mut Tracer) -> String {
         .to_owned()
 }
 
+/// Leaky, traced every `interval` with `--listen 0` (and `extra_args`):
+/// the fixture, the trace and the address it serves on.
+fn serve_leaky(
+    fixture_args: &[&str],
+    interval: &str,
+    extra_args: &[&str],
+) -> (Fixture, Trace, String) {
+    let fixture = Fixture::start("leaky", fixture_args);
+    let mut trace = Record::pid(fixture.pid)
+        .interval(interval)
+        .args(["--listen", "0"])
+        .args(extra_args)
+        .attach();
+    let address = listen_address(&mut trace.tracer);
+    (fixture, trace, address)
+}
+
 /// GET `target` (path and query) from `address`: the status and body.
 fn http_get(address: &str, target: &str) -> (u16, Vec<u8>) {
     let mut stream = TcpStream::connect(address)
@@ -262,12 +279,7 @@ fn prometheus_scrapes_the_leak_and_its_verdict() {
 
 #[test]
 fn go_pprof_names_the_leak_with_exact_bytes() {
-    let mut fixture = Fixture::start("leaky", &[]);
-    let mut trace = Record::pid(fixture.pid)
-        .interval("200ms")
-        .args(["--listen", "0"])
-        .attach();
-    let address = listen_address(&mut trace.tracer);
+    let (mut fixture, trace, address) = serve_leaky(&[], "200ms", &[]);
     let leaked = field(&fixture.cmd("leak 7"), "bytes");
     let directory = std::env::temp_dir().join(format!("tracer-test-pprof-{}", std::process::id()));
     std::fs::create_dir_all(&directory).expect("pprof directory");
@@ -305,18 +317,22 @@ fn go_pprof_names_the_leak_with_exact_bytes() {
 
 #[test]
 fn growth_profile_holds_what_grew_since_the_previous_fetch() {
-    let mut fixture = Fixture::start("leaky", &[]);
-    let mut trace = Record::pid(fixture.pid)
-        .interval("100ms")
-        .args(["--listen", "0"])
-        .attach();
-    let address = listen_address(&mut trace.tracer);
+    let (mut fixture, trace, address) = serve_leaky(&[], "100ms", &[]);
+    // Each fetch once a snapshot holds the blocks leaked before it.
+    let leaked_in_a_snapshot = |count: i64| {
+        let bytes = count * LEAK_SIZE_BYTES;
+        wait_for_samples(&address, &format!("{bytes} B of leak_here"), |samples| {
+            samples
+                .iter()
+                .any(|(_, site, live)| site.starts_with("leak_here") && *live == bytes)
+        });
+    };
     fixture.cmd("leak 4");
-    std::thread::sleep(Duration::from_millis(800));
+    leaked_in_a_snapshot(4);
     let (status, first) = http_get(&address, "/debug/pprof/growth");
     assert_eq!(status, 200);
     fixture.cmd("leak 3");
-    std::thread::sleep(Duration::from_millis(800));
+    leaked_in_a_snapshot(7);
     let (status, second) = http_get(&address, "/debug/pprof/growth");
     assert_eq!(status, 200);
     assert_eq!(
@@ -366,12 +382,10 @@ fn pprof_flat_bytes(profile: &[u8], function: &str) -> Option<i64> {
 
 #[test]
 fn clients_that_never_read_do_not_stall_snapshots() {
-    let fixture = Fixture::start("leaky", &["--auto"]);
-    let mut trace = Record::pid(fixture.pid)
-        .interval("200ms")
-        .args(["--listen", "0", "--duration", "11s"])
-        .attach();
-    let address = listen_address(&mut trace.tracer);
+    let (_fixture, trace, address) = serve_leaky(&["--auto"], "200ms", &["--duration", "11s"]);
+    wait_for_samples(&address, "the auto leak in a snapshot", |samples| {
+        !samples.is_empty()
+    });
     // 20 connections that never send a request, and one that sends 500
     // requests for a profile and never reads an answer.
     let silent: Vec<TcpStream> = (0..20)
@@ -389,7 +403,8 @@ fn clients_that_never_read_do_not_stall_snapshots() {
             break;
         }
     }
-    std::thread::sleep(Duration::from_secs(1));
+    // The greedy client's requests are all sent, or the tracer stopped
+    // reading them (the write timed out): either way the clients are stuck.
     let asked_at = Instant::now();
     let (status, metrics) = http_get(&address, "/metrics");
     let answered_in = asked_at.elapsed();
@@ -399,9 +414,12 @@ fn clients_that_never_read_do_not_stall_snapshots() {
         "{}",
         String::from_utf8_lossy(&metrics)
     );
-    assert!(
-        answered_in < Duration::from_secs(2),
-        "a new scrape is answered beside the stuck clients ({answered_in:?})"
+    // Stuck clients would hold the scrape until --duration ends (11 s).
+    assert_took_under(
+        "a new scrape beside the stuck clients",
+        answered_in,
+        Duration::from_secs(6),
+        &"(/metrics)",
     );
     let traced = trace.wait_exit();
     drop((silent, greedy));
@@ -437,17 +455,8 @@ fn listen_addresses_that_cannot_work_fail_in_one_line() {
     ] {
         let output =
             Tracer::start(["record", "--pid", &pid, "--listen", listen]).wait_exit(EXIT_TIMEOUT);
-        assert_eq!(
-            output.status.code(),
-            Some(code),
-            "--listen {listen}: {output}"
-        );
-        let lines: Vec<&str> = output.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "--listen {listen}: one line: {output}");
-        assert!(
-            lines[0].starts_with("tracer: error: ") && lines[0].contains(message),
-            "--listen {listen}: {output}"
-        );
+        let line = assert_one_line_error(&output, code);
+        assert!(line.contains(message), "--listen {listen}: {output}");
     }
 }
 
@@ -600,10 +609,8 @@ fn comm_flags_that_cannot_work_fail_in_one_line() {
     ] {
         let output = Tracer::start(std::iter::once("record").chain(args.iter().copied()))
             .wait_exit(EXIT_TIMEOUT);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {output}");
-        let lines: Vec<&str> = output.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "{args:?}: {output}");
-        assert!(lines[0].contains(message), "{args:?}: {output}");
+        let line = assert_one_line_error(&output, 2);
+        assert!(line.contains(message), "{args:?}: {output}");
     }
 }
 

@@ -18,10 +18,7 @@ const HELD_SIZE: i64 = 1000;
 /// Sends `command` to the fixture and returns what it holds after it.
 fn held_after(burst: &mut Fixture, command: &str) -> Live {
     let answer = burst.cmd(command);
-    Live {
-        bytes: field(&answer, "held_bytes"),
-        allocs: field(&answer, "held"),
-    }
+    Live::answered(&answer, "held_bytes", "held")
 }
 
 /// Fails with `why` if the report lists an mmap-anon stack.
@@ -44,6 +41,20 @@ fn signal(pid: u32, signal: libc::c_int) {
         0,
         "kill {signal}"
     );
+}
+
+/// CLOCK_MONOTONIC in microseconds, the fixture's clock.
+fn monotonic_us() -> i64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) },
+        0
+    );
+    now.tv_sec * 1_000_000 + now.tv_nsec / 1000
 }
 
 #[test]
@@ -116,14 +127,23 @@ fn copies_keep_up_at_an_ordinary_allocation_rate() {
     // the old default, held 1 000 and lost the rest to frame pointers).
     let hiccup = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(1));
+        let stopped_us = monotonic_us();
         signal(tracer_pid, libc::SIGSTOP);
         std::thread::sleep(Duration::from_millis(100));
         signal(tracer_pid, libc::SIGCONT);
+        (stopped_us, monotonic_us())
     });
     // 100 blocks every 5 ms: 20 000 allocations and frees a second, each
     // with its stack copied, for 3 s, at the default options.
     let answer = burst.cmd("burst 100 1000 5 3");
-    hiccup.join().expect("the hiccup thread");
+    let (stopped_us, resumed_us) = hiccup.join().expect("the hiccup thread");
+    // The hiccup fell inside the burst (else the ring was never tested).
+    let (start_us, end_us) = (field(&answer, "start_us"), field(&answer, "end_us"));
+    assert!(
+        start_us < stopped_us && resumed_us < end_us,
+        "the tracer was stopped from {stopped_us} to {resumed_us} µs, outside the burst \
+         ({start_us} to {end_us} µs)"
+    );
     let blocks = field(&answer, "blocks");
     let held = held_after(&mut burst, &format!("hold 100 {HELD_SIZE}"));
     let Traced { report, .. } = trace.stop();

@@ -56,16 +56,7 @@ fn start_fixture() -> Fixture {
 /// after its first runs goes round `PyObject_Vectorcall`): the report
 /// must still show one Python path as one stack.
 fn stacks_through<'a>(report: &'a Report, caller: &str) -> Vec<&'a Value> {
-    let stacks: Vec<&Value> = report
-        .stacks()
-        .iter()
-        .filter(|stack| {
-            stack["kind"] == "heap"
-                && python_frames(stack)
-                    .iter()
-                    .any(|(function, _, _)| function == caller)
-        })
-        .collect();
+    let stacks = heap_stacks_with_python_frame(report, |(function, _, _)| function == caller);
     assert!(
         !stacks.is_empty(),
         "no heap stack through {caller}:\n{report}"
@@ -116,10 +107,7 @@ fn numpy_leak_named(extra_args: &[&str]) {
         let live = sum_live(&stacks);
         assert_eq!(
             live,
-            Live {
-                bytes: field(&answer, bytes_key),
-                allocs: field(&answer, allocs_key),
-            },
+            Live::answered(&answer, bytes_key, allocs_key),
             "{caller}'s buffers, exactly: {answer}\n{report}"
         );
         for stack in stacks {
@@ -246,15 +234,21 @@ fn python_off_keeps_native_frames_and_a_native_process_says_no_cpython() {
 
 /// The heap stacks with a Python frame `function` in `file` (a file name).
 fn stacks_with_python<'a>(report: &'a Report, function: &str, file: &str) -> Vec<&'a Value> {
+    heap_stacks_with_python_frame(report, |(name, in_file, _)| {
+        name == function && in_file == file
+    })
+}
+
+/// The heap stacks with a Python frame (function, file name, line) that
+/// `matches`.
+fn heap_stacks_with_python_frame(
+    report: &Report,
+    matches: impl Fn(&(String, String, i64)) -> bool,
+) -> Vec<&Value> {
     report
         .stacks()
         .iter()
-        .filter(|stack| {
-            stack["kind"] == "heap"
-                && python_frames(stack)
-                    .iter()
-                    .any(|(name, in_file, _)| name == function && in_file == file)
-        })
+        .filter(|stack| stack["kind"] == "heap" && python_frames(stack).iter().any(&matches))
         .collect()
 }
 
@@ -390,10 +384,7 @@ fn embedded_interpreter_loaded_after_attach_gets_python_frames_in_c_stacks() {
     let live = sum_live(&stacks);
     assert_eq!(
         live,
-        Live {
-            bytes: field(&answer, "bytes"),
-            allocs: field(&answer, "count"),
-        },
+        Live::answered(&answer, "bytes", "count"),
         "the embedded leak, exactly: {answer}\n{report}"
     );
     for stack in stacks {
@@ -445,10 +436,7 @@ fn forked_multiprocessing_child_gets_python_frames() {
     let live = sum_live(&stacks);
     assert_eq!(
         live,
-        Live {
-            bytes: field(&answer, "bytes"),
-            allocs: field(&answer, "allocs"),
-        },
+        Live::answered(&answer, "bytes", "allocs"),
         "the child's leak, exactly: {answer}\n{report}"
     );
     let line = marked_line("leaky_numpy.py", "# CHILD-LEAK");
@@ -493,10 +481,7 @@ fn threads_started_after_attach_get_python_frames_at_their_first_allocation() {
     );
     assert_eq!(
         stack_live(stacks[0]),
-        Live {
-            bytes: field(&answer, "bytes"),
-            allocs: field(&answer, "allocs"),
-        },
+        Live::answered(&answer, "bytes", "allocs"),
         "both threads' buffers, exactly: {answer}\n{report}"
     );
     let python = python_frames(stacks[0]);

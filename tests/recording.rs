@@ -7,11 +7,11 @@ mod harness;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use harness::{
-    EXIT_TIMEOUT, Fixture, LEAK_SIZE_BYTES, Live, Record, Report, Traced, Tracer, TracerOutput,
-    churn_held, field, fixture, json_path,
+    ATTACH_TIMEOUT, EXIT_TIMEOUT, Fixture, LEAK_SIZE_BYTES, Live, Record, Report, Traced, Tracer,
+    TracerOutput, build_id, churn_held, field, fixture, json_path, return_address,
 };
 use serde_json::Value;
 /// Exit code for a recording that cannot be read (`tracer --help`).
@@ -53,7 +53,6 @@ fn record_leaky(test_name: &str, leaks: i64) -> (PathBuf, Report) {
     let answer = leaky.cmd(&format!("leak {leaks}"));
     assert_eq!(field(&answer, "bytes"), leaks * LEAK_SIZE_BYTES);
     let churn = leaky.cmd("churn 5");
-    std::thread::sleep(Duration::from_millis(300));
     let Traced { output, report } = trace.stop();
     let held = churn_held(&churn);
     assert_eq!(
@@ -91,11 +90,14 @@ fn report_json_equals_the_live_json() {
     );
     let frame = &live.heap_stacks_with("leak_here")[0]["frames"][0];
     assert_eq!(frame["function"], "leak_here");
-    assert!(
-        frame["build_id"].as_str().is_some_and(|id| id.len() >= 16),
-        "no build id in {frame}"
+    let leaky = fixture("leaky");
+    assert_eq!(frame["build_id"], build_id(&leaky).as_str(), "{frame}");
+    // leaky's code is mapped at the file offsets of its ELF addresses.
+    assert_eq!(
+        frame["file_offset"],
+        return_address(&leaky, "leak_here", "malloc"),
+        "not the return address of leak_here's malloc call: {frame}"
     );
-    assert!(frame["file_offset"].is_u64(), "no file offset in {frame}");
 
     let text = report(&[recording.as_os_str()]);
     text.assert_success();
@@ -204,15 +206,25 @@ fn kill_9_keeps_every_snapshot_before_the_kill() {
         .attach()
         .tracer;
     leaky.cmd("leak 30");
-    std::thread::sleep(Duration::from_millis(600));
-    let before_kill = std::fs::read(&recording).expect("the recording exists while tracing");
+    // Five snapshots written (50 ms apart), as the recording itself says.
+    let deadline = Instant::now() + ATTACH_TIMEOUT;
+    let before_kill = loop {
+        let written = std::fs::read(&recording).expect("the recording exists while tracing");
+        // A read that caught a snapshot half-written parses at the next.
+        let parsed = tracer::recording::parse(&written, "copy");
+        if parsed.is_ok_and(|recording| recording.snapshot_count() >= 5) {
+            break written;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fewer than 5 snapshots within {} s",
+            ATTACH_TIMEOUT.as_secs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let output = tracer.stop_with(libc::SIGKILL);
     assert!(!output.status.success(), "{output}");
     let snapshots_before_kill = snapshots_in(&before_kill);
-    assert!(
-        snapshots_before_kill >= 5,
-        "{snapshots_before_kill} snapshots in 600 ms"
-    );
 
     let json = report_as(&recording, "json", &[]);
     json.assert_success();

@@ -10,7 +10,7 @@ mod harness;
 
 use harness::{
     Live, Report, assert_in_order, dwarf_pids, field, frames_contain, function_names, record_with,
-    stack_int,
+    stack_live,
 };
 use serde_json::Value;
 
@@ -21,11 +21,12 @@ const RUST_THREAD_ROUNDS: i64 = 30;
 const TOKIO_WORKERS: i64 = 4;
 const TOKIO_ROUNDS: i64 = 25;
 
-fn live(stack: &Value) -> Live {
-    Live {
-        bytes: stack_int(stack, "live_bytes"),
-        allocs: stack_int(stack, "live_allocs"),
-    }
+/// The one heap stack through `function`; it must hold `holds`.
+fn only_heap_stack<'a>(report: &'a Report, function: &str, holds: Live) -> &'a Value {
+    let stacks = report.heap_stacks_with(function);
+    assert_eq!(stacks.len(), 1, "one stack through {function}:\n{report}");
+    assert_eq!(stack_live(stacks[0]), holds, "{function}:\n{report}");
+    stacks[0]
 }
 
 /// The heap stacks that have a frame containing each of `functions`.
@@ -141,7 +142,7 @@ fn rust_release_build_has_right_stacks(fixture: &str) {
             assert_eq!(stacks.len(), 1, "{site:?} from {caller}:\n{report}");
             let stack = stacks[0];
             assert_eq!(
-                live(stack),
+                stack_live(stack),
                 Live {
                     bytes: bytes * count,
                     allocs: count
@@ -159,7 +160,7 @@ fn rust_release_build_has_right_stacks(fixture: &str) {
     let thread_stacks = report.heap_stacks_with("rust_leak::thread_leak");
     assert_eq!(thread_stacks.len(), 1, "\n{report}");
     assert_eq!(
-        live(thread_stacks[0]),
+        stack_live(thread_stacks[0]),
         Live {
             bytes: field(threads, "bytes"),
             allocs: RUST_THREADS * RUST_THREAD_ROUNDS
@@ -228,16 +229,14 @@ fn c_executable_linking_a_frame_pointer_library_is_unwound_with_dwarf() {
         "{}",
         report.json["unwinding"]
     );
-    let stacks = report.heap_stacks_with("fp_alloc_filled");
-    assert_eq!(stacks.len(), 1, "\n{report}");
-    assert_eq!(
-        live(stacks[0]),
+    let stacks = [only_heap_stack(
+        report,
+        "fp_alloc_filled",
         Live {
             bytes: field(&session.answers[0], "bytes"),
-            allocs: 300
+            allocs: 300,
         },
-        "\n{report}"
-    );
+    )];
     assert_in_order(
         stacks[0],
         &[
@@ -260,16 +259,14 @@ fn stack_walked_in_the_kernel_through_code_without_unwind_information_is_one_sta
     // counted: both callers' blocks are one stack.
     let session = record_with("nocfi", &[], &["leak 150"]);
     let report = &session.report;
-    let stacks = report.heap_stacks_with("nocfi_alloc");
-    assert_eq!(stacks.len(), 1, "\n{report}");
-    assert_eq!(
-        live(stacks[0]),
+    let stacks = [only_heap_stack(
+        report,
+        "nocfi_alloc",
         Live {
             bytes: field(&session.answers[0], "bytes"),
-            allocs: 300
+            allocs: 300,
         },
-        "\n{report}"
-    );
+    )];
     assert_eq!(function_names(stacks[0]).len(), 1, "\n{report}");
     let stopped = report.int("/events/unwind_stop_invalid_step")
         + report.int("/events/unwind_stop_read_fault");
@@ -282,17 +279,15 @@ fn stack_through_code_without_unwind_information_ends_in_one_marked_stack() {
     let session = record_with("nocfi", &["--unwind", "copy"], &["leak 150"]);
     let report = &session.report;
     let answer = &session.answers[0];
-    let stacks = report.heap_stacks_with("nocfi_alloc");
     // Both callers' blocks: their frames are beyond what can be known.
-    assert_eq!(stacks.len(), 1, "\n{report}");
-    assert_eq!(
-        live(stacks[0]),
+    let stacks = [only_heap_stack(
+        report,
+        "nocfi_alloc",
         Live {
             bytes: field(answer, "bytes"),
-            allocs: 300
+            allocs: 300,
         },
-        "\n{report}"
-    );
+    )];
     assert_eq!(
         function_names(stacks[0]),
         [
@@ -351,7 +346,7 @@ fn frame_pointer_walk_of_a_rust_release_build_ends_in_a_marker_not_junk() {
         let stacks = report.heap_stacks_with(site);
         assert_eq!(stacks.len(), 1, "{site} in one stack:\n{report}");
         assert_eq!(
-            live(stacks[0]),
+            stack_live(stacks[0]),
             Live {
                 bytes: bytes * count,
                 allocs: count

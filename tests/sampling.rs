@@ -37,10 +37,29 @@ fn size_filters_are_exact() {
         "{}",
         report.json
     );
+    // Filtered-out calls skip their return probe (a uprobe session); a
+    // kernel without sessions falls back to uretprobes, says why in the
+    // report and on stderr, and counts the same (the figures above).
+    let return_probes = report.json["sampling"]["return_probes"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no sampling.return_probes: {}", report.json));
     if kernel_has_uprobe_sessions() {
         assert_eq!(
-            report.json["sampling"]["return_probes"], "uprobe session",
+            return_probes, "uprobe session",
             "a call filtered out must skip its return probe"
+        );
+    } else {
+        assert!(
+            return_probes.starts_with("uretprobe (uprobe sessions unavailable: "),
+            "without uprobe sessions, the fallback and its reason: {return_probes}"
+        );
+        assert!(
+            session
+                .output
+                .stderr
+                .contains(&format!("tracer: return probes: {return_probes}")),
+            "the fallback is not said on stderr: {}",
+            session.output
         );
     }
 

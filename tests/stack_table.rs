@@ -9,14 +9,13 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use harness::{Fixture, Live, Record, Traced, field, frames_contain, stack_live};
+use harness::{
+    Fixture, Live, Record, Traced, assert_took_under, field, frames_contain, stack_live,
+};
 
 /// What the tree's leaves hold, from its answer to `grow`.
 fn grown(answer: &str) -> Live {
-    Live {
-        bytes: field(answer, "bytes"),
-        allocs: field(answer, "blocks"),
-    }
+    Live::answered(answer, "bytes", "blocks")
 }
 
 /// Grows a tree of 2^`depth` distinct stacks under a tracer and checks
@@ -63,16 +62,19 @@ fn sixteen_thousand_distinct_stacks() {
     distinct_stacks_are_kept_apart(14);
 }
 
-/// A loose bound for a loaded CI machine running another test beside this
-/// one: 1.2-1.4 s measured alone on a 2-vCPU VM (the goal is 2 s); reading
-/// or symbolizing every stack one by one would take several times more.
-const EXIT_BOUND: Duration = Duration::from_secs(4);
+/// A generous bound for a loaded CI machine (both cores busy beside it):
+/// 1.2-1.4 s measured alone on a 2-vCPU VM (the goal is 2 s, measured by
+/// the bench); reading or symbolizing every stack one by one takes
+/// several times more.
+const EXIT_BOUND: Duration = Duration::from_secs(8);
 
 #[test]
 fn a_hundred_thousand_distinct_stacks_then_a_prompt_exit() {
     let took = distinct_stacks_are_kept_apart(17);
-    assert!(
-        took < EXIT_BOUND,
-        "tracer took {took:?} to report 131 072 stacks and exit after Ctrl-C"
+    assert_took_under(
+        "reporting 131 072 stacks and exiting after Ctrl-C",
+        took,
+        EXIT_BOUND,
+        &"(stack_tree grow 17)",
     );
 }

@@ -95,10 +95,7 @@ fn frame_pointer_walk_loses_the_callers_of_code_without_frame_pointers() {
     let answer = &session.answers[0];
     assert_eq!(
         report.heap_live_with("GetOrCreate"),
-        Live {
-            bytes: field(answer, "bytes"),
-            allocs: field(answer, "kernels")
-        },
+        Live::answered(answer, "bytes", "kernels"),
         "\n{report}"
     );
     assert_eq!(

@@ -149,14 +149,7 @@ fn a_target_that_exits_after_its_teardown_is_judged_at_its_peak() {
         .unwrap_or_else(|| panic!("no {first:?} in the first lines:\n{output}"));
     assert!(line.contains(&sentence), "{line:?} lacks {sentence:?}");
 
-    let svg_text = std::fs::read_to_string(&svg).expect("the SVG was written");
-    let _ = std::fs::remove_file(&svg);
-    let document = roxmltree::Document::parse(&svg_text).expect("the SVG is XML");
-    let legend: Vec<&str> = document
-        .descendants()
-        .filter(|node| node.has_tag_name("text"))
-        .filter_map(|node| node.text().map(str::trim))
-        .collect();
+    let legend = harness::take_svg_texts(&svg);
     assert!(
         legend
             .iter()
@@ -209,5 +202,39 @@ fn a_recording_of_a_teardown_is_judged_at_its_peak_and_at_another_moment_when_as
     assert!(
         !asked.contains("rose in 4 steps"),
         "two steps by 3 s: {asked}"
+    );
+}
+
+/// `tracer top` ranks a target that tore down and exited at its peak, as
+/// the report does: its last table says so and shows the leak as it
+/// stood then, flagged.
+#[test]
+fn top_ranks_a_target_that_exited_at_its_peak() {
+    harness::require_root();
+    let mut fixture = Fixture::start("steps", &[]);
+    let pid = fixture.pid.to_string();
+    let mut tracer = harness::Tracer::start(["top", "--pid", &pid, "--interval", "250ms"]);
+    tracer.wait_attached(harness::ATTACH_TIMEOUT);
+    let answer = leak_in_steps(&mut fixture);
+    let leaked_bytes = field(&answer, "leaked_bytes");
+    fixture.cmd("teardown");
+    let output = tracer.wait_exit(Duration::from_secs(30));
+    output.assert_success();
+    let (_, last_table) = output
+        .stdout
+        .rsplit_once("tracer top — ")
+        .unwrap_or_else(|| panic!("no table on stdout: {output}"));
+    assert!(
+        last_table.contains("\nranked at the peak, "),
+        "{last_table}"
+    );
+    let row = last_table
+        .lines()
+        .find(|line| line.contains("leak_step"))
+        .unwrap_or_else(|| panic!("no leak_step row: {last_table}"));
+    let peak = format!("{:.1} MiB", leaked_bytes as f64 / f64::from(1 << 20));
+    assert!(
+        row.contains(&peak) && row.contains(" yes "),
+        "{row:?} lacks {peak} and yes"
     );
 }

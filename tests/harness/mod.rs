@@ -16,11 +16,14 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod record;
+mod torch;
 mod totals;
 mod truths;
 
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use record::{Record, Trace, Traced};
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
+pub use torch::{TORCH_SCRIPT, start_torch_models, torch_script};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use totals::{Allocated, stack_allocated, stack_live, sum_live};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
@@ -32,6 +35,20 @@ pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 pub const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a fixture may take to answer one command.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Fails unless `took` is under `bound`, naming both: a wall-clock bound
+/// in a test is a generous one that a busy CI machine meets (performance
+/// figures belong to `cargo xtask bench`), so a failure says by how much.
+#[track_caller]
+pub fn assert_took_under(what: &str, took: Duration, bound: Duration, context: &dyn fmt::Display) {
+    assert!(
+        took < bound,
+        "{what} took {:.2} s, over the test's generous bound of {:.1} s \
+         (a machine this busy, or a regression: see `cargo xtask bench`): {context}",
+        took.as_secs_f64(),
+        bound.as_secs_f64()
+    );
+}
 
 /// Fails the test loudly unless it runs as root: these tests load eBPF
 /// programs, and a silent skip would hide that nothing was tested.
@@ -186,6 +203,12 @@ impl Fixture {
         self.read_answer(line)
     }
 
+    /// Waits for the fixture's next line, one it prints by itself (`what`
+    /// it says, for the failure message), not as an answer.
+    pub fn next_line(&mut self, what: &str) -> String {
+        self.read_answer(what)
+    }
+
     fn read_answer(&mut self, line: &str) -> String {
         let answer = self
             .stdout_lines
@@ -204,6 +227,29 @@ impl Drop for Fixture {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Asserts the way every bad input must end: exit code `expected_code` and
+/// one stderr line starting with `tracer: error:`, no panic; returns it.
+#[track_caller]
+pub fn assert_one_line_error(output: &TracerOutput, expected_code: i32) -> &str {
+    assert_eq!(
+        output.status.code(),
+        Some(expected_code),
+        "wrong exit code: {output}"
+    );
+    let lines: Vec<&str> = output.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "stderr is not one line: {output}");
+    assert!(
+        lines[0].starts_with("tracer: error:"),
+        "unexpected stderr: {output}"
+    );
+    let stderr = output.stderr.to_lowercase();
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "the tracer panicked: {output}"
+    );
+    lines[0]
 }
 
 /// What a finished tracer left behind.
@@ -451,6 +497,17 @@ impl Live {
         Self {
             bytes: count * size_bytes,
             allocs: count,
+        }
+    }
+}
+
+impl Live {
+    /// What a fixture's answer says it holds: its `bytes_key=` bytes in
+    /// `allocs_key=` blocks.
+    pub fn answered(answer: &str, bytes_key: &str, allocs_key: &str) -> Self {
+        Self {
+            bytes: field(answer, bytes_key),
+            allocs: field(answer, allocs_key),
         }
     }
 }
@@ -721,5 +778,18 @@ pub fn dwarf_pids(report: &Report) -> Vec<i64> {
         .unwrap_or_else(|| panic!("no unwinding.dwarf in the report:\n{}", report.json))
         .iter()
         .map(|process| process["pid"].as_i64().expect("a pid"))
+        .collect()
+}
+
+/// The trimmed `<text>` contents of the SVG tracer wrote at `path` (the
+/// plot's titles and legend), the file removed once read.
+pub fn take_svg_texts(path: &Path) -> Vec<String> {
+    let svg = std::fs::read_to_string(path).expect("the SVG was written");
+    let _ = std::fs::remove_file(path);
+    let document = roxmltree::Document::parse(&svg).expect("the SVG is XML");
+    document
+        .descendants()
+        .filter(|node| node.has_tag_name("text"))
+        .filter_map(|node| node.text().map(|text| text.trim().to_owned()))
         .collect()
 }

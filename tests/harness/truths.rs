@@ -133,3 +133,40 @@ pub fn stdout_pipe_buffer() -> Live {
         },
     )
 }
+
+/// The GNU build id of the ELF file at `path`, as `readelf -n` prints it.
+pub fn build_id(path: &std::path::Path) -> String {
+    let output = std::process::Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .expect("readelf runs");
+    let notes = String::from_utf8_lossy(&output.stdout);
+    notes
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("no build id in {}:\n{notes}", path.display()))
+        .to_owned()
+}
+
+/// The ELF address of the instruction after `function`'s call to
+/// `callee` (through the PLT) in the file at `path`, as `objdump -d`
+/// disassembles it: the return address a stack of that call holds.
+pub fn return_address(path: &std::path::Path, function: &str, callee: &str) -> u64 {
+    let output = std::process::Command::new("objdump")
+        .arg(format!("--disassemble={function}"))
+        .arg(path)
+        .output()
+        .expect("objdump runs");
+    let listing = String::from_utf8_lossy(&output.stdout);
+    let address = |line: &str| {
+        u64::from_str_radix(line.trim().split(':').next().unwrap_or(""), 16)
+            .unwrap_or_else(|_| panic!("no address in objdump's line {line:?}"))
+    };
+    let mut lines = listing.lines();
+    lines
+        .by_ref()
+        .find(|line| line.contains("call") && line.contains(&format!("<{callee}@plt>")))
+        .unwrap_or_else(|| panic!("{function} calls no {callee} in:\n{listing}"));
+    address(lines.next().expect("an instruction after the call"))
+}

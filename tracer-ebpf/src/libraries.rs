@@ -30,7 +30,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, RingBuf},
     programs::{ProbeContext, TracePointContext},
 };
-use tracer_ebpf::{Event, OPENED_PATH_BYTES, OpenedFile, event, mmap_format, openat_format, stat};
+use tracer_ebpf::{Event, OpenedFile, event, mmap_format, openat_format, stat};
 
 use crate::{
     counters::{atomic_add, count},
@@ -211,7 +211,7 @@ pub fn open_exit(ctx: TracePointContext) -> u32 {
     // SAFETY: `opened` points at the reserved entry, written before use.
     let path = unsafe { &mut (*opened).path };
     let read = unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, path) }.is_ok();
-    if !read || !names_shared_object(path) {
+    if !read || !tracer_ebpf::names_shared_object(path) {
         entry.discard(0);
         return 0;
     }
@@ -225,25 +225,4 @@ pub fn open_exit(ctx: TracePointContext) -> u32 {
     count_opened((thread >> 32) as u32);
     entry.submit(0);
     0
-}
-
-/// Whether a NUL-terminated path holds `.so` followed by its end or a dot
-/// (`libcudart.so`, `libcudart.so.12`).
-#[inline(always)]
-fn names_shared_object(path: &[u8; OPENED_PATH_BYTES]) -> bool {
-    let mut at = 0;
-    while at + 3 < OPENED_PATH_BYTES {
-        if path[at] == 0 {
-            return false;
-        }
-        if path[at] == b'.'
-            && path[at + 1] == b's'
-            && path[at + 2] == b'o'
-            && (path[at + 3] == 0 || path[at + 3] == b'.')
-        {
-            return true;
-        }
-        at += 1;
-    }
-    false
 }

@@ -151,7 +151,7 @@ fn still_inside(marked_sp: u64, marked_return: u64, sp: u64) -> bool {
     marked_sp != 0
         && sp < marked_sp
         && unsafe { bpf_probe_read_user(marked_sp as *const u64) }
-            .is_ok_and(|word| word == marked_return || is_uprobe_trampoline(word))
+            .is_ok_and(|word| word == marked_return || tracer_ebpf::is_uprobe_trampoline(word))
 }
 
 /// Whether the thread whose user stack pointer is `sp` is inside an
@@ -163,15 +163,6 @@ pub(crate) fn inside_allocator_call(pending: &Pending, sp: u64) -> bool {
     pending.depth > 0
         || still_inside(pending.unrecorded_sp, pending.unrecorded_return, sp)
         || still_inside(pending.free_sp, pending.free_return, sp)
-}
-
-/// Whether a return address is the uprobe trampoline's, which the kernel
-/// writes over the return address of a probed call (a uprobe session
-/// whose entry skipped the return included, on Linux 6.18): the page
-/// at the top of the user address space, with 47- or 56-bit addresses.
-#[inline(always)]
-fn is_uprobe_trampoline(address: u64) -> bool {
-    address >> 12 == 0x7_ffff_fffe || address >> 12 == 0xff_ffff_ffff_fffe
 }
 
 /// Remembers an outermost call that is not recorded and skips its

@@ -65,6 +65,30 @@ static PYTHON_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0
 /// None for a thread without Python frames (or not a Python thread).
 #[inline(always)]
 pub(crate) fn current_stack() -> Option<u32> {
+    match tracer_python_stack() {
+        NO_PYTHON_STACK => None,
+        id => Some(id as u32),
+    }
+}
+
+/// What `tracer_python_stack` returns for no Python stack.
+const NO_PYTHON_STACK: i64 = -1;
+
+/// [`current_stack`]'s walk, as a global function: the kernel verifies
+/// it once per program, not once for each path of the program that
+/// reaches it (a program taking stacks in several places verified the
+/// unrolled walk that many times). The id, or `NO_PYTHON_STACK`.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn tracer_python_stack() -> i64 {
+    match walk_current() {
+        Some(id) => id as i64,
+        None => NO_PYTHON_STACK,
+    }
+}
+
+#[inline(always)]
+fn walk_current() -> Option<u32> {
     if PYTHON_ON.get(python_setting::ON).copied().unwrap_or(0) == 0 {
         return None;
     }
@@ -225,7 +249,7 @@ fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
     scratch.stack.truncated = truncated;
     scratch.stack.tgid = tgid;
     count(stat::PYTHON_STACKS);
-    let hash = hash_stack(&scratch.stack, tgid);
+    let hash = scratch.stack.hash(tgid);
     if let Some(&id) = unsafe { PYTHON_STACK_IDS.get(&hash) } {
         return Some(id);
     }
@@ -261,21 +285,6 @@ fn store(hash: u64, stack: &PythonStack) -> Option<u32> {
             None
         }
     }
-}
-
-/// FNV-1a over the process, the frames and their count.
-#[inline(always)]
-fn hash_stack(stack: &PythonStack, tgid: u32) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ ((tgid as u64) << 32 | stack.count as u64);
-    hash = (hash ^ stack.truncated as u64).wrapping_mul(PRIME);
-    for index in 0..MAX_PYTHON_FRAMES {
-        if index as u32 >= stack.count {
-            break;
-        }
-        hash = (hash ^ stack.frames[index]).wrapping_mul(PRIME);
-    }
-    hash
 }
 
 #[inline(always)]

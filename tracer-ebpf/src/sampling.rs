@@ -3,7 +3,7 @@
 //! `tracer_ebpf::sampling`), decided in the entry probes.
 use aya_ebpf::{Global, helpers::bpf_get_prandom_u32};
 use tracer_ebpf::sampling::{
-    PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TABLE_LEN, SAMPLE_TABLE_PERIODS,
+    self, PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TABLE_LEN, SAMPLE_TABLE_PERIODS,
 };
 
 // Configuration, set by userspace at load time. Read-only, so the verifier
@@ -54,21 +54,10 @@ pub(crate) fn recorded_bytes(size: u64, random_state: &mut u64) -> u64 {
         )
     };
     let skip_chance = upper - (upper - lower) * fraction / period_bytes;
-    if next_random_u32(random_state) < skip_chance {
+    if sampling::next_random_u32(random_state) < skip_chance {
         return 0;
     }
     (size << 32) / (PROBABILITY_ONE - skip_chance)
-}
-
-/// xorshift64*: the upper 32 bits of the next value.
-#[inline(always)]
-fn next_random_u32(state: &mut u64) -> u64 {
-    let mut x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32
 }
 
 /// A thread's first random state: from the load-time SAMPLE_SEED when
@@ -79,11 +68,5 @@ pub(crate) fn seed_for(thread: u64) -> u64 {
         0 => unsafe { ((bpf_get_prandom_u32() as u64) << 32) | bpf_get_prandom_u32() as u64 },
         seed => seed,
     };
-    // Spread the seed over all bits before mixing in the thread id, so
-    // that nearby seeds and thread ids never cancel out; then the
-    // splitmix64 finalizer: distinct threads get unrelated streams.
-    let mut z = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (thread as u32 as u64);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (z ^ (z >> 31)) | 1
+    sampling::thread_random_state(seed, thread)
 }

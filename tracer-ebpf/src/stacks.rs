@@ -236,7 +236,8 @@ const PT_REGS_IP_INDEX: usize = 16;
 pub(crate) const PT_REGS_SP_INDEX: usize = 19;
 
 /// What a copy record says besides the stack.
-struct Block {
+#[repr(C)]
+pub struct Block {
     record: u32,
     tgid: u32,
     size: u64,
@@ -275,7 +276,9 @@ fn walk_stack(
     } else {
         MAX_STACK_FRAMES
     };
-    let walked = start.is_some_and(|start| crate::unwind::walk(tgid, start, scratch, room));
+    let walked = start.is_some_and(|start| {
+        crate::unwind::tracer_unwind_walk(tgid, start.ip, start.sp, start.bp, room as u64) != 0
+    });
     if !walked {
         // Masked so the verifier sees the size bounded by the scratch value.
         let size = (room * 8) as u32 & (size_of::<StackFrames>() as u32 - 1);
@@ -288,19 +291,39 @@ fn walk_stack(
         let stack = unsafe { &mut *scratch };
         stack.count = (bytes as u64 / 8).min(room as u64);
     }
+    tracer_store_stack(python.map_or(-1, i64::from))
+}
+
+/// The id of the stack in the scratch, with the Python stack `python`
+/// (-1 for none) as its last frame: looked up, or stored. A global
+/// function, verified once per program (see `tracer_unwind_walk`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn tracer_store_stack(python: i64) -> u32 {
+    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
+        count(stat::DROP_STACK_ERROR);
+        return NO_STACK;
+    };
     let stack = unsafe { &mut *scratch };
-    if let Some(id) = python {
+    if python >= 0 {
+        let id = python as u32;
         let index = stack.count as usize;
         if index < MAX_STACK_FRAMES {
             stack.frames[index] = PYTHON_FRAME_TAG | id as u64;
             stack.count += 1;
         }
     }
-    let hash = hash_frames(stack);
+    let hash = stack.hash();
     if let Some(&id) = unsafe { STACK_IDS.get(&hash) } {
         return id;
     }
     store_stack(hash, stack)
+}
+
+/// The per-CPU stack scratch (`walk_stack`'s).
+#[inline(always)]
+pub(crate) fn scratch() -> Option<*mut StackFrames> {
+    STACK_SCRATCH.get_ptr_mut(0)
 }
 
 /// Hands a new stack an id and stores its frames.
@@ -334,22 +357,31 @@ fn store_stack(hash: u64, stack: &StackFrames) -> u32 {
     }
 }
 
-/// FNV-1a over the stack's return addresses and their count.
 #[inline(always)]
-fn hash_frames(stack: &StackFrames) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ stack.count;
-    for index in 0..MAX_STACK_FRAMES {
-        if index as u64 >= stack.count {
-            break;
-        }
-        hash = (hash ^ stack.frames[index]).wrapping_mul(PRIME);
+fn copy_stack(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
+    match tracer_copy_stack(block, ip, sp, bp) {
+        -1 => None,
+        stack_ref => Some(stack_ref as u32),
     }
-    hash
+}
+
+/// A copy of the user stack at `sp` into STACK_COPIES with `block`'s
+/// record: its reference, or -1 when none was made. A global function,
+/// verified once per program (see `tracer_unwind_walk`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn tracer_copy_stack(block: *const Block, ip: u64, sp: u64, bp: u64) -> i64 {
+    if block.is_null() {
+        return -1;
+    }
+    match copy_stack_inline(unsafe { &*block }, ip, sp, bp) {
+        Some(stack_ref) => stack_ref as i64,
+        None => -1,
+    }
 }
 
 #[inline(always)]
-fn copy_stack(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
+fn copy_stack_inline(block: &Block, ip: u64, sp: u64, bp: u64) -> Option<u32> {
     let pages = STACK_PAGES.load().min(MAX_STACK_PAGES);
     let pages_bytes = pages as usize * STACK_PAGE_BYTES as usize;
     let go = if GO_STACK_SEARCH.load() != 0 {

@@ -15,8 +15,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use tracer_ebpf::{
-    MAX_STACK_FRAMES, MAX_UNWIND_MAPPINGS, StackFrames, UNWIND_ROW_SEARCH_STEPS, UnwindMappings,
-    UnwindRow, UnwindTable, mapping_unwind, stat,
+    MAX_STACK_FRAMES, MAX_UNWIND_MAPPINGS, StackFrames, UNWIND_PENDING_FRAME,
+    UNWIND_ROW_SEARCH_STEPS, UnwindMappings, UnwindRow, UnwindTable, mapping_unwind, stat,
     unwind_walk::{
         Bounds, Registers, Step, find_mapping, last_at_or_below, step_by_frame_pointer, step_by_row,
     },
@@ -105,11 +105,24 @@ pub(crate) fn walks(tgid: u32) -> bool {
     UNWIND_TABLES_ON.load() != 0 && unsafe { UNWIND_MAPPINGS.get(&tgid) }.is_some()
 }
 
+/// [`walk`] into the stack scratch of `stacks.rs`, as a global function
+/// with plain arguments: the kernel verifies it once per program, not
+/// once for each path of the program that reaches it. 1 when walked.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn tracer_unwind_walk(tgid: u32, ip: u64, sp: u64, bp: u64, room: u64) -> i64 {
+    let Some(stack) = crate::stacks::scratch() else {
+        return 0;
+    };
+    let room = (room as usize).min(MAX_STACK_FRAMES);
+    walk(tgid, Registers { ip, sp, bp }, stack, room) as i64
+}
+
 /// Walks the user stack of `tgid` from `regs` (at an allocator's return
 /// or a system call) into `stack`, at most `room` frames; false when the
 /// process has no unwind mappings (the caller walks frame pointers).
 #[inline(always)]
-pub(crate) fn walk(tgid: u32, regs: Registers, stack: *mut StackFrames, room: usize) -> bool {
+fn walk(tgid: u32, regs: Registers, stack: *mut StackFrames, room: usize) -> bool {
     if UNWIND_TABLES_ON.load() == 0 {
         return false;
     }
@@ -150,6 +163,20 @@ pub(crate) fn walk(tgid: u32, regs: Registers, stack: *mut StackFrames, room: us
     let state = unsafe { &*state };
     if state.pending != 0 {
         count(stat::UNWIND_TABLE_PENDING);
+        // The marker after the last frame (in place of it when the stack
+        // is full): the report says which stacks came before a table.
+        unsafe {
+            let frames = (*stack).count;
+            let index = if frames < room as u64 {
+                frames
+            } else {
+                frames.saturating_sub(1)
+            };
+            if index < MAX_STACK_FRAMES as u64 {
+                (*stack).frames[index as usize] = UNWIND_PENDING_FRAME;
+                (*stack).count = index + 1;
+            }
+        }
     }
     if state.mappings_full != 0 {
         count(stat::UNWIND_MAPPINGS_FULL);

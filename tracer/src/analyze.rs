@@ -8,7 +8,7 @@ use std::{io::Write as _, path::Path};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    cli::{ReportConfig, ReportFormat},
+    config::{ReportConfig, ReportFormat},
     model::quality::is_thread_entry,
     output::{self, Report, ReportInput},
     recording::{self, Filter},
@@ -58,13 +58,14 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         probes,
         sampling: recording.metadata.sampling.clone(),
         unwinding: recording.unwinding.clone(),
-        loader_pauses: Default::default(),
+        loader_pauses: recording.loader_pauses,
         libraries: recording.libraries(&filter),
         api: &|key| apis.get(key).cloned(),
         interval_ms: recording.metadata.interval_ms,
         top,
         frames: &|key| frames.get(key).cloned().unwrap_or_default(),
         wrappers: &config.wrappers,
+        layout: config.layout,
         memory_status: recording.memory_status(&filter),
         reaches_entry: &mut |key| {
             frames

@@ -1,7 +1,7 @@
 //! tracer's library: one module per stage of the data flow, so a reader can
 //! follow one allocation from probe to report.
 //!
-//! cli -> attach (probes in the target) -> collect (snapshots of the
+//! cli (parses the command line into `config`) -> attach (probes in the target) -> collect (snapshots of the
 //! kernel's per-stack totals) -> model (time series, ranking) -> symbolize
 //! -> output (text and JSON reports).
 //!
@@ -12,6 +12,7 @@ pub mod analyze;
 pub mod attach;
 pub mod cli;
 pub mod collect;
+pub mod config;
 pub mod debug_files;
 pub mod error;
 pub mod holders;

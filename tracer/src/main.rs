@@ -6,11 +6,16 @@ use anyhow::Result;
 use tracer::{
     analyze,
     attach::{self, Probes},
-    cli::{self, FloorConfig, Parsed},
-    collect, error, record, top,
+    cli::{self, Parsed},
+    collect,
+    config::FloorConfig,
+    error, record, top,
 };
 
 fn main() -> std::process::ExitCode {
+    if std::env::var_os(attach::watchdog::WATCHDOG_ENV).is_some() {
+        attach::watchdog::run();
+    }
     let result = cli::parse(std::env::args_os()).and_then(|parsed| match parsed {
         Parsed::Print(text) => {
             print!("{text}");

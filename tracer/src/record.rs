@@ -10,8 +10,8 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    cli::{RecordConfig, Targets},
     collect::{Collector, Event, StopReason},
+    config::{RecordConfig, Targets},
     error, holders,
     model::{Model, StackId, StackKey},
     output,
@@ -65,6 +65,7 @@ pub fn run(config: &RecordConfig) -> Result<()> {
         for (&pid, &status) in &memory_status {
             writer.append_memory_status(pid, status)?;
         }
+        writer.append_loader_pauses(session::loader_pauses(&collector))?;
         let path = writer.path().to_owned();
         writer.finish()?;
         eprintln!("tracer: wrote {}", path.display());
@@ -92,12 +93,14 @@ pub fn run(config: &RecordConfig) -> Result<()> {
 fn add_holders(
     collector: &mut Collector,
     report: &mut output::Report,
-    config: &crate::cli::Config,
+    config: &crate::config::Config,
 ) {
     let mut pids: Vec<u32> = report
         .stacks
         .iter()
         .chain(&report.suspected_leaks)
+        .chain(report.groups.iter().map(|group| &group.sum))
+        .chain(report.suspected_leak_groups.iter().map(|group| &group.sum))
         .map(|stack| stack.pid)
         .collect();
     pids.sort_unstable();
@@ -124,18 +127,33 @@ fn add_holders(
                 continue;
             }
         };
-        let stacks: Vec<&mut output::StackReport> = report
+        // Each listed stack with the ids it stands for: its own and those
+        // merged into it for equal frames, or a site group's members.
+        let (stacks, members): (Vec<&mut output::StackReport>, Vec<Vec<u32>>) = report
             .stacks
             .iter_mut()
             .chain(report.suspected_leaks.iter_mut())
-            .filter(|stack| stack.pid == pid)
-            .collect();
+            .map(|stack| {
+                let ids = std::iter::once(stack.stack_id)
+                    .chain(stack.merged_stack_ids.iter().copied())
+                    .collect();
+                (stack, ids)
+            })
+            .chain(
+                report
+                    .groups
+                    .iter_mut()
+                    .chain(report.suspected_leak_groups.iter_mut())
+                    .map(|group| (&mut group.sum, group.stack_ids.clone())),
+            )
+            .filter(|(stack, _)| stack.pid == pid)
+            .unzip();
         let groups: Vec<Vec<StackKey>> = stacks
             .iter()
-            .map(|stack| {
-                std::iter::once(stack.stack_id)
-                    .chain(stack.merged_stack_ids.iter().copied())
-                    .map(|raw| StackKey {
+            .zip(&members)
+            .map(|(stack, ids)| {
+                ids.iter()
+                    .map(|&raw| StackKey {
                         pid,
                         stack_id: StackId::from_raw(raw),
                         kind: stack.kind,

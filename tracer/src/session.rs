@@ -11,8 +11,8 @@ use anyhow::Result;
 
 use crate::{
     attach::{self, Probes, spawn},
-    cli::{Config, Targets},
     collect::{Collector, Schedule, StopReason},
+    config::{Config, Targets},
     model::{Frame, MemoryStatus, Model, StackKey, Target},
     output::{Report, ReportInput},
     procfs,
@@ -198,6 +198,15 @@ pub fn end_spawned(collector: Collector, reason: StopReason, leave_running: bool
 /// shows (top stacks by live bytes and suspected leaks) with their frames;
 /// `memory_status` holds the RSS of the targets alive at the end (empty
 /// while tracing goes on).
+/// The pauses at the loader gate so far.
+pub fn loader_pauses(collector: &Collector) -> crate::model::run::LoaderPauses {
+    let (times, held) = collector.probes().loader_pause_total();
+    crate::model::run::LoaderPauses {
+        times: times as u64,
+        held_ms: held.as_secs_f64() * 1e3,
+    }
+}
+
 pub fn build_report(
     collector: &mut Collector,
     model: &Model,
@@ -229,13 +238,7 @@ pub fn build_report(
         sampling,
         unwinding: Some(unwinding),
         libraries: collector.library_reports(),
-        loader_pauses: {
-            let (times, held) = probes.loader_pause_total();
-            crate::model::run::LoaderPauses {
-                times: times as u64,
-                held_ms: held.as_secs_f64() * 1e3,
-            }
-        },
+        loader_pauses: loader_pauses(collector),
         unwinding_stopped: collector.unwinding_stops(),
         interval_ms: config.interval.as_millis() as u64,
         top: config.top,
@@ -245,6 +248,7 @@ pub fn build_report(
             })
         },
         wrappers: &config.wrappers,
+        layout: config.layout,
         api: &|key| apis.get(key).cloned(),
         memory_status,
         reaches_entry: &mut |key| collector.reaches_entry(key),

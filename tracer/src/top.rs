@@ -1,8 +1,14 @@
 //! `tracer top`: a live table of the stacks growing fastest, refreshed at
-//! every snapshot, like `py-spy top`. Suspected leaks (steady growth, see
-//! `model::leak`) come first, so a one-time step does not hide a leak. On a terminal it redraws one screen
-//! (q or Ctrl-C quits); otherwise it prints one plain table per interval.
-use std::io::{IsTerminal as _, Write as _};
+//! every snapshot, like `py-spy top`. Suspected leaks (`model::verdict`)
+//! come first, so a one-time step does not hide a leak; the stacks of one
+//! site share a row (`--group-by`), and a target that exited or tore down
+//! is ranked at its peak, as in the report. On a terminal it redraws one
+//! screen (q or Ctrl-C quits); otherwise it prints one plain table per
+//! interval.
+use std::{
+    collections::HashMap,
+    io::{IsTerminal as _, Write as _},
+};
 
 use anyhow::{Context as _, Result};
 use crossterm::{
@@ -12,10 +18,13 @@ use crossterm::{
 };
 
 use crate::{
-    cli::Config,
     collect::{Collector, Event},
-    model::{Model, Target, merge},
-    output::{Wrappers, human_bytes, site, trim_allocator_frames},
+    config::Config,
+    model::{
+        Model, StackKey, Target, merge,
+        peak::{self, Judgement},
+    },
+    output::{GroupBy, by_site_label, human_bytes, site, trim_allocator_frames},
     session,
 };
 
@@ -57,31 +66,58 @@ pub fn run(config: &Config) -> Result<()> {
 }
 
 /// Draws the table of `model` (a new screen when `interactive`), stacks
-/// with equal frames merged into one row.
+/// with equal frames merged into one row, and with `--group-by site` the
+/// stacks of one site too; ranked at the peak when a target exited or tore
+/// down, as the report is (`model::peak`).
 fn draw(
     collector: &mut Collector,
     model: &Model,
-    config: &crate::cli::Config,
+    config: &crate::config::Config,
     interactive: bool,
 ) -> Result<()> {
     let watched = collector.targets();
     let merged_keys: std::collections::HashSet<_> = session::stacks_to_merge(model, config.top)
         .into_iter()
         .collect();
+    // Each stack's site label, taken from the frames the merge reads.
+    let mut labels: HashMap<StackKey, String> = HashMap::new();
     let (merged, _) = merge::by_frames(model, |key| {
-        if merged_keys.contains(key) {
-            trim_allocator_frames(collector.frames(key))
-        } else {
-            Vec::new()
+        if !merged_keys.contains(key) {
+            return Vec::new();
         }
+        let frames = trim_allocator_frames(collector.frames(key));
+        if let Some(site) = site(&frames, &config.wrappers) {
+            labels.insert(*key, site.label);
+        }
+        frames
     });
+    let merged = merged.as_ref().unwrap_or(model);
+    let into_site =
+        match config.layout.group_by {
+            GroupBy::Site => by_site_label(merged.latest_counters().filter_map(|(key, latest)| {
+                Some((key, latest.live_bytes, labels.get(&key)?.clone()))
+            })),
+            GroupBy::Stack => HashMap::new(),
+        };
+    let grouped = (!into_site.is_empty())
+        .then(|| merged.merged(|key| into_site.get(key).copied().unwrap_or(*key)));
+    let shown = grouped.as_ref().unwrap_or(merged);
+    let judgement = peak::judgement(shown, &watched, None);
+    let judged = judgement.map(|judged| shown.as_of(judged.at_s));
     let table = render_table(
-        merged.as_ref().unwrap_or(model),
+        judged.as_ref().unwrap_or(shown),
         &watched,
         config.top,
+        judgement,
         |key| {
-            describe_site(&collector.frames(key), &config.wrappers)
-                .unwrap_or_else(|| format!("stack {}", key.stack_id.to_raw()))
+            let label = labels
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| format!("stack {}", key.stack_id.to_raw()));
+            match into_site.values().filter(|into| *into == key).count() {
+                count if count > 1 => format!("{label}  ({count} stacks)"),
+                _ => label,
+            }
         },
     );
     let mut stdout = std::io::stdout().lock();
@@ -95,11 +131,13 @@ fn draw(
 }
 
 /// The table: a header line with the window and totals, then one row per
-/// stack growing fastest.
+/// stack growing fastest; `judged` is the moment it is ranked at when that
+/// is not the end.
 pub fn render_table(
     model: &Model,
     targets: &[Target],
     rows: usize,
+    judged: Option<Judgement>,
     mut leaf: impl FnMut(&crate::model::StackKey) -> String,
 ) -> String {
     let targets: Vec<String> = targets
@@ -129,12 +167,21 @@ pub fn render_table(
                 totals.join(", ")
             }
         ),
-        String::new(),
-        format!(
-            "{:>4}  {:>12}  {:>11}  {:>8}  {:<5}  {}",
-            "RANK", "GROWTH/S", "LIVE", "ALLOCS", "LEAK?", "WHERE"
-        ),
     ];
+    if let Some(judged) = judged {
+        lines.push(format!(
+            "ranked at the peak, {} live at {:.1} s ({} now): it freed or exited since",
+            human_bytes(judged.live_bytes as f64),
+            judged.at_s,
+            human_bytes(judged.end_live_bytes as f64)
+        ));
+    }
+    let header_lines = lines.len() + 2;
+    lines.push(String::new());
+    lines.push(format!(
+        "{:>4}  {:>12}  {:>11}  {:>8}  {:<5}  {}",
+        "RANK", "GROWTH/S", "LIVE", "ALLOCS", "LEAK?", "WHERE"
+    ));
     // Suspected leaks first, then the rest; fastest first within each.
     let mut ranked: Vec<(bool, crate::model::StackSummary)> = model
         .fastest_growing(rows.saturating_mul(4))
@@ -154,15 +201,10 @@ pub fn render_table(
             leaf(&summary.key)
         ));
     }
-    if lines.len() == 4 {
+    if lines.len() == header_lines {
         lines.push("(no stack has grown yet)".to_owned());
     }
     lines.join("\n")
-}
-
-/// The WHERE of a stack: its site's label.
-fn describe_site(frames: &[crate::model::Frame], wrappers: &Wrappers) -> Option<String> {
-    site(frames, wrappers).map(|site| site.label)
 }
 
 /// The terminal in raw mode on the alternate screen, restored on drop. A
@@ -242,7 +284,7 @@ mod tests {
             });
         }
         let targets = [Target::new(7, "leaky".into())];
-        let table = render_table(&model, &targets, 5, |key| {
+        let table = render_table(&model, &targets, 5, None, |key| {
             format!("frame{}", key.stack_id.to_raw())
         });
         let rows: Vec<&str> = table.lines().skip(4).collect();

@@ -88,6 +88,12 @@ fn read_format(category: &str, event: &str) -> Result<String> {
     fs::read_to_string(&path).with_context(|| format!("could not read {}", path.display()))
 }
 
+/// The id of tracepoint `category:event` (for perf_event_open).
+pub fn event_id(category: &str, event: &str) -> Option<u64> {
+    let path = mount_point()?.join(format!("events/{category}/{event}/id"));
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
 /// The offset of `field` in the record of tracepoint `category:event`.
 pub fn event_field_offset(category: &str, event: &str, field: &str) -> Option<u32> {
     field_offset(&read_format(category, event).ok()?, field)

@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::bench::{Attached, median};
+use crate::bench_runs::{Attached, median};
 use crate::fixture_process::KillOnDrop;
 
 /// A target of the section: its name and command line. Each prints one

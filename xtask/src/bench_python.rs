@@ -18,7 +18,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::bench::{Attached, answer_field, median};
+use crate::bench_runs::{Attached, answer_field, median};
 use crate::fixture_process::FixtureProcess;
 
 const LIBPYTHON: &str = "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0";

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::bench::{Attached, Mode, Workload, measure_preloaded, median};
+use crate::bench_runs::{Attached, Mode, Workload, measure_preloaded, median};
 use crate::fixture_process::KillOnDrop;
 
 /// Requests of each of SET and GET per run (the issue measured 200 000;

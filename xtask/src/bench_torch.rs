@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::bench::{Attached, median};
+use crate::bench_runs::{Attached, median};
 use crate::fixture_process::FixtureProcess;
 
 const PYTHON: &str = "/usr/bin/python3";

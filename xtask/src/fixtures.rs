@@ -143,20 +143,7 @@ pub fn build_all(shell: &Shell, root: &Path) -> Result<()> {
     let output_dir = root.join("target/fixtures");
     shell.create_dir_all(&output_dir)?;
     for build in fixture_builds(&source_dir, &output_dir)? {
-        if is_up_to_date(&build.source, &build.output)? {
-            eprintln!("xtask: fixture {}: up to date", build.output.display());
-            continue;
-        }
-        let is_cpp = build.source.extension().is_some_and(|ext| ext == "cpp");
-        shell.run(
-            shell
-                .cmd(if is_cpp { "g++" } else { "gcc" })
-                .args(COMMON_FLAGS)
-                .args(build.extra_flags)
-                .arg("-o")
-                .arg(&build.output)
-                .arg(&build.source),
-        )?;
+        compile(shell, &build)?;
     }
     build_stripped(shell, &output_dir)?;
     build_group(
@@ -178,6 +165,41 @@ pub fn build_all(shell: &Shell, root: &Path) -> Result<()> {
     build_cgo(shell, &source_dir.join("cgo_leak"), &output_dir)?;
     build_mixed(shell, &source_dir.join("mixed"), &output_dir)?;
     build_rust(shell, &source_dir.join("rust_leak"), &output_dir)
+}
+
+/// Builds only the named C fixtures (the demo's `leaky`), as `build_all`
+/// builds them.
+pub fn build_named(shell: &Shell, root: &Path, names: &[&str]) -> Result<()> {
+    let source_dir = root.join("tests/fixtures");
+    let output_dir = root.join("target/fixtures");
+    shell.create_dir_all(&output_dir)?;
+    let builds = fixture_builds(&source_dir, &output_dir)?;
+    for name in names {
+        let build = builds
+            .iter()
+            .find(|build| build.output.file_name() == Some(std::ffi::OsStr::new(name)))
+            .with_context(|| format!("no fixture {name} in {}", source_dir.display()))?;
+        compile(shell, build)?;
+    }
+    Ok(())
+}
+
+/// Compiles one C or C++ fixture unless it is up to date.
+fn compile(shell: &Shell, build: &FixtureBuild) -> Result<()> {
+    if is_up_to_date(&build.source, &build.output)? {
+        eprintln!("xtask: fixture {}: up to date", build.output.display());
+        return Ok(());
+    }
+    let is_cpp = build.source.extension().is_some_and(|ext| ext == "cpp");
+    shell.run(
+        shell
+            .cmd(if is_cpp { "g++" } else { "gcc" })
+            .args(COMMON_FLAGS)
+            .args(build.extra_flags)
+            .arg("-o")
+            .arg(&build.output)
+            .arg(&build.source),
+    )
 }
 
 /// Stripped copies of `leaky` (no symbol table, no DWARF) for the tests

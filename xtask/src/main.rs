@@ -8,6 +8,7 @@ mod bench;
 mod bench_attach;
 mod bench_python;
 mod bench_real;
+mod bench_runs;
 mod bench_torch;
 mod demo;
 mod fixture_process;
@@ -42,8 +43,14 @@ enum Task {
     },
     /// Setup, then build the release tracer (eBPF included)
     Build,
-    /// Build, then trace a leaking fixture for 5 s and print the report
-    Demo,
+    /// Set up only what the demo needs (toolchain, tracefs, gcc, the leaky
+    /// fixture), build, then trace the leaking fixture for 5 s and print the
+    /// report
+    Demo {
+        /// Print what would be installed or built, change nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Setup, then run every test and the short benchmark; arguments go to
     /// `cargo test` (the benchmark is then left out), and those after a
     /// second `--` to the test binaries
@@ -93,9 +100,13 @@ fn run(task: Task) -> Result<()> {
             let shell = setup_shell(&root)?;
             build(&shell)
         }
-        Task::Demo => {
-            let shell = setup_shell(&root)?;
+        Task::Demo { dry_run } => {
+            let mut shell = Shell::new(dry_run);
+            setup::setup_demo(&mut shell, &root)?;
             build(&shell)?;
+            if dry_run {
+                return Ok(());
+            }
             demo::demo(&root)
         }
         Task::Test { args } => {

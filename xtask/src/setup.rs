@@ -7,6 +7,7 @@
 //! the two always agree on the bitcode format.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
@@ -23,6 +24,17 @@ pub fn setup(shell: &mut Shell, root: &Path) -> Result<()> {
     ensure_tracefs(shell)?;
     ensure_packages(shell)?;
     fixtures::build_all(shell, root)
+}
+
+/// What `cargo xtask demo` needs and nothing more: the toolchain, tracefs,
+/// gcc and the one fixture it traces (`leaky`). The test and bench set-up
+/// (`setup`) installs the rest.
+pub fn setup_demo(shell: &mut Shell, root: &Path) -> Result<()> {
+    ensure_nightly_rust_src(shell)?;
+    ensure_bpf_linker(shell, root)?;
+    ensure_tracefs(shell)?;
+    ensure_demo_packages(shell)?;
+    fixtures::build_named(shell, root, &["leaky"])
 }
 
 fn ensure_nightly_rust_src(shell: &Shell) -> Result<()> {
@@ -249,14 +261,8 @@ fn ensure_packages(shell: &Shell) -> Result<()> {
         return Ok(());
     }
     let apt_get = |args: &[&str]| {
-        let mut command = if is_root() {
-            shell.cmd("apt-get")
-        } else {
-            let mut sudo = shell.cmd("sudo");
-            sudo.arg("apt-get");
-            sudo
-        };
-        command.env("DEBIAN_FRONTEND", "noninteractive").args(args);
+        let mut command = apt_get(shell);
+        command.args(args);
         command
     };
     shell.run(&mut apt_get(&["update"]))?;
@@ -272,4 +278,34 @@ fn ensure_packages(shell: &Shell) -> Result<()> {
         ]))?;
     }
     Ok(())
+}
+
+/// The demo's packages, by the command each provides: gcc for its fixture.
+const DEMO_PACKAGES: [(&str, &str); 1] = [("gcc", "gcc")];
+
+fn ensure_demo_packages(shell: &Shell) -> Result<()> {
+    let missing: Vec<&str> = DEMO_PACKAGES
+        .iter()
+        .filter(|(command, _)| find_on_path(command).is_none())
+        .map(|&(_, package)| package)
+        .collect();
+    if missing.is_empty() {
+        eprintln!("xtask: gcc: present");
+        return Ok(());
+    }
+    shell.run(apt_get(shell).arg("update"))?;
+    shell.run(apt_get(shell).args(["install", "-y"]).args(&missing))
+}
+
+/// `apt-get`, through sudo unless root, without questions.
+fn apt_get(shell: &Shell) -> Command {
+    let mut command = if is_root() {
+        shell.cmd("apt-get")
+    } else {
+        let mut sudo = shell.cmd("sudo");
+        sudo.arg("apt-get");
+        sudo
+    };
+    command.env("DEBIAN_FRONTEND", "noninteractive");
+    command
 }

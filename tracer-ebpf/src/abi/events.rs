@@ -57,3 +57,64 @@ pub mod mmap_format {
     pub const PROT_OFFSET: u32 = 32;
     pub const FD_OFFSET: u32 = 48;
 }
+
+/// Whether a NUL-terminated path holds `.so` followed by its end or a dot
+/// (`libcudart.so`, `libcudart.so.12`).
+#[inline(always)]
+pub fn names_shared_object(path: &[u8; OPENED_PATH_BYTES]) -> bool {
+    let mut at = 0;
+    while at + 3 < OPENED_PATH_BYTES {
+        if path[at] == 0 {
+            return false;
+        }
+        if path[at] == b'.'
+            && path[at + 1] == b's'
+            && path[at + 2] == b'o'
+            && (path[at + 3] == 0 || path[at + 3] == b'.')
+        {
+            return true;
+        }
+        at += 1;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(text: &str) -> [u8; OPENED_PATH_BYTES] {
+        let mut path = [0; OPENED_PATH_BYTES];
+        path[..text.len()].copy_from_slice(text.as_bytes());
+        path
+    }
+
+    #[test]
+    fn a_shared_object_is_dot_so_at_the_end_or_before_a_dot() {
+        for (text, shared) in [
+            ("/usr/lib/libcudart.so", true),
+            ("libcudart.so.12", true),
+            ("/opt/x.so.1.2.3", true),
+            ("/data/model.sock", false),
+            ("/tmp/a.solib", false),
+            ("/usr/lib/python3/x.soname.so", true),
+            ("/etc/ld.so.cache", true),
+            ("/usr/bin/ls", false),
+            ("so", false),
+            ("", false),
+        ] {
+            assert_eq!(names_shared_object(&path(text)), shared, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn only_the_bytes_before_the_nul_count() {
+        let mut hidden = path("/bin/ls");
+        hidden[8..11].copy_from_slice(b".so");
+        assert!(!names_shared_object(&hidden));
+        // A path that fills the buffer without a NUL is read to its end.
+        let mut full = [b'a'; OPENED_PATH_BYTES];
+        full[OPENED_PATH_BYTES - 4..].copy_from_slice(b".so.");
+        assert!(names_shared_object(&full));
+    }
+}

@@ -121,3 +121,45 @@ pub struct VmmHandle {
     pub block: LiveAlloc,
     pub holders: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_api::*;
+    use super::*;
+
+    #[test]
+    fn each_gpu_api_id_indexes_its_symbol() {
+        assert_eq!(GPU_API_NAMES.len(), COUNT as usize);
+        assert_eq!(GPU_API_NAMES[CUDA_MALLOC as usize], "cudaMalloc");
+        assert_eq!(GPU_API_NAMES[CU_MEM_CREATE as usize], "cuMemCreate");
+        assert_eq!(GPU_API_NAMES[CUDA_DEVICE_RESET as usize], "cudaDeviceReset");
+        let names: std::collections::HashSet<&str> = GPU_API_NAMES.iter().copied().collect();
+        assert_eq!(names.len(), GPU_API_NAMES.len(), "a symbol listed twice");
+    }
+
+    #[test]
+    fn pools_and_physical_memory_outlive_their_context() {
+        let outliving: Vec<&str> = (0..COUNT)
+            .filter(|&api| !owned_by_context(api))
+            .map(|api| GPU_API_NAMES[api as usize])
+            .collect();
+        assert_eq!(
+            outliving,
+            [
+                "cudaMallocAsync",
+                "cudaMallocFromPoolAsync",
+                "cuMemAllocAsync",
+                "cuMemAllocFromPoolAsync",
+                "cuMemCreate"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cookie_holds_the_kind_above_the_api() {
+        let cookie = gpu_cookie(CU_MEM_MAP, 3);
+        assert_eq!(cookie >> 32, 3);
+        assert_eq!(cookie as u32, CU_MEM_MAP);
+        assert_ne!(gpu_cookie(1, 2), gpu_cookie(2, 1));
+    }
+}

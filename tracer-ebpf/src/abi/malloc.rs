@@ -99,3 +99,36 @@ pub mod argument_register {
     pub const RSI: u64 = 14;
     pub const RDI: u64 = 15;
 }
+
+/// Whether a return address is the uprobe trampoline's, which the kernel
+/// writes over the return address of a probed call (a uprobe session
+/// whose entry skipped the return included, on Linux 6.18): the page
+/// at the top of the user address space, with 47- or 56-bit addresses.
+#[inline(always)]
+pub const fn is_uprobe_trampoline(address: u64) -> bool {
+    address >> 12 == 0x7_ffff_fffe || address >> 12 == 0xfff_ffff_fffe
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trampoline_is_the_top_page_of_either_address_space() {
+        for (address, is_trampoline) in [
+            (0x7fff_ffff_e000, true),
+            (0x7fff_ffff_efff, true),
+            (0x7fff_ffff_dfff, false),
+            (0x7fff_ffff_f000, false),
+            (0x00ff_ffff_ffff_e123, true),
+            (0x00ff_ffff_ffff_f000, false),
+            (0x5555_5555_e000, false),
+        ] {
+            assert_eq!(
+                is_uprobe_trampoline(address),
+                is_trampoline,
+                "0x{address:x}"
+            );
+        }
+    }
+}

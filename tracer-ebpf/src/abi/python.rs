@@ -60,6 +60,23 @@ pub struct PythonStack {
     pub pad: u32,
 }
 
+impl PythonStack {
+    /// FNV-1a over the process, the frames (past `count` not) and their
+    /// count, and whether the stack was cut: its key in PYTHON_STACK_IDS.
+    #[inline(always)]
+    pub fn hash(&self, tgid: u32) -> u64 {
+        let mut hash = crate::FNV_OFFSET_BASIS ^ ((tgid as u64) << 32 | self.count as u64);
+        hash = (hash ^ self.truncated as u64).wrapping_mul(crate::FNV_PRIME);
+        for index in 0..MAX_PYTHON_FRAMES {
+            if index as u32 >= self.count {
+                break;
+            }
+            hash = (hash ^ self.frames[index]).wrapping_mul(crate::FNV_PRIME);
+        }
+        hash
+    }
+}
+
 impl Default for PythonStack {
     fn default() -> Self {
         PythonStack {
@@ -136,3 +153,41 @@ pub const THREAD_SEARCH_PAUSE_NS: u64 = 1_000_000;
 /// Bytes of each frame read at once: every field of `PythonOffsets` that
 /// names a frame field is below it.
 pub const FRAME_WINDOW: usize = 128;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack(frames: &[u64], truncated: u32) -> PythonStack {
+        let mut stack = PythonStack::default();
+        stack.frames[..frames.len()].copy_from_slice(frames);
+        stack.count = frames.len() as u32;
+        stack.truncated = truncated;
+        stack
+    }
+
+    #[test]
+    fn python_stacks_differ_by_process_frames_and_cut_not_past_their_count() {
+        let base = stack(&[0x10, 0x20], 0).hash(1000);
+        assert_ne!(stack(&[0x10, 0x20], 0).hash(1001), base, "another process");
+        assert_ne!(stack(&[0x20, 0x10], 0).hash(1000), base);
+        assert_ne!(stack(&[0x10, 0x20], 1).hash(1000), base, "cut");
+        assert_ne!(stack(&[0x10], 0).hash(1000), base);
+        let mut stale = stack(&[0x10, 0x20], 0);
+        stale.frames[2] = 0x30;
+        stale.tgid = 77;
+        assert_eq!(stale.hash(1000), base, "the argument names the process");
+        let by_hand = crate::FNV_OFFSET_BASIS ^ (1000 << 32 | 1);
+        let by_hand = by_hand.wrapping_mul(crate::FNV_PRIME);
+        let by_hand = (by_hand ^ 0x10).wrapping_mul(crate::FNV_PRIME);
+        assert_eq!(stack(&[0x10], 0).hash(1000), by_hand);
+    }
+
+    #[test]
+    fn a_frame_is_a_python_stack_only_under_its_tag() {
+        assert_eq!(python_stack_of_frame(PYTHON_FRAME_TAG | 42), Some(42));
+        assert_eq!(python_stack_of_frame(PYTHON_FRAME_TAG), Some(0));
+        assert_eq!(python_stack_of_frame(0x7fff_1234_5678), None);
+        assert_eq!(python_stack_of_frame(PYTHON_FRAME_TAG | 1 << 32), None);
+    }
+}

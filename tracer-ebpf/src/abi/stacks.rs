@@ -16,6 +16,26 @@ pub struct StackFrames {
     pub count: u64,
 }
 
+/// FNV-1a's 64-bit offset basis and prime, for the stack tables' keys.
+pub const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+impl StackFrames {
+    /// FNV-1a over the stack's return addresses (one word at a time) and
+    /// their count: its key in STACK_IDS. Frames past `count` do not count.
+    #[inline(always)]
+    pub fn hash(&self) -> u64 {
+        let mut hash = FNV_OFFSET_BASIS ^ self.count;
+        for index in 0..MAX_STACK_FRAMES {
+            if index as u64 >= self.count {
+                break;
+            }
+            hash = (hash ^ self.frames[index]).wrapping_mul(FNV_PRIME);
+        }
+        hash
+    }
+}
+
 impl Default for StackFrames {
     fn default() -> Self {
         StackFrames {
@@ -155,4 +175,49 @@ pub struct StackFree {
     pub tgid: u32,
     pub stack_ref: u32,
     pub pad: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack(frames: &[u64]) -> StackFrames {
+        let mut stack = StackFrames::default();
+        stack.frames[..frames.len()].copy_from_slice(frames);
+        stack.count = frames.len() as u64;
+        stack
+    }
+
+    #[test]
+    fn the_hash_is_fnv_1a_over_the_frames_and_their_count() {
+        assert_eq!(stack(&[]).hash(), FNV_OFFSET_BASIS);
+        let by_hand = ((FNV_OFFSET_BASIS ^ 2) ^ 0x1000).wrapping_mul(FNV_PRIME);
+        let by_hand = (by_hand ^ 0x2000).wrapping_mul(FNV_PRIME);
+        assert_eq!(stack(&[0x1000, 0x2000]).hash(), by_hand);
+    }
+
+    #[test]
+    fn stacks_differ_by_order_count_and_frames_not_by_what_lies_past_them() {
+        let base = stack(&[0x401000, 0x402000, 0x403000]).hash();
+        assert_ne!(stack(&[0x402000, 0x401000, 0x403000]).hash(), base);
+        assert_ne!(stack(&[0x401000, 0x402000]).hash(), base);
+        assert_ne!(stack(&[0x401000, 0x402000, 0x403000, 0]).hash(), base);
+        assert_ne!(stack(&[0x401000, 0x402000, 0x403001]).hash(), base);
+        let mut stale = stack(&[0x401000, 0x402000, 0x403000]);
+        stale.frames[3] = 0xdead;
+        stale.frames[MAX_STACK_FRAMES - 1] = 0xbeef;
+        assert_eq!(stale.hash(), base);
+        let full = stack(&[7; MAX_STACK_FRAMES]);
+        assert_ne!(full.hash(), stack(&[7; MAX_STACK_FRAMES - 1]).hash());
+    }
+
+    #[test]
+    fn copied_stack_references_are_told_from_stack_ids() {
+        assert!(is_copied_stack(COPIED_STACK));
+        assert!(is_copied_stack(COPIED_STACK | COPIED_STACK_MASK));
+        assert!(!is_copied_stack(0));
+        assert!(!is_copied_stack(COPIED_STACK_MASK));
+        assert!(!is_copied_stack(crate::NO_STACK));
+        assert!(!is_copied_stack(COPIED_STACK << 1 | 5));
+    }
 }

@@ -125,3 +125,48 @@ pub mod stat {
 }
 
 pub use stat::STAT_NAMES;
+
+#[cfg(test)]
+mod tests {
+    use super::stat::*;
+    use super::*;
+
+    #[test]
+    fn each_stat_id_indexes_its_own_name() {
+        assert_eq!(STAT_NAMES.len(), COUNT as usize);
+        for (id, name) in [
+            (ALLOCS, "allocs"),
+            (FREES, "frees"),
+            (NOT_RECORDED, "allocs_not_recorded"),
+            (DROP_STACK_COPY_RING_FULL, "stack_copy_ring_full"),
+            (STACK_FREES_DEFERRED, "stack_frees_deferred"),
+            (UNWIND_MAPPINGS_FULL, "unwind_mappings_full"),
+        ] {
+            assert_eq!(STAT_NAMES[id as usize].0, name);
+        }
+        assert_eq!(UNWIND_MAPPINGS_FULL, COUNT - 1, "the last id");
+    }
+
+    #[test]
+    fn stat_names_are_distinct_and_drops_are_named_as_drops() {
+        let names: std::collections::HashSet<&str> =
+            STAT_NAMES.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names.len(), STAT_NAMES.len(), "a name used twice");
+        for (name, class) in STAT_NAMES {
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{name}"
+            );
+            // Every drop says what filled up or failed.
+            if class == StatClass::Drop {
+                assert!(
+                    ["full", "lost", "error", "unreadable"]
+                        .iter()
+                        .any(|word| name.ends_with(word)),
+                    "{name} is a drop"
+                );
+            }
+        }
+    }
+}

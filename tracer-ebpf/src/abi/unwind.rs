@@ -69,9 +69,18 @@ pub mod mapping_unwind {
     /// anonymous memory without unwind information).
     pub const FRAME_POINTERS: u32 = 2;
     /// The object's table is not built yet: frame pointers for now, and the
-    /// stack counts `stat::UNWIND_TABLE_PENDING`.
+    /// stack counts `stat::UNWIND_TABLE_PENDING` and ends in
+    /// `UNWIND_PENDING_FRAME`.
     pub const PENDING: u32 = 3;
 }
+
+/// The frame the kernel's walk adds after the last one it found when any
+/// frame of the stack was walked by frame pointers because its object's
+/// table was not built yet (`mapping_unwind::PENDING`): not a return
+/// address (user addresses stay below 2^47). Userspace shows it as a
+/// marker frame; the same stack walked once the table is ready has no
+/// such frame, so it is a stack of its own.
+pub const UNWIND_PENDING_FRAME: u64 = 0xfd00_0000_0000_0000;
 
 /// One executable mapping of a process.
 #[repr(C)]

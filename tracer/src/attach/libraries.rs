@@ -101,6 +101,8 @@ pub struct LibraryWatch {
     pub(super) files: HookedFiles,
     /// The thread that hooks libraries at open (with uprobe_multi links).
     at_open: Option<AtOpen>,
+    /// LOADER_HELD, until the watchdog takes it.
+    pub(super) loader_held: Option<std::os::fd::OwnedFd>,
 }
 
 impl LibraryWatch {
@@ -145,6 +147,12 @@ impl LibraryWatch {
             KernelHashMap::try_from(take(tracer_ebpf::map::LOADER_HELD)?)?,
         );
         let files = HookedFiles::default();
+        // For the watchdog (`Probes::load`).
+        let loader_held = {
+            use aya::maps::IterableMap as _;
+            use std::os::fd::AsFd as _;
+            gate.held.map().fd().as_fd().try_clone_to_owned()?
+        };
         let at_open = match linkers {
             Some((multi, session)) => {
                 for (program, event) in [
@@ -174,6 +182,7 @@ impl LibraryWatch {
             attached_at: None,
             files,
             at_open,
+            loader_held: Some(loader_held),
         })
     }
 

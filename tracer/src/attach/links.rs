@@ -17,6 +17,8 @@ use super::Probes;
 pub(super) struct TracepointLink {
     program: &'static str,
     id: TracePointLinkId,
+    /// The event's tracefs id.
+    pub event_id: Option<u64>,
 }
 
 /// Attaches the (loaded) tracepoint program `program` to `category:event`.
@@ -34,7 +36,12 @@ pub(super) fn attach_tracepoint(
     let id = tracepoint
         .attach(category, event)
         .with_context(|| format!("could not attach {program} to tracepoint {category}:{event}"))?;
-    Ok(TracepointLink { program, id })
+    let event_id = crate::tracefs::event_id(category, event);
+    Ok(TracepointLink {
+        program,
+        id,
+        event_id,
+    })
 }
 
 /// Drops every link at once, each on a thread of its own.
@@ -49,7 +56,7 @@ fn release_together(links: Vec<Box<dyn Send>>) {
 impl Drop for Probes {
     fn drop(&mut self) {
         let mut links: Vec<Box<dyn Send>> = Vec::new();
-        for TracepointLink { program, id } in self.tracepoint_links.drain(..) {
+        for TracepointLink { program, id, .. } in self.tracepoint_links.drain(..) {
             let tracepoint: Option<&mut TracePoint> = self
                 .ebpf
                 .program_mut(program)

@@ -14,7 +14,6 @@ use tracer_ebpf::sampling::{PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TAB
 
 use super::{
     ProbeLinks, Probes, ReturnProbes,
-    forks::{COMM_EXEC_PROGRAM, FORK_PROGRAM},
     libraries::LibraryWatch,
     links::{TracepointLink, attach_tracepoint},
     mappings,
@@ -254,9 +253,10 @@ impl Probes {
         }
         let tracepoints_started = Instant::now();
         load_together(&mut ebpf, |name, program| match program {
+            // The fork and exec tracepoints are loaded by forks.rs, when asked.
             Program::TracePoint(_) => {
-                name != FORK_PROGRAM
-                    && name != COMM_EXEC_PROGRAM
+                name != tracer_ebpf::program::PROCESS_FORK
+                    && name != tracer_ebpf::program::COMM_EXEC
                     && (multi.is_some()
                         || (name != tracer_ebpf::program::OPEN_ENTER
                             && name != tracer_ebpf::program::OPEN_EXIT))
@@ -279,11 +279,21 @@ impl Probes {
             )),
             None => None,
         };
-        let watch = LibraryWatch::start(&mut ebpf, &mut tracepoint_links, linkers)?;
+        let mut watch = LibraryWatch::start(&mut ebpf, &mut tracepoint_links, linkers)?;
         let mapping_links = mappings::attach_tracepoints(&mut ebpf)
             .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
         let mapping_tracepoints = mapping_links.len();
         tracepoint_links.extend(mapping_links);
+        let watchdog = match watch.loader_held.take() {
+            Some(held) => {
+                let events: Vec<u64> = tracepoint_links
+                    .iter()
+                    .filter_map(|link| link.event_id)
+                    .collect();
+                Some(super::watchdog::Watchdog::start(held, &events)?)
+            }
+            None => None,
+        };
         let times = AttachTimes {
             maps: maps_time,
             tracepoints: tracepoints_started.elapsed(),
@@ -335,6 +345,7 @@ impl Probes {
             times,
             pause_at_loader: true,
             loader_pauses: Vec::new(),
+            _watchdog: watchdog,
         };
         Ok((probes, rings))
     }

@@ -21,6 +21,7 @@ pub mod prologue;
 mod raw;
 pub mod spawn;
 pub mod symbols;
+pub mod watchdog;
 
 mod forks;
 mod links;
@@ -209,6 +210,8 @@ pub struct Probes {
     pub pause_at_loader: bool,
     /// Each time a process was held at the loader gate: which, how long.
     pub loader_pauses: Vec<(u32, std::time::Duration)>,
+    /// Outlives tracer (`watchdog.rs`): dropped last.
+    _watchdog: Option<watchdog::Watchdog>,
 }
 
 impl Probes {

@@ -98,6 +98,14 @@ impl KernelUnwinding {
                 notes.push(format!("{table} (ready {after_s:.2} s after start)"));
             }
         }
+        // From here on no stack is walked for want of a table (until a
+        // library mapped later is built).
+        let summary = self.tables.summary();
+        if !notes.is_empty() && summary.pending == 0 {
+            notes.push(format!(
+                "{summary} (every table ready {after_s:.2} s after start)"
+            ));
+        }
         notes
     }
 }

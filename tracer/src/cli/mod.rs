@@ -1,8 +1,7 @@
 //! The command line: verbs and flags (clap, `args`), turned into the
-//! configs the rest of tracer is given (`config`). Usage errors become one
-//! line, exit code 2.
+//! configs the rest of tracer is given (`crate::config`). Usage errors
+//! become one line, exit code 2. Nothing below cli names it.
 mod args;
-mod config;
 mod help;
 #[cfg(test)]
 mod tests;
@@ -13,10 +12,9 @@ use std::ffi::OsString;
 use anyhow::Result;
 use clap::Parser as _;
 
-use crate::error::{ExitCode, fatal};
-pub use config::{
-    CommTargets, Config, DEFAULT_PLOT_STACKS, FloorConfig, RecordConfig, ReportConfig,
-    ReportFormat, Targets,
+use crate::{
+    config::{Config, FloorConfig, RecordConfig, ReportConfig},
+    error::{ExitCode, fatal},
 };
 pub use values::parse_duration;
 

@@ -4,6 +4,7 @@ use std::{path::PathBuf, time::Duration};
 use super::{values::parse_interval, *};
 use crate::{
     attach::{FloorSites, Sampling},
+    config::{ReportFormat, Targets},
     model::Kind,
     output::folded::FoldedValue,
 };

@@ -3,7 +3,7 @@
 //! kernel's exec announcements, `Probes::take_started`).
 use regex::RegexSet;
 
-use crate::cli::CommTargets;
+use crate::config::CommTargets;
 
 /// The command names to follow, compiled.
 #[derive(Debug)]

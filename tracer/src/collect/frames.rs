@@ -13,6 +13,11 @@ use crate::{
     unwind::StopReason,
 };
 
+/// The outermost frame of a stack the kernel walked by frame pointers
+/// through an object whose unwind table was still being built: its frames
+/// past that object's may be wrong or missing.
+pub const TABLE_PENDING_MARKER: &str = "[unwind table pending: walked by frame pointers]";
+
 /// Symbolized stacks, each frame stored once however many stacks share
 /// it: a process with deep stacks (torch's Python frames under its C++
 /// ones) holds up to 100 000 distinct stacks of 100-200 frames, whose
@@ -74,17 +79,19 @@ impl Collector {
             return frames.to_vec();
         }
         let maps = self.probes.maps();
+        let mut pending = false;
         let frames = match key.stack_id {
             StackId::Lost => Vec::new(),
             StackId::Kernel(id) => match self.kernel_stacks.addresses(key.pid, id) {
-                Some((addresses, stopped)) => {
-                    let mut frames = self.symbols.stack_frames(key.pid, addresses);
-                    if stopped {
+                Some(stack) => {
+                    let mut frames = self.symbols.stack_frames(key.pid, stack.addresses);
+                    if stack.stopped {
                         frames.push(Frame {
                             function: Some(StopReason::OutsideCode.marker()),
                             ..Frame::default()
                         });
                     }
+                    pending = stack.pending;
                     frames
                 }
                 None => self.symbols.stack_frames(key.pid, &maps.stack(id)),
@@ -103,7 +110,15 @@ impl Collector {
                     })
             }
         };
-        let frames = self.merge_python(key.pid, frames);
+        let mut frames = self.merge_python(key.pid, frames);
+        if pending {
+            // Outermost: the frames above are the kernel's frame-pointer
+            // walk of code whose table was not built yet.
+            frames.push(Frame {
+                function: Some(TABLE_PENDING_MARKER.to_owned()),
+                ..Frame::default()
+            });
+        }
         let complete = frames
             .iter()
             .all(|frame| frame.module.is_some() || frame.address == 0);
@@ -118,7 +133,15 @@ impl Collector {
     /// only its outermost frame is symbolized, unless it was already.
     pub fn reaches_entry(&mut self, key: &StackKey) -> bool {
         if let Some(frames) = self.frames.get(key) {
-            return frames.last().is_some_and(|frame| is_thread_entry(frame))
+            // A stack walked while a table was pending reaches its start
+            // when the frame before its marker is the start.
+            let outermost = match frames.split_last() {
+                Some((last, rest)) if last.function.as_deref() == Some(TABLE_PENDING_MARKER) => {
+                    rest.last()
+                }
+                other => other.map(|(last, _)| last),
+            };
+            return outermost.is_some_and(|frame| is_thread_entry(frame))
                 || python_reaches_start(frames);
         }
         // A Python stack is whole from where Python started it, wherever
@@ -132,8 +155,8 @@ impl Collector {
         let addresses = match key.stack_id {
             StackId::Lost => return false,
             StackId::Kernel(id) => match self.kernel_stacks.addresses(key.pid, id) {
-                Some((_, true)) => return false,
-                Some((addresses, false)) => addresses.to_vec(),
+                Some(stack) if stack.stopped => return false,
+                Some(stack) => stack.addresses.to_vec(),
                 None => maps.stack(id),
             },
             StackId::Copied(index) if self.copied.ends_early(index) => return false,
@@ -165,6 +188,10 @@ impl Collector {
         let mut stops = self.copied.stops();
         for (reason, count) in self.kernel_stacks.stops() {
             stops.insert(format!("frame_pointers_{}", reason.name()), *count);
+        }
+        let pending = self.kernel_stacks.pending();
+        if pending > 0 {
+            stops.insert("table_pending".to_owned(), pending);
         }
         stops
     }

@@ -7,7 +7,11 @@
 //! `[unwinding stopped: ...]` frame, and stacks equal up to that point are
 //! one stack: every kernel id is mapped to the first id with the same
 //! checked frames.
-use std::collections::{BTreeMap, HashMap};
+//!
+//! A stack the kernel's unwind walk took while one of its objects' tables
+//! was still being built ends in `UNWIND_PENDING_FRAME`: it is kept as a
+//! flag here (the report ends the stack in a marker frame) and counted.
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::{attach::KernelMaps, procfs, unwind::StopReason};
 
@@ -17,6 +21,19 @@ struct Checked {
     pid: u32,
     addresses: Vec<u64>,
     stopped: bool,
+    /// Walked by frame pointers where a table was pending.
+    pending: bool,
+}
+
+/// A canonical kernel stack, checked.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckedStack<'a> {
+    /// Return addresses (and the Python tag last, if any).
+    pub addresses: &'a [u64],
+    /// Cut at a return address outside the target's code.
+    pub stopped: bool,
+    /// Taken before one of its objects' unwind tables was ready.
+    pub pending: bool,
 }
 
 #[derive(Default)]
@@ -31,6 +48,10 @@ pub struct KernelStacks {
     code: HashMap<u32, Vec<(u64, u64)>>,
     /// Stacks cut short, by reason.
     stops: BTreeMap<StopReason, u64>,
+    /// Distinct stacks taken before one of their tables was ready.
+    pending: u64,
+    /// The processes whose code was read again in this pass.
+    reread: HashSet<u32>,
 }
 
 impl KernelStacks {
@@ -46,17 +67,40 @@ impl KernelStacks {
             if checked.stopped {
                 *self.stops.entry(StopReason::OutsideCode).or_default() += 1;
             }
+            if checked.pending {
+                self.pending += 1;
+            }
             self.stacks.insert((pid, id), checked);
         }
         self.canonical.insert((pid, id), canonical);
         canonical
     }
 
-    /// The checked return addresses of a canonical stack, and whether it
-    /// was cut short.
-    pub fn addresses(&self, pid: u32, id: u32) -> Option<(&[u64], bool)> {
+    /// Starts a pass over the stacks the kernel holds now (call it before
+    /// reading BY_STACK): each process's code is read again at most once
+    /// per pass. Every stack of the pass was taken before it started, so
+    /// one read after a stack outside the code known covers the libraries
+    /// any of them could be in. Reading /proc/PID/maps of a torch process
+    /// (2 000 mappings) for each new stack with a junk frame took 90 % of
+    /// tracer's CPU.
+    pub fn new_pass(&mut self) {
+        self.reread.clear();
+    }
+
+    /// A canonical stack, checked.
+    pub fn addresses(&self, pid: u32, id: u32) -> Option<CheckedStack<'_>> {
         let checked = self.stacks.get(&(pid, id))?;
-        Some((&checked.addresses, checked.stopped))
+        Some(CheckedStack {
+            addresses: &checked.addresses,
+            stopped: checked.stopped,
+            pending: checked.pending,
+        })
+    }
+
+    /// Distinct stacks taken before one of their objects' unwind tables
+    /// was ready.
+    pub fn pending(&self) -> u64 {
+        self.pending
     }
 
     /// Distinct stacks cut short, by reason.
@@ -67,10 +111,13 @@ impl KernelStacks {
     fn check(&mut self, pid: u32, mut addresses: Vec<u64>) -> Checked {
         // The Python stack's tag (the last frame) is no return address.
         let python = addresses.pop_if(|last| tracer_ebpf::python_stack_of_frame(*last).is_some());
+        let pending = addresses
+            .pop_if(|last| *last == tracer_ebpf::UNWIND_PENDING_FRAME)
+            .is_some();
         let mut outside = self.first_outside_code(pid, &addresses);
-        if outside.is_some() {
+        if outside.is_some() && self.reread.insert(pid) {
             // A library mapped since, or a new image (exec): read the
-            // process's code again, once per stack checked.
+            // process's code again, once per pass.
             self.code.insert(pid, procfs::executable_ranges(pid));
             outside = self.first_outside_code(pid, &addresses);
         }
@@ -82,6 +129,7 @@ impl KernelStacks {
             pid,
             addresses,
             stopped: outside.is_some(),
+            pending,
         }
     }
 

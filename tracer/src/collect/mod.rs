@@ -17,6 +17,8 @@ mod comms;
 mod contexts;
 mod copied;
 mod copy_reader;
+mod counters;
+mod follow;
 mod frames;
 mod kernel_stacks;
 mod live;
@@ -38,15 +40,14 @@ use tokio::{
 
 use crate::{
     attach::{
-        Probes, Rings, cuda, libraries,
+        Probes, Rings, libraries,
         spawn::{self, ChildState},
     },
-    model::{Counters, Kind, Snapshot, StackId, StackKey, Target, run::LibraryReport},
+    model::{Counters, Snapshot, StackKey, Target, run::LibraryReport},
     procfs,
     symbolize::Symbols,
 };
 pub use comms::CommWatch;
-use contexts::EpochEntry;
 use copied::CopiedStacks;
 use kernel_stacks::KernelStacks;
 pub use live::LiveBlocks;
@@ -265,7 +266,7 @@ impl Collector {
     /// `--comm`: announces the processes started from now on with a
     /// matching name (attached by the liveness timer) and returns those
     /// running now, for `add_target`.
-    pub fn watch_comms(&mut self, targets: &crate::cli::CommTargets) -> Result<Vec<u32>> {
+    pub fn watch_comms(&mut self, targets: &crate::config::CommTargets) -> Result<Vec<u32>> {
         let watch = CommWatch::new(targets)?;
         self.probes
             .watch_execs(&targets.names, !targets.patterns.is_empty())?;
@@ -518,270 +519,8 @@ impl Collector {
         Ok(())
     }
 
-    /// Notes the targets that exited, and follows the children the
-    /// followed ones forked.
-    fn watch_targets(&mut self) {
-        let after_s = self.elapsed_s();
-        if self.schedule.follow_forks {
-            self.follow_children(after_s);
-        }
-        if self.comm_watch.is_some() {
-            self.follow_started(after_s);
-        }
-        let mut exited = Vec::new();
-        for watched in self.watched.iter_mut().filter(|w| w.is_alive()) {
-            if watched.has_exited() {
-                watched.target.exited_after_s = Some(after_s);
-                exited.push(watched.target.pid);
-                self.queued.push_back(Event::TargetExited {
-                    pid: watched.target.pid,
-                    after_s,
-                });
-            }
-        }
-        if self.comm_watch.is_some() {
-            for pid in exited {
-                self.forget(pid);
-            }
-        }
-    }
-
-    /// Drops what collection keeps of a process that exited, in the
-    /// kernel and here (`--comm`: processes come and go for as long as
-    /// tracer runs, and memory must stay flat). Its entry in `watched`
-    /// stays, without its stacks.
-    fn forget(&mut self, pid: u32) {
-        self.probes.forget(pid);
-        self.symbols.forget(pid);
-        self.copied.forget(pid);
-        self.frames.forget(pid);
-        self.apis.retain(|key, _| key.pid != pid);
-        self.exec_baselines.retain(|key, _| key.pid != pid);
-        self.thread_entries
-            .retain(|(entry_pid, _), _| *entry_pid != pid);
-        // Exited targets beyond the last few are dropped: a restarting
-        // service would otherwise grow the list forever.
-        let exited = self.watched.iter().filter(|w| !w.is_alive()).count();
-        if exited > MAX_EXITED_KEPT {
-            let mut to_drop = exited - MAX_EXITED_KEPT;
-            self.watched.retain(|watched| {
-                if to_drop > 0 && !watched.is_alive() {
-                    to_drop -= 1;
-                    return false;
-                }
-                true
-            });
-        }
-    }
-
-    /// `--comm`: attaches to the processes started with a matching name
-    /// since the last call, up to --max-targets alive at once.
-    fn follow_started(&mut self, after_s: f64) {
-        let mut started = self.probes.take_started();
-        started.sort_unstable();
-        started.dedup();
-        for pid in started {
-            let Some(watch) = &self.comm_watch else {
-                return;
-            };
-            let alive = self.watched.iter().filter(|w| w.is_alive()).count();
-            let name = comms::comm(pid);
-            let wanted = name.as_deref().is_some_and(|name| watch.matches(name))
-                && comms::is_user_process(pid)
-                && pid != std::process::id()
-                && !self
-                    .watched
-                    .iter()
-                    .any(|w| w.is_alive() && w.target.pid == pid);
-            if !wanted {
-                continue;
-            }
-            if alive >= watch.max_targets {
-                let max = watch.max_targets;
-                if self
-                    .comm_watch
-                    .as_mut()
-                    .is_some_and(|watch| watch.refused.insert(pid))
-                {
-                    self.notice(format!(
-                        "not tracing PID {pid} ({}): --max-targets {max} processes traced already",
-                        name.unwrap_or_default()
-                    ));
-                }
-                continue;
-            }
-            if let Err(error) = self.add_target(pid, false) {
-                if procfs::is_alive(pid) {
-                    self.notice(format!("warning: could not trace PID {pid}: {error:#}"));
-                }
-                continue;
-            }
-            let command = self
-                .watched
-                .last()
-                .map(|w| w.target.command.clone())
-                .unwrap_or_default();
-            self.notice(format!(
-                "tracing PID {pid} ({command}), started after {after_s:.1} s with a --comm name"
-            ));
-        }
-    }
-
-    /// Attaches to the processes the followed targets forked since the
-    /// last call, and follows their children in turn. New threads are
-    /// announced too and skipped here; a child that exits before the
-    /// probes are in place is skipped.
-    fn follow_children(&mut self, after_s: f64) {
-        for child in self.probes.take_forks() {
-            let is_process = procfs::tgid(child) == Some(child);
-            if !is_process || self.watched.iter().any(|w| w.target.pid == child) {
-                continue;
-            }
-            if let Err(error) = self.probes.attach_allocators(child) {
-                if procfs::is_alive(child) {
-                    self.notice(format!(
-                        "warning: could not follow child PID {child}: {error:#}"
-                    ));
-                }
-                continue;
-            }
-            if let Err(error) = self.start_python(child, crate::model::run::NoticedBy::Attach) {
-                self.notice(format!(
-                    "warning: child PID {child}: no Python frames: {error:#}"
-                ));
-            }
-            if let Err(error) = self.probes.trace_mappings(child) {
-                self.notice(format!(
-                    "warning: mappings of child PID {child} not followed: {error:#}"
-                ));
-            } else {
-                self.mappings.start(child);
-            }
-            if self.probes.follow(child).is_err() {
-                self.notice(format!(
-                    "warning: the children of PID {child} will not be followed"
-                ));
-            }
-            self.symbols.refresh(child);
-            let mut watched = Watched::new(child, false);
-            watched.target.followed_after_s = Some(after_s);
-            self.queued.push_back(Event::ChildFollowed {
-                pid: child,
-                command: watched.target.command.clone(),
-                after_s,
-            });
-            self.watched.push(watched);
-        }
-    }
-
     fn notice(&mut self, line: String) {
         self.queued.push_back(Event::Notice(line));
-    }
-
-    /// Every per-stack entry by CUDA context epoch: the kernel's, and those
-    /// kept here for blocks with copied stacks, after draining every copy
-    /// sent so far.
-    fn epoch_entries(&mut self) -> Result<Vec<EpochEntry>> {
-        let maps = self.probes.maps();
-        let mut entries: Vec<EpochEntry> = maps
-            .by_stack()?
-            .iter()
-            .filter_map(|(key, totals)| EpochEntry::from_kernel(key, totals))
-            .collect();
-        for entry in &mut entries {
-            if let StackId::Kernel(id) = entry.key.stack_id {
-                let canonical = self.kernel_stacks.canonical(entry.key.pid, id, &maps);
-                entry.key.stack_id = StackId::Kernel(canonical);
-            }
-        }
-        self.start_copy_reader()?;
-        self.copied.flush();
-        entries.extend(self.copied.epoch_entries());
-        Ok(entries)
-    }
-
-    /// Starts the copy reader once any process's stacks are copied. Every
-    /// read of the copies calls this first: a process whose stacks began
-    /// to be copied since the last copies tick (`--unwind auto` decides at
-    /// `add_target`) has records in the ring already, and a final snapshot
-    /// taken before that tick must read them too.
-    fn start_copy_reader(&mut self) -> Result<()> {
-        if self.probes.copies_any_stacks() {
-            self.copied.activate()?;
-        }
-        Ok(())
-    }
-
-    /// Applies the mapping calls made so far. Their copied stacks come
-    /// through the copy reader (a spawned program's first mappings come
-    /// right after it is attached).
-    fn drain_mappings(&mut self) -> Result<()> {
-        self.start_copy_reader()?;
-        self.mappings.drain(&mut self.copied);
-        Ok(())
-    }
-
-    /// The counters of every stack: the epochs of a stack summed (ended
-    /// ones released), images replaced by exec taken off, and the mapping
-    /// kinds' stacks.
-    fn stack_counters(&mut self) -> Result<Vec<(StackKey, Counters)>> {
-        let entries = self.epoch_entries()?;
-        let epochs = self.probes.maps().epochs()?;
-        let mut stacks = contexts::fold_epochs(entries, &epochs);
-        for (key, gone) in &self.exec_baselines {
-            if let Some(counters) = stacks.get_mut(key) {
-                counters.live_bytes -= gone.live_bytes;
-                counters.live_allocs -= gone.live_allocs;
-            }
-        }
-        self.drain_mappings()?;
-        let mut stacks: Vec<(StackKey, Counters)> = stacks.into_iter().collect();
-        stacks.extend(self.mappings.counters());
-        if self.comm_watch.is_some() {
-            // Processes that exited are forgotten (copied stacks and
-            // mappings keep their last counters here).
-            let alive = live_pids(&self.watched);
-            stacks.retain(|(key, _)| alive.contains(&key.pid));
-        }
-        Ok(stacks)
-    }
-
-    /// Reads the stacks' counters, STATS and the RSS of the live targets.
-    fn snapshot(&mut self) -> Result<Snapshot> {
-        let elapsed_s = self.elapsed_s();
-        let stacks = self.stack_counters()?;
-        self.read_apis();
-        Ok(Snapshot {
-            elapsed_s,
-            stacks,
-            stats: self.probes.maps().stats()?,
-            rss_bytes: live_pids(&self.watched)
-                .into_iter()
-                .filter_map(|pid| Some((pid, procfs::rss_bytes(pid)?)))
-                .collect(),
-        })
-    }
-
-    /// The CUDA function of each GPU stack: the kernel's STACK_API and the
-    /// copied stacks'.
-    fn read_apis(&mut self) {
-        let maps = self.probes.maps();
-        for (key, api) in maps.stack_apis() {
-            let (Some(kind), Some(api)) = (Kind::from_raw(key.kind), cuda::api_name(api)) else {
-                continue;
-            };
-            let stack_id = match key.stack_id {
-                tracer_ebpf::NO_STACK => StackId::Lost,
-                id => StackId::Kernel(self.kernel_stacks.canonical(key.tgid, id, &maps)),
-            };
-            let key = StackKey {
-                pid: key.tgid,
-                stack_id,
-                kind,
-            };
-            self.apis.insert(key, api);
-        }
-        self.apis.extend(self.copied.apis());
     }
 
     /// The objects hooked so far, as the report lists them.

@@ -8,8 +8,6 @@
 //! cache stops growing (its second half is flat); a one-time step grows in
 //! a single interval. Growth in steps is judged apart (`verdict`).
 
-use super::verdict::{LeakShape, StepGrowth};
-
 /// Evidence about one stack's growth over the window.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Growth {
@@ -35,6 +33,30 @@ pub struct Growth {
     pub shape: Option<LeakShape>,
     /// The evidence of step growth; null when it did not grow in steps.
     pub steps: Option<StepGrowth>,
+}
+
+/// What rose in steps: the evidence for the step verdict.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct StepGrowth {
+    /// Separate bursts whose bytes stayed live (steps counted).
+    pub count: usize,
+    /// The mean rise of a counted step, in bytes.
+    pub typical_step_bytes: i64,
+    /// Blocks live at the moment judged, and allocated since attach.
+    pub live_allocs: i64,
+    pub alloc_count_total: u64,
+    /// No block allocated since attach was freed.
+    pub none_freed: bool,
+}
+
+/// Which shape made a stack a suspected leak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeakShape {
+    /// A straight line until the end.
+    Steady,
+    /// Several separate steps, none given back.
+    Steps,
 }
 
 /// Fewer snapshots than this give no verdict: too short to tell a leak

@@ -210,7 +210,7 @@ fn without_interpreter_machinery(frames: &[Frame]) -> impl Iterator<Item = &Fram
 
 /// A native frame of CPython's own code: in a `python3.X` executable or a
 /// `libpython3.X` library.
-fn is_interpreter(frame: &Frame) -> bool {
+pub fn is_interpreter(frame: &Frame) -> bool {
     let Some(module) = frame.module.as_deref() else {
         return false;
     };

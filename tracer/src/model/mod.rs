@@ -18,8 +18,10 @@ pub mod merge;
 pub mod peak;
 pub mod quality;
 pub mod ranges;
+pub mod ranking;
 pub mod reachability;
 pub mod run;
+mod sum;
 pub mod verdict;
 
 use std::collections::{BTreeMap, HashMap};
@@ -476,32 +478,6 @@ impl Model {
         dense
     }
 
-    /// The evidence about a stack's growth over the window.
-    pub fn growth(&self, key: &StackKey) -> Growth {
-        verdict::judge(&self.counters_at_every_snapshot(key))
-    }
-
-    /// Stacks that grew steadily until the end of the window or in
-    /// several steps (`verdict`), fastest first, at most `count`.
-    pub fn suspected_leaks(&self, count: usize) -> Vec<(StackKey, Growth)> {
-        let mut leaks: Vec<(StackKey, Growth)> = self
-            .stacks
-            .iter()
-            .filter(|(key, state)| {
-                key.kind.is_memory() && state.latest.live_bytes > 0 && self.growth_of(state) > 0.0
-            })
-            .map(|(key, _)| (*key, self.growth(key)))
-            .filter(|(_, growth)| growth.suspected_leak)
-            .collect();
-        leaks.sort_by(|a, b| {
-            b.1.rate_bytes_per_s
-                .total_cmp(&a.1.rate_bytes_per_s)
-                .then(a.0.cmp(&b.0))
-        });
-        leaks.truncate(count);
-        leaks
-    }
-
     /// Seconds from attach to the latest snapshot (0 if none).
     pub fn window_s(&self) -> f64 {
         self.window_s
@@ -550,150 +526,9 @@ impl Model {
         self.stacks.get(key).map(|state| &state.series)
     }
 
-    /// The `count` stacks holding the most live bytes; ties go to the faster
-    /// growing stack, then to the smaller key. Stacks holding nothing, and
-    /// reserved address space, are left out.
     /// Every stack seen, with its counters at the latest snapshot.
     pub fn latest_counters(&self) -> impl Iterator<Item = (StackKey, Counters)> + '_ {
         self.stacks.iter().map(|(key, state)| (*key, state.latest))
-    }
-
-    pub fn top_stacks(&self, count: usize) -> Vec<StackSummary> {
-        let mut summaries: Vec<StackSummary> = self
-            .stacks
-            .iter()
-            .filter(|(key, state)| key.kind.is_memory() && state.latest.live_bytes > 0)
-            .map(|(key, state)| StackSummary {
-                key: *key,
-                latest: state.latest,
-                growth_bytes_per_s: self.growth_of(state),
-            })
-            .collect();
-        summaries.sort_by(|a, b| {
-            b.latest
-                .live_bytes
-                .cmp(&a.latest.live_bytes)
-                .then(b.growth_bytes_per_s.total_cmp(&a.growth_bytes_per_s))
-                .then(a.key.cmp(&b.key))
-        });
-        summaries.truncate(count);
-        summaries
-    }
-
-    /// The `count` stacks growing fastest (positive growth only), fastest
-    /// first; ties go to the smaller key.
-    pub fn fastest_growing(&self, count: usize) -> Vec<StackSummary> {
-        let mut summaries: Vec<StackSummary> = self
-            .stacks
-            .iter()
-            .map(|(key, state)| StackSummary {
-                key: *key,
-                latest: state.latest,
-                growth_bytes_per_s: self.growth_of(state),
-            })
-            .filter(|summary| {
-                summary.key.kind.is_memory()
-                    && summary.growth_bytes_per_s > 0.0
-                    && summary.latest.live_bytes > 0
-            })
-            .collect();
-        summaries.sort_by(|a, b| {
-            b.growth_bytes_per_s
-                .total_cmp(&a.growth_bytes_per_s)
-                .then(a.key.cmp(&b.key))
-        });
-        summaries.truncate(count);
-        summaries
-    }
-
-    /// Least-squares slope of the stack's live bytes over the whole window:
-    /// from the attach point (0 s, 0 bytes) through every snapshot, with 0
-    /// bytes before the stack first appeared. 0 for an unknown stack or a
-    /// window with fewer than two distinct times.
-    pub fn growth_bytes_per_s(&self, key: &StackKey) -> f64 {
-        self.stacks
-            .get(key)
-            .map_or(0.0, |state| self.growth_of(state))
-    }
-
-    /// The model with the stacks that `canonical` maps to one key summed
-    /// into that key: counters, series and growth fit added exactly, at
-    /// every snapshot (a stack adds 0 before it first appeared). A key
-    /// `canonical` maps to itself stays as it is.
-    pub fn merged(&self, canonical: impl Fn(&StackKey) -> StackKey) -> Model {
-        let mut groups: HashMap<StackKey, Vec<&StackState>> = HashMap::new();
-        for (key, state) in &self.stacks {
-            groups.entry(canonical(key)).or_default().push(state);
-        }
-        let stacks = groups
-            .into_iter()
-            .map(|(key, members)| {
-                let state = match members.as_slice() {
-                    [only] => (*only).clone(),
-                    _ => self.summed(&members),
-                };
-                (key, state)
-            })
-            .collect();
-        Model {
-            stacks,
-            ..self.clone_without_stacks()
-        }
-    }
-
-    fn clone_without_stacks(&self) -> Model {
-        Model {
-            stacks: HashMap::new(),
-            times_s: self.times_s.clone(),
-            kind_totals: self.kind_totals.clone(),
-            rss_bytes: self.rss_bytes.clone(),
-            time: self.time,
-            window_s: self.window_s,
-            snapshot_count: self.snapshot_count,
-            stats: self.stats.clone(),
-        }
-    }
-
-    /// One stack holding what every one of `members` holds.
-    fn summed(&self, members: &[&StackState]) -> StackState {
-        let first_s = members
-            .iter()
-            .filter_map(|member| member.series.points.first().map(|&(time_s, _)| time_s))
-            .fold(f64::INFINITY, f64::min);
-        // Per member: the next series point to take and the counters so far.
-        let mut cursors = vec![(0, Counters::default()); members.len()];
-        let mut series = Series::default();
-        for &time_s in self.times_s.iter().filter(|&&time_s| time_s >= first_s) {
-            let mut sum = Counters::default();
-            for (member, (next, current)) in members.iter().zip(cursors.iter_mut()) {
-                let points = member.series.points();
-                while *next < points.len() && points[*next].0 <= time_s {
-                    *current = points[*next].1;
-                    *next += 1;
-                }
-                sum = sum.plus(*current);
-            }
-            series.record(time_s, sum);
-        }
-        StackState {
-            latest: members
-                .iter()
-                .fold(Counters::default(), |sum, member| sum.plus(member.latest)),
-            series,
-            // The fit is linear in live bytes: the sum's is the sum of fits.
-            fit: LiveBytesFit {
-                mean_live_bytes: members.iter().map(|m| m.fit.mean_live_bytes).sum(),
-                co_moment_bytes_s: members.iter().map(|m| m.fit.co_moment_bytes_s).sum(),
-            },
-        }
-    }
-
-    fn growth_of(&self, state: &StackState) -> f64 {
-        if self.time.m2_s2 > 0.0 {
-            state.fit.co_moment_bytes_s / self.time.m2_s2
-        } else {
-            0.0
-        }
     }
 }
 

@@ -12,6 +12,7 @@
 //! below an earlier step and are not suspected; a one-time step or two
 //! are not "several".
 
+pub use super::leak::{LeakShape, StepGrowth};
 use super::{
     Counters, Model, StackKey,
     leak::{self, Growth},
@@ -27,30 +28,6 @@ const MIN_STEP_SHARE: f64 = 0.1;
 /// A stack that grew in at least this share of the intervals grew
 /// steadily, whatever its bursts.
 const STEADY_GROWING_FRACTION: f64 = 0.5;
-
-/// What rose in steps: the evidence for the step verdict.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct StepGrowth {
-    /// Separate bursts whose bytes stayed live (steps counted).
-    pub count: usize,
-    /// The mean rise of a counted step, in bytes.
-    pub typical_step_bytes: i64,
-    /// Blocks live at the moment judged, and allocated since attach.
-    pub live_allocs: i64,
-    pub alloc_count_total: u64,
-    /// No block allocated since attach was freed.
-    pub none_freed: bool,
-}
-
-/// Which shape made a stack a suspected leak.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LeakShape {
-    /// A straight line until the end.
-    Steady,
-    /// Several separate steps, none given back.
-    Steps,
-}
 
 /// The verdict on a stack's counters at every snapshot, in time order,
 /// the attach point (0 s, all zero) first.

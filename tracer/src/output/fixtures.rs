@@ -52,6 +52,11 @@ pub(crate) fn sample_frames(key: &StackKey) -> Vec<Frame> {
 }
 
 pub(crate) fn sample_report(top: usize) -> Report {
+    sample_report_with(top, &sample_frames)
+}
+
+/// The sample report with the stacks' frames given by `frames`.
+pub(crate) fn sample_report_with(top: usize, frames: &dyn Fn(&StackKey) -> Vec<Frame>) -> Report {
     let model = sample_model();
     let targets = [
         Target::new(10, "./leak --fast".to_owned()),
@@ -100,7 +105,7 @@ pub(crate) fn sample_report(top: usize) -> Report {
         ],
         interval_ms: 1000,
         top,
-        frames: &sample_frames,
+        frames,
         wrappers: &super::Wrappers::default(),
         api: &|_| None,
         memory_status: BTreeMap::from([(
@@ -115,5 +120,6 @@ pub(crate) fn sample_report(top: usize) -> Report {
         reaches_entry: &mut |key| key.stack_id == StackId::Kernel(1),
         unwinding_stopped: BTreeMap::from([("outside_code".to_owned(), 2)]),
         at_s: None,
+        layout: Default::default(),
     })
 }

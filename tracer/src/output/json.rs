@@ -45,6 +45,7 @@ mod tests {
             [
                 "drops",
                 "events",
+                "groups",
                 "interval_ms",
                 "judged_at",
                 "libraries",
@@ -53,6 +54,7 @@ mod tests {
                 "sampling",
                 "snapshots",
                 "stacks",
+                "suspected_leak_groups",
                 "suspected_leaks",
                 "targets",
                 "totals",

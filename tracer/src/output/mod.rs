@@ -10,6 +10,7 @@ pub mod flamegraph;
 pub mod folded;
 pub mod frames;
 pub mod json;
+pub mod layout;
 pub mod pprof;
 mod report;
 pub mod svg;
@@ -20,5 +21,9 @@ mod units;
 mod fixtures;
 
 pub use frames::{Site, Wrappers, frame_label, site, trim_allocator_frames};
-pub use report::{MemoryReconciliation, Report, ReportInput, StackReport, TargetReport};
+pub use layout::{GroupBy, Layout, NativeFrames};
+pub use report::{
+    Entry, MemoryReconciliation, Report, ReportInput, SiteGroup, StackReport, TargetReport,
+    by_site_label,
+};
 pub use units::{human_bytes, live_totals};

@@ -2,9 +2,14 @@
 //! the symbolized stacks, in the shape of its JSON form.
 use std::collections::BTreeMap;
 
+mod drops;
+mod groups;
+
+pub use groups::{Entry, SiteGroup, by_site_label};
+
 use super::{
     frames::{Site, Wrappers, site, trim_allocator_frames},
-    human_bytes,
+    layout::Layout,
 };
 use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, StackSummary, Target,
@@ -58,6 +63,14 @@ pub struct Report {
     /// What each `--holders` scan read and cost, one per process scanned.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub holders_scans: Vec<HoldersScan>,
+    /// The stacks that share a site, summed: ranked and judged as
+    /// `stacks` are, one entry per site.
+    pub groups: Vec<SiteGroup>,
+    /// The site groups that grew steadily or in steps, fastest first.
+    pub suspected_leak_groups: Vec<SiteGroup>,
+    /// How the formats lay the stacks out (`--group-by`, `--native`).
+    #[serde(skip)]
+    pub layout: Layout,
 }
 
 /// The stacks of one process and kind that hold memory but are not listed.
@@ -208,6 +221,8 @@ pub struct ReportInput<'a> {
     /// The moment to judge at (`--at`); `None` lets the report choose
     /// (`model::peak`).
     pub at_s: Option<f64>,
+    /// `--group-by`, `--native`.
+    pub layout: Layout,
 }
 
 impl Report {
@@ -242,39 +257,29 @@ impl Report {
                 stack_quality: quality.get(&target.pid).copied(),
             })
             .collect();
-        // Ranked at the moment judged; then, when that is not the end, the
-        // stacks holding the most at the end that it left out, so the end
-        // state is listed too.
-        let mut ranked: Vec<StackKey> = judged
-            .top_stacks(input.top)
-            .into_iter()
-            .map(|summary| summary.key)
-            .collect();
-        if judged_model.is_some() {
-            for summary in model.top_stacks(input.top) {
-                if !ranked.contains(&summary.key) {
-                    ranked.push(summary.key);
-                }
-            }
-        }
-        let listed: std::collections::HashSet<StackKey> = ranked.iter().copied().collect();
+        // Every suspected leak, judged once: the site groups of one stack
+        // take theirs from here.
+        let mut stack_leaks = judged.suspected_leaks(usize::MAX);
+        let listed = ranked_lists(
+            &input,
+            views,
+            &canonical,
+            judged_model.is_some(),
+            stack_leaks.iter().take(input.top).cloned().collect(),
+        );
         let left_out: Vec<StackSummary> = model
             .top_stacks(usize::MAX)
             .into_iter()
-            .filter(|summary| !listed.contains(&summary.key))
+            .filter(|summary| !listed.keys.contains(&summary.key))
             .collect();
         let unlisted = unlisted(&left_out);
-        let stacks = ranked
-            .into_iter()
-            .enumerate()
-            .map(|(index, key)| stack_report(&input, views, &canonical, index + 1, key))
-            .collect();
-        let suspected_leaks = judged
-            .suspected_leaks(input.top)
-            .into_iter()
-            .enumerate()
-            .map(|(index, (key, _))| stack_report(&input, views, &canonical, index + 1, key))
-            .collect();
+        let (groups, suspected_leak_groups) = groups::site_groups(
+            &input,
+            views,
+            &canonical,
+            judged_model.is_some(),
+            std::mem::take(&mut stack_leaks),
+        );
         Report {
             tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
             window_s: model.window_s(),
@@ -298,11 +303,64 @@ impl Report {
                 })
                 .collect(),
             unwinding_stopped: input.unwinding_stopped,
-            stacks,
+            stacks: listed.stacks,
             unlisted,
-            suspected_leaks,
+            suspected_leaks: listed.suspected_leaks,
+            groups,
+            suspected_leak_groups,
+            layout: input.layout,
             holders_scans: Vec::new(),
         }
+    }
+}
+
+/// The stacks of a model as a report lists them.
+struct Listed {
+    stacks: Vec<StackReport>,
+    suspected_leaks: Vec<StackReport>,
+    /// The stacks listed in `stacks`.
+    keys: std::collections::HashSet<StackKey>,
+}
+
+/// The top stacks of `views` ranked at the moment judged; then, when that
+/// is not the end (`judged_elsewhere`), the stacks holding the most at the
+/// end that it left out, so the end state is listed too. And the suspected
+/// leaks `leaks` (fastest first).
+fn ranked_lists(
+    input: &ReportInput<'_>,
+    views: Views<'_>,
+    canonical: &BTreeMap<StackKey, StackKey>,
+    judged_elsewhere: bool,
+    leaks: Vec<(StackKey, Growth)>,
+) -> Listed {
+    let mut ranked: Vec<StackKey> = views
+        .judged
+        .top_stacks(input.top)
+        .into_iter()
+        .map(|summary| summary.key)
+        .collect();
+    if judged_elsewhere {
+        for summary in views.model.top_stacks(input.top) {
+            if !ranked.contains(&summary.key) {
+                ranked.push(summary.key);
+            }
+        }
+    }
+    let keys = ranked.iter().copied().collect();
+    let stacks = ranked
+        .into_iter()
+        .enumerate()
+        .map(|(index, key)| stack_report(input, views, canonical, index + 1, key))
+        .collect();
+    let suspected_leaks = leaks
+        .into_iter()
+        .enumerate()
+        .map(|(index, (key, _))| stack_report(input, views, canonical, index + 1, key))
+        .collect();
+    Listed {
+        stacks,
+        suspected_leaks,
+        keys,
     }
 }
 
@@ -402,173 +460,10 @@ fn by_name(counters: Vec<(&'static str, u64)>) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// Which way a drop makes the figures wrong.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DropEffect {
-    /// Something was not counted: live and allocated figures are lower
-    /// bounds.
-    TooLow,
-    /// Something that went away was not taken off: live figures may be
-    /// too high.
-    TooHigh,
-    /// Mapping calls were missed (a map or an unmap): live mapping
-    /// figures may be too high or too low.
-    EitherWay,
-    /// Every byte is counted; some blocks' stacks are worse (walked by
-    /// frame pointers instead of unwound).
-    StacksOnly,
-}
-
-/// How a drop counter (by its STATS name) makes the figures wrong.
-pub fn drop_effect(name: &str) -> DropEffect {
-    match name {
-        "stack_free_lost" | "context_epoch_table_full" => DropEffect::TooHigh,
-        "mapping_events_lost" | "mapping_pending_full" => DropEffect::EitherWay,
-        "stack_copy_ring_full" => DropEffect::StacksOnly,
-        _ => DropEffect::TooLow,
-    }
-}
-
-impl Report {
-    /// The warning about dropped events: the first line names them; when
-    /// any of them is not a plain undercount, one line per direction
-    /// follows, so a figure that may be too high is never called a lower
-    /// bound.
-    pub fn drop_warning(&self) -> Vec<String> {
-        if self.drops.is_empty() {
-            return Vec::new();
-        }
-        let dropped: u64 = self.drops.values().sum();
-        let reasons: Vec<String> = self
-            .drops
-            .iter()
-            .map(|(name, count)| format!("{name}={count}"))
-            .collect();
-        let mut first = format!("WARNING: {dropped} events dropped ({})", reasons.join(", "));
-        let named = |effect: DropEffect| -> Vec<&str> {
-            self.drops
-                .keys()
-                .filter(|name| drop_effect(name) == effect)
-                .map(String::as_str)
-                .collect()
-        };
-        let too_low = named(DropEffect::TooLow);
-        if too_low.len() == self.drops.len() {
-            first.push_str(": numbers below are lower bounds");
-            return vec![first];
-        }
-        first.push(':');
-        let mut lines = vec![first];
-        let too_high = named(DropEffect::TooHigh);
-        if !too_high.is_empty() {
-            let lost_bytes = self.events.get("stack_free_lost_bytes").copied();
-            let by = match lost_bytes {
-                Some(bytes) if too_high == ["stack_free_lost"] => {
-                    format!(" by up to {}", human_bytes(bytes as f64))
-                }
-                _ => String::new(),
-            };
-            lines.push(format!(
-                "  live bytes may be too high{by}: frees or releases not seen ({})",
-                too_high.join(", ")
-            ));
-        }
-        if !too_low.is_empty() {
-            lines.push(format!(
-                "  live and allocated bytes may be too low: allocations not counted ({})",
-                too_low.join(", ")
-            ));
-        }
-        let either_way = named(DropEffect::EitherWay);
-        if !either_way.is_empty() {
-            lines.push(format!(
-                "  live mapping bytes may be too high or too low: mapping calls missed ({})",
-                either_way.join(", ")
-            ));
-        }
-        if !named(DropEffect::StacksOnly).is_empty() {
-            let blocks = self.drops.get("stack_copy_ring_full").copied().unwrap_or(0);
-            lines.push(format!(
-                "  bytes exact, but {blocks} blocks have frame-pointer stacks (cut short in code \
-                 without frame pointers): their copies found the ring full (stack_copy_ring_full)"
-            ));
-        }
-        lines
-    }
-
-    /// The drop warning in a few words, for a subtitle.
-    pub fn drop_summary(&self) -> Option<String> {
-        if self.drops.is_empty() {
-            return None;
-        }
-        let dropped: u64 = self.drops.values().sum();
-        let mut effects: Vec<&str> = Vec::new();
-        for name in self.drops.keys() {
-            let effect = match drop_effect(name) {
-                DropEffect::TooLow => "some numbers may be too low",
-                DropEffect::TooHigh => "some live numbers may be too high",
-                DropEffect::EitherWay => "mapping numbers may be off either way",
-                DropEffect::StacksOnly => "some stacks are cut short",
-            };
-            if !effects.contains(&effect) {
-                effects.push(effect);
-            }
-        }
-        if effects == ["some numbers may be too low"] {
-            return Some(format!(
-                "{dropped} events dropped: numbers are lower bounds"
-            ));
-        }
-        Some(format!("{dropped} events dropped: {}", effects.join(", ")))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::{fixtures::sample_report, frames::tests::functions};
     use super::*;
-
-    #[test]
-    fn lost_frees_are_called_too_high_never_a_lower_bound() {
-        let mut report = sample_report(1);
-        report.drops = BTreeMap::from([
-            ("stack_copy_ring_full".to_owned(), 7),
-            ("stack_free_lost".to_owned(), 20),
-        ]);
-        report
-            .events
-            .insert("stack_free_lost_bytes".to_owned(), 20 * 1000);
-        let lines = report.drop_warning();
-        assert_eq!(
-            lines[0],
-            "WARNING: 27 events dropped (stack_copy_ring_full=7, stack_free_lost=20):"
-        );
-        assert_eq!(
-            lines[1],
-            "  live bytes may be too high by up to 19.5 KiB: frees or releases not seen \
-             (stack_free_lost)"
-        );
-        assert!(lines[2].starts_with("  bytes exact, but 7 blocks have frame-pointer stacks"));
-        assert!(!lines.iter().any(|line| line.contains("lower bound")));
-        let summary = report.drop_summary().expect("drops");
-        assert!(summary.contains("may be too high"), "{summary}");
-        assert!(!summary.contains("lower bound"), "{summary}");
-    }
-
-    #[test]
-    fn undercounts_alone_are_lower_bounds_and_mixed_drops_say_each_direction() {
-        let mut report = sample_report(1);
-        report.drops = BTreeMap::from([("live_map_full".to_owned(), 2)]);
-        assert_eq!(
-            report.drop_warning(),
-            ["WARNING: 2 events dropped (live_map_full=2): numbers below are lower bounds"]
-        );
-        report.drops.insert("mapping_events_lost".to_owned(), 1);
-        let lines = report.drop_warning();
-        assert_eq!(lines.len(), 3, "{lines:?}");
-        assert!(lines[1].contains("may be too low") && lines[1].contains("live_map_full"));
-        assert!(lines[2].contains("too high or too low"));
-    }
 
     #[test]
     fn build_ranks_the_top_stacks_with_trimmed_frames() {

@@ -16,8 +16,12 @@ use std::path::Path;
 use anyhow::Result;
 use plotters::{coord::Shift, prelude::*, series::LineSeries};
 
-use super::{Report, StackReport, human_bytes};
+use super::{Report, human_bytes};
 use crate::model::Model;
+
+mod stacks;
+
+use stacks::stack_lines_of;
 
 /// Size of the picture, readable without zooming.
 pub const WIDTH_PX: u32 = 1200;
@@ -157,116 +161,6 @@ fn totals_lines(report: &Report, model: &Model) -> Vec<Line> {
         reference: true,
     }));
     lines
-}
-
-/// The stacks to plot: among the suspected leaks and the top stacks by
-/// live bytes, those still growing in the second half of the window;
-/// suspected leaks first, then the fastest late growth, at most `count`.
-/// A one-time step or a cache that filled early is not growing any more
-/// and would only squash the scale.
-fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
-    // (label, rank among suspected leaks, stack)
-    let mut candidates: Vec<(String, Option<usize>, &StackReport)> = report
-        .suspected_leaks
-        .iter()
-        .map(|stack| (format!("L{}", stack.rank), Some(stack.rank), stack))
-        .collect();
-    for stack in &report.stacks {
-        let same = |other: &&StackReport| {
-            other.pid == stack.pid && other.stack_id == stack.stack_id && other.kind == stack.kind
-        };
-        match candidates.iter_mut().find(|(_, _, other)| same(other)) {
-            Some((rank, _, _)) => rank.push_str(&format!(" #{}", stack.rank)),
-            None => candidates.push((format!("#{}", stack.rank), None, stack)),
-        }
-    }
-    candidates.retain(|(_, leak_rank, stack)| leak_rank.is_some() || still_growing(stack));
-    // Suspected leaks in the order the report ranks them (L1, L2, ...),
-    // then the fastest late growth.
-    candidates.sort_by(|a, b| match (a.1, b.1) {
-        (Some(a_rank), Some(b_rank)) => a_rank.cmp(&b_rank),
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => {
-            b.2.growth
-                .late_rate_bytes_per_s
-                .total_cmp(&a.2.growth.late_rate_bytes_per_s)
-        }
-    });
-    candidates.truncate(count);
-    let several = report.targets.len() > 1;
-    candidates
-        .into_iter()
-        .map(|(rank, _, stack)| Line {
-            label: format!("{rank} {}", useful_frame(stack)),
-            detail: format!(
-                "{}+{}/s, {} live{}",
-                if several {
-                    format!("PID {}, ", stack.pid)
-                } else {
-                    String::new()
-                },
-                human_bytes(stack.growth_bytes_per_s),
-                human_bytes(stack.ranked_live_bytes as f64),
-                if stack.suspected_leak {
-                    ", suspected leak"
-                } else {
-                    ""
-                }
-            ),
-            points: stack
-                .series
-                .iter()
-                .map(|&(t, bytes)| (t, bytes as f64))
-                .collect(),
-            reference: false,
-        })
-        .collect()
-}
-
-/// Whether a stack's live bytes still rose in the second half of the
-/// window: its slope there, or, where that half holds too few snapshots
-/// for a slope (a short run, a stack that appeared at the last snapshot),
-/// a net rise across it.
-fn still_growing(stack: &StackReport) -> bool {
-    if stack.growth.late_rate_bytes_per_s > 0.0 {
-        return true;
-    }
-    let Some(&(end_s, last_bytes)) = stack.series.last() else {
-        return false;
-    };
-    let at_half = stack
-        .series
-        .iter()
-        .rev()
-        .find(|&&(t, _)| t <= end_s / 2.0)
-        .map_or(0, |&(_, bytes)| bytes);
-    last_bytes > at_half
-}
-
-/// The stack's site (first frame past the allocator and its wrappers),
-/// its function cut to 32 characters, with file:line when known.
-fn useful_frame(stack: &StackReport) -> String {
-    let Some(site) = &stack.site else {
-        return format!("stack {}", stack.stack_id);
-    };
-    let mut name_only = site.frame.clone();
-    name_only.file = None;
-    let function: String = crate::output::frame_label(&name_only)
-        .chars()
-        .take(32)
-        .collect();
-    let location = site
-        .frame
-        .short_location()
-        .map(|location| format!(" ({location})"))
-        .unwrap_or_default();
-    let via = site
-        .via
-        .as_deref()
-        .map(|via| format!(" via {via}"))
-        .unwrap_or_default();
-    format!("{function}{location}{via}")
 }
 
 fn draw_panel(
@@ -479,6 +373,7 @@ mod tests {
             reaches_entry: &mut |_| true,
             unwinding_stopped: Default::default(),
             at_s: None,
+            layout: Default::default(),
         });
         (report, model)
     }

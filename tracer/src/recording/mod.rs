@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{
     Counters, Frame, MemoryStatus, Target,
-    run::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
+    run::{LibraryReport, LoaderPauses, ProbeReport, SamplingReport, UnwindingReport},
 };
 
 mod read;
@@ -98,6 +98,8 @@ enum Record<F = Frame> {
     },
     /// How stacks were walked, right after the metadata.
     Unwinding(UnwindingReport),
+    /// The pauses at the loader gate, when tracing stopped.
+    LoaderPauses(LoaderPauses),
 }
 
 /// A stack seen for the first time.
@@ -155,6 +157,7 @@ impl From<Record<FrameV3>> for Record {
             Record::End => Record::End,
             Record::TargetMemory { pid, status } => Record::TargetMemory { pid, status },
             Record::Unwinding(unwinding) => Record::Unwinding(unwinding),
+            Record::LoaderPauses(pauses) => Record::LoaderPauses(pauses),
         }
     }
 }

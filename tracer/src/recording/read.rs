@@ -20,7 +20,7 @@ use crate::{
     error::{ExitCode, fatal},
     model::{
         Counters, Frame, Kind, MemoryStatus, Model, Snapshot, StackId, StackKey, Target,
-        run::{LibraryReport, UnwindingReport},
+        run::{LibraryReport, LoaderPauses, UnwindingReport},
     },
 };
 
@@ -50,6 +50,8 @@ pub struct Recording {
     pub metadata: Metadata,
     /// How stacks were walked (None: written before format 3).
     pub unwinding: Option<UnwindingReport>,
+    /// The pauses at the loader gate (none when not recorded).
+    pub loader_pauses: LoaderPauses,
     stacks: Vec<RecordedStack>,
     snapshots: Vec<SnapshotRecord>,
     /// (pid, seconds after attach) of each target exit.
@@ -174,6 +176,7 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
         libraries: builder.libraries,
         memory_status: builder.memory_status,
         unwinding: builder.unwinding,
+        loader_pauses: builder.loader_pauses,
         ending,
         name: name.to_owned(),
     })
@@ -189,6 +192,7 @@ struct Builder {
     libraries: Vec<LibraryReport>,
     memory_status: BTreeMap<u32, MemoryStatus>,
     unwinding: Option<UnwindingReport>,
+    loader_pauses: LoaderPauses,
     ended: bool,
 }
 
@@ -223,6 +227,7 @@ impl Builder {
             (Some(_), Record::Library(library)) => self.libraries.push(library),
             (Some(_), Record::End) => self.ended = true,
             (Some(_), Record::Unwinding(unwinding)) => self.unwinding = Some(unwinding),
+            (Some(_), Record::LoaderPauses(pauses)) => self.loader_pauses = pauses,
             (Some(_), Record::TargetMemory { pid, status }) => {
                 self.memory_status.insert(pid, status);
             }

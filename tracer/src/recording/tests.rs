@@ -152,6 +152,27 @@ fn round_trip_gives_the_live_report() {
 }
 
 #[test]
+fn loader_pauses_come_back_from_the_recording() {
+    let path = temp_path("loader-pauses");
+    let mut writer = Writer::create(&path, metadata()).unwrap();
+    let pauses = LoaderPauses {
+        times: 3,
+        held_ms: 4.1,
+    };
+    writer.append_loader_pauses(pauses).unwrap();
+    writer.finish().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(parse(&bytes, "t.tracer").unwrap().loader_pauses, pauses);
+    // A recording without them (older, or nothing held) reads as none.
+    let (bytes, _) = record("no-loader-pauses", 2, true);
+    assert_eq!(
+        parse(&bytes, "t.tracer").unwrap().loader_pauses,
+        LoaderPauses::default()
+    );
+}
+
+#[test]
 fn a_quiet_stack_costs_nothing_per_snapshot() {
     let (_, lengths) = record("quiet", 12, true);
     let per_snapshot: Vec<u64> = lengths.windows(2).map(|pair| pair[1] - pair[0]).collect();

@@ -15,7 +15,7 @@ use super::{FORMAT_VERSION, MAGIC, Metadata, Record, SnapshotRecord, StackRecord
 use crate::{
     model::{
         Counters, Frame, MemoryStatus, Snapshot, StackKey, Target,
-        run::{LibraryReport, ProbeReport, SamplingReport, UnwindingReport},
+        run::{LibraryReport, LoaderPauses, ProbeReport, SamplingReport, UnwindingReport},
     },
     procfs,
 };
@@ -160,6 +160,11 @@ impl Writer {
     /// A live target's RSS and its parts when tracing stopped.
     pub fn append_memory_status(&mut self, pid: u32, status: MemoryStatus) -> Result<()> {
         self.write_record(&Record::TargetMemory { pid, status })
+    }
+
+    /// The pauses at the loader gate, when tracing stopped.
+    pub fn append_loader_pauses(&mut self, pauses: LoaderPauses) -> Result<()> {
+        self.write_record(&Record::LoaderPauses(pauses))
     }
 
     /// Marks the recording complete and closes it.

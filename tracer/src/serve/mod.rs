@@ -12,7 +12,7 @@ mod view;
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -29,8 +29,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{Semaphore, watch};
 
 use crate::{
-    cli::Config,
     collect::Collector,
+    config::Config,
     error::{ExitCode, fatal},
     model::Model,
     session,
@@ -50,30 +50,6 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_GROWTH_SECONDS: u64 = 300;
 /// Views are published at most this often (each builds a report).
 const PUBLISH_EVERY: Duration = Duration::from_millis(500);
-
-/// Parses `--listen`: `PORT` (127.0.0.1), `IP:PORT`, `[IPv6]:PORT` or
-/// `localhost:PORT`. A non-loopback address must be written out.
-pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
-    let text = text.trim();
-    if let Ok(port) = text.parse::<u16>() {
-        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
-    }
-    if let Some(port) = text.strip_prefix("localhost:") {
-        let port = port
-            .parse::<u16>()
-            .map_err(|_| format!("'{text}': the port must be 0..=65535"))?;
-        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
-    }
-    if text.starts_with(':') {
-        return Err(format!(
-            "'{text}' has no address: write 127.0.0.1{text}, or 0.0.0.0{text} to be \
-             reachable from other hosts"
-        ));
-    }
-    text.parse::<SocketAddr>().map_err(|_| {
-        format!("'{text}' is not PORT, IP:PORT or [IPv6]:PORT (e.g. 9464 or 0.0.0.0:9464)")
-    })
-}
 
 /// The server `--listen` asks for, started and announced on stderr.
 pub fn start_if_asked(config: &Config) -> Result<Option<Server>> {
@@ -322,26 +298,4 @@ fn text(status: StatusCode, body: &str) -> Response<Body> {
         .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
         .body(Full::new(Bytes::from(body.to_owned())))
         .expect("a valid response")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_port_alone_is_loopback_and_other_addresses_are_explicit() {
-        assert_eq!(parse_listen("9464"), Ok("127.0.0.1:9464".parse().unwrap()));
-        assert_eq!(
-            parse_listen("localhost:9464"),
-            Ok("127.0.0.1:9464".parse().unwrap())
-        );
-        assert_eq!(
-            parse_listen("0.0.0.0:9464"),
-            Ok("0.0.0.0:9464".parse().unwrap())
-        );
-        assert_eq!(parse_listen("[::1]:80"), Ok("[::1]:80".parse().unwrap()));
-        for bad in [":9464", "70000", "host:9464", "1.2.3:80", "", "9464x"] {
-            assert!(parse_listen(bad).is_err(), "{bad}");
-        }
-    }
 }

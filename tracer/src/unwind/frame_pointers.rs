@@ -19,7 +19,7 @@ use std::collections::HashSet;
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
 
-use super::modules::{ModuleFiles, ObjectInfo};
+use super::modules::{ObjectInfo, open_mapped};
 use crate::procfs::Mapping;
 
 /// Most functions checked per object: an even sample of larger ones
@@ -61,7 +61,9 @@ pub fn objects_lacking<'a>(
     pid: u32,
     mappings: impl IntoIterator<Item = &'a Mapping>,
 ) -> Vec<String> {
-    let mut files = ModuleFiles::default();
+    // Each object is read, checked and dropped before the next: kept
+    // together, a torch process's 300 objects held their symbols and
+    // touched code in tracer's memory at once.
     let mut seen = HashSet::new();
     let mut lacking = Vec::new();
     for mapping in mappings.into_iter().filter(|mapping| mapping.executable) {
@@ -75,8 +77,8 @@ pub fn objects_lacking<'a>(
         {
             continue;
         }
-        let keeps = files
-            .object(pid, mapping)
+        let keeps = open_mapped(pid, mapping)
+            .and_then(|file| ObjectInfo::read(&file))
             .and_then(|object| keeps_frame_pointers(&object));
         if keeps == Some(false) {
             lacking.push(name);
@@ -183,18 +185,22 @@ pub fn frame_pointer_share(object: &ObjectInfo) -> Option<FramePointerShare> {
     let mut share = FramePointerShare::default();
     let step = functions.len().div_ceil(SAMPLE).max(1);
     for &(start, size) in functions.iter().step_by(step) {
-        let Some(code) = object
-            .offset_of_address(start)
-            .and_then(|offset| object.bytes_at(offset, size as usize))
-        else {
+        let Some(offset) = object.offset_of_address(start) else {
             continue;
         };
-        if !makes_calls(code) {
+        // The sample spans all of `.text` (82 MiB in libtorch_cpu): the
+        // pages each function's decoding faulted in are dropped after it,
+        // or they would all stay in tracer's resident memory.
+        let checked = object.with_bytes_at(offset, size as usize, |code| {
+            makes_calls(code)
+                .then(|| sets_up_frame_pointer(&code[..PROLOGUE_WINDOW.min(code.len())]))
+        });
+        let Some(Some(with_frame_pointer)) = checked else {
             continue;
-        }
+        };
         share.functions += 1;
         share.code_bytes += size;
-        if sets_up_frame_pointer(&code[..PROLOGUE_WINDOW.min(code.len())]) {
+        if with_frame_pointer {
             share.functions_with_frame_pointer += 1;
             share.code_bytes_with_frame_pointer += size;
         }

@@ -179,6 +179,40 @@ impl ObjectInfo {
         self.map.get(start..(start + length).min(self.map.len()))
     }
 
+    /// `f` of the bytes of the file at an offset (as `bytes_at`), then
+    /// the pages they lie in are given back: a sample of code across a
+    /// large object leaves none of it in tracer's resident memory. The
+    /// kernel maps up to 64 KiB around each faulting page (fault-around),
+    /// so the 64 KiB blocks around the bytes are given back.
+    pub fn with_bytes_at<R>(
+        &self,
+        offset: u64,
+        length: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Option<R> {
+        const FAULT_AROUND_BYTES: usize = 64 << 10;
+        let bytes = self.bytes_at(offset, length)?;
+        let result = f(bytes);
+        let start = (offset as usize) / FAULT_AROUND_BYTES * FAULT_AROUND_BYTES;
+        let end = (offset as usize + bytes.len())
+            .div_ceil(FAULT_AROUND_BYTES)
+            .saturating_mul(FAULT_AROUND_BYTES)
+            .min(self.map.len());
+        if start < end {
+            // SAFETY: a range of our own read-only shared file mapping
+            // (page-aligned: the map starts on a page); no reference into
+            // it outlives `f`, and the pages read back from the file.
+            unsafe {
+                libc::madvise(
+                    self.map.as_ptr().add(start).cast_mut().cast(),
+                    end - start,
+                    libc::MADV_DONTNEED,
+                );
+            }
+        }
+        Some(result)
+    }
+
     /// Whether `.eh_frame` or `.debug_frame` has a rule for the code at an
     /// object address.
     pub fn has_unwind_info(&self, address: u64) -> bool {

@@ -1,4 +1,10 @@
-//! What the command line asks for, as the rest of tracer is given it.
+//! What a run is asked to do, as the rest of tracer is given it: the
+//! configs `cli` parses the command line into, and that `session`,
+//! `collect`, `serve`, `record`, `top` and `analyze` read. Below all of
+//! them: it names the stages' option types (`Sampling`, `Unwinding`,
+//! `Wrappers`, `PythonMode`), never cli or a module that runs a trace.
+mod listen;
+
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use crate::{
@@ -7,6 +13,8 @@ use crate::{
     output::{Wrappers, folded::FoldedValue},
     unwind::Unwinding,
 };
+
+pub use listen::parse_listen;
 
 /// Stacks drawn in the growth plot unless `--plot-stacks` says otherwise.
 pub const DEFAULT_PLOT_STACKS: usize = 8;
@@ -54,6 +62,8 @@ pub struct Config {
     pub leave_running: bool,
     /// What stacks are named past (`--wrapper` and the built-in list).
     pub wrappers: Wrappers,
+    /// `--group-by`, `--native`.
+    pub layout: crate::output::Layout,
     /// Separate debug files are searched here first (`--debug-dir`).
     pub debug_dirs: Vec<PathBuf>,
     /// Where to serve metrics and profiles (`--listen`).
@@ -126,6 +136,8 @@ pub struct ReportConfig {
     pub plot_stacks: usize,
     /// What stacks are named past (`--wrapper` and the built-in list).
     pub wrappers: Wrappers,
+    /// `--group-by`, `--native`.
+    pub layout: crate::output::Layout,
     /// Frames without a symbol are looked up in debug files here
     /// (`--debug-dir`).
     pub debug_dirs: Vec<PathBuf>,

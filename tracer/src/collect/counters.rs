@@ -1,0 +1,122 @@
+//! The counters of every stack the collector reads at each snapshot: the
+//! kernel's per-stack totals by CUDA context epoch, the copied stacks'
+//! and the mapping kinds', with images replaced by exec taken off.
+use anyhow::Result;
+
+use super::{Collector, contexts, live_pids};
+use crate::{
+    attach::cuda,
+    model::{Counters, Kind, Snapshot, StackId, StackKey},
+    procfs,
+};
+
+use contexts::EpochEntry;
+
+impl Collector {
+    /// Every per-stack entry by CUDA context epoch: the kernel's, and those
+    /// kept here for blocks with copied stacks, after draining every copy
+    /// sent so far.
+    pub(super) fn epoch_entries(&mut self) -> Result<Vec<EpochEntry>> {
+        self.kernel_stacks.new_pass();
+        let maps = self.probes.maps();
+        let mut entries: Vec<EpochEntry> = maps
+            .by_stack()?
+            .iter()
+            .filter_map(|(key, totals)| EpochEntry::from_kernel(key, totals))
+            .collect();
+        for entry in &mut entries {
+            if let StackId::Kernel(id) = entry.key.stack_id {
+                let canonical = self.kernel_stacks.canonical(entry.key.pid, id, &maps);
+                entry.key.stack_id = StackId::Kernel(canonical);
+            }
+        }
+        self.start_copy_reader()?;
+        self.copied.flush();
+        entries.extend(self.copied.epoch_entries());
+        Ok(entries)
+    }
+
+    /// Starts the copy reader once any process's stacks are copied. Every
+    /// read of the copies calls this first: a process whose stacks began
+    /// to be copied since the last copies tick (`--unwind auto` decides at
+    /// `add_target`) has records in the ring already, and a final snapshot
+    /// taken before that tick must read them too.
+    pub(super) fn start_copy_reader(&mut self) -> Result<()> {
+        if self.probes.copies_any_stacks() {
+            self.copied.activate()?;
+        }
+        Ok(())
+    }
+
+    /// Applies the mapping calls made so far. Their copied stacks come
+    /// through the copy reader (a spawned program's first mappings come
+    /// right after it is attached).
+    pub(super) fn drain_mappings(&mut self) -> Result<()> {
+        self.start_copy_reader()?;
+        self.mappings.drain(&mut self.copied);
+        Ok(())
+    }
+
+    /// The counters of every stack: the epochs of a stack summed (ended
+    /// ones released), images replaced by exec taken off, and the mapping
+    /// kinds' stacks.
+    pub(super) fn stack_counters(&mut self) -> Result<Vec<(StackKey, Counters)>> {
+        let entries = self.epoch_entries()?;
+        let epochs = self.probes.maps().epochs()?;
+        let mut stacks = contexts::fold_epochs(entries, &epochs);
+        for (key, gone) in &self.exec_baselines {
+            if let Some(counters) = stacks.get_mut(key) {
+                counters.live_bytes -= gone.live_bytes;
+                counters.live_allocs -= gone.live_allocs;
+            }
+        }
+        self.drain_mappings()?;
+        let mut stacks: Vec<(StackKey, Counters)> = stacks.into_iter().collect();
+        stacks.extend(self.mappings.counters());
+        if self.comm_watch.is_some() {
+            // Processes that exited are forgotten (copied stacks and
+            // mappings keep their last counters here).
+            let alive = live_pids(&self.watched);
+            stacks.retain(|(key, _)| alive.contains(&key.pid));
+        }
+        Ok(stacks)
+    }
+
+    /// Reads the stacks' counters, STATS and the RSS of the live targets.
+    pub(super) fn snapshot(&mut self) -> Result<Snapshot> {
+        let elapsed_s = self.elapsed_s();
+        let stacks = self.stack_counters()?;
+        self.read_apis();
+        Ok(Snapshot {
+            elapsed_s,
+            stacks,
+            stats: self.probes.maps().stats()?,
+            rss_bytes: live_pids(&self.watched)
+                .into_iter()
+                .filter_map(|pid| Some((pid, procfs::rss_bytes(pid)?)))
+                .collect(),
+        })
+    }
+
+    /// The CUDA function of each GPU stack: the kernel's STACK_API and the
+    /// copied stacks'.
+    pub(super) fn read_apis(&mut self) {
+        let maps = self.probes.maps();
+        for (key, api) in maps.stack_apis() {
+            let (Some(kind), Some(api)) = (Kind::from_raw(key.kind), cuda::api_name(api)) else {
+                continue;
+            };
+            let stack_id = match key.stack_id {
+                tracer_ebpf::NO_STACK => StackId::Lost,
+                id => StackId::Kernel(self.kernel_stacks.canonical(key.tgid, id, &maps)),
+            };
+            let key = StackKey {
+                pid: key.tgid,
+                stack_id,
+                kind,
+            };
+            self.apis.insert(key, api);
+        }
+        self.apis.extend(self.copied.apis());
+    }
+}

@@ -1,0 +1,268 @@
+//! One entry per site (must-have 4 of issue 26): the stacks that share a
+//! site label (one function and line reached by several call paths, such
+//! as the 8 layer paths of a model that all allocate in
+//! `Linear.__init__`) summed into one stack, which is ranked and judged
+//! like any other: its counters and series are the sums, its verdict is
+//! the sum's, its frames those of its largest stack.
+use std::collections::{BTreeMap, HashMap};
+
+use super::{ReportInput, StackReport, Views, ranked_lists};
+use crate::model::{Growth, Kind, StackKey, ranking::sort_leaks};
+use crate::output::{
+    GroupBy,
+    frames::{site, trim_allocator_frames},
+};
+
+/// Beyond this many stacks the report lists them one by one: frames are
+/// then known for only some of them (`session::MERGE_ALL_UP_TO`), so a
+/// site's sum would leave some of its stacks out, and the grouping would
+/// double the time a report of 10^5 stacks takes.
+const MAX_GROUPED_STACKS: usize = 20_000;
+
+/// The stacks of one process and kind that share a site, summed.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SiteGroup {
+    /// Counters, growth and series summed over the group's stacks; the
+    /// stack id, frames and site are those of the stack that holds the
+    /// most.
+    #[serde(flatten)]
+    pub sum: StackReport,
+    /// How many stacks (of distinct frames) share the site.
+    pub stack_count: usize,
+    /// Their ids, the largest first (with those merged for equal frames).
+    pub stack_ids: Vec<u32>,
+}
+
+/// The site groups as the report ranks them, and those suspected of
+/// leaking; `canonical` maps each stack of the model to the one it was
+/// merged into for equal frames, `stack_leaks` are the suspected leaks by
+/// stack (a group of one stack is judged as that stack was).
+pub(super) fn site_groups(
+    input: &ReportInput<'_>,
+    views: Views<'_>,
+    canonical: &BTreeMap<StackKey, StackKey>,
+    judged_elsewhere: bool,
+    stack_leaks: Vec<(StackKey, Growth)>,
+) -> (Vec<SiteGroup>, Vec<SiteGroup>) {
+    if views.model.latest_counters().count() > MAX_GROUPED_STACKS {
+        return (Vec::new(), Vec::new());
+    }
+    let into_site = site_map(input, views);
+    let site_of = |key: &StackKey| into_site.get(key).copied().unwrap_or(*key);
+    let model = views.model.merged(site_of);
+    let judged = judged_elsewhere.then(|| views.judged.merged(site_of));
+    let site_views = Views {
+        model: &model,
+        judged: judged.as_ref().unwrap_or(&model),
+    };
+    // Every stack, as merged for frames, to its group's.
+    let mut members: BTreeMap<StackKey, StackKey> = views
+        .model
+        .latest_counters()
+        .map(|(key, _)| (key, site_of(&key)))
+        .collect();
+    for (stack, into) in canonical {
+        members.insert(*stack, site_of(into));
+    }
+    let mut sizes: HashMap<StackKey, usize> = HashMap::new();
+    for into in into_site.values() {
+        *sizes.entry(*into).or_default() += 1;
+    }
+    let several = |key: &StackKey| sizes.get(key).is_some_and(|&size| size > 1);
+    let mut leaks = site_views
+        .judged
+        .suspected_leaks_among(sizes.keys().copied().filter(|key| several(key)));
+    leaks.extend(
+        stack_leaks
+            .into_iter()
+            .filter(|(key, _)| !into_site.contains_key(key) || !several(&site_of(key))),
+    );
+    sort_leaks(&mut leaks);
+    leaks.truncate(input.top);
+    let listed = ranked_lists(input, site_views, &members, judged_elsewhere, leaks);
+    let group = |sum: StackReport| {
+        let stack_count = sizes
+            .iter()
+            .find(|(into, _)| {
+                (into.pid, into.kind, into.stack_id.to_raw()) == (sum.pid, sum.kind, sum.stack_id)
+            })
+            .map_or(1, |(_, size)| *size);
+        let mut stack_ids = vec![sum.stack_id];
+        stack_ids.extend(&sum.merged_stack_ids);
+        SiteGroup {
+            sum: StackReport {
+                merged_stack_ids: Vec::new(),
+                ..sum
+            },
+            stack_count: stack_count.max(1),
+            stack_ids,
+        }
+    };
+    (
+        listed.stacks.into_iter().map(group).collect(),
+        listed.suspected_leaks.into_iter().map(group).collect(),
+    )
+}
+
+/// Each stack of the model (merged for frames) to the stack its site
+/// group is named by (see [`by_site_label`]), by live bytes at the moment
+/// judged.
+fn site_map(input: &ReportInput<'_>, views: Views<'_>) -> HashMap<StackKey, StackKey> {
+    by_site_label(views.model.latest_counters().filter_map(|(key, latest)| {
+        let frames = trim_allocator_frames((input.frames)(&key));
+        let site = site(&frames, input.wrappers)?;
+        let ranked_bytes = views
+            .judged
+            .series(&key)
+            .map_or(latest.live_bytes, |series| series.latest().live_bytes);
+        Some((key, ranked_bytes, site.label))
+    }))
+}
+
+/// Each stack to the stack its site group is named by: of the stacks
+/// with the same process, kind and site label, the one holding the most
+/// bytes (the smaller key on a tie). A stack not given stays alone.
+pub fn by_site_label(
+    stacks: impl IntoIterator<Item = (StackKey, i64, String)>,
+) -> HashMap<StackKey, StackKey> {
+    let mut by_site: HashMap<(u32, Kind, String), Vec<(i64, StackKey)>> = HashMap::new();
+    for (key, bytes, label) in stacks {
+        by_site
+            .entry((key.pid, key.kind, label))
+            .or_default()
+            .push((bytes, key));
+    }
+    let mut into_site = HashMap::new();
+    for mut stacks in by_site.into_values() {
+        stacks.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let largest = stacks[0].1;
+        for (_, key) in stacks {
+            into_site.insert(key, largest);
+        }
+    }
+    into_site
+}
+
+/// One entry of a list as the layout lays it out: a stack, or the sum of
+/// a site's stacks, and how many stacks it holds.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry<'a> {
+    pub stack: &'a StackReport,
+    pub stack_count: usize,
+}
+
+impl super::Report {
+    /// The ranked entries and the suspected leaks, one per site or one
+    /// per stack (`--group-by`; per stack where no groups were made).
+    pub fn entries(&self) -> (Vec<Entry<'_>>, Vec<Entry<'_>>) {
+        let grouped = !self.groups.is_empty() || self.stacks.is_empty();
+        match self.layout.group_by {
+            GroupBy::Site if grouped => (
+                of_groups(&self.groups),
+                of_groups(&self.suspected_leak_groups),
+            ),
+            _ => (of_stacks(&self.stacks), of_stacks(&self.suspected_leaks)),
+        }
+    }
+}
+
+fn of_groups(groups: &[SiteGroup]) -> Vec<Entry<'_>> {
+    groups
+        .iter()
+        .map(|group| Entry {
+            stack: &group.sum,
+            stack_count: group.stack_count,
+        })
+        .collect()
+}
+
+fn of_stacks(stacks: &[StackReport]) -> Vec<Entry<'_>> {
+    stacks
+        .iter()
+        .map(|stack| Entry {
+            stack,
+            stack_count: 1,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Frame;
+    use crate::output::{
+        Report,
+        fixtures::{sample_frames, sample_report_with},
+        frames::tests::frame,
+    };
+
+    /// pid 10's stacks 1 and 2 allocate at one line (`fill`) through two
+    /// callers.
+    fn one_site_two_paths(key: &StackKey) -> Vec<Frame> {
+        if key.pid != 10 {
+            return sample_frames(key);
+        }
+        let mut frames = sample_frames(key);
+        frames[1].function = Some("fill".to_owned());
+        frames.insert(2, frame(&format!("caller_{}", key.stack_id), "/app"));
+        frames
+    }
+
+    fn report() -> Report {
+        sample_report_with(10, &one_site_two_paths)
+    }
+
+    #[test]
+    fn stacks_of_one_site_are_summed_into_one_group_and_kept() {
+        let report = report();
+        assert_eq!(report.stacks.len(), 3, "the stacks are kept");
+        let group = &report.groups[0];
+        assert_eq!((group.sum.rank, group.sum.pid), (1, 10));
+        assert_eq!(group.stack_count, 2);
+        assert_eq!(group.stack_ids, [1, 2], "the largest first");
+        assert_eq!(group.sum.live_bytes, 4 * 65536 + 4096);
+        assert_eq!(group.sum.live_allocs, 4096 + 64);
+        assert_eq!(group.sum.series.last(), Some(&(4.0, 4 * 65536 + 4096)));
+        assert_eq!(
+            group.sum.site.as_ref().map(|site| site.label.as_str()),
+            Some("fill (leak.c:12)")
+        );
+        assert_eq!(
+            report.groups.len(),
+            2,
+            "pid 20's stack is a group of its own"
+        );
+        assert_eq!(report.groups[1].stack_count, 1);
+    }
+
+    #[test]
+    fn entries_follow_group_by() {
+        let mut report = report();
+        let (entries, _) = report.entries();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].stack_count, 2);
+        report.layout.group_by = GroupBy::Stack;
+        let (entries, _) = report.entries();
+        assert_eq!(entries.len(), 3);
+        assert!(entries.iter().all(|entry| entry.stack_count == 1));
+        let text = crate::output::text::render(&report);
+        let headings = text
+            .lines()
+            .filter(|line| line.starts_with('#') && line.ends_with("fill (leak.c:12)"))
+            .count();
+        assert_eq!(headings, 2, "{text}");
+    }
+
+    #[test]
+    fn the_text_report_lists_a_site_once_with_its_count() {
+        let text = crate::output::text::render(&report());
+        assert!(
+            text.contains("\n#1  fill (leak.c:12)  (2 stacks)\n    heap  pid 10  live 260.0 KiB"),
+            "{text}"
+        );
+        assert!(
+            text.contains("top 2 sites by live bytes, 3 stacks in all"),
+            "{text}"
+        );
+    }
+}
