@@ -5,10 +5,14 @@
 //! reachable through start pointers only, possibly lost (reached only
 //! through a pointer into its interior somewhere on the way), unreachable
 //! (no chain at all). The walk over every pointer keeps each block's
-//! parent, for the shortest chain to a root: first from the strong roots
-//! (globals, thread stacks, registers), then from the weak ones (untraced
-//! memory, where freed memory keeps stale pointers), so that a chain ends
-//! at a strong root whenever one exists.
+//! parent, for the shortest chain to a root, in four passes: through start
+//! pointers from the strong roots (globals, thread stacks, registers), then
+//! from the weak ones (untraced memory, where freed memory keeps stale
+//! pointers), then the same two again through interior pointers as well.
+//! A chain ends at a strong root whenever one exists without an interior
+//! pointer, and takes an interior pointer (the likeliest to be an integer
+//! that only looks like a pointer into a large block) only where no chain
+//! of start pointers exists.
 use std::collections::VecDeque;
 
 /// A node's index: blocks first, then roots.
@@ -45,6 +49,8 @@ pub struct Walked {
     pub depth: Vec<u32>,
     /// Whether a block was reached from a weak root only.
     pub weak: Vec<bool>,
+    /// Whether a block's chain takes an interior pointer somewhere.
+    pub through_interior: Vec<bool>,
 }
 
 impl Graph {
@@ -83,7 +89,8 @@ impl Graph {
         let mut parent_interior = vec![false; nodes];
         let mut depth = vec![u32::MAX; nodes];
         let mut weak = vec![false; nodes];
-        for tier in [false, true] {
+        let mut through_interior = vec![false; nodes];
+        for (interior, tier) in [(false, false), (false, true), (true, false), (true, true)] {
             let mut queue: VecDeque<Node> = roots
                 .clone()
                 .filter(|root| weak_roots[(root - blocks) as usize] == tier)
@@ -91,14 +98,30 @@ impl Graph {
             for &root in &queue {
                 depth[root as usize] = 0;
             }
+            if interior {
+                // On from every block reached so far from a root of this
+                // tier or a stronger one, nearest first.
+                let mut reached: Vec<Node> = (0..blocks)
+                    .filter(|&block| {
+                        depth[block as usize] != u32::MAX && (tier || !weak[block as usize])
+                    })
+                    .collect();
+                reached.sort_by_key(|&block| depth[block as usize]);
+                queue.extend(reached);
+            }
             while let Some(node) = queue.pop_front() {
                 for &(_, target) in out(node) {
+                    let is_interior = target & INTERIOR != 0;
+                    if is_interior && !interior {
+                        continue;
+                    }
                     let block = (target & !INTERIOR) as usize;
                     if depth[block] == u32::MAX {
                         depth[block] = depth[node as usize] + 1;
                         parent[block] = node;
-                        parent_interior[block] = target & INTERIOR != 0;
-                        weak[block] = tier;
+                        parent_interior[block] = is_interior;
+                        weak[block] = tier || weak[node as usize];
+                        through_interior[block] = interior;
                         queue.push_back(block as Node);
                     }
                 }
@@ -119,12 +142,14 @@ impl Graph {
             *root_depth = u32::MAX;
         }
         weak.truncate(blocks as usize);
+        through_interior.truncate(blocks as usize);
         Walked {
             class,
             parent,
             parent_interior,
             depth,
             weak,
+            through_interior,
         }
     }
 }
@@ -201,6 +226,31 @@ mod tests {
         graph.add(1, 0, false);
         let walked = graph.walk(1, &[true]);
         assert!(walked.weak[0]);
+    }
+
+    #[test]
+    fn chains_of_start_pointers_come_before_interior_ones() {
+        // Block 0, a large one: the strong root 1 points into its interior
+        // (an integer that looks like a pointer, say); the weak root 2
+        // points at its start, as untraced memory holding its real owner.
+        let mut graph = Graph::default();
+        graph.add(1, 0, true);
+        graph.add(2, 0, false);
+        let walked = graph.walk(1, &[false, true]);
+        assert_eq!(walked.parent[0], 2);
+        assert!(!walked.parent_interior[0]);
+        assert!(walked.weak[0]);
+        assert!(!walked.through_interior[0]);
+        // Where only the interior pointer holds it, the chain takes it,
+        // and goes on from it.
+        let mut graph = Graph::default();
+        graph.add(2, 0, true);
+        graph.add(0, 1, false);
+        let walked = graph.walk(2, &[false]);
+        assert_eq!(walked.parent[0], 2);
+        assert_eq!(walked.parent[1], 0);
+        assert!(walked.through_interior[1]);
+        assert_eq!(walked.depth[1], 2);
     }
 
     #[test]

@@ -169,7 +169,13 @@ impl Scan {
             };
             *bytes += block.size;
             *count += 1;
-            let rank = |block: usize| (self.walked.weak[block], self.walked.depth[block]);
+            let rank = |block: usize| {
+                (
+                    self.walked.through_interior[block],
+                    self.walked.weak[block],
+                    self.walked.depth[block],
+                )
+            };
             if self.walked.depth[index] != u32::MAX
                 && nearest[group].is_none_or(|best| rank(index) < rank(best as usize))
             {
