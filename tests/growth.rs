@@ -179,10 +179,7 @@ fn top_shows_the_leak_first_within_5_s() {
     let output = tracer.wait_exit(Duration::from_secs(30));
     output.assert_success();
     // Piped stdout: one plain table per interval; look at the last one.
-    let (_, last_table) = output
-        .stdout
-        .rsplit_once("tracer top — ")
-        .unwrap_or_else(|| panic!("no table on stdout: {output}"));
+    let last_table = output.last_top_table();
     let first_row = last_table
         .lines()
         .skip_while(|line| !line.trim_start().starts_with("RANK"))

@@ -135,10 +135,7 @@ fn top_rows(group_by: &str) -> Vec<String> {
     tree.cmd(&format!("grow {DEPTH}"));
     let output = tracer.wait_exit(Duration::from_secs(30));
     output.assert_success();
-    let (_, last_table) = output
-        .stdout
-        .rsplit_once("tracer top — ")
-        .unwrap_or_else(|| panic!("no table on stdout: {output}"));
+    let last_table = output.last_top_table();
     last_table
         .lines()
         .filter(|line| line.contains("tree_leaf (stack_tree.c:"))

@@ -177,12 +177,7 @@ fn torch_leak_left_to_exit_is_flagged_as_of_its_peak() {
     let judged = &report.json["judged_at"];
     assert_eq!(judged["why"], "exited", "{output}");
     let first = format!("PID {} exited after ", run.pid);
-    let line = output
-        .stdout
-        .lines()
-        .take(3)
-        .find(|line| line.starts_with(&first))
-        .unwrap_or_else(|| panic!("no {first:?} in the first lines:\n{output}"));
+    let line = output.header_line(&first);
     assert!(line.contains("; ranked at its peak, "), "{line:?}");
 }
 

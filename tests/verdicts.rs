@@ -141,12 +141,7 @@ fn a_target_that_exits_after_its_teardown_is_judged_at_its_peak() {
         "; ranked at its peak, {:.1} MiB live at {at_s:.1} s (",
         judged_bytes as f64 / f64::from(1 << 20)
     );
-    let line = output
-        .stdout
-        .lines()
-        .take(3)
-        .find(|line| line.starts_with(&first))
-        .unwrap_or_else(|| panic!("no {first:?} in the first lines:\n{output}"));
+    let line = output.header_line(&first);
     assert!(line.contains(&sentence), "{line:?} lacks {sentence:?}");
 
     let legend = harness::take_svg_texts(&svg);
@@ -220,10 +215,7 @@ fn top_ranks_a_target_that_exited_at_its_peak() {
     fixture.cmd("teardown");
     let output = tracer.wait_exit(Duration::from_secs(30));
     output.assert_success();
-    let (_, last_table) = output
-        .stdout
-        .rsplit_once("tracer top — ")
-        .unwrap_or_else(|| panic!("no table on stdout: {output}"));
+    let last_table = output.last_top_table();
     assert!(
         last_table.contains("\nranked at the peak, "),
         "{last_table}"
