@@ -15,11 +15,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod http;
 mod record;
 mod torch;
 mod totals;
 mod truths;
 
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
+pub use http::{http_get, listen_address, serve_leaky, stack_samples, wait_for_samples};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use record::{Record, Trace, Traced};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
