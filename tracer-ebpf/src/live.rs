@@ -15,7 +15,8 @@
 //!
 //! Copied-stack blocks (`--unwind dwarf`) are counted by userspace instead
 //! of in BY_STACK: their removals are sent to it as free records (through
-//! the ring, or COPY_FREES when it is full; see `stacks.rs`).
+//! the ring, or COPY_FREES when it is full; see `stacks.rs`), an exec as
+//! one record after the old image's last.
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::generated,
@@ -29,7 +30,7 @@ use tracer_ebpf::{
 
 use crate::{
     counters::{atomic_add, atomic_sub, compare_exchange, count, fetch_add},
-    stacks::send_free,
+    stacks::{send_exec, send_free},
 };
 
 /// Every outstanding block seen since attach.
@@ -151,7 +152,8 @@ pub(crate) fn remove_from_stack(tgid: u32, block: &LiveAlloc) {
 /// runs (every other thread of the old one is gone): the old image's
 /// blocks are taken off at once, the totals of its stacks no context owns
 /// zeroed (the CUDA context-owned ones are released by the end of the
-/// context epoch, which the exec also ends). Its blocks stay in LIVE and
+/// context epoch, which the exec also ends); userspace, which keeps the
+/// copied stacks' totals, is told in their ring. Its blocks stay in LIVE and
 /// are retired without counting when they are found (an address reused,
 /// a free of the new image at the same address).
 #[inline(always)]
@@ -167,6 +169,7 @@ pub(crate) fn replace_image(tgid: u32, exec_ns: u64) {
             0,
         )
     };
+    send_exec(tgid);
 }
 
 /// LAST_EXEC_NS = max(LAST_EXEC_NS, `exec_ns`): two execs at once on two

@@ -125,6 +125,10 @@ pub mod stat {
             /// being seen, or freed a stale pointer. Ignored: the old image's
             /// totals were zeroed at the exec.
             FREES_OF_REPLACED_IMAGE => ("frees_of_replaced_image", Event),
+            /// Execs of a process whose stacks are copied that found the
+            /// STACK_COPIES ring full: its copied-stack blocks of the old image
+            /// stay live in the report.
+            DROP_EXEC_MARK_LOST => ("exec_mark_lost", Drop),
         }
     }
 }
@@ -147,11 +151,12 @@ mod tests {
             (STACK_FREES_DEFERRED, "stack_frees_deferred"),
             (UNWIND_MAPPINGS_FULL, "unwind_mappings_full"),
             (FREES_OF_REPLACED_IMAGE, "frees_of_replaced_image"),
+            (DROP_EXEC_MARK_LOST, "exec_mark_lost"),
         ] {
             assert_eq!(STAT_NAMES[id as usize].0, name);
         }
         // Ids are appended: a recording keeps its counters by index.
-        assert_eq!(FREES_OF_REPLACED_IMAGE, COUNT - 1, "the last id");
+        assert_eq!(DROP_EXEC_MARK_LOST, COUNT - 1, "the last id");
     }
 
     #[test]
