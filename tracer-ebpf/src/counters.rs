@@ -56,3 +56,23 @@ pub(crate) fn fetch_add(target: *mut u64, mut value: u64) -> u64 {
     }
     value
 }
+
+/// `*target = new` if it still holds `expected`, as one atomic
+/// instruction; otherwise returns what it holds.
+#[inline(always)]
+pub(crate) fn compare_exchange(target: *mut u64, expected: u64, new: u64) -> Result<(), u64> {
+    let previous: u64;
+    unsafe {
+        core::arch::asm!(
+            "r0 = cmpxchg_64({target} + 0, r0, {new})",
+            target = in(reg) target,
+            new = in(reg) new,
+            inout("r0") expected => previous,
+        );
+    }
+    if previous == expected {
+        Ok(())
+    } else {
+        Err(previous)
+    }
+}

@@ -35,7 +35,7 @@ use tracer_ebpf::{Event, OpenedFile, event, mmap_format, openat_format, stat};
 use crate::{
     counters::{atomic_add, count},
     events::send_event,
-    live::{EXEC_TIME, end_context_epoch},
+    live::{end_context_epoch, replace_image},
 };
 
 const PROT_EXEC: u64 = 4;
@@ -137,6 +137,7 @@ fn count_opened(tgid: u32) {
 }
 
 /// A traced process replaced its image (execve): its old blocks are gone.
+/// Runs before the new image's first instruction.
 #[tracepoint]
 pub fn process_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -144,7 +145,7 @@ pub fn process_exec(_ctx: TracePointContext) -> u32 {
         return 0;
     }
     let now_ns = unsafe { bpf_ktime_get_ns() };
-    let _ = EXEC_TIME.insert(&tgid, &now_ns, 0);
+    replace_image(tgid, now_ns);
     // The image's CUDA contexts are gone with it.
     let context_epoch = end_context_epoch(tgid);
     send_event(&Event {

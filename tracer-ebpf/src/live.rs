@@ -7,15 +7,21 @@
 //! EXEC_TIME) or the CUDA context that owned it was destroyed
 //! (CONTEXT_EPOCH; see `gpu.rs`). Such a block is no longer counted, so
 //! `take_live` and `put_live` take it out of LIVE and leave the totals
-//! alone (`retire`). free's `free_live` does not ask.
+//! alone (`retire`). At an exec, `replace_image` zeroes the process's live
+//! totals in the kernel, before the new image runs: what the old image
+//! held is gone, and every block of the new one counts from zero. free's
+//! `free_live` asks only about the image (LAST_EXEC_NS spares the lookup
+//! for blocks newer than every exec).
 //!
 //! Copied-stack blocks (`--unwind dwarf`) are counted by userspace instead
 //! of in BY_STACK: their removals are sent to it as free records (through
-//! the ring, or COPY_FREES when it is full; see `stacks.rs`).
+//! the ring, or COPY_FREES when it is full; see `stacks.rs`), an exec as
+//! one record after the old image's last.
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::generated,
     macros::map,
-    maps::HashMap,
+    maps::{Array, HashMap},
 };
 use tracer_ebpf::{
     FIRST_CONTEXT_EPOCH, LiveAlloc, LiveKey, StackKey, StackTotals, is_copied_stack, stack_record,
@@ -23,8 +29,8 @@ use tracer_ebpf::{
 };
 
 use crate::{
-    counters::{atomic_add, atomic_sub, count, fetch_add},
-    stacks::send_free,
+    counters::{atomic_add, atomic_sub, compare_exchange, count, fetch_add},
+    stacks::{send_exec, send_free},
 };
 
 /// Every outstanding block seen since attach.
@@ -41,7 +47,13 @@ static BY_STACK: HashMap<StackKey, StackTotals> =
 /// When each traced process last exec'ed (ktime ns, set by
 /// `libraries.rs`): older blocks belonged to an image that is gone.
 #[map]
-pub(crate) static EXEC_TIME: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+static EXEC_TIME: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+/// The latest exec of any traced process (ktime ns): a block allocated
+/// since then belongs to a live image, whatever its process, and free
+/// does not look EXEC_TIME up.
+#[map]
+static LAST_EXEC_NS: Array<u64> = Array::with_max_entries(1, 0);
 
 /// The current CUDA context epoch of each process that ended one (absent:
 /// `FIRST_CONTEXT_EPOCH`).
@@ -136,14 +148,83 @@ pub(crate) fn remove_from_stack(tgid: u32, block: &LiveAlloc) {
     }
 }
 
+/// `tgid` replaced its image (execve) at `exec_ns`, before the new image
+/// runs (every other thread of the old one is gone): the old image's
+/// blocks are taken off at once, the totals of its stacks no context owns
+/// zeroed (the CUDA context-owned ones are released by the end of the
+/// context epoch, which the exec also ends); userspace, which keeps the
+/// copied stacks' totals, is told in their ring. Its blocks stay in LIVE and
+/// are retired without counting when they are found (an address reused,
+/// a free of the new image at the same address).
+#[inline(always)]
+pub(crate) fn replace_image(tgid: u32, exec_ns: u64) {
+    let _ = EXEC_TIME.insert(&tgid, &exec_ns, 0);
+    raise_last_exec(exec_ns);
+    let mut target = tgid;
+    unsafe {
+        generated::bpf_for_each_map_elem(
+            (&raw const BY_STACK).cast_mut().cast(),
+            zero_live_of as *mut _,
+            (&raw mut target).cast(),
+            0,
+        )
+    };
+    send_exec(tgid);
+}
+
+/// LAST_EXEC_NS = max(LAST_EXEC_NS, `exec_ns`): two execs at once on two
+/// CPUs never leave the older time.
+#[inline(always)]
+fn raise_last_exec(exec_ns: u64) {
+    let Some(last) = LAST_EXEC_NS.get_ptr_mut(0) else {
+        return;
+    };
+    let mut seen = unsafe { core::ptr::read_volatile(last) };
+    // Another exec can only move it up: a few tries always settle it.
+    for _ in 0..4 {
+        if seen >= exec_ns {
+            return;
+        }
+        match compare_exchange(last, seen, exec_ns) {
+            Ok(()) => return,
+            Err(now) => seen = now,
+        }
+    }
+}
+
+/// One BY_STACK entry: zeroes the live totals of the exec'ed process's
+/// stacks that no CUDA context owns. A callback of
+/// `bpf_for_each_map_elem` (Linux 5.13+): 0 goes on.
+extern "C" fn zero_live_of(
+    _map: *mut core::ffi::c_void,
+    key: *const StackKey,
+    totals: *mut StackTotals,
+    tgid: *mut u32,
+) -> i64 {
+    unsafe {
+        if (*key).tgid == *tgid && (*key).context_epoch == 0 {
+            (*totals).live_bytes = 0;
+            (*totals).live_allocs = 0;
+        }
+    }
+    0
+}
+
+/// Whether a block belongs to an image its process replaced since (exec;
+/// its totals were zeroed then).
+#[inline(always)]
+fn of_replaced_image(tgid: u32, block: &LiveAlloc) -> bool {
+    let last_exec_ns = LAST_EXEC_NS.get(0).copied().unwrap_or(0);
+    block.timestamp_ns < last_exec_ns
+        && unsafe { EXEC_TIME.get(&tgid) }.is_some_and(|&exec_ns| block.timestamp_ns < exec_ns)
+}
+
 /// Whether a block went away without a free: its image was replaced
-/// (exec; userspace took it off the totals then), or the CUDA context
-/// that owned it was destroyed (its epoch's totals are frozen, and
-/// userspace counts them as released).
+/// (exec), or the CUDA context that owned it was destroyed (its epoch's
+/// totals are frozen, and userspace counts them as released).
 #[inline(always)]
 fn released_without_free(tgid: u32, block: &LiveAlloc) -> bool {
-    unsafe { EXEC_TIME.get(&tgid) }.is_some_and(|&exec_ns| block.timestamp_ns < exec_ns)
-        || context_destroyed(tgid, block)
+    of_replaced_image(tgid, block) || context_destroyed(tgid, block)
 }
 
 /// Takes a block that leaves LIVE off its stack's totals, unless it went
@@ -183,11 +264,19 @@ pub(crate) fn find_live(key: &LiveKey) -> Option<LiveAlloc> {
 }
 
 /// Takes a block found at `key` out of the live set and off its stack's
-/// totals (free's way: one lookup, without asking whether it still counts).
+/// totals (free's way: one lookup, and a look at the image only for a
+/// block older than the latest exec); returns whether it counted. A
+/// block of a replaced image is counted in `frees_of_replaced_image`
+/// (its address freed again by the new image, which allocated it unseen).
 #[inline(always)]
-pub(crate) fn free_live(key: &LiveKey, block: &LiveAlloc) {
+pub(crate) fn free_live(key: &LiveKey, block: &LiveAlloc) -> bool {
     let _ = LIVE.remove(key);
+    if of_replaced_image(key.tgid, block) {
+        count(stat::FREES_OF_REPLACED_IMAGE);
+        return false;
+    }
     remove_from_stack(key.tgid, block);
+    true
 }
 
 /// Puts a block into the live set and adds it to its stack's totals;

@@ -422,8 +422,9 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     if let Some(pending) = pending {
         mark_free_call(&ctx, pending);
     }
-    free_live(&key, &block);
-    count(stat::FREES);
+    if free_live(&key, &block) {
+        count(stat::FREES);
+    }
     0
 }
 

@@ -24,7 +24,7 @@ use tracer_ebpf::{
 
 use crate::counters::{count, fetch_add};
 use copy::copy_stack;
-pub(crate) use copy::send_free;
+pub(crate) use copy::{send_exec, send_free};
 
 /// 0: every stack is walked by frame pointers; 1: every stack is copied;
 /// 2: stacks of the processes in COPY_STACKS_OF are copied.

@@ -273,7 +273,16 @@ async fn collect(
             Event::Notice(line) => eprintln!("tracer: {line}"),
             Event::Detail(line) if config.trace.verbose => eprintln!("tracer: {line}"),
             Event::Detail(_) => {}
-            Event::Exec { .. } => {}
+            Event::Exec {
+                pid,
+                executable,
+                after_s,
+            } => {
+                eprintln!(
+                    "tracer: PID {pid} exec'ed {executable} after {after_s:.1} s: \
+                     what the old image held is gone, the new image is traced"
+                );
+            }
             Event::Stopped(reason) => {
                 if config.trace.verbose
                     && let Some(summary) = collector.probes().unwind_tables_summary()

@@ -74,6 +74,10 @@ pub mod stack_record {
     /// stack only, for the MappingEvent that carries its reference; the
     /// mapping itself is followed from MAPPING_EVENTS.
     pub const MAPPING_COPY: u32 = 4;
+    /// [`super::StackFree`] (`stack_ref` 0): the process replaced its
+    /// image (exec). Every record of the old image came before it; no free
+    /// of the old image's blocks comes after it.
+    pub const EXEC: u32 = 5;
 }
 
 /// Largest number of stack pages one copy holds (`--stack-bytes` up to

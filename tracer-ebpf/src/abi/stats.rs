@@ -120,6 +120,15 @@ pub mod stat {
             /// Walks through a mapping past the most a process's table lists
             /// (walked by frame pointers).
             UNWIND_MAPPINGS_FULL => ("unwind_mappings_full", Event),
+            /// Frees of blocks an image allocated before its process replaced
+            /// it (exec): the new image allocated that address again without
+            /// being seen, or freed a stale pointer. Ignored: the old image's
+            /// totals were zeroed at the exec.
+            FREES_OF_REPLACED_IMAGE => ("frees_of_replaced_image", Event),
+            /// Execs of a process whose stacks are copied that found the
+            /// STACK_COPIES ring full: its copied-stack blocks of the old image
+            /// stay live in the report.
+            DROP_EXEC_MARK_LOST => ("exec_mark_lost", Drop),
         }
     }
 }
@@ -141,10 +150,13 @@ mod tests {
             (DROP_STACK_COPY_RING_FULL, "stack_copy_ring_full"),
             (STACK_FREES_DEFERRED, "stack_frees_deferred"),
             (UNWIND_MAPPINGS_FULL, "unwind_mappings_full"),
+            (FREES_OF_REPLACED_IMAGE, "frees_of_replaced_image"),
+            (DROP_EXEC_MARK_LOST, "exec_mark_lost"),
         ] {
             assert_eq!(STAT_NAMES[id as usize].0, name);
         }
-        assert_eq!(UNWIND_MAPPINGS_FULL, COUNT - 1, "the last id");
+        // Ids are appended: a recording keeps its counters by index.
+        assert_eq!(DROP_EXEC_MARK_LOST, COUNT - 1, "the last id");
     }
 
     #[test]

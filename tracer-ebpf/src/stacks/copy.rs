@@ -306,6 +306,28 @@ fn wakeup_flag() -> u64 {
     }
 }
 
+/// `tgid` replaced its image (exec): when its stacks are copied, tells
+/// userspace in the ring, after every record of the old image (whose
+/// threads are all gone), so that it drops the old image's blocks there.
+#[inline(always)]
+pub(crate) fn send_exec(tgid: u32) {
+    if !super::copies_stacks_of(tgid) {
+        return;
+    }
+    let exec = StackFree {
+        record: stack_record::EXEC,
+        tgid,
+        stack_ref: 0,
+        pad: 0,
+    };
+    if STACK_COPIES
+        .output::<StackFree>(&exec, BPF_RB_FORCE_WAKEUP as u64)
+        .is_err()
+    {
+        count(stat::DROP_EXEC_MARK_LOST);
+    }
+}
+
 /// Tells userspace that the copied-stack block `stack_ref` of `size`
 /// bytes left the live set (`stack_record::FREE`) or came back
 /// (`stack_record::RESTORE`): through the ring, or, when it is full,

@@ -6,7 +6,8 @@
 //! off at its free, both sent by the kernel in the order they happened.
 //! A free that found the ring full waits in the kernel's COPY_FREES map
 //! instead, read after the ring at every drain: no free is lost to a full
-//! ring, so a burst never leaves phantom live blocks behind.
+//! ring, so a burst never leaves phantom live blocks behind. An exec comes
+//! in the ring too, after the old image's last record: its blocks go then.
 //!
 //! Each distinct unwound stack is numbered here: `StackId::Copied`.
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -147,6 +148,7 @@ impl CopiedStacks {
                 }
             }
             Message::Free(free) if free.record == stack_record::FREE => self.freed(&free),
+            Message::Free(exec) if exec.record == stack_record::EXEC => self.replaced(exec.tgid),
             Message::Free(restore) => self.restored(&restore),
             Message::Deferred(key, change) => self.deferred(key, change),
             Message::Flushed(_) => {}
@@ -287,6 +289,25 @@ impl CopiedStacks {
         }
         self.recently_freed
             .insert((free.tgid, free.stack_ref), block);
+    }
+
+    /// `pid` replaced its image (exec): every block of the old one is gone
+    /// (no free of them comes after this record). Those no CUDA context
+    /// owns come off; the context-owned ones are released by the end of
+    /// their epoch, which the exec also ends.
+    fn replaced(&mut self, pid: u32) {
+        let gone: Vec<Block> = self
+            .live
+            .extract_if(|&(block_pid, _), _| block_pid == pid)
+            .map(|(_, block)| block)
+            .collect();
+        for block in gone {
+            if block.context_epoch == 0 {
+                self.take_off(block);
+            }
+        }
+        self.recently_freed
+            .retain(|&(block_pid, _), _| block_pid != pid);
     }
 
     fn restored(&mut self, free: &StackFree) {

@@ -34,7 +34,7 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum Message {
     /// A `stack_record::COPY` or `MAPPING_COPY`, unwound.
     Copy(StackCopy, Unwound),
-    /// A `stack_record::FREE` or `RESTORE` from the ring.
+    /// A `stack_record::FREE`, `RESTORE` or `EXEC` from the ring.
     Free(StackFree),
     /// A COPY_FREES entry: frees minus restores of one block that found
     /// the ring full, read after every ring record before it.
@@ -217,11 +217,16 @@ impl Reader {
                     }
                     Message::Copy(copy, unwound)
                 }
-                Some(stack_record::FREE | stack_record::RESTORE)
+                Some(stack_record::FREE | stack_record::RESTORE | stack_record::EXEC)
                     if item.len() >= size_of::<StackFree>() =>
                 {
                     // SAFETY: the item holds a whole StackFree.
-                    Message::Free(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) })
+                    let free: StackFree = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                    if free.record == stack_record::EXEC {
+                        // The copies after it are the new image's.
+                        self.unwinder.refresh(free.tgid);
+                    }
+                    Message::Free(free)
                 }
                 _ => continue,
             };

@@ -1,6 +1,6 @@
 //! The counters of every stack the collector reads at each snapshot: the
 //! kernel's per-stack totals by CUDA context epoch, the copied stacks'
-//! and the mapping kinds', with images replaced by exec taken off.
+//! and the mapping kinds'.
 use anyhow::Result;
 
 use super::{Collector, contexts, live_pids};
@@ -58,18 +58,11 @@ impl Collector {
     }
 
     /// The counters of every stack: the epochs of a stack summed (ended
-    /// ones released), images replaced by exec taken off, and the mapping
-    /// kinds' stacks.
+    /// ones released), and the mapping kinds' stacks.
     pub(super) fn stack_counters(&mut self) -> Result<Vec<(StackKey, Counters)>> {
         let entries = self.epoch_entries()?;
         let epochs = self.probes.maps().epochs()?;
-        let mut stacks = contexts::fold_epochs(entries, &epochs);
-        for (key, gone) in &self.exec_baselines {
-            if let Some(counters) = stacks.get_mut(key) {
-                counters.live_bytes -= gone.live_bytes;
-                counters.live_allocs -= gone.live_allocs;
-            }
-        }
+        let stacks = contexts::fold_epochs(entries, &epochs);
         self.drain_mappings()?;
         let mut stacks: Vec<(StackKey, Counters)> = stacks.into_iter().collect();
         stacks.extend(self.mappings.counters());

@@ -42,7 +42,6 @@ impl Collector {
         self.copied.forget(pid);
         self.frames.forget(pid);
         self.apis.retain(|key, _| key.pid != pid);
-        self.exec_baselines.retain(|key, _| key.pid != pid);
         self.thread_entries
             .retain(|(entry_pid, _), _| *entry_pid != pid);
         // Exited targets beyond the last few are dropped: a restarting

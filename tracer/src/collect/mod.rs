@@ -7,9 +7,8 @@
 //! plot) is the verb's business.
 //!
 //! It owns what collection builds per process: the stacks unwound from
-//! copies (`copied`), the mapping ledger (`mappings`), the baselines of
-//! images replaced by exec, and the symbolized frames of every stack shown
-//! so far, read and symbolized once.
+//! copies (`copied`), the mapping ledger (`mappings`), and the symbolized
+//! frames of every stack shown so far, read and symbolized once.
 //!
 //! Reading BY_STACK costs one syscall pair per stack, never per allocation,
 //! so tracer's own cost does not grow with the target's allocation rate.
@@ -43,7 +42,7 @@ use crate::{
         Probes, Rings, libraries,
         spawn::{self, ChildState},
     },
-    model::{Counters, Snapshot, StackKey, Target, run::LibraryReport},
+    model::{Snapshot, StackKey, Target, run::LibraryReport},
     procfs,
     symbolize::Symbols,
 };
@@ -84,7 +83,12 @@ pub enum Event {
     /// A target exited.
     TargetExited { pid: u32, after_s: f64 },
     /// A target replaced its image (execve): what the old one held is gone.
-    Exec { pid: u32, after_s: f64 },
+    Exec {
+        pid: u32,
+        /// The new image's executable.
+        executable: String,
+        after_s: f64,
+    },
     /// A target destroyed or reset a CUDA context, releasing what it owned.
     ContextDestroyed { pid: u32, after_s: f64 },
     /// Objects hooked after attach (libraries mapped later).
@@ -177,9 +181,6 @@ pub struct Collector {
     mappings: MappingTracker,
     symbols: Symbols,
     watched: Vec<Watched>,
-    /// Live counters of the stacks of images replaced by exec, taken off
-    /// every later snapshot: that memory is gone.
-    exec_baselines: HashMap<StackKey, Counters>,
     /// The frames of the stacks symbolized so far, each distinct frame
     /// kept once (`frames::Interned`): a stack costs 8 bytes a frame.
     frames: frames::Interned,
@@ -219,7 +220,6 @@ impl Collector {
             mappings: MappingTracker::new(rings.mapping_events),
             symbols: Symbols::new(),
             watched: Vec::new(),
-            exec_baselines: HashMap::new(),
             frames: frames::Interned::default(),
             apis: HashMap::new(),
             thread_entries: HashMap::new(),
@@ -423,10 +423,14 @@ impl Collector {
         }
         let after_s = self.elapsed_s();
         for pid in self.probes.take_execs() {
-            self.mark_exec(pid, after_s)?;
+            let executable = self.mark_exec(pid, after_s);
             self.probes.remap_unwinding(pid)?;
             self.symbols.refresh(pid);
-            self.queued.push_back(Event::Exec { pid, after_s });
+            self.queued.push_back(Event::Exec {
+                pid,
+                executable,
+                after_s,
+            });
         }
         for destroyed in self.probes.take_context_destroys() {
             let Some(watched) = self
@@ -502,21 +506,20 @@ impl Collector {
     }
 
     /// Notes that `pid` replaced its image: marks the boundary in its
-    /// target and takes the live counters of its stacks so far off every
-    /// later snapshot (the kernel ignores frees of the old image's blocks).
-    fn mark_exec(&mut self, pid: u32, after_s: f64) -> Result<()> {
-        for (key, counters) in self.stack_counters()? {
-            if key.pid == pid {
-                let baseline = self.exec_baselines.entry(key).or_default();
-                baseline.live_bytes += counters.live_bytes;
-                baseline.live_allocs += counters.live_allocs;
-            }
-        }
+    /// target. What the old image held is gone already: the kernel zeroed
+    /// the live totals of its stacks at the exec, before the new image ran,
+    /// and ignores frees of its blocks; the copied stacks' blocks go when
+    /// the exec's record is read from their ring, after the old image's
+    /// last. Returns the new image's executable.
+    fn mark_exec(&mut self, pid: u32, after_s: f64) -> String {
         if let Some(watched) = self.watched.iter_mut().find(|w| w.target.pid == pid) {
             watched.target.execs_after_s.push(after_s);
             watched.target.command = procfs::command_line(pid);
         }
-        Ok(())
+        std::fs::read_link(format!("/proc/{pid}/exe")).map_or_else(
+            |_| "a new image".to_owned(),
+            |path| path.display().to_string(),
+        )
     }
 
     fn notice(&mut self, line: String) {

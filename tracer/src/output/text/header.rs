@@ -145,6 +145,13 @@ pub fn lines(report: &Report) -> Vec<String> {
     lines.push(format!(
         "frees of blocks allocated before attach (ignored): {frees_unknown}"
     ));
+    let frees_replaced_name = STAT_NAMES[stat::FREES_OF_REPLACED_IMAGE as usize].0;
+    let frees_replaced = report.events.get(frees_replaced_name).copied().unwrap_or(0);
+    if frees_replaced > 0 {
+        lines.push(format!(
+            "frees of blocks of an image replaced by exec (ignored): {frees_replaced}"
+        ));
+    }
     let stepped: Vec<&str> = report
         .probes
         .iter()
