@@ -22,7 +22,7 @@ const DEFAULT_TOP: usize = 10;
 /// Reads the recording, builds the report and writes it in the chosen
 /// format.
 pub fn report(config: &ReportConfig) -> Result<()> {
-    let recording = recording::read(&config.recording_path)?;
+    let mut recording = recording::read(&config.recording_path)?;
     if let Some(warning) = recording.warning() {
         eprintln!("tracer: warning: {warning}");
     }
@@ -37,7 +37,7 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         ReportFormat::Folded | ReportFormat::Pprof | ReportFormat::Flamegraph => usize::MAX,
     });
     let model = recording.model(&filter);
-    let mut frames = recording.frames_by_key();
+    let mut frames = recording.take_frames_by_key();
     if !config.debug_dirs.is_empty() {
         let mut symbols = OfflineSymbols::new(config.debug_dirs.clone());
         for stack_frames in frames.values_mut() {

@@ -33,19 +33,26 @@ impl Interned {
         self.stacks.get(key).map(Vec::as_slice)
     }
 
-    /// `frames`, each as its one shared copy.
+    /// `frames`, each as its one shared copy. Collected into a new vector
+    /// of its own length: `into_iter().map().collect()` reuses the
+    /// `Vec<Frame>`'s buffer in place, 20 times the size of the
+    /// `Arc`s it then holds, so each stack kept ~23 KiB for ~1 KiB of
+    /// pointers (150 MiB at the end of a 20 s torch run).
     fn intern(&mut self, frames: Vec<Frame>) -> Vec<Arc<Frame>> {
-        frames
-            .into_iter()
-            .map(|frame| match self.frames.get(&frame) {
-                Some(known) => Arc::clone(known),
-                None => {
-                    let frame = Arc::new(frame);
-                    self.frames.insert(Arc::clone(&frame));
-                    frame
-                }
-            })
-            .collect()
+        let mut shared = Vec::with_capacity(frames.len());
+        shared.extend(
+            frames
+                .into_iter()
+                .map(|frame| match self.frames.get(&frame) {
+                    Some(known) => Arc::clone(known),
+                    None => {
+                        let frame = Arc::new(frame);
+                        self.frames.insert(Arc::clone(&frame));
+                        frame
+                    }
+                }),
+        );
+        shared
     }
 
     /// Forgets the stacks of a process that exited; the frames only it

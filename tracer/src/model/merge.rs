@@ -104,16 +104,30 @@ pub fn canonical_keys(
 /// For each frame list of `group`, the index of the list it merges into:
 /// the only longest list that extends it, or itself.
 fn only_extension(group: &[FrameList]) -> Vec<usize> {
-    // Hash of every prefix (two frames or more) of every list -> the lists
-    // that have it.
-    let mut by_prefix: HashMap<u64, Vec<usize>> = HashMap::new();
+    // Hash of every prefix (two frames or more) of every list with the
+    // list that has it, sorted: one flat vector, where a map of vectors
+    // took ~70 MiB for 6 400 torch stacks of ~150 frames.
+    let mut by_prefix: Vec<(u64, usize)> = Vec::with_capacity(
+        group
+            .iter()
+            .map(|(list, _)| list.len().saturating_sub(1))
+            .sum(),
+    );
     for (index, (list, _)) in group.iter().enumerate() {
         for (length, hash) in prefix_hashes(list).enumerate() {
             if length + 1 >= 2 {
-                by_prefix.entry(hash).or_default().push(index);
+                by_prefix.push((hash, index));
             }
         }
     }
+    by_prefix.sort_unstable();
+    let lists_with = |hash: u64| {
+        let start = by_prefix.partition_point(|&(other, _)| other < hash);
+        by_prefix[start..]
+            .iter()
+            .take_while(move |&&(other, _)| other == hash)
+            .map(|&(_, index)| index)
+    };
     group
         .iter()
         .enumerate()
@@ -124,7 +138,7 @@ fn only_extension(group: &[FrameList]) -> Vec<usize> {
             let full_hash = prefix_hashes(list).last().unwrap_or_default();
             let mut extensions: Vec<&[Arc<Frame>]> = Vec::new();
             let mut longest = index;
-            for &other in by_prefix.get(&full_hash).into_iter().flatten() {
+            for other in lists_with(full_hash) {
                 let longer = group[other].0.as_slice();
                 if extensions.len() > MAX_EXTENSIONS {
                     break;

@@ -324,11 +324,13 @@ impl Recording {
             .collect()
     }
 
-    /// Every stack's recorded frames, innermost first, by key.
-    pub fn frames_by_key(&self) -> HashMap<StackKey, Vec<Frame>> {
+    /// Every stack's recorded frames, innermost first, by key, moved out
+    /// of the recording (a copy doubled `tracer report`'s memory: 93 MiB
+    /// more for a 20 s torch recording).
+    pub fn take_frames_by_key(&mut self) -> HashMap<StackKey, Vec<Frame>> {
         self.stacks
-            .iter()
-            .filter_map(|stack| Some((stack.key?, stack.frames.clone())))
+            .iter_mut()
+            .filter_map(|stack| Some((stack.key?, std::mem::take(&mut stack.frames))))
             .collect()
     }
 

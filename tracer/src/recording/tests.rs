@@ -137,11 +137,11 @@ fn round_trip_gives_the_live_report() {
     live_targets[1].exited_after_s = Some(0.9);
     let (bytes, _) = record("round-trip", 8, true);
 
-    let recording = parse(&bytes, "t.tracer").unwrap();
+    let mut recording = parse(&bytes, "t.tracer").unwrap();
     assert_eq!(recording.warning(), None);
     assert_eq!(recording.snapshot_count(), 8);
     assert_eq!(recording.metadata.interval_ms, 250);
-    let frames = recording.frames_by_key();
+    let frames = recording.take_frames_by_key();
     let replayed = recording.model(&Filter::default());
     assert_eq!(
         report_view(&replayed, &recording.targets(&Filter::default()), &|key| {
