@@ -262,11 +262,6 @@ fn executors_right_after_dlopen_by_path_are_counted_when_hooked_at_open() {
                 "attempt {attempt}: {output}"
             );
         }
-        let pauses = &report.json["loader_pauses"];
-        assert!(
-            pauses["held_ms"].as_f64().unwrap() <= 200.0 * pauses["times"].as_f64().unwrap(),
-            "attempt {attempt}: {pauses}"
-        );
         let main_thread: Vec<&Value> = report
             .stacks_with("gpu-device", "setup_storage")
             .into_iter()
