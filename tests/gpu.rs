@@ -221,7 +221,11 @@ fn listed_library<'a>(report: &'a Report, name: &str) -> &'a Value {
 /// which hooks the file while the loader maps it, relocates it and runs its
 /// constructors (~340 µs here before the first cudaMalloc); should the
 /// dlopen complete first, the loader gate holds the process at
-/// `_dl_debug_state` until the hooks are in place. So 20 times of 20, also
+/// `_dl_debug_state` until the hooks are in place, and the late hook (the
+/// mmap event) waits for the at-open thread rather than claim the file
+/// first (it did, once in a suite run beside another test, and the
+/// process went on unhooked; a 60 ms sleep in the thread fails attempt 0
+/// without the wait). So 20 times of 20, also
 /// on a busy machine: both libraries are hooked at open (not late), every
 /// executor of `loadexec` is counted exactly, and so is every call after
 /// the hook (`executor 2`, from the main thread, is its own stack).
@@ -250,6 +254,14 @@ fn executors_right_after_dlopen_by_path_are_counted_when_hooked_at_open() {
                 && output.stdout.contains("(at open)"),
             "attempt {attempt}: {output}"
         );
+        // The gate held: never let go by its bound, and the late hook
+        // waited for the at-open thread instead of claiming a file first.
+        for not_said in ["(the bound)", "the at-open thread is"] {
+            assert!(
+                !output.stderr.contains(not_said),
+                "attempt {attempt}: {output}"
+            );
+        }
         let main_thread: Vec<&Value> = report
             .stacks_with("gpu-device", "setup_storage")
             .into_iter()

@@ -83,7 +83,6 @@ pub fn attach(config: &Config) -> Result<Collector> {
             }
         }
     }
-    collector.probes_mut().wait_for_later_hooks()?;
     let attached_at = collector.start();
     let probes = collector.probes();
     for note in probes.attach_notes(config.verbose) {
@@ -110,17 +109,10 @@ pub fn attach(config: &Config) -> Result<Collector> {
             objects.join(", ")
         );
     }
-    for (pid, objects) in probes
-        .walking_tables_of
-        .iter()
-        .filter(|(_, objects)| !objects.is_empty())
-    {
-        eprintln!(
-            "tracer: PID {pid}: no frame pointers in {}: its stacks are walked in the kernel \
-             through unwind tables",
-            objects.join(", ")
-        );
+    for note in collector.probes_mut().take_lacking_checks(false) {
+        eprintln!("tracer: {note}");
     }
+    let probes = collector.probes();
     if config.verbose
         && let Some(summary) = probes.unwind_tables_summary()
     {

@@ -45,6 +45,7 @@ pub mod map {
         UNWIND_ROWS = "UNWIND_ROWS",
         UNWIND_TABLES = "UNWIND_TABLES",
         UNWIND_MAPPINGS = "UNWIND_MAPPINGS",
+        LOADS_OPENED = "LOADS_OPENED",
         LOADS_DONE = "LOADS_DONE",
         LOADER_HELD = "LOADER_HELD",
     }

@@ -23,7 +23,11 @@
 //! kernel's `loader_gate` stops a process whose dlopen completes while
 //! this thread has not looked at every shared object it opened, and the
 //! thread lets it go on (SIGCONT) as soon as it has, or after
-//! `PAUSE_BOUND` at the most. Each pause is reported.
+//! `PAUSE_BOUND` at the most. Each pause is reported. The late hook leaves
+//! a process's files to this thread while it is behind on what the
+//! process opened (`LookedAt`): had it claimed one first, this thread
+//! would pass over the file and let the process go on before the late
+//! hook's probes were in place.
 use std::{
     collections::{HashMap, HashSet},
     fs,
@@ -152,24 +156,54 @@ pub enum AtOpenNews {
     },
 }
 
+/// How many of the shared objects each process opened the at-open thread
+/// has looked at (and hooked where they needed it), in the order OPENED
+/// gave them. Shared with the collect loop, whose late hook waits for the
+/// thread (`LibraryWatch::behind_at_open`).
+#[derive(Clone, Debug, Default)]
+pub struct LookedAt(Arc<Mutex<HashMap<u32, u64>>>);
+
+impl LookedAt {
+    /// The count for `pid`.
+    pub fn of(&self, pid: u32) -> u64 {
+        self.lock().get(&pid).copied().unwrap_or(0)
+    }
+
+    /// One more for `pid`: the new count.
+    fn add(&self, pid: u32) -> u64 {
+        let mut counts = self.lock();
+        let count = counts.entry(pid).or_insert(0);
+        *count += 1;
+        *count
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, u64>> {
+        // A panic elsewhere leaves the counts as they were: still usable.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
 /// The userspace side of the loader gate: how many opened shared objects
 /// of each process this thread has looked at (LOADS_DONE), and the
 /// processes the gate stopped (LOADER_HELD).
 pub struct LoaderGate {
     pub done: KernelHashMap<MapData, u32, u64>,
     pub held: KernelHashMap<MapData, u32, u64>,
-    looked_at: HashMap<u32, u64>,
+    looked_at: LookedAt,
 }
 
 impl LoaderGate {
     pub fn new(
         done: KernelHashMap<MapData, u32, u64>,
         held: KernelHashMap<MapData, u32, u64>,
+        looked_at: LookedAt,
     ) -> LoaderGate {
         LoaderGate {
             done,
             held,
-            looked_at: HashMap::new(),
+            looked_at,
         }
     }
 
@@ -177,9 +211,8 @@ impl LoaderGate {
     /// it); lets `pid` go on if the gate holds it. Done, then held: the
     /// gate writes in the other order.
     fn looked_at(&mut self, pid: u32, news: &mpsc::Sender<AtOpenNews>) {
-        let count = self.looked_at.entry(pid).or_insert(0);
-        *count += 1;
-        let _ = self.done.insert(pid, *count, 0);
+        let count = self.looked_at.add(pid);
+        let _ = self.done.insert(pid, count, 0);
         if let Ok(since_ns) = self.held.get(&pid, 0) {
             self.release(pid, since_ns, false, news);
         }
@@ -397,9 +430,18 @@ impl Hooker {
     fn attach(&self, pid: u32, sites: &[HookSite]) -> Result<Vec<(LinkKind, OwnedFd, usize)>> {
         let session = self.session.as_ref();
         let mut links = Vec::new();
-        for (stage, batch) in batches(sites, |program| {
+        let ordered = batches(sites, |program| {
             session.is_some_and(|session| session.covers(program))
-        }) {
+        });
+        // The programs not verified yet (CUDA's, the first time) are
+        // verified together while the loader gate holds the process.
+        for (stage, batch) in &ordered {
+            match (stage, session) {
+                (Stage::Session, Some(session)) => session.prefetch(&[batch.program]),
+                _ => self.multi.prefetch(&[batch.program]),
+            }
+        }
+        for (stage, batch) in ordered {
             let linker = match (stage, session) {
                 (Stage::Session, Some(session)) => session,
                 _ => &self.multi,

@@ -27,7 +27,7 @@ use tracer_ebpf::{Event, event};
 
 use super::{
     AttachedHook, HookSite, Probes,
-    at_open::{AtOpen, AtOpenNews, HookedFiles, LoaderGate, OpenedHook},
+    at_open::{AtOpen, AtOpenNews, HookedFiles, LoaderGate, LookedAt, OpenedHook},
     links::{TracepointLink, attach_tracepoint},
     raw::{LinkKind, Linker},
     symbols::{executable_paths, hook_sites_in},
@@ -44,6 +44,13 @@ pub const DRAIN_EVERY: Duration = Duration::from_millis(20);
 const SETTLE: Duration = Duration::from_millis(30);
 /// Backup poll of every target's mappings.
 const POLL_EVERY: Duration = Duration::from_secs(1);
+/// How soon a late hook that waits for the at-open thread looks again.
+const BEHIND_RETRY: Duration = Duration::from_millis(2);
+/// How long a late hook waits for the at-open thread at the most: it
+/// hooks a library in about a millisecond, the first CUDA library of a
+/// run once the CUDA programs are verified (0.1-0.3 s, more on a busy
+/// machine).
+const BEHIND_AT_MOST: Duration = Duration::from_secs(5);
 
 /// An object with hooks in one process.
 #[derive(Clone, Debug, PartialEq)]
@@ -101,6 +108,12 @@ pub struct LibraryWatch {
     pub(super) files: HookedFiles,
     /// The thread that hooks libraries at open (with uprobe_multi links).
     at_open: Option<AtOpen>,
+    /// Per process: the shared objects it opened (LOADS_OPENED), and how
+    /// many of them the at-open thread has looked at.
+    loads_opened: KernelHashMap<MapData, u32, u64>,
+    looked_at: LookedAt,
+    /// Per process: since when its late hook waits for the at-open thread.
+    behind_since: HashMap<u32, Instant>,
     /// LOADER_HELD, until the watchdog takes it.
     pub(super) loader_held: Option<std::os::fd::OwnedFd>,
 }
@@ -112,6 +125,7 @@ impl LibraryWatch {
         self.seen.retain(|(seen_pid, _)| *seen_pid != pid);
         self.files.forget(pid);
         self.rescans.remove(&pid);
+        self.behind_since.remove(&pid);
     }
 
     /// Attaches the mmap and exec tracepoints (adding their links to
@@ -142,9 +156,12 @@ impl LibraryWatch {
         let events = RingBuf::try_from(take(tracer_ebpf::map::EVENTS)?)?;
         let traced_tgids = KernelHashMap::try_from(take(tracer_ebpf::map::TRACED_TGIDS)?)?;
         let opened = RingBuf::try_from(take(tracer_ebpf::map::OPENED)?)?;
+        let loads_opened = KernelHashMap::try_from(take(tracer_ebpf::map::LOADS_OPENED)?)?;
+        let looked_at = LookedAt::default();
         let gate = LoaderGate::new(
             KernelHashMap::try_from(take(tracer_ebpf::map::LOADS_DONE)?)?,
             KernelHashMap::try_from(take(tracer_ebpf::map::LOADER_HELD)?)?,
+            looked_at.clone(),
         );
         let files = HookedFiles::default();
         // For the watchdog (`Probes::load`).
@@ -182,8 +199,41 @@ impl LibraryWatch {
             attached_at: None,
             files,
             at_open,
+            loads_opened,
+            looked_at,
+            behind_since: HashMap::new(),
             loader_held: Some(loader_held),
         })
+    }
+
+    /// Whether the late hook of `pid` is to wait for the at-open thread,
+    /// which has not looked at every shared object `pid` opened: read
+    /// after its mappings, so that each object mapped there and opened
+    /// since attach is counted (its `openat` returned before its mmap).
+    /// The at-open thread then hooks it (and the loader gate holds the
+    /// process until it has): a late hook that claimed the file first
+    /// would leave the process to run on before its probes are in place.
+    /// After `BEHIND_AT_MOST`, it goes ahead, with a line in `notes`.
+    fn behind_at_open(&mut self, pid: u32, notes: &mut Vec<String>) -> bool {
+        if self.at_open.is_none() {
+            return false;
+        }
+        let opened = self.loads_opened.get(&pid, 0).unwrap_or(0);
+        if self.looked_at.of(pid) >= opened {
+            self.behind_since.remove(&pid);
+            return false;
+        }
+        let since = *self.behind_since.entry(pid).or_insert_with(Instant::now);
+        if since.elapsed() >= BEHIND_AT_MOST {
+            self.behind_since.remove(&pid);
+            notes.push(format!(
+                "warning: PID {pid}: the at-open thread is {} ms behind the libraries it \
+                 opened: those it maps are hooked as their mappings are noticed",
+                since.elapsed().as_millis()
+            ));
+            return false;
+        }
+        true
     }
 
     /// Watches `pid`, whose executable files in `maps` are looked up already.
@@ -334,6 +384,11 @@ impl Probes {
     /// stderr, as `watch_libraries` does.
     pub fn hook_mapped_now(&mut self, pid: u32) -> Vec<String> {
         let mut notes = Vec::new();
+        // A file the at-open thread claimed may still be getting its
+        // probes: they are in place before the command goes on.
+        while self.watch.behind_at_open(pid, &mut notes) {
+            std::thread::sleep(BEHIND_RETRY);
+        }
         if let Err(error) = self.hook_new_libraries(pid, NoticedBy::LoaderStop, &mut notes) {
             notes.push(format!("warning: PID {pid}: {error:#}"));
         }
@@ -402,6 +457,14 @@ impl Probes {
         let Ok(maps) = procfs::read_maps(pid) else {
             return Ok(());
         };
+        // A process tracer stopped (spawn mode) waits for this hook; others
+        // leave what they opened to the at-open thread.
+        if noticed_by != NoticedBy::LoaderStop && self.watch.behind_at_open(pid, notes) {
+            self.watch
+                .rescans
+                .insert(pid, (Instant::now() + BEHIND_RETRY, noticed_by));
+            return Ok(());
+        }
         let new_paths: Vec<PathBuf> = executable_paths(&maps)
             .into_iter()
             .filter(|path| self.watch.seen.insert((pid, path.clone())))

@@ -224,7 +224,9 @@ impl Probes {
         // are then loaded apart (`raw`), like the session programs (only
         // when used), each when first linked; the allocator programs every
         // target needs are verified now, on threads of their own, while
-        // the targets' objects are read. The fork tracepoint is loaded
+        // the targets' objects are read. The CUDA programs wait for a
+        // target with CUDA (mapped, found ahead, or opened later: the
+        // loader gate holds it while they are verified). The fork tracepoint is loaded
         // only with --follow-forks (`watch_forks`), the exec one only with
         // --comm (`watch_execs`), the spawn gate only in spawn mode.
         let (multi, links) = match RawPrograms::load(object, &ebpf, LinkKind::Multi) {
@@ -249,7 +251,6 @@ impl Probes {
                 .filter(|name| !session.as_ref().is_some_and(|session| session.covers(name)))
                 .collect();
             multi.prefetch(&not_in_session);
-            multi.prefetch(GPU_PROGRAMS);
         }
         let tracepoints_started = Instant::now();
         load_together(&mut ebpf, |name, program| match program {
@@ -335,6 +336,7 @@ impl Probes {
             unwinding: *unwinding,
             copying_stacks_of: Vec::new(),
             walking_tables_of: Vec::new(),
+            lacking_checks: Vec::new(),
             links,
             perf_links: Vec::new(),
             tracepoint_links,
@@ -365,22 +367,6 @@ const ALLOCATOR_PROGRAMS: &[&str] = &[
     tracer_ebpf::program::ALLOC_RETURN,
 ];
 
-/// The CUDA programs, verified with the others, and waited for before the
-/// attach is announced (`Probes::wait_for_later_hooks`): a CUDA library
-/// dlopen()ed right after is hooked at open only if the at-open thread
-/// need not wait for the verifier.
-pub(super) const GPU_PROGRAMS: &[&str] = &[
-    tracer_ebpf::program::GPU_ALLOC_ENTER,
-    tracer_ebpf::program::GPU_PITCH_ENTER,
-    tracer_ebpf::program::GPU_CREATE_ENTER,
-    tracer_ebpf::program::GPU_FREE_ENTER,
-    tracer_ebpf::program::GPU_RELEASE_ENTER,
-    tracer_ebpf::program::GPU_MAP_ENTER,
-    tracer_ebpf::program::GPU_UNMAP_ENTER,
-    tracer_ebpf::program::GPU_CONTEXT_ENTER,
-    tracer_ebpf::program::GPU_RETURN,
-];
-
 /// Where the time of the attach went, for `-v`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttachTimes {
@@ -393,6 +379,11 @@ pub struct AttachTimes {
     pub symbols: Duration,
     /// Waiting for uprobe programs still being verified.
     pub verifier_wait: Duration,
+    /// Choosing how stacks are walked: frame pointers checked, unwind
+    /// tables waited for.
+    pub unwinding: Duration,
+    /// Finding CPython and its thread states (`--python`).
+    pub python: Duration,
     /// Making the uprobe links.
     pub links: Duration,
 }

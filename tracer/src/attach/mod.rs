@@ -187,6 +187,9 @@ pub struct Probes {
     /// walks through unwind tables, and their objects without frame
     /// pointers (glibc's aside).
     pub walking_tables_of: Vec<(u32, Vec<String>)>,
+    /// The checks for objects without frame pointers still running, by
+    /// process (`take_lacking_checks`).
+    lacking_checks: Vec<(u32, std::thread::JoinHandle<Vec<String>>)>,
     /// `--unwind auto`, `dwarf`: the kernel's unwind tables.
     kernel_unwinding: Option<unwind_tables::KernelUnwinding>,
     /// How the uprobes are attached.
@@ -241,7 +244,9 @@ impl Probes {
                 procfs::command_line(pid)
             );
         }
+        let choosing = Instant::now();
         self.choose_unwinding(pid, &maps)?;
+        self.times.unwinding += choosing.elapsed();
         self.follow_go_stack_switch(pid, &maps)?;
         let before = self.probe_count();
         self.watch.trace(pid, &maps)?;
@@ -289,20 +294,6 @@ impl Probes {
         )
     }
 
-    /// Waits for the CUDA programs still being verified, so that a CUDA
-    /// library dlopen()ed from now on is hooked at open without waiting.
-    pub fn wait_for_later_hooks(&mut self) -> Result<()> {
-        let Some(multi) = &self.multi else {
-            return Ok(());
-        };
-        let waiting = Instant::now();
-        for program in load::GPU_PROGRAMS {
-            multi.ready(program).map_err(load_error)?;
-        }
-        self.times.verifier_wait += waiting.elapsed();
-        Ok(())
-    }
-
     /// `--unwind auto`, `dwarf`: the kernel walks the stacks of `pid`
     /// through unwind tables, or, for a Go program that calls C (whose
     /// stack switch the kernel's walk does not follow), they are copied
@@ -311,14 +302,53 @@ impl Probes {
         if !self.unwinding.uses_tables() {
             return Ok(());
         }
-        let lacking = crate::unwind::frame_pointers::objects_lacking(pid, maps);
         let cgo = crate::unwind::go::stack_switch(pid, maps).is_some();
         if cgo || self.kernel_unwinding.is_none() {
+            let lacking = crate::unwind::frame_pointers::objects_lacking(pid, maps);
             return self.start_copying(pid, lacking);
         }
         self.track_unwinding(pid, maps)?;
-        self.walking_tables_of.push((pid, lacking));
+        // The objects without frame pointers are only named (the kernel
+        // walks every stack through tables): checked on a thread of its
+        // own, off the attach (a torch process's 300 objects take seconds).
+        let maps = maps.to_vec();
+        let check = std::thread::Builder::new()
+            .name("tracer-fp-check".to_owned())
+            .spawn(move || crate::unwind::frame_pointers::objects_lacking(pid, &maps))
+            .context("could not start the frame-pointer check")?;
+        self.lacking_checks.push((pid, check));
+        self.walking_tables_of.push((pid, Vec::new()));
         Ok(())
+    }
+
+    /// The frame-pointer checks that ended (all of them, waited for, with
+    /// `wait`): their objects join `walking_tables_of`; returns a line
+    /// for stderr per process with some.
+    pub fn take_lacking_checks(&mut self, wait: bool) -> Vec<String> {
+        let (done, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut self.lacking_checks)
+            .into_iter()
+            .partition(|(_, check)| wait || check.is_finished());
+        self.lacking_checks = pending;
+        let mut notes = Vec::new();
+        for (pid, check) in done {
+            let lacking = check.join().unwrap_or_default();
+            if lacking.is_empty() {
+                continue;
+            }
+            notes.push(format!(
+                "PID {pid}: no frame pointers in {}: its stacks are walked in the kernel \
+                 through unwind tables",
+                lacking.join(", ")
+            ));
+            if let Some((_, objects)) = self
+                .walking_tables_of
+                .iter_mut()
+                .find(|(walked, _)| *walked == pid)
+            {
+                objects.extend(lacking);
+            }
+        }
+        notes
     }
 
     /// A Go program that calls C (cgo): tells the kernel how its
@@ -381,6 +411,16 @@ impl Probes {
             session.is_some_and(|session| session.covers(program))
         });
         let waiting = Instant::now();
+        // Verified together (the CUDA programs, when CUDA first appears).
+        for (stage, batch) in &ordered {
+            let programs = match stage {
+                Stage::Session => self.session.as_ref(),
+                _ => self.multi.as_ref(),
+            };
+            if let Some(programs) = programs {
+                programs.prefetch(&[batch.program]);
+            }
+        }
         for (stage, batch) in &ordered {
             let programs = match stage {
                 Stage::Session => self.session.as_ref(),

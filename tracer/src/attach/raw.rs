@@ -346,7 +346,7 @@ impl Linker {
     }
 
     /// See [`RawPrograms::prefetch`].
-    fn prefetch(&self, names: &[&str]) {
+    pub(super) fn prefetch(&self, names: &[&str]) {
         for &name in names {
             let Some(lazy) = self.table.get(name) else {
                 continue;

@@ -133,11 +133,13 @@ impl Probes {
         let ms = |duration: std::time::Duration| duration.as_secs_f64() * 1e3;
         format!(
             "attach time: maps {:.0} ms, tracepoints {:.0} ms, symbols and probe sites {:.0} ms, \
-             waiting for the verifier {:.0} ms, links {:.0} ms ({programs} uprobe programs \
-             verified so far, {:.0} ms of verifier time, in parallel)",
+             unwinding {:.0} ms, Python {:.0} ms, waiting for the verifier {:.0} ms, links {:.0} ms \
+             ({programs} uprobe programs verified so far, {:.0} ms of verifier time, in parallel)",
             ms(times.maps),
             ms(times.tracepoints),
             ms(times.symbols),
+            ms(times.unwinding),
+            ms(times.python),
             ms(times.verifier_wait),
             ms(times.links),
             ms(verifier),

@@ -254,7 +254,9 @@ impl Collector {
     }
 
     fn trace(&mut self, pid: u32) -> Result<()> {
+        let finding = std::time::Instant::now();
         let python = self.find_python(pid)?;
+        self.probes.times.python += finding.elapsed();
         self.probes.attach_allocators(pid)?;
         self.probes.trace_mappings(pid)?;
         self.mappings.start(pid);
@@ -390,6 +392,9 @@ impl Collector {
     /// then `Stopped`.
     fn finish(&mut self, reason: StopReason) -> Result<()> {
         self.probes.settle_at_open();
+        for note in self.probes.take_lacking_checks(true) {
+            self.queued.push_back(Event::Notice(note));
+        }
         self.watch_libraries()?;
         self.resolve_python_stacks();
         self.note_python_threads_missed();
@@ -415,6 +420,9 @@ impl Collector {
         }
         for detail in self.probes.poll_unwind_tables()? {
             self.queued.push_back(Event::Detail(detail));
+        }
+        for note in self.probes.take_lacking_checks(false) {
+            self.queued.push_back(Event::Notice(note));
         }
         let hooked = self.probes.library_reports();
         if hooked.len() > hooked_before {
