@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+mod cuda;
 mod fixture;
 mod http;
 mod record;
@@ -17,6 +18,8 @@ mod totals;
 mod tracer;
 mod truths;
 
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
+pub use cuda::*;
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use fixture::{Fixture, field};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
