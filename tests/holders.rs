@@ -7,7 +7,10 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use harness::{Fixture, Record, Traced, field};
+use harness::{
+    Fixture, Record, Traced, field,
+    redis::{RedisServer, pipeline, resp},
+};
 use serde_json::Value;
 
 fn trace_holders() -> (Traced, [String; 3]) {
@@ -313,4 +316,126 @@ fn holders_are_exact_under_tcmalloc_and_mimalloc_and_bounded_under_jemalloc() {
             "{library}: {inside}"
         );
     }
+}
+
+/// Keys the redis test sets, in pipelined batches of [`REDIS_BATCH`].
+const REDIS_KEYS: usize = 1000;
+const REDIS_BATCH: usize = 50;
+
+/// The heap stacks whose frames contain every one of `functions`.
+fn stacks_through<'a>(traced: &'a Traced, functions: &[&str]) -> Vec<&'a Value> {
+    traced
+        .report
+        .stacks()
+        .iter()
+        .filter(|stack| stack["kind"] == "heap")
+        .filter(|stack| functions.iter().all(|f| harness::frames_contain(stack, f)))
+        .collect()
+}
+
+#[test]
+fn redis_values_are_reachable_and_held_by_its_dict_entries() {
+    harness::require_root();
+    let server = RedisServer::start();
+    let mut client = server.connect().expect("redis listens");
+    assert_eq!(pipeline(&mut client, &resp(&["PING"]), 1), "+PONG\r\n");
+    let trace = Record::pid(server.child.id()).args(["--holders"]).attach();
+    for batch in (0..REDIS_KEYS).collect::<Vec<_>>().chunks(REDIS_BATCH) {
+        let sets: Vec<u8> = batch
+            .iter()
+            .flat_map(|key| resp(&["SET", &format!("key:{key:06}"), &format!("value:{key:010}")]))
+            .collect();
+        let replies = pipeline(&mut client, &sets, batch.len());
+        assert_eq!(replies, "+OK\r\n".repeat(batch.len()));
+    }
+    assert_eq!(
+        pipeline(&mut client, &resp(&["DBSIZE"]), 1),
+        format!(":{REDIS_KEYS}\r\n")
+    );
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let traced = trace.stop();
+
+    // The values (an embedded string each: robj and sds in one block):
+    // every one reachable, held by the dict entries redis' dictAddRaw
+    // allocated, one entry per value.
+    let values = stacks_through(
+        &traced,
+        &["createEmbeddedStringObject", "processMultibulkBuffer"],
+    );
+    let sum = |stacks: &[&Value], key: &str| -> i64 {
+        stacks
+            .iter()
+            .map(|stack| int(&stack["reachability"], key))
+            .sum()
+    };
+    let live_allocs: i64 = values
+        .iter()
+        .map(|stack| harness::stack_int(stack, "live_allocs"))
+        .sum();
+    assert_eq!(live_allocs, REDIS_KEYS as i64, "\n{}", traced.report);
+    assert_eq!(sum(&values, "unreachable_bytes"), 0, "\n{}", traced.report);
+    assert_eq!(
+        sum(&values, "possibly_lost_bytes"),
+        0,
+        "\n{}",
+        traced.report
+    );
+    assert_eq!(sum(&values, "reachable_blocks"), REDIS_KEYS as i64);
+    let held_by_entries: i64 = values
+        .iter()
+        .flat_map(|stack| {
+            stack["reachability"]["held_by"]
+                .as_array()
+                .expect("held_by")
+        })
+        .filter(|holder| {
+            holder["kind"] == "block"
+                && holder["name"]
+                    .as_str()
+                    .is_some_and(|name| name.starts_with("dictAddRaw"))
+        })
+        .map(|holder| int(holder, "blocks"))
+        .sum();
+    assert_eq!(held_by_entries, REDIS_KEYS as i64, "\n{}", traced.report);
+
+    // The entries themselves: reachable from the dict's table.
+    let entries: Vec<&Value> = stacks_through(&traced, &["dictAddRaw", "dbAdd"])
+        .into_iter()
+        .filter(|stack| !harness::frames_contain(stack, "_dictExpand"))
+        .collect();
+    assert_eq!(sum(&entries, "unreachable_bytes"), 0, "\n{}", traced.report);
+    assert_eq!(
+        sum(&entries, "reachable_blocks") + sum(&entries, "possibly_lost_blocks"),
+        REDIS_KEYS as i64,
+        "\n{}",
+        traced.report
+    );
+
+    // A stack counted in its own entry and in its site group (with other
+    // stacks) gets its blocks in both: each group's figures cover every
+    // live block of its stacks.
+    let ids: Vec<i64> = values
+        .iter()
+        .chain(&entries)
+        .map(|stack| harness::stack_int(stack, "stack_id"))
+        .collect();
+    let groups = traced.report.json["groups"].as_array().expect("groups");
+    for group in groups.iter().filter(|group| {
+        group["stack_ids"].as_array().is_some_and(|members| {
+            members
+                .iter()
+                .any(|id| ids.contains(&id.as_i64().unwrap_or(-1)))
+        })
+    }) {
+        let reachability = &group["reachability"];
+        assert_eq!(
+            int(reachability, "reachable_blocks")
+                + int(reachability, "possibly_lost_blocks")
+                + int(reachability, "unreachable_blocks"),
+            harness::stack_int(group, "live_allocs"),
+            "{group}"
+        );
+    }
+    let text = &traced.output.stdout;
+    assert!(text.contains("held by: dictAddRaw"), "{text}");
 }

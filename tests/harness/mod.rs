@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod record;
+pub mod redis;
 mod torch;
 mod totals;
 mod truths;
