@@ -7,14 +7,13 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use std::io::{Read as _, Write as _};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use harness::{
     CHURN_ALLOCS_PER_ROUND, Fixture, LEAK_SIZE_BYTES, Live, Report, assert_took_under, churn_held,
-    field, frames_contain, json_path, record_attached, record_in, require_root, stack_int,
+    field, frames_contain, json_path, record_attached, record_in,
+    redis::{RedisServer, pipeline, resp},
+    require_root, stack_int,
 };
 use serde_json::Value;
 
@@ -135,73 +134,6 @@ const REDIS_KEYS: usize = 2000;
 const REDIS_BATCH: usize = 50;
 /// `sizeof(dictEntry)` in redis 7.0: one per key.
 const DICT_ENTRY_BYTES: i64 = 24;
-
-/// Debian's redis-server on a free loopback port, without persistence;
-/// killed when dropped.
-struct RedisServer {
-    child: Child,
-    port: u16,
-}
-
-impl RedisServer {
-    fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free loopback port")
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed by `cargo xtask setup`");
-        let server = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while server.connect().is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not listen");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
-    }
-
-    fn connect(&self) -> std::io::Result<TcpStream> {
-        let stream = TcpStream::connect(("127.0.0.1", self.port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        Ok(stream)
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One command in the redis protocol (RESP).
-fn resp(args: &[&str]) -> Vec<u8> {
-    let mut command = format!("*{}\r\n", args.len());
-    for arg in args {
-        command.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-    }
-    command.into_bytes()
-}
-
-/// Sends `commands` at once and reads until `replies` replies ending in
-/// `\r\n` have come back; returns the replies' text.
-fn pipeline(stream: &mut TcpStream, commands: &[u8], replies: usize) -> String {
-    stream
-        .write_all(commands)
-        .expect("redis takes the commands");
-    let mut text = Vec::new();
-    let mut chunk = [0u8; 65536];
-    while text.windows(2).filter(|pair| pair == b"\r\n").count() < replies {
-        let read = stream.read(&mut chunk).expect("redis answers");
-        assert!(read > 0, "redis closed the connection");
-        text.extend_from_slice(&chunk[..read]);
-    }
-    String::from_utf8(text).expect("redis answers in text")
-}
 
 /// The live blocks of the stacks that contain every one of `functions`
 /// and none of `excluded`.

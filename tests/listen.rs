@@ -399,3 +399,85 @@ fn listen_addresses_that_cannot_work_fail_in_one_line() {
         assert!(line.contains(message), "--listen {listen}: {output}");
     }
 }
+
+/// The reachability of the one heap stack of `report` (JSON) whose site
+/// is `function`.
+fn reachability_at<'a>(report: &'a Value, function: &str) -> &'a Value {
+    let stacks: Vec<&Value> = report["stacks"]
+        .as_array()
+        .expect("stacks in /holders")
+        .iter()
+        .filter(|stack| stack["kind"] == "heap" && stack["site"]["function"] == function)
+        .collect();
+    assert_eq!(stacks.len(), 1, "one {function} stack: {report}");
+    &stacks[0]["reachability"]
+}
+
+/// GET /holders: the report it answers, as JSON.
+fn get_holders(address: &str) -> Value {
+    let (status, body) = http_get(address, "/holders");
+    let body = String::from_utf8_lossy(&body).into_owned();
+    assert_eq!(status, 200, "/holders: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|error| panic!("/holders: {error}: {body}"))
+}
+
+#[test]
+fn holders_are_served_on_request_by_record_and_top() {
+    require_root();
+    let mut fixture = Fixture::start("holders", &[]);
+    let mut trace = Record::pid(fixture.pid).args(["--listen", "0"]).attach();
+    let address = listen_address(&mut trace.tracer);
+    let first = fixture.cmd("cache 30");
+    let report = get_holders(&address);
+    let cached = reachability_at(&report, "cache_put");
+    assert_eq!(
+        cached["unreachable_bytes"].as_i64(),
+        Some(field(&first, "lost_bytes")),
+        "{cached}"
+    );
+    assert!(
+        cached["held_by"]
+            .as_array()
+            .expect("held_by")
+            .iter()
+            .any(|holder| holder["name"] == "g_newest in holders"),
+        "{cached}"
+    );
+    // A second request scans again: the figures follow the target.
+    let second = fixture.cmd("cache 20");
+    let report = get_holders(&address);
+    let cached = reachability_at(&report, "cache_put");
+    assert_eq!(
+        cached["unreachable_bytes"].as_i64(),
+        Some(field(&second, "lost_bytes")),
+        "{cached}"
+    );
+    let traced = trace.stop();
+    assert!(
+        traced.output.stderr.contains("scanned "),
+        "the scan is named on stderr: {}",
+        traced.output
+    );
+    assert!(
+        traced.report.json["holders_scans"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "without --holders the final report has no scan: {}",
+        traced.report.json["holders_scans"]
+    );
+
+    let pid = fixture.pid.to_string();
+    let mut tracer = Tracer::start(["top", "--pid", &pid, "--interval", "200ms", "--listen", "0"]);
+    let address = listen_address(&mut tracer);
+    tracer.wait_attached(ATTACH_TIMEOUT);
+    let listed = fixture.cmd("list 5");
+    let report = get_holders(&address);
+    let list = reachability_at(&report, "list_push");
+    assert_eq!(list["unreachable_bytes"].as_i64(), Some(0), "{list}");
+    assert_eq!(
+        list["reachable_bytes"].as_i64(),
+        Some(field(&listed, "list_bytes")),
+        "{list}"
+    );
+    tracer.stop().assert_success();
+}

@@ -11,6 +11,7 @@ mod cuda;
 mod fixture;
 mod http;
 mod record;
+pub mod redis;
 mod report;
 mod top;
 mod torch;

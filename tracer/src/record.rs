@@ -90,7 +90,7 @@ pub fn run(config: &RecordConfig) -> Result<()> {
 /// `--holders`: scans each process a listed stack belongs to (alive at
 /// the end) for pointers to its traced live blocks, and puts what holds
 /// them on the stacks; a process that cannot be scanned is named on stderr.
-fn add_holders(
+pub(crate) fn add_holders(
     collector: &mut Collector,
     report: &mut output::Report,
     config: &crate::config::Config,
@@ -230,6 +230,7 @@ async fn collect(
                 model.push(snapshot);
                 if let Some(server) = server.as_deref_mut() {
                     server.publish(collector, model, &config.trace, false);
+                    server.answer_holders(collector, model, &config.trace);
                 }
                 if status_printed_at.elapsed() >= STATUS_EVERY {
                     status_printed_at = Instant::now();

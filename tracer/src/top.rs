@@ -48,6 +48,7 @@ pub fn run(config: &Config) -> Result<()> {
                     model.push(snapshot);
                     if let Some(server) = server.as_mut() {
                         server.publish(&mut collector, &model, config, false);
+                        server.answer_holders(&mut collector, &model, config);
                     }
                     draw(&mut collector, &model, config, interactive)?;
                 }

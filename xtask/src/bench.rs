@@ -26,7 +26,8 @@
 //! redis-server and the other allocators Debian ships (`bench_real`).
 //! Both end with the attach section (`bench_attach`): start to
 //! "attached" and exit after SIGINT on a small C program, Python and
-//! Python with torch.
+//! Python with torch, and the holders section (`bench_holders`): what
+//! `record --holders` costs per GiB of target memory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -192,6 +193,8 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
     table.push_str(&torch.table);
     let attach = crate::bench_attach::bench_attach(root, reps)?;
     table.push_str(&attach.table);
+    let holders = crate::bench_holders::bench_holders(root, short)?;
+    table.push_str(&holders.table);
     let real = if short {
         Value::Null
     } else {
@@ -228,6 +231,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         "threads": THREADS,
         "runs_per_mode": reps,
         "attach": attach.json,
+        "holders": holders.json,
         "results": results,
         "tracer_cpu": cpu,
         "python": python.json,

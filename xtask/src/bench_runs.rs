@@ -210,6 +210,31 @@ impl Attached {
         }
         Ok(())
     }
+
+    /// SIGINT, then wait4: the tracer writes its report; returns its peak
+    /// RSS (ru_maxrss, KiB), which covers what it did after the signal.
+    pub(crate) fn stop_peak_rss_kib(self) -> Result<u64> {
+        let pid = self.pid() as i32;
+        // SAFETY: signals our own child, which has not been reaped.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is a valid value to be overwritten.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: waits for our own child; both pointers are valid.
+        let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        // Reaped here: there is nothing left for KillOnDrop to kill.
+        std::mem::forget(self);
+        if reaped != pid {
+            bail!(
+                "could not wait for the tracer: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+            bail!("the tracer failed: wait status {status}");
+        }
+        Ok(usage.ru_maxrss as u64)
+    }
 }
 
 /// One measured run: ns per pair, and the report of a `tracer record`.

@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_attach;
+mod bench_holders;
 mod bench_python;
 mod bench_real;
 mod bench_runs;

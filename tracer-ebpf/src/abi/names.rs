@@ -22,6 +22,7 @@ pub mod map {
         STATS = "STATS",
         STACK_API = "STACK_API",
         CONTEXT_EPOCH = "CONTEXT_EPOCH",
+        EXEC_TIME = "EXEC_TIME",
         COPY_STACKS_OF = "COPY_STACKS_OF",
         GO_STACK_SWITCHES = "GO_STACK_SWITCHES",
         STACK_COPIES = "STACK_COPIES",

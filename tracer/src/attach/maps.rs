@@ -77,6 +77,14 @@ impl KernelMaps<'_> {
         Ok((blocks, gone))
     }
 
+    /// When process `tgid` last replaced its image (execve) since attach:
+    /// ktime ns, the clock of `LiveAlloc::timestamp_ns`.
+    pub fn exec_time(&self, tgid: u32) -> Option<u64> {
+        let times: KernelHashMap<&MapData, u32, u64> =
+            KernelHashMap::try_from(self.ebpf.map(tracer_ebpf::map::EXEC_TIME)?).ok()?;
+        times.get(&tgid, 0).ok()
+    }
+
     /// STATS by `tracer_ebpf::stat` index, summed over CPUs.
     pub fn stats(&self) -> Result<Vec<u64>> {
         let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(

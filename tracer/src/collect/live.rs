@@ -9,8 +9,10 @@ use crate::{
     model::{Kind, StackId, StackKey},
 };
 
-/// The blocks, and the LIVE entries left out: gone while read, or of a
-/// CUDA context destroyed since (no longer counted).
+/// The blocks, and the LIVE entries left out: gone while read, of a
+/// CUDA context destroyed since, or of an image the process replaced
+/// (exec) since (no longer counted; the kernel drops such an entry only
+/// when its address is met again).
 pub struct LiveBlocks {
     pub blocks: Vec<Block>,
     pub gone: u64,
@@ -29,11 +31,18 @@ impl Collector {
             .get(&pid)
             .copied()
             .unwrap_or(tracer_ebpf::FIRST_CONTEXT_EPOCH);
+        let exec_ns = maps.exec_time(pid);
         let mut blocks = Vec::with_capacity(entries.len());
         for (address, entry) in entries {
             let Some(kind) = Kind::from_raw(entry.kind) else {
                 continue;
             };
+            // Allocated before an exec: memory of the old image, not the
+            // new one's (its address may hold anything now).
+            if exec_ns.is_some_and(|exec_ns| entry.timestamp_ns < exec_ns) {
+                gone += 1;
+                continue;
+            }
             if entry.context_epoch != 0 && entry.context_epoch != epoch {
                 gone += 1;
                 continue;

@@ -142,44 +142,61 @@ impl Scan {
         groups: &[Vec<StackKey>],
         label: &mut dyn FnMut(&StackKey) -> String,
     ) -> Vec<Reachability> {
-        let group_of: HashMap<StackKey, usize> = groups
-            .iter()
-            .enumerate()
-            .flat_map(|(index, keys)| keys.iter().map(move |key| (*key, index)))
-            .collect();
+        // A stack can be in several groups (its own and its site's): each
+        // key maps to the list of its groups, each distinct list kept once.
+        let mut lists_of: HashMap<StackKey, Vec<usize>> = HashMap::new();
+        for (index, keys) in groups.iter().enumerate() {
+            for key in keys {
+                lists_of.entry(*key).or_default().push(index);
+            }
+        }
+        let mut lists: Vec<Vec<usize>> = Vec::new();
+        let mut list_of: HashMap<StackKey, u32> = HashMap::new();
+        for (key, list) in lists_of {
+            let id = lists
+                .iter()
+                .position(|seen| *seen == list)
+                .unwrap_or_else(|| {
+                    lists.push(list);
+                    lists.len() - 1
+                });
+            list_of.insert(key, id as u32);
+        }
         let mut results = vec![Reachability::default(); groups.len()];
         // The block of each group nearest a root, a strong one first.
         let mut nearest: Vec<Option<u32>> = vec![None; groups.len()];
-        let mut block_group: Vec<Option<usize>> = Vec::with_capacity(self.blocks.len());
+        let mut block_groups: Vec<Option<u32>> = Vec::with_capacity(self.blocks.len());
         for (index, block) in self.blocks.iter().enumerate() {
-            let group = group_of.get(&block.key).copied();
-            block_group.push(group);
-            let Some(group) = group else { continue };
-            let result = &mut results[group];
-            let (bytes, count) = match self.walked.class[index] {
-                Class::Reachable => (&mut result.reachable_bytes, &mut result.reachable_blocks),
-                Class::PossiblyLost => (
-                    &mut result.possibly_lost_bytes,
-                    &mut result.possibly_lost_blocks,
-                ),
-                Class::Unreachable => (
-                    &mut result.unreachable_bytes,
-                    &mut result.unreachable_blocks,
-                ),
-            };
-            *bytes += block.size;
-            *count += 1;
-            let rank = |block: usize| {
-                (
-                    self.walked.through_interior[block],
-                    self.walked.weak[block],
-                    self.walked.depth[block],
-                )
-            };
-            if self.walked.depth[index] != u32::MAX
-                && nearest[group].is_none_or(|best| rank(index) < rank(best as usize))
-            {
-                nearest[group] = Some(index as u32);
+            let list = list_of.get(&block.key).copied();
+            block_groups.push(list);
+            let Some(list) = list else { continue };
+            for &group in &lists[list as usize] {
+                let result = &mut results[group];
+                let (bytes, count) = match self.walked.class[index] {
+                    Class::Reachable => (&mut result.reachable_bytes, &mut result.reachable_blocks),
+                    Class::PossiblyLost => (
+                        &mut result.possibly_lost_bytes,
+                        &mut result.possibly_lost_blocks,
+                    ),
+                    Class::Unreachable => (
+                        &mut result.unreachable_bytes,
+                        &mut result.unreachable_blocks,
+                    ),
+                };
+                *bytes += block.size;
+                *count += 1;
+                let rank = |block: usize| {
+                    (
+                        self.walked.through_interior[block],
+                        self.walked.weak[block],
+                        self.walked.depth[block],
+                    )
+                };
+                if self.walked.depth[index] != u32::MAX
+                    && nearest[group].is_none_or(|best| rank(index) < rank(best as usize))
+                {
+                    nearest[group] = Some(index as u32);
+                }
             }
         }
         // Direct holders: each (group, holder, block) once, holders by
@@ -187,11 +204,13 @@ impl Scan {
         let mut labels = Labels::default();
         let mut held: HashSet<(u32, u32, u32)> = HashSet::new();
         for &(source, target, _) in &self.edges {
-            let Some(group) = block_group[target as usize] else {
+            let Some(list) = block_groups[target as usize] else {
                 continue;
             };
             let holder = self.holder_id(source, &mut labels, label);
-            held.insert((group as u32, holder, target));
+            for &group in &lists[list as usize] {
+                held.insert((group as u32, holder, target));
+            }
         }
         let mut sums: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
         for (group, holder, target) in held {

@@ -184,6 +184,7 @@ pub fn is_allocator_function(function: &str) -> bool {
     if function.starts_with("operator new")
         || function.starts_with("_Znw")
         || function.starts_with("_Zna")
+        || is_std_allocator_allocate(function)
     {
         return true;
     }
@@ -193,6 +194,24 @@ pub fn is_allocator_function(function: &str) -> bool {
     all_allocators()
         .chain(&PYTHON_OBJECT_ALLOCATORS)
         .any(|allocator| allocator.name == name)
+}
+
+/// The C++ standard library's allocator classes, whose `allocate` only
+/// calls operator new: a container's blocks are labelled at the container
+/// code that asked, not at `std::__new_allocator<...>::allocate`.
+const STD_ALLOCATOR_CLASSES: [&str; 5] = [
+    "std::__new_allocator<",
+    "__gnu_cxx::new_allocator<",
+    "std::allocator<",
+    "std::allocator_traits<",
+    "__gnu_cxx::__alloc_traits<",
+];
+
+fn is_std_allocator_allocate(function: &str) -> bool {
+    STD_ALLOCATOR_CLASSES
+        .iter()
+        .any(|class| function.starts_with(class))
+        && (function.contains(">::allocate(") || function.ends_with(">::allocate"))
 }
 
 #[cfg(test)]
@@ -210,6 +229,9 @@ mod tests {
             "operator new[](unsigned long)",
             "PyObject_Malloc",
             "PyMem_Realloc",
+            "std::__new_allocator<std::__detail::_Hash_node<std::pair<std::string const, int>, true> >::allocate(unsigned long, void const*)",
+            "__gnu_cxx::new_allocator<int>::allocate",
+            "std::allocator_traits<std::allocator<int> >::allocate(std::allocator<int>&, unsigned long)",
         ] {
             assert!(is_allocator_function(name), "{name}");
         }
@@ -218,6 +240,8 @@ mod tests {
             "my_malloc",
             "freelist_pop",
             "operator delete(void*)",
+            "std::__new_allocator<int>::deallocate(int*, unsigned long)",
+            "std::vector<int, std::allocator<int> >::_M_realloc_insert",
         ] {
             assert!(!is_allocator_function(name), "{name}");
         }

@@ -85,7 +85,8 @@ pub struct HoldersScan {
     pub block_bytes: u64,
     /// Aligned words that point into a traced block (distinct edges).
     pub pointers: u64,
-    /// LIVE entries that went away while the table was read, and entries
+    /// LIVE entries that went away while the table was read (or belong to
+    /// an image replaced by exec, or a destroyed CUDA context), and entries
     /// left out because they overlapped another block.
     pub blocks_gone: u64,
     pub blocks_overlapping: u64,

@@ -274,6 +274,27 @@ fn is_allocator_frame(frame: &Frame) -> bool {
             .function
             .as_deref()
             .is_some_and(allocators::is_allocator_function)
+        || is_std_allocate(frame)
+}
+
+/// The standard C++ library's allocators' headers: their `allocate` only
+/// calls operator new.
+const STD_ALLOCATOR_HEADERS: [&str; 3] = ["/new_allocator.h", "/allocator.h", "/alloc_traits.h"];
+
+/// `allocate` of a standard C++ allocator, named as DWARF names it
+/// (`allocate`, in new_allocator.h) or qualified: a container's blocks are
+/// labelled at the container code that asked.
+fn is_std_allocate(frame: &Frame) -> bool {
+    let in_header = frame.file.as_deref().is_some_and(|file| {
+        STD_ALLOCATOR_HEADERS
+            .iter()
+            .any(|header| file.ends_with(header))
+    });
+    in_header
+        && frame.function.as_deref().is_some_and(|function| {
+            let name = function.split('(').next().unwrap_or(function).trim_end();
+            name == "allocate" || name.ends_with("::allocate")
+        })
 }
 
 #[cfg(test)]
@@ -331,6 +352,34 @@ pub(super) mod tests {
             frame("Cache::insert", APP),
         ];
         assert_eq!(functions(&trim_allocator_frames(frames)), ["Cache::insert"]);
+    }
+
+    #[test]
+    fn trims_the_std_allocators_allocate_as_dwarf_names_it() {
+        let libstdcxx = "/usr/lib/libstdc++.so.6";
+        let in_header = |function: &str, file: &str| Frame {
+            file: Some(file.to_owned()),
+            ..frame(function, APP)
+        };
+        let frames = vec![
+            frame("operator new(unsigned long)", libstdcxx),
+            in_header("allocate", "/usr/include/c++/12/bits/new_allocator.h"),
+            in_header(
+                "std::allocator_traits<std::allocator<int> >::allocate",
+                "/usr/include/c++/12/bits/alloc_traits.h",
+            ),
+            in_header(
+                "_M_allocate_buckets",
+                "/usr/include/c++/12/bits/hashtable_policy.h",
+            ),
+        ];
+        assert_eq!(
+            functions(&trim_allocator_frames(frames)),
+            ["_M_allocate_buckets"]
+        );
+        // `allocate` elsewhere is the program's own.
+        let own = vec![in_header("allocate", "/src/pool.cc"), frame("main", APP)];
+        assert_eq!(functions(&trim_allocator_frames(own)), ["allocate", "main"]);
     }
 
     #[test]

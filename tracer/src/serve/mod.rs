@@ -1,7 +1,9 @@
 //! `--listen ADDR`: a read-only HTTP server for the systems that gather
 //! from many hosts, Prometheus (`/metrics`) and the continuous profilers
 //! that scrape pprof endpoints (`/debug/pprof/heap`, `/debug/pprof/growth`),
-//! plus `/healthz`.
+//! plus `/healthz`, and `/holders` on request: the report as JSON with
+//! each listed stack's reachability (`record --holders`' scan, made for
+//! this request by the collection loop at its next snapshot).
 //!
 //! The server runs on a thread and a tokio runtime of its own. The
 //! collection loop publishes a `View` of each snapshot into a watch
@@ -26,7 +28,7 @@ use hyper::{
     service::service_fn,
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, oneshot, watch};
 
 use crate::{
     collect::Collector,
@@ -50,6 +52,13 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_GROWTH_SECONDS: u64 = 300;
 /// Views are published at most this often (each builds a report).
 const PUBLISH_EVERY: Duration = Duration::from_millis(500);
+/// How long `/holders` waits for its scan (the next snapshot, then the
+/// scan: about 3 s per GiB of target memory).
+const HOLDERS_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A `/holders` request waiting for the collection loop: the report JSON
+/// goes back through it.
+type HoldersRequest = oneshot::Sender<String>;
 
 /// The server `--listen` asks for, started and announced on stderr.
 pub fn start_if_asked(config: &Config) -> Result<Option<Server>> {
@@ -58,7 +67,7 @@ pub fn start_if_asked(config: &Config) -> Result<Option<Server>> {
     };
     let server = Server::start(address)?;
     eprintln!(
-        "tracer: serving /metrics, /debug/pprof/heap, /debug/pprof/growth on http://{}",
+        "tracer: serving /metrics, /debug/pprof/heap, /debug/pprof/growth, /holders on http://{}",
         server.address()
     );
     Ok(Some(server))
@@ -71,6 +80,10 @@ pub struct Server {
     published_at: Option<Instant>,
     /// `comm` of each PID seen, read once.
     comms: HashMap<u32, String>,
+    /// `/holders` requests, at most one waiting, and the one taken at the
+    /// last snapshot.
+    holders_requests: std::sync::mpsc::Receiver<HoldersRequest>,
+    holders_waiting: Option<HoldersRequest>,
 }
 
 impl Server {
@@ -88,15 +101,18 @@ impl Server {
             .set_nonblocking(true)
             .context("could not set up the --listen socket")?;
         let (views, receiver) = watch::channel(Arc::new(View::default()));
+        let (holders_sender, holders_requests) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("tracer-listen".to_owned())
-            .spawn(move || serve(listener, receiver))
+            .spawn(move || serve(listener, receiver, holders_sender))
             .context("could not start the --listen thread")?;
         Ok(Server {
             address,
             views,
             published_at: None,
             comms: HashMap::new(),
+            holders_requests,
+            holders_waiting: None,
         })
     }
 
@@ -137,6 +153,25 @@ impl Server {
         });
         self.views.send_replace(Arc::new(view));
     }
+
+    /// Answers a waiting `/holders` request, if any: the report of
+    /// `model` with the holders of its listed stacks, scanned now (the
+    /// collection waits meanwhile; the target is not stopped).
+    pub fn answer_holders(&mut self, collector: &mut Collector, model: &Model, config: &Config) {
+        // A request is answered at the snapshot after the one it came
+        // with, so that the stacks are those of a snapshot taken after it.
+        let waiting = std::mem::replace(
+            &mut self.holders_waiting,
+            self.holders_requests.try_recv().ok(),
+        );
+        let Some(request) = waiting else {
+            return;
+        };
+        let mut report = session::build_report(collector, model, Default::default(), config);
+        crate::record::add_holders(collector, &mut report, config);
+        // The client may have gone meanwhile: nothing to answer then.
+        let _ = request.send(crate::output::json::to_json(&report));
+    }
 }
 
 /// The kernel's command name of `pid` (`/proc/PID/comm`), else the first
@@ -151,7 +186,11 @@ fn comm_of(pid: u32, command: &str) -> String {
 }
 
 /// The server thread: accepts connections until the process exits.
-fn serve(listener: std::net::TcpListener, views: watch::Receiver<Arc<View>>) {
+fn serve(
+    listener: std::net::TcpListener,
+    views: watch::Receiver<Arc<View>>,
+    holders: std::sync::mpsc::SyncSender<HoldersRequest>,
+) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -173,6 +212,7 @@ fn serve(listener: std::net::TcpListener, views: watch::Receiver<Arc<View>>) {
         let state = Arc::new(State {
             views,
             growth_base: Mutex::new(None),
+            holders,
         });
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         loop {
@@ -205,6 +245,8 @@ struct State {
     views: watch::Receiver<Arc<View>>,
     /// The view of the previous `/debug/pprof/growth` fetch.
     growth_base: Mutex<Option<Arc<View>>>,
+    /// Where `/holders` requests go to the collection loop.
+    holders: std::sync::mpsc::SyncSender<HoldersRequest>,
 }
 
 impl State {
@@ -231,9 +273,10 @@ async fn respond(state: &State, request: Request<Incoming>) -> Response<Body> {
             .expect("a valid response"),
         "/debug/pprof/heap" => profile(state.view().heap_profile(), "heap"),
         "/debug/pprof/growth" => growth(state, query).await,
+        "/holders" => holders(state).await,
         "/" => text(
             StatusCode::OK,
-            "tracer: /metrics /debug/pprof/heap /debug/pprof/growth[?seconds=N] /healthz\n",
+            "tracer: /metrics /debug/pprof/heap /debug/pprof/growth[?seconds=N] /holders /healthz\n",
         ),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
@@ -273,6 +316,28 @@ async fn growth(state: &State, query: &str) -> Response<Body> {
         }
     };
     profile(now.growth_profile(&base), "growth")
+}
+
+/// `/holders`: the report as JSON, each listed stack with its
+/// reachability, from a scan the collection loop makes for this request.
+async fn holders(state: &State) -> Response<Body> {
+    let (answer, answered) = oneshot::channel();
+    if state.holders.try_send(answer).is_err() {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "a holders scan is already waiting: try again after it\n",
+        );
+    }
+    match tokio::time::timeout(HOLDERS_TIMEOUT, answered).await {
+        Ok(Ok(json)) => Response::builder()
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(json)))
+            .expect("a valid response"),
+        _ => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no holders scan came back (tracer stopping, or the scan took too long)\n",
+        ),
+    }
 }
 
 fn profile(bytes: Option<Vec<u8>>, name: &str) -> Response<Body> {
