@@ -39,6 +39,9 @@ fn the_path_from_a_leaked_numpy_copy_names_the_finalize_chain_by_type() {
     let trace = Record::pid(fixture.pid)
         .args(["--holders", "--python-objects"])
         .attach();
+    // The unwind tables of numpy's objects are built after attach: a stack
+    // taken before would be one of its own.
+    std::thread::sleep(std::time::Duration::from_secs(2));
     let answer = fixture.cmd(&format!("leak {TRACKERS}"));
     std::thread::sleep(std::time::Duration::from_millis(600));
     let traced = trace.stop();
@@ -82,7 +85,22 @@ fn the_path_from_a_leaked_numpy_copy_names_the_finalize_chain_by_type() {
         // numpy's static type is named with its module, as in tp_name.
         .map(|name| name.rsplit('.').next().unwrap_or(name))
         .collect();
-    assert_eq!(typed, truth[..truth.len() - 1], "path: {path:?}");
+    // What held the copies' arrays, for a failure's message.
+    let arrays: Vec<&Value> = traced
+        .report
+        .stacks()
+        .iter()
+        .filter(|stack| {
+            stack["kind"] == "python-object"
+                && harness::python_frames(stack).first().map(|frame| frame.2) == Some(copy_line)
+        })
+        .map(|stack| &stack["reachability"]["held_by"])
+        .collect();
+    assert_eq!(
+        typed,
+        truth[..truth.len() - 1],
+        "path: {path:?}\nthe arrays' holders: {arrays:?}"
+    );
     let root = path.last().unwrap();
     assert_eq!(root["kind"], "untraced", "the registry: {root}");
 

@@ -161,8 +161,9 @@ impl Scan {
         let mut results = vec![Reachability::default(); groups.len()];
         // Per group and root, the bytes it holds and the group's block
         // nearest it: the path shown is from the root that holds most of
-        // the group's bytes, a strong one on a tie (a stale pointer to one
-        // block is no story of the leak).
+        // the group's bytes, untraced memory counted as one against a
+        // strong root, which wins a tie (a stale pointer to one block is
+        // no story of the leak).
         let roots_of = self.roots_of_blocks();
         let mut by_root: Vec<HashMap<Node, (u64, u32)>> = vec![HashMap::new(); groups.len()];
         let mut block_group: Vec<Option<usize>> = Vec::with_capacity(self.blocks.len());
@@ -220,15 +221,24 @@ impl Scan {
             });
         }
         let nearest = by_root.iter().map(|held| {
-            held.iter()
-                .max_by_key(|&(&root, &(bytes, block))| {
-                    (
-                        bytes,
-                        !self.walked.weak[block as usize],
-                        std::cmp::Reverse(root),
-                    )
-                })
-                .map(|(_, &(_, block))| block)
+            // Untraced memory counts as one holder against each strong
+            // root (its stale pointers spread over many mappings).
+            let weak_bytes: u64 = held
+                .values()
+                .filter(|(_, block)| self.walked.weak[*block as usize])
+                .map(|(bytes, _)| bytes)
+                .sum();
+            let best = |weak: bool| {
+                held.iter()
+                    .filter(|(_, (_, block))| self.walked.weak[*block as usize] == weak)
+                    .max_by_key(|&(&root, &(bytes, _))| (bytes, std::cmp::Reverse(root)))
+                    .map(|(_, &(bytes, block))| (bytes, block))
+            };
+            match (best(false), best(true)) {
+                (Some((strong_bytes, block)), _) if strong_bytes >= weak_bytes => Some(block),
+                (_, Some((_, block))) => Some(block),
+                (strong, None) => strong.map(|(_, block)| block),
+            }
         });
         for (result, nearest) in results.iter_mut().zip(nearest) {
             result
