@@ -2,7 +2,8 @@
 //! keeps only its newest entry (every older one definitely lost), a list
 //! rooted in a global, and blocks held only through interior pointers.
 //! The unreachable bytes are the fixture's own count, exactly; the list's
-//! chain to a root ends at its global, named by symbol and module.
+//! chain to a root ends at its global, named by symbol and module; a C++
+//! object on a chain is named by its class, from its vtable.
 
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
@@ -202,6 +203,29 @@ fn an_unbounded_cpp_map_holds_every_kernel_from_its_global() {
     assert!(
         names[1].starts_with("make_unique<(anonymous namespace)::Kernel>"),
         "{names:?}"
+    );
+    // Kernel is polymorphic: its object is named by its vtable's class;
+    // the code buffer (bytes) and the map's nodes have none.
+    assert_eq!(
+        path[1]["type_name"], "(anonymous namespace)::Kernel",
+        "{names:?}"
+    );
+    assert!(path[0]["type_name"].is_null(), "{:?}", path[0]);
+    assert!(
+        path[2..].iter().all(|step| step["type_name"].is_null()),
+        "{path:?}"
+    );
+    assert!(
+        traced.output.stdout.contains(
+            "<- (anonymous namespace)::Kernel from make_unique<(anonymous namespace)::Kernel>"
+        ),
+        "{}",
+        traced.output.stdout
+    );
+    assert_eq!(
+        int(&traced.report.json["holders_scans"][0], "cpp_objects"),
+        field(&loaded, "kernels"),
+        "one C++ object per kernel"
     );
     assert!(
         path[1..path.len() - 1]

@@ -422,7 +422,8 @@ struct RecordArgs {
 
     /// At the end, scan the target for who holds each listed stack's
     /// blocks: unreachable bytes (possibly lost apart), holders, path to a
-    /// root. Reads the writable mappings, blocked threads' stacks and
+    /// root (Python objects on it named by type, C++ objects by their
+    /// vtable's class). Reads the writable mappings, blocked threads' stacks and
     /// registers with process_vm_readv; never stops, writes or signals the
     /// target. Conservative (an integer that looks like a pointer holds a
     /// block); memory allocated before attach is an untraced holder named

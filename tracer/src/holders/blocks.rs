@@ -1,5 +1,6 @@
 //! The traced live blocks of one process, sorted by address, and the
 //! lookup of the block an address points into (start or interior).
+use super::objects::{GC_HEAD_BYTES, Shape};
 use crate::model::StackKey;
 
 /// One traced live block: what LIVE knows of it.
@@ -22,8 +23,12 @@ impl Block {
 pub struct Hit {
     /// Index of the block in `Blocks`.
     pub block: u32,
-    /// The pointer is not the block's start.
+    /// The pointer is not the block's start (nor, for a Python object
+    /// behind a collector header, the object's).
     pub interior: bool,
+    /// It points into a Python object's collector header: a link of the
+    /// collector's lists, no reference.
+    pub gc_link: bool,
 }
 
 /// The blocks, sorted by start; overlapping entries (a stale LIVE entry
@@ -34,6 +39,8 @@ pub struct Blocks {
     high: u64,
     /// Entries left out because they overlapped the previous block.
     pub overlapping: u64,
+    /// What each block holds at its start, once read (empty before).
+    shapes: Vec<Shape>,
 }
 
 impl Blocks {
@@ -55,7 +62,28 @@ impl Blocks {
             low,
             high,
             overlapping,
+            shapes: Vec::new(),
         }
+    }
+
+    /// Sets what each block holds at its start, one shape per block.
+    pub fn set_shapes(&mut self, shapes: Vec<Shape>) {
+        debug_assert_eq!(shapes.len(), self.blocks.len());
+        self.shapes = shapes;
+    }
+
+    pub fn shape(&self, index: u32) -> Shape {
+        self.shapes.get(index as usize).copied().unwrap_or_default()
+    }
+
+    /// The collector header of block `index` (a Python object's), if any.
+    #[inline]
+    pub fn gc_head(&self, index: u32) -> Option<std::ops::Range<u64>> {
+        let shape = self.shapes.get(index as usize)?;
+        shape.gc_head.then(|| {
+            let object = self.blocks[index as usize].address + shape.object_offset as u64;
+            object - GC_HEAD_BYTES..object
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -83,9 +111,16 @@ impl Blocks {
         let after = self.blocks.partition_point(|block| block.address <= value);
         let index = after.checked_sub(1)?;
         let block = &self.blocks[index];
-        (value < block.end()).then_some(Hit {
+        if value >= block.end() {
+            return None;
+        }
+        let start = block.address + self.shape(index as u32).object_offset as u64;
+        Some(Hit {
             block: index as u32,
-            interior: value != block.address,
+            interior: value != block.address && value != start,
+            gc_link: self
+                .gc_head(index as u32)
+                .is_some_and(|head| head.contains(&value)),
         })
     }
 
@@ -120,14 +155,16 @@ mod tests {
             blocks.find(0x1000),
             Some(Hit {
                 block: 0,
-                interior: false
+                interior: false,
+                gc_link: false
             })
         );
         assert_eq!(
             blocks.find(0x101f),
             Some(Hit {
                 block: 0,
-                interior: true
+                interior: true,
+                gc_link: false
             })
         );
         assert_eq!(blocks.find(0x1020), None);
@@ -136,11 +173,28 @@ mod tests {
             blocks.find(0x2008),
             Some(Hit {
                 block: 1,
-                interior: true
+                interior: true,
+                gc_link: false
             })
         );
         assert_eq!(blocks.find(0x2010), None);
         assert_eq!(blocks.first_ending_after(0x1020), 1);
+    }
+
+    #[test]
+    fn a_python_object_behind_its_collector_header_is_its_block_start() {
+        let mut blocks = Blocks::new(vec![block(0x1000, 0x40)]);
+        blocks.set_shapes(vec![Shape {
+            type_id: 0,
+            object_offset: 16,
+            gc_head: true,
+        }]);
+        let hit = |value| blocks.find(value).map(|hit| (hit.interior, hit.gc_link));
+        assert_eq!(hit(0x1010), Some((false, false)), "the object");
+        assert_eq!(hit(0x1000), Some((false, true)), "the header: a link");
+        assert_eq!(hit(0x1001), Some((true, true)), "gc_prev, flag bits set");
+        assert_eq!(hit(0x1018), Some((true, false)));
+        assert_eq!(blocks.gc_head(0), Some(0x1000..0x1010));
     }
 
     #[test]

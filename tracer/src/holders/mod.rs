@@ -15,12 +15,14 @@
 //! blocks the second pass classes otherwise are counted.
 //!
 //! `blocks`: the block table; `memory`: /proc and process_vm_readv;
-//! `names`: globals by ELF symbol; `scan`: the pass over memory; `graph`:
-//! the walk; here: the per-stack figures.
+//! `names`: globals by ELF symbol; `objects`: Python and C++ objects by
+//! type; `scan`: the pass over memory; `graph`: the walk; here: the
+//! per-stack figures.
 pub mod blocks;
 mod graph;
 pub mod memory;
 mod names;
+mod objects;
 mod scan;
 
 use std::{
@@ -36,7 +38,7 @@ use crate::model::{
 };
 pub use blocks::Block;
 use blocks::Blocks;
-use graph::{Class, NONE, Walked};
+use graph::{Class, NONE, Node, Walked};
 
 /// The site labels of holder blocks, each named once.
 #[derive(Default)]
@@ -50,6 +52,8 @@ struct Labels {
 pub struct Scan {
     pub cost: HoldersScan,
     blocks: Blocks,
+    /// The names of the blocks' types (Python, C++).
+    type_names: Vec<String>,
     roots: Vec<(HolderKind, String)>,
     edges: Vec<(u32, u32, bool)>,
     walked: Walked,
@@ -59,16 +63,21 @@ pub struct Scan {
 /// `blocks_gone`: LIVE entries that went away while read.
 pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
     let started = Instant::now();
-    let blocks = Blocks::new(blocks);
+    let mut blocks = Blocks::new(blocks);
+    let globals = names::Globals::load(pid, &memory::regions(pid)?);
+    let shapes = objects::read(pid, &blocks, &globals);
+    blocks.set_shapes(shapes.of_block);
     let mut cost = HoldersScan {
         pid,
         blocks: blocks.len() as u64,
         block_bytes: blocks.iter().map(|block| block.size).sum(),
         blocks_gone,
         blocks_overlapping: blocks.overlapping,
+        python_objects: shapes.python_objects,
+        cpp_objects: shapes.cpp_objects,
         ..HoldersScan::default()
     };
-    let (mut graph, roots) = scan::scan(pid, &blocks, &mut cost)?;
+    let (mut graph, roots) = scan::scan(pid, &blocks, &globals, &mut cost)?;
     let weak_roots: Vec<bool> = roots
         .names
         .iter()
@@ -77,14 +86,15 @@ pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
     let walked = graph.walk(blocks.len() as u32, &weak_roots);
     let edges: Vec<(u32, u32, bool)> = graph.edges().collect();
     cost.pointers = edges.len() as u64;
-    cost.graph_bytes = (blocks.len() * std::mem::size_of::<Block>()
+    cost.graph_bytes = (blocks.len()
+        * (std::mem::size_of::<Block>() + std::mem::size_of::<objects::Shape>())
         + edges.len() * (std::mem::size_of::<(u32, u32, bool)>() + 8)
         + walked.parent.len() * 10) as u64;
     cost.seconds = started.elapsed().as_secs_f64();
     // The target ran on while it was read: a second pass over the same
     // blocks tells how far one snapshot can be trusted.
     let rescan_started = Instant::now();
-    let (mut again, again_roots) = scan::scan(pid, &blocks, &mut HoldersScan::default())?;
+    let (mut again, again_roots) = scan::scan(pid, &blocks, &globals, &mut HoldersScan::default())?;
     let weak_again: Vec<bool> = again_roots
         .names
         .iter()
@@ -101,6 +111,7 @@ pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
     Ok(Scan {
         cost,
         blocks,
+        type_names: shapes.names,
         roots: roots.names,
         edges,
         walked,
@@ -163,9 +174,20 @@ impl Scan {
             list_of.insert(key, id as u32);
         }
         let mut results = vec![Reachability::default(); groups.len()];
-        // The block of each group nearest a root, a strong one first.
-        let mut nearest: Vec<Option<u32>> = vec![None; groups.len()];
+        // Per group and root, the bytes it holds and the group's block
+        // nearest it: the path shown is from the root that holds most of
+        // the group's bytes, untraced memory counted as one against a
+        // strong root, which wins a tie (a stale pointer to one block is
+        // no story of the leak).
+        let roots_of = self.roots_of_blocks();
+        let mut by_root: Vec<HashMap<Node, (u64, u32)>> = vec![HashMap::new(); groups.len()];
         let mut block_groups: Vec<Option<u32>> = Vec::with_capacity(self.blocks.len());
+        let rank = |block: usize| {
+            (
+                self.walked.through_interior[block],
+                self.walked.depth[block],
+            )
+        };
         for (index, block) in self.blocks.iter().enumerate() {
             let list = list_of.get(&block.key).copied();
             block_groups.push(list);
@@ -185,17 +207,13 @@ impl Scan {
                 };
                 *bytes += block.size;
                 *count += 1;
-                let rank = |block: usize| {
-                    (
-                        self.walked.through_interior[block],
-                        self.walked.weak[block],
-                        self.walked.depth[block],
-                    )
-                };
-                if self.walked.depth[index] != u32::MAX
-                    && nearest[group].is_none_or(|best| rank(index) < rank(best as usize))
-                {
-                    nearest[group] = Some(index as u32);
+                let root = roots_of[index];
+                if root != NONE {
+                    let held = by_root[group].entry(root).or_insert((0, index as u32));
+                    held.0 += block.size;
+                    if rank(index) < rank(held.1 as usize) {
+                        held.1 = index as u32;
+                    }
                 }
             }
         }
@@ -227,6 +245,26 @@ impl Scan {
                 bytes,
             });
         }
+        let nearest = by_root.iter().map(|held| {
+            // Untraced memory counts as one holder against each strong
+            // root (its stale pointers spread over many mappings).
+            let weak_bytes: u64 = held
+                .values()
+                .filter(|(_, block)| self.walked.weak[*block as usize])
+                .map(|(bytes, _)| bytes)
+                .sum();
+            let best = |weak: bool| {
+                held.iter()
+                    .filter(|(_, (_, block))| self.walked.weak[*block as usize] == weak)
+                    .max_by_key(|&(&root, &(bytes, _))| (bytes, std::cmp::Reverse(root)))
+                    .map(|(_, &(bytes, block))| (bytes, block))
+            };
+            match (best(false), best(true)) {
+                (Some((strong_bytes, block)), _) if strong_bytes >= weak_bytes => Some(block),
+                (_, Some((_, block))) => Some(block),
+                (strong, None) => strong.map(|(_, block)| block),
+            }
+        });
         for (result, nearest) in results.iter_mut().zip(nearest) {
             result
                 .held_by
@@ -236,6 +274,32 @@ impl Scan {
             }
         }
         results
+    }
+
+    /// The root at the end of each block's chain (NONE: unreached).
+    fn roots_of_blocks(&self) -> Vec<Node> {
+        let blocks = self.blocks.len();
+        let mut root_of = vec![NONE; blocks];
+        let mut chain = Vec::new();
+        for start in 0..blocks {
+            if root_of[start] != NONE || self.walked.depth[start] == u32::MAX {
+                continue;
+            }
+            let mut node = start as Node;
+            while (node as usize) < blocks && root_of[node as usize] == NONE {
+                chain.push(node);
+                node = self.walked.parent[node as usize];
+            }
+            let root = if (node as usize) < blocks {
+                root_of[node as usize]
+            } else {
+                node
+            };
+            for block in chain.drain(..) {
+                root_of[block as usize] = root;
+            }
+        }
+        root_of
     }
 
     /// A holder's number: a root's index, or a block label's after them.
@@ -293,11 +357,17 @@ impl Scan {
         while node != NONE {
             let (kind, name) = self.holder_name(node, labels, label);
             let is_block = (node as usize) < self.blocks.len();
+            let type_id = if is_block {
+                self.blocks.shape(node).type_id
+            } else {
+                objects::NO_TYPE
+            };
             steps.push(PathStep {
                 kind,
                 name,
                 address: is_block.then(|| self.blocks.get(node).address),
                 interior,
+                type_name: self.type_names.get(type_id as usize).cloned(),
             });
             if !is_block {
                 break;

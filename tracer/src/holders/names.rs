@@ -81,6 +81,25 @@ impl Globals {
         let (start, end, name) = module.symbols.get(after.checked_sub(1)?)?;
         (address < *end).then_some((*start, *end, name.as_str(), module.name.as_str()))
     }
+
+    /// The address of the data object `name` in the first module that
+    /// defines it (`PyType_Type`).
+    pub fn symbol_address(&self, name: &str) -> Option<u64> {
+        self.modules.iter().find_map(|module| {
+            module
+                .symbols
+                .iter()
+                .find(|(_, _, symbol)| symbol == name)
+                .map(|(start, _, _)| *start)
+        })
+    }
+
+    /// The class whose vtable `address` points into (a C++ object's
+    /// first word): `Kernel` for an address in `vtable for Kernel`.
+    pub fn vtable_class(&self, address: u64) -> Option<&str> {
+        let (_, _, symbol, _) = self.symbol_range(address)?;
+        vtable_class(symbol)
+    }
 }
 
 fn load_module(pid: u32, path: &str, first: &Region) -> Option<Module> {
@@ -137,6 +156,15 @@ fn demangle(name: &str) -> String {
     name.to_owned()
 }
 
+/// The class of a demangled vtable symbol: cpp_demangle writes `_ZTV`
+/// symbols as `{vtable(CLASS)}`, c++filt as `vtable for CLASS`.
+fn vtable_class(symbol: &str) -> Option<&str> {
+    symbol
+        .strip_prefix("{vtable(")
+        .and_then(|rest| rest.strip_suffix(")}"))
+        .or_else(|| symbol.strip_prefix("vtable for "))
+}
+
 /// What a mapping outside any module is called in a report:
 /// `[heap]`, `anonymous mapping 0x7f..`, or its path.
 pub fn mapping_name(region: &Region) -> String {
@@ -158,6 +186,12 @@ mod tests {
             demangle("_ZN12_GLOBAL__N_15cacheE"),
             "(anonymous namespace)::cache"
         );
+        assert_eq!(
+            vtable_class(&demangle("_ZTVN12_GLOBAL__N_16KernelE")),
+            Some("(anonymous namespace)::Kernel")
+        );
+        assert_eq!(vtable_class(&demangle("_ZTV6Kernel")), Some("Kernel"));
+        assert_eq!(vtable_class(&demangle("_ZN12_GLOBAL__N_15cacheE")), None);
     }
 
     #[test]

@@ -78,11 +78,17 @@ fn owner_of(pid: u32, region: &Region, threads: &[Thread], globals: &Globals) ->
 }
 
 /// Scans `pid` for pointers into `blocks`: the edges, the roots they come
-/// from, and what was read (in `cost`).
-pub fn scan(pid: u32, blocks: &Blocks, cost: &mut HoldersScan) -> anyhow::Result<(Graph, Roots)> {
+/// from, and what was read (in `cost`). Words of a Python object's
+/// collector header, and pointers into one, are links of the collector's
+/// lists: counted, left out.
+pub fn scan(
+    pid: u32,
+    blocks: &Blocks,
+    globals: &Globals,
+    cost: &mut HoldersScan,
+) -> anyhow::Result<(Graph, Roots)> {
     let regions = memory::regions(pid)?;
     let threads = memory::threads(pid);
-    let globals = Globals::load(pid, &regions);
     cost.threads = threads.len() as u64;
     cost.threads_blocked = threads
         .iter()
@@ -94,7 +100,7 @@ pub fn scan(pid: u32, blocks: &Blocks, cost: &mut HoldersScan) -> anyhow::Result
     let mut buffer = vec![0u8; CHUNK_BYTES];
     for region in regions.iter().filter(|region| region.scanned()) {
         cost.mappings += 1;
-        let owner = owner_of(pid, region, &threads, &globals);
+        let owner = owner_of(pid, region, &threads, globals);
         let mut address = match &owner {
             Owner::Thread { from, .. } => *from,
             _ => region.start,
@@ -120,6 +126,10 @@ pub fn scan(pid: u32, blocks: &Blocks, cost: &mut HoldersScan) -> anyhow::Result
                 let Some(hit) = blocks.find(value) else {
                     continue;
                 };
+                if hit.gc_link {
+                    cost.gc_links += 1;
+                    continue;
+                }
                 let location = address + 8 * index as u64;
                 while cursor < blocks.len() && blocks.get(cursor as u32).end() <= location {
                     cursor += 1;
@@ -128,6 +138,13 @@ pub fn scan(pid: u32, blocks: &Blocks, cost: &mut HoldersScan) -> anyhow::Result
                     && blocks.get(cursor as u32).address <= location
                 {
                     if cursor as u32 == hit.block {
+                        continue;
+                    }
+                    if blocks
+                        .gc_head(cursor as u32)
+                        .is_some_and(|head| head.contains(&location))
+                    {
+                        cost.gc_links += 1;
                         continue;
                     }
                     cursor as Node
@@ -177,7 +194,7 @@ pub fn scan(pid: u32, blocks: &Blocks, cost: &mut HoldersScan) -> anyhow::Result
     }
     for thread in &threads {
         for &value in &thread.registers {
-            if let Some(hit) = blocks.find(value) {
+            if let Some(hit) = blocks.find(value).filter(|hit| !hit.gc_link) {
                 let root = roots.intern(
                     HolderKind::Registers,
                     format!("registers of {}", thread_name(thread)),

@@ -40,6 +40,11 @@ pub struct PathStep {
     pub address: Option<u64>,
     /// The pointer to the step before points into that block's interior.
     pub interior: bool,
+    /// What the block is, read from its first words: a Python object's
+    /// type (`tp_name`: `dict`, `numpy.ndarray`), a C++ object's class
+    /// (from its vtable).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub type_name: Option<String>,
 }
 
 /// What the scan found for one stack's blocks (those live at the scan).
@@ -97,4 +102,11 @@ pub struct HoldersScan {
     pub rescan_seconds: f64,
     /// Tracer memory for the block table and the graph.
     pub graph_bytes: u64,
+    /// Blocks named as a Python object (by its type) and as a C++ object
+    /// (by its vtable's class).
+    pub python_objects: u64,
+    pub cpp_objects: u64,
+    /// Words left out as links of CPython's collector lists (a header's
+    /// words, pointers into a header), first pass.
+    pub gc_links: u64,
 }

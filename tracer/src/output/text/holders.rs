@@ -91,16 +91,21 @@ fn kind_word(kind: HolderKind) -> &'static str {
     }
 }
 
-/// `a <- b x3 <- g_list in prog`: runs of steps with one name folded.
+/// `a <- dict from b x3 <- g_list in prog`: a block's type (Python,
+/// C++) before its site, runs of steps with one name folded.
 fn path_words(path: &[PathStep]) -> String {
     let mut words: Vec<(String, usize, bool)> = Vec::new();
     for step in path {
+        let name = match &step.type_name {
+            Some(type_name) => format!("{type_name} from {}", step.name),
+            None => step.name.clone(),
+        };
         match words.last_mut() {
-            Some((name, count, interior)) if *name == step.name => {
+            Some((last, count, interior)) if *last == name => {
                 *count += 1;
                 *interior |= step.interior;
             }
-            _ => words.push((step.name.clone(), 1, step.interior)),
+            _ => words.push((name, 1, step.interior)),
         }
     }
     words
@@ -128,6 +133,7 @@ mod tests {
             name: name.to_owned(),
             address: None,
             interior,
+            type_name: None,
         }
     }
 
@@ -142,6 +148,15 @@ mod tests {
         assert_eq!(
             path_words(&path),
             "list_push (holders.c:1) x3 <- g_list in holders"
+        );
+        let mut typed = step(HolderKind::Block, "track (f.py:9)", false);
+        typed.type_name = Some("dict".to_owned());
+        assert_eq!(
+            path_words(&[
+                typed,
+                step(HolderKind::Untraced, "untraced memory in [heap]", false)
+            ]),
+            "dict from track (f.py:9) <- untraced memory in [heap]"
         );
     }
 }
