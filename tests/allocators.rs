@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use harness::{
     CHURN_ALLOCS_PER_ROUND, Fixture, LEAK_SIZE_BYTES, Live, Report, assert_took_under, churn_held,
     field, frames_contain, json_path, record_attached, record_in,
-    redis::{RedisServer, pipeline, resp},
+    redis::{RedisServer, pipeline, resp, set_keys},
     require_root, stack_int,
 };
 use serde_json::Value;
@@ -162,14 +162,7 @@ fn redis_keyspace_growth_is_counted_under_redis_frames() {
     // In pipelined batches, as a busy client would: each SET copies ~6
     // stacks for DWARF unwinding (redis has no frame pointers), and a
     // burst of all of them at once overflows the copy ring (counted).
-    for batch in (0..REDIS_KEYS).collect::<Vec<_>>().chunks(REDIS_BATCH) {
-        let sets: Vec<u8> = batch
-            .iter()
-            .flat_map(|key| resp(&["SET", &format!("key:{key:06}"), &format!("value:{key:010}")]))
-            .collect();
-        let replies = pipeline(&mut client, &sets, batch.len());
-        assert_eq!(replies, "+OK\r\n".repeat(batch.len()));
-    }
+    set_keys(&mut client, REDIS_KEYS, REDIS_BATCH);
     let started = Instant::now();
     assert_eq!(
         pipeline(&mut client, &resp(&["DBSIZE"]), 1),

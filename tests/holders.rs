@@ -10,7 +10,8 @@ mod harness;
 
 use harness::{
     Fixture, Record, Traced, field,
-    redis::{RedisServer, pipeline, resp},
+    redis::{RedisServer, pipeline, resp, set_keys},
+    stack_int as int,
 };
 use serde_json::Value;
 
@@ -46,12 +47,6 @@ fn reachability_of<'a>(traced: &'a Traced, function: &str) -> &'a Value {
     let reachability = &stacks[0]["reachability"];
     assert!(reachability.is_object(), "{function}: {}", stacks[0]);
     reachability
-}
-
-fn int(value: &Value, key: &str) -> i64 {
-    value[key]
-        .as_i64()
-        .unwrap_or_else(|| panic!("no integer {key} in {value}"))
 }
 
 #[test]
@@ -372,14 +367,7 @@ fn redis_values_are_reachable_and_held_by_its_dict_entries() {
     let mut client = server.connect().expect("redis listens");
     assert_eq!(pipeline(&mut client, &resp(&["PING"]), 1), "+PONG\r\n");
     let trace = Record::pid(server.child.id()).args(["--holders"]).attach();
-    for batch in (0..REDIS_KEYS).collect::<Vec<_>>().chunks(REDIS_BATCH) {
-        let sets: Vec<u8> = batch
-            .iter()
-            .flat_map(|key| resp(&["SET", &format!("key:{key:06}"), &format!("value:{key:010}")]))
-            .collect();
-        let replies = pipeline(&mut client, &sets, batch.len());
-        assert_eq!(replies, "+OK\r\n".repeat(batch.len()));
-    }
+    set_keys(&mut client, REDIS_KEYS, REDIS_BATCH);
     assert_eq!(
         pipeline(&mut client, &resp(&["DBSIZE"]), 1),
         format!(":{REDIS_KEYS}\r\n")

@@ -12,18 +12,12 @@ mod harness;
 
 use std::process::Command;
 
-use harness::{Fixture, Record, field, fixture, workspace_root};
+use harness::{Fixture, Record, field, fixture, stack_int as int, workspace_root};
 use serde_json::Value;
 
 const LIBPYTHON: &str = "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0";
 const SCRIPT: &str = "finalize_registry.py";
 const TRACKERS: i64 = 20;
-
-fn int(value: &Value, key: &str) -> i64 {
-    value[key]
-        .as_i64()
-        .unwrap_or_else(|| panic!("no integer {key} in {value}"))
-}
 
 #[test]
 fn the_path_from_a_leaked_numpy_copy_names_the_finalize_chain_by_type() {

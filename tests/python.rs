@@ -265,9 +265,11 @@ fn python_threads_methods_generators_lambdas_and_late_modules() {
     // --interval).
     let started = fixture.cmd("threads 4");
     assert_eq!(started, "threads started=4");
-    let trace = Record::pid(fixture.pid)
-        .args(["--min-size", "65536"])
+    let mut trace = Record::pid(fixture.pid)
+        .args(["--min-size", "65536", "-v"])
         .attach();
+    // One stack per site for all four threads: once the tables are in.
+    trace.wait_tables_ready();
     let answer = fixture.cmd("tleak 2");
     let traced = trace.stop();
     let report = &traced.report;

@@ -50,9 +50,7 @@ fn session() -> &'static Session {
         // are walked by frame pointers and end in a marker (the test
         // `stacks_taken_before_their_table_was_ready_...`): the workload
         // starts once `-v` says every table is there.
-        trace
-            .tracer
-            .wait_stderr("every table ready", std::time::Duration::from_secs(60));
+        trace.wait_tables_ready();
         let answer = fixture.cmd("build 3");
         // Two snapshots after the last model (200 ms apart).
         std::thread::sleep(std::time::Duration::from_millis(500));
@@ -262,9 +260,7 @@ fn torch_workload_drops_nothing_at_default_options() {
 fn tracer_peak_rss_on_the_torch_workload_stays_under_its_bound() {
     let mut fixture = start_torch_models();
     let mut trace = Record::pid(fixture.pid).args(["-v"]).attach();
-    trace
-        .tracer
-        .wait_stderr("every table ready", std::time::Duration::from_secs(60));
+    trace.wait_tables_ready();
     let peak = watch_peak_rss(trace.tracer.pid());
     let answers: Vec<String> = (0..4).map(|_| fixture.cmd("build 10")).collect();
     trace.stop();

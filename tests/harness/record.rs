@@ -125,6 +125,15 @@ pub struct Traced {
 }
 
 impl Trace {
+    /// Waits until `-v` (which the session must have been started with)
+    /// says every unwind table is in the kernel: stacks taken before are
+    /// walked by frame pointers and end in a marker, which a test of
+    /// stacks' content must not race.
+    pub fn wait_tables_ready(&mut self) {
+        self.tracer
+            .wait_stderr("every table ready", std::time::Duration::from_secs(60));
+    }
+
     /// SIGINT; the tracer must write its report and exit 0.
     pub fn stop(self) -> Traced {
         self.stop_with(libc::SIGINT)

@@ -72,3 +72,16 @@ pub fn pipeline(stream: &mut TcpStream, commands: &[u8], replies: usize) -> Stri
     }
     String::from_utf8(text).expect("redis answers in text")
 }
+
+/// SETs `key:000000 .. key:{keys - 1}` to distinct values in pipelined
+/// batches of `batch`, as a busy client would, checking every reply.
+pub fn set_keys(stream: &mut TcpStream, keys: usize, batch: usize) {
+    for batch in (0..keys).collect::<Vec<_>>().chunks(batch) {
+        let sets: Vec<u8> = batch
+            .iter()
+            .flat_map(|key| resp(&["SET", &format!("key:{key:06}"), &format!("value:{key:010}")]))
+            .collect();
+        let replies = pipeline(stream, &sets, batch.len());
+        assert_eq!(replies, "+OK\r\n".repeat(batch.len()));
+    }
+}
