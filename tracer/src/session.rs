@@ -1,6 +1,10 @@
 //! A tracing session: checks, loads and attaches the probes on the targets
 //! of a `Config`, and builds the report of what was collected. Shared by
 //! the verbs that trace (`record`, `top`).
+mod holders;
+
+pub use holders::add_holders;
+
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,

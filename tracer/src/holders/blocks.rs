@@ -1,7 +1,33 @@
 //! The traced live blocks of one process, sorted by address, and the
 //! lookup of the block an address points into (start or interior).
-use super::objects::{GC_HEAD_BYTES, Shape};
 use crate::model::StackKey;
+
+/// sizeof(PyGC_Head), the collector's header before a tracked object.
+pub const GC_HEAD_BYTES: u64 = 16;
+
+/// No type known.
+pub const NO_TYPE: u32 = u32::MAX;
+
+/// What the scan knows of one block's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Its type or class, in `objects::Shapes::names`.
+    pub type_id: u32,
+    /// Where the object starts in the block.
+    pub object_offset: u8,
+    /// A `PyGC_Head` lies right before the object.
+    pub gc_head: bool,
+}
+
+impl Default for Shape {
+    fn default() -> Shape {
+        Shape {
+            type_id: NO_TYPE,
+            object_offset: 0,
+            gc_head: false,
+        }
+    }
+}
 
 /// One traced live block: what LIVE knows of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

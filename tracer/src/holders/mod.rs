@@ -87,7 +87,7 @@ pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
     let edges: Vec<(u32, u32, bool)> = graph.edges().collect();
     cost.pointers = edges.len() as u64;
     cost.graph_bytes = (blocks.len()
-        * (std::mem::size_of::<Block>() + std::mem::size_of::<objects::Shape>())
+        * (std::mem::size_of::<Block>() + std::mem::size_of::<blocks::Shape>())
         + edges.len() * (std::mem::size_of::<(u32, u32, bool)>() + 8)
         + walked.parent.len() * 10) as u64;
     cost.seconds = started.elapsed().as_secs_f64();
@@ -360,7 +360,7 @@ impl Scan {
             let type_id = if is_block {
                 self.blocks.shape(node).type_id
             } else {
-                objects::NO_TYPE
+                blocks::NO_TYPE
             };
             steps.push(PathStep {
                 kind,

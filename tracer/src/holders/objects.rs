@@ -20,7 +20,11 @@
 //! object itself, past its header, counts as a pointer to its block's start.
 use std::collections::HashMap;
 
-use super::{blocks::Blocks, memory, names::Globals};
+use super::{
+    blocks::{Blocks, GC_HEAD_BYTES, Shape},
+    memory,
+    names::Globals,
+};
 
 /// Bytes read at the start of each block: an object as far as 32 bytes in
 /// (pre-header and collector header), its refcount and type.
@@ -35,38 +39,13 @@ const TPFLAGS_MANAGED_WEAKREF: u64 = 1 << 3;
 const TPFLAGS_MANAGED_DICT: u64 = 1 << 4;
 const TPFLAGS_READY: u64 = 1 << 12;
 const TPFLAGS_HAVE_GC: u64 = 1 << 14;
-/// sizeof(PyGC_Head), and of the pre-header.
-pub const GC_HEAD_BYTES: u64 = 16;
+/// The pre-header's size (CPython 3.11+), before the `PyGC_Head`.
 const PREHEADER_BYTES: u64 = 16;
 /// No refcount of a live object is this high (3.12's immortal objects
 /// have 2^32 - 1).
 const MAX_REFCOUNT: u64 = 1 << 40;
 /// iovecs per process_vm_readv (the kernel's UIO_MAXIOV).
 const IOVECS: usize = 1024;
-
-/// No type known.
-pub const NO_TYPE: u32 = u32::MAX;
-
-/// What the scan knows of one block's start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shape {
-    /// Its type or class, in [`Shapes::names`].
-    pub type_id: u32,
-    /// Where the object starts in the block.
-    pub object_offset: u8,
-    /// A `PyGC_Head` lies right before the object.
-    pub gc_head: bool,
-}
-
-impl Default for Shape {
-    fn default() -> Shape {
-        Shape {
-            type_id: NO_TYPE,
-            object_offset: 0,
-            gc_head: false,
-        }
-    }
-}
 
 /// The shape of every block, and the names of their types.
 #[derive(Default)]

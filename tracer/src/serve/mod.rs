@@ -168,7 +168,7 @@ impl Server {
             return;
         };
         let mut report = session::build_report(collector, model, Default::default(), config);
-        crate::record::add_holders(collector, &mut report, config);
+        crate::session::add_holders(collector, &mut report, config);
         // The client may have gone meanwhile: nothing to answer then.
         let _ = request.send(crate::output::json::to_json(&report));
     }
