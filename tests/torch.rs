@@ -17,10 +17,11 @@
 mod harness;
 
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use harness::{
-    Live, Record, Report, TORCH_SCRIPT, frame_lines, python_frames, stack_live, start_torch_models,
-    sum_live, torch_script,
+    Live, Record, Report, TORCH_SCRIPT, assert_took_under, frame_lines, python_frames, stack_live,
+    start_torch_models, sum_live, torch_script,
 };
 use serde_json::Value;
 
@@ -322,4 +323,34 @@ fn stacks_taken_before_their_table_was_ready_end_in_a_marker_and_are_counted() {
         "{distinct} distinct pending stacks counted, {} shown with the marker, {walks} walks\n{report}",
         marked.len()
     );
+}
+
+/// Ctrl-C right after attach: the check that names the objects without
+/// frame pointers (seconds over torch's ~300 objects, on a thread of its
+/// own after "attached") is waited for at most a quarter of a second, so
+/// tracer still exits at once (the bench's exit row: 2.7 s when the stop
+/// waited for it), and the report still says the process was walked
+/// through unwind tables.
+#[test]
+fn ctrl_c_right_after_attach_to_torch_does_not_wait_for_the_frame_pointer_check() {
+    let mut fixture = start_torch_models();
+    let trace = Record::pid(fixture.pid).attach();
+    let started = Instant::now();
+    let traced = trace.stop();
+    assert_took_under(
+        "exiting (report included) after SIGINT right after attach to torch",
+        started.elapsed(),
+        Duration::from_secs(2),
+        &traced.output,
+    );
+    let dwarf = traced.report.json["unwinding"]["dwarf"]
+        .as_array()
+        .expect("unwinding.dwarf");
+    assert_eq!(dwarf.len(), 1, "{}", traced.report.json["unwinding"]);
+    assert_eq!(
+        dwarf[0]["pid"], fixture.pid,
+        "{}",
+        traced.report.json["unwinding"]
+    );
+    fixture.cmd("quit");
 }

@@ -337,6 +337,7 @@ impl Probes {
             copying_stacks_of: Vec::new(),
             walking_tables_of: Vec::new(),
             lacking_checks: Vec::new(),
+            lacking_unnamed: Vec::new(),
             links,
             perf_links: Vec::new(),
             tracepoint_links,

@@ -61,6 +61,10 @@ use raw::RawPrograms;
 pub use symbols::HookSite;
 
 /// The benchmark's empty programs.
+/// How long the stop waits for the frame-pointer checks still running
+/// (a torch process's 300 objects take seconds; exit stays under 0.5 s).
+const LACKING_CHECK_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 const FLOOR_ENTRY_PROGRAM: &str = tracer_ebpf::program::FLOOR_ENTER;
 const FLOOR_RETURN_PROGRAM: &str = tracer_ebpf::program::FLOOR_RETURN;
 
@@ -190,6 +194,9 @@ pub struct Probes {
     /// The checks for objects without frame pointers still running, by
     /// process (`take_lacking_checks`).
     lacking_checks: Vec<(u32, std::thread::JoinHandle<Vec<String>>)>,
+    /// Processes whose check had not finished at stop (walked through
+    /// tables, their objects without frame pointers not named).
+    pub lacking_unnamed: Vec<u32>,
     /// `--unwind auto`, `dwarf`: the kernel's unwind tables.
     kernel_unwinding: Option<unwind_tables::KernelUnwinding>,
     /// How the uprobes are attached.
@@ -321,15 +328,39 @@ impl Probes {
         Ok(())
     }
 
-    /// The frame-pointer checks that ended (all of them, waited for, with
-    /// `wait`): their objects join `walking_tables_of`; returns a line
-    /// for stderr per process with some.
+    /// The frame-pointer checks that ended (with `wait`, at stop: all of
+    /// them, waited for at most [`LACKING_CHECK_WAIT`], so that Ctrl-C
+    /// right after attach still exits at once): their objects join
+    /// `walking_tables_of`; returns a line for stderr per process with
+    /// some, and per check left unfinished at stop.
     pub fn take_lacking_checks(&mut self, wait: bool) -> Vec<String> {
+        if wait {
+            let deadline = std::time::Instant::now() + LACKING_CHECK_WAIT;
+            while self
+                .lacking_checks
+                .iter()
+                .any(|(_, check)| !check.is_finished())
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
         let (done, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut self.lacking_checks)
             .into_iter()
-            .partition(|(_, check)| wait || check.is_finished());
-        self.lacking_checks = pending;
+            .partition(|(_, check)| check.is_finished());
         let mut notes = Vec::new();
+        if wait {
+            // Left running: the thread only reads files, and ends with tracer.
+            for (pid, _) in pending {
+                notes.push(format!(
+                    "PID {pid}: the check for objects without frame pointers had not finished \
+                     at stop: they are not named (its stacks were walked through unwind tables)"
+                ));
+                self.lacking_unnamed.push(pid);
+            }
+        } else {
+            self.lacking_checks = pending;
+        }
         for (pid, check) in done {
             let lacking = check.join().unwrap_or_default();
             if lacking.is_empty() {

@@ -25,7 +25,11 @@ impl Probes {
                         .find(|(walked, _)| *walked == pid)
                         .map(|(_, objects)| objects.clone());
                     match (self.copies_stacks_of(pid), lacking) {
-                        (_, Some(objects)) if !objects.is_empty() => Some(objects),
+                        (_, Some(objects))
+                            if !objects.is_empty() || self.lacking_unnamed.contains(&pid) =>
+                        {
+                            Some(objects)
+                        }
                         (true, _) => Some(Vec::new()),
                         _ => None,
                     }
