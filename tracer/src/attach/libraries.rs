@@ -484,13 +484,7 @@ impl Probes {
                      through unwind tables (--unwind auto)",
                     lacking.join(", ")
                 ));
-                if let Some((_, objects)) = self
-                    .walking_tables_of
-                    .iter_mut()
-                    .find(|(walked, _)| *walked == pid)
-                {
-                    objects.extend(lacking);
-                }
+                self.name_lacking(pid, lacking);
             }
             self.refresh_unwinding(pid, &maps)?;
         } else if self.unwinding.uses_tables() && !self.copies_stacks_of(pid) {

@@ -371,15 +371,21 @@ impl Probes {
                  through unwind tables",
                 lacking.join(", ")
             ));
-            if let Some((_, objects)) = self
-                .walking_tables_of
-                .iter_mut()
-                .find(|(walked, _)| *walked == pid)
-            {
-                objects.extend(lacking);
-            }
+            self.name_lacking(pid, lacking);
         }
         notes
+    }
+
+    /// Names objects of `pid` without frame pointers in its unwinding
+    /// report (its stacks are walked through unwind tables).
+    pub(super) fn name_lacking(&mut self, pid: u32, lacking: Vec<String>) {
+        if let Some((_, objects)) = self
+            .walking_tables_of
+            .iter_mut()
+            .find(|(walked, _)| *walked == pid)
+        {
+            objects.extend(lacking);
+        }
     }
 
     /// A Go program that calls C (cgo): tells the kernel how its
