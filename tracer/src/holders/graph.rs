@@ -100,10 +100,11 @@ impl Graph {
             }
             if interior {
                 // On from every block reached so far from a root of this
-                // tier or a stronger one, nearest first.
+                // tier, nearest first (a strong block's edges were all
+                // followed in the strong interior pass already).
                 let mut reached: Vec<Node> = (0..blocks)
                     .filter(|&block| {
-                        depth[block as usize] != u32::MAX && (tier || !weak[block as usize])
+                        depth[block as usize] != u32::MAX && weak[block as usize] == tier
                     })
                     .collect();
                 reached.sort_by_key(|&block| depth[block as usize]);
