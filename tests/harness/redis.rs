@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 pub struct RedisServer {
     pub child: Child,
     pub port: u16,
+    /// redis' own log, printed when the test fails (a crash report, a
+    /// closed client).
+    log: std::path::PathBuf,
 }
 
 impl RedisServer {
@@ -19,13 +22,16 @@ impl RedisServer {
             .and_then(|listener| listener.local_addr())
             .expect("a free loopback port")
             .port();
+        let log = super::json_path(&format!("redis-{port}")).with_extension("log");
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .arg("--logfile")
+            .arg(&log)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server is installed by `cargo xtask setup`");
-        let server = Self { child, port };
+        let server = Self { child, port, log };
         let deadline = Instant::now() + Duration::from_secs(10);
         while server.connect().is_err() {
             assert!(Instant::now() < deadline, "redis-server did not listen");
@@ -43,8 +49,14 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        let status = self.child.try_wait();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("redis-server (exit: {status:?}) logged:\n{log}");
+        }
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 

@@ -262,6 +262,11 @@ impl Drop for Tracer {
         if let Some(child) = self.child.as_mut() {
             let _ = child.kill();
             let _ = child.wait();
+            if std::thread::panicking() {
+                // The test failed while tracer ran: what it said so far.
+                let lines = self.stderr_lines.lock().map(|l| l.join("\n"));
+                eprintln!("tracer's stderr so far:\n{}", lines.unwrap_or_default());
+            }
         }
     }
 }
