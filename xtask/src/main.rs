@@ -21,7 +21,7 @@ mod soak;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 
 use shell::{Shell, is_root};
@@ -103,8 +103,8 @@ fn run(task: Task) -> Result<()> {
         }
         Task::Demo { dry_run } => {
             let mut shell = Shell::new(dry_run);
-            setup::setup_demo(&mut shell, &root)?;
-            build(&shell)?;
+            let linker = setup::setup_demo(&mut shell, &root)?;
+            build_beside(&shell, linker)?;
             if dry_run {
                 return Ok(());
             }
@@ -153,6 +153,31 @@ fn setup_shell(root: &Path) -> Result<Shell> {
     let mut shell = Shell::new(false);
     setup::setup(&mut shell, root)?;
     Ok(shell)
+}
+
+/// `build`, beside a bpf-linker still building: tracer's build script waits
+/// for it (the marker file) while cargo compiles the dependencies.
+fn build_beside(shell: &Shell, linker: Option<setup::BpfLinkerInstall>) -> Result<()> {
+    let Some(linker) = linker else {
+        return build(shell);
+    };
+    let mut command = shell.cmd("cargo");
+    command
+        .args(["build", "--release", "-p", "tracer"])
+        .env("TRACER_BPF_LINKER_PENDING", &linker.marker);
+    let line = shell::display(&command);
+    eprintln!("$ {line}");
+    let mut cargo = command
+        .spawn()
+        .with_context(|| format!("could not start `{line}`"))?;
+    let installed = linker.wait();
+    let built = cargo.wait();
+    installed?;
+    let status = built.with_context(|| format!("`{line}` was lost"))?;
+    if !status.success() {
+        anyhow::bail!("`{line}` failed: {status}");
+    }
+    Ok(())
 }
 
 fn build(shell: &Shell) -> Result<()> {

@@ -20,21 +20,61 @@ const TRACEFS_DIR: &str = "/sys/kernel/tracing";
 
 pub fn setup(shell: &mut Shell, root: &Path) -> Result<()> {
     ensure_nightly_rust_src(shell)?;
-    ensure_bpf_linker(shell, root)?;
+    let linker = ensure_bpf_linker(shell, root)?;
     ensure_tracefs(shell)?;
     ensure_packages(shell)?;
-    fixtures::build_all(shell, root)
+    fixtures::build_all(shell, root)?;
+    match linker {
+        Some(install) => install.wait(),
+        None => Ok(()),
+    }
 }
 
 /// What `cargo xtask demo` needs and nothing more: the toolchain, tracefs,
 /// gcc and the one fixture it traces (`leaky`). The test and bench set-up
-/// (`setup`) installs the rest.
-pub fn setup_demo(shell: &mut Shell, root: &Path) -> Result<()> {
+/// (`setup`) installs the rest. A bpf-linker still building is returned,
+/// for the tracer's build to go on beside it ([`BpfLinkerInstall`]).
+pub fn setup_demo(shell: &mut Shell, root: &Path) -> Result<Option<BpfLinkerInstall>> {
     ensure_nightly_rust_src(shell)?;
-    ensure_bpf_linker(shell, root)?;
+    let linker = ensure_bpf_linker(shell, root)?;
     ensure_tracefs(shell)?;
     ensure_demo_packages(shell)?;
-    fixtures::build_named(shell, root, &["leaky"])
+    fixtures::build_named(shell, root, &["leaky"])?;
+    Ok(linker)
+}
+
+/// bpf-linker being built by `cargo install` in the background, its output
+/// in a log file. While it builds, a marker file exists: tracer's build
+/// script waits for it to go (`TRACER_BPF_LINKER_PENDING`), so that the
+/// tracer's dependencies compile beside bpf-linker instead of after it.
+pub struct BpfLinkerInstall {
+    child: std::process::Child,
+    line: String,
+    log: PathBuf,
+    pub marker: PathBuf,
+}
+
+impl BpfLinkerInstall {
+    /// Waits for the install; the marker goes either way (a failed install
+    /// leaves tracer's build script to fail on the missing linker).
+    pub fn wait(mut self) -> Result<()> {
+        let status = self.child.wait();
+        let _ = std::fs::remove_file(&self.marker);
+        let status = status.with_context(|| format!("`{}` was lost", self.line))?;
+        if !status.success() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "`{}` failed: {status}; the last lines of {}:\n{}",
+                self.line,
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
+        eprintln!("xtask: bpf-linker: built (log: {})", self.log.display());
+        Ok(())
+    }
 }
 
 fn ensure_nightly_rust_src(shell: &Shell) -> Result<()> {
@@ -70,10 +110,10 @@ fn ensure_nightly_rust_src(shell: &Shell) -> Result<()> {
     )
 }
 
-fn ensure_bpf_linker(shell: &mut Shell, root: &Path) -> Result<()> {
+fn ensure_bpf_linker(shell: &mut Shell, root: &Path) -> Result<Option<BpfLinkerInstall>> {
     if let Some(path) = find_on_path("bpf-linker") {
         eprintln!("xtask: bpf-linker: present at {}", path.display());
-        return Ok(());
+        return Ok(None);
     }
     let bin_dir = cargo_install_bin_dir()?;
     if is_executable(&bin_dir.join("bpf-linker")) {
@@ -82,17 +122,21 @@ fn ensure_bpf_linker(shell: &mut Shell, root: &Path) -> Result<()> {
             bin_dir.display()
         );
         shell.prepend_path(bin_dir);
-        return Ok(());
+        return Ok(None);
     }
-    install_bpf_linker(shell, root)?;
+    let install = install_bpf_linker(shell, root)?;
     shell.prepend_path(bin_dir);
-    Ok(())
+    Ok(install)
 }
 
 /// Builds bpf-linker against nightly rustc's own libLLVM: LLVM_PREFIX points
 /// at a directory whose lib/ links to it, under both the plain name (to link)
 /// and its soname (so the installed binary finds it through its RUNPATH).
-fn install_bpf_linker(shell: &Shell, root: &Path) -> Result<()> {
+/// Started in the background (None under `--dry-run`). Built without
+/// optimisation or debug info (`--debug`, 46 instead of 120 CPU-seconds):
+/// the linking work is LLVM's, which is optimised either way (tracer's eBPF
+/// object links in the same ~4 s).
+fn install_bpf_linker(shell: &Shell, root: &Path) -> Result<Option<BpfLinkerInstall>> {
     let sysroot = shell.read(shell.cmd("rustc").args(["+nightly", "--print", "sysroot"]))?;
     let (libllvm, llvm_major) = find_rustc_libllvm(Path::new(&sysroot))?;
     let prefix = root.join("target/llvm-prefix");
@@ -102,20 +146,47 @@ fn install_bpf_linker(shell: &Shell, root: &Path) -> Result<()> {
     if let Some(soname) = libllvm.file_name() {
         shell.symlink(&libllvm, &prefix_lib.join(soname))?;
     }
-    shell.run(
-        shell
-            .cmd("cargo")
-            .env("LLVM_PREFIX", &prefix)
-            .args([
-                "install",
-                "bpf-linker",
-                "--locked",
-                "--version",
-                BPF_LINKER_VERSION,
-            ])
-            .args(["--no-default-features", "--features"])
-            .arg(format!("llvm-{llvm_major}")),
-    )
+    let mut command = shell.cmd("cargo");
+    command
+        .env("LLVM_PREFIX", &prefix)
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
+        .args([
+            "install",
+            "bpf-linker",
+            "--locked",
+            "--debug",
+            "--version",
+            BPF_LINKER_VERSION,
+        ])
+        .args(["--no-default-features", "--features"])
+        .arg(format!("llvm-{llvm_major}"));
+    let line = crate::shell::display(&command);
+    if shell.is_dry_run() {
+        eprintln!("xtask: would run: {line}");
+        return Ok(None);
+    }
+    let log = root.join("target/bpf-linker-install.log");
+    let marker = root.join("target/bpf-linker-pending");
+    std::fs::write(&marker, b"")
+        .with_context(|| format!("could not write {}", marker.display()))?;
+    let output = std::fs::File::create(&log)
+        .with_context(|| format!("could not write {}", log.display()))?;
+    eprintln!("$ {line}");
+    eprintln!(
+        "xtask: bpf-linker: building in the background (about a minute; log: {})",
+        log.display()
+    );
+    let child = command
+        .stdout(output.try_clone()?)
+        .stderr(output)
+        .spawn()
+        .with_context(|| format!("could not start `{line}`"))?;
+    Ok(Some(BpfLinkerInstall {
+        child,
+        line,
+        log,
+        marker,
+    }))
 }
 
 /// `$sysroot/lib/libLLVM.so.<major>.<minor>-rust-...` and its major version.
