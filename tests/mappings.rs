@@ -77,6 +77,23 @@ fn raw_mmap_syscall_is_seen() {
     assert_eq!(report.total("mmap-anon"), raw, "\n{report}");
 }
 
+/// brk goes through the same program as mmap (told apart by the system
+/// call's number): each kind must come out right.
+#[test]
+fn program_break_moved_outside_malloc_is_heap_brk() {
+    let session = record_while("mappings", &["brk 6", "raw 2"]);
+    let report = &session.report;
+    assert_eq!(field(&session.answers[0], "bytes"), 6 * 64 * KIB);
+    assert_eq!(
+        report.live_with("heap-brk", "grow_break").bytes,
+        6 * 64 * KIB,
+        "\n{report}"
+    );
+    assert_eq!(report.total("heap-brk").bytes, 6 * 64 * KIB, "\n{report}");
+    let raw = Live::blocks(2, 64 * KIB);
+    assert_eq!(report.total("mmap-anon"), raw, "\n{report}");
+}
+
 #[test]
 fn file_mappings_name_their_file() {
     let session = record_while("mappings", &["file 5"]);

@@ -41,6 +41,8 @@ static SYSCALL_FIELD_OFFSETS: Global<SyscallFieldOffsets> = Global::new(SyscallF
     mprotect_len: 0,
     mprotect_prot: 0,
     exit_ret: 0,
+    syscall_nr: 0,
+    brk_syscall: 0,
 });
 
 /// The traced processes (tgid -> 1), filled by userspace.
@@ -161,17 +163,29 @@ fn word_at_user_sp() -> u64 {
     unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0)
 }
 
+/// mmap and brk, the calls that add mappings and take a stack: one
+/// program on both tracepoints (`__syscall_nr` tells them apart), as its
+/// stack walk is the costliest verification of the mapping programs,
+/// done once instead of twice at every attach.
 #[tracepoint]
 pub fn mmap_enter(ctx: TracePointContext) -> u32 {
     let offsets = SYSCALL_FIELD_OFFSETS.load();
-    let event = MappingEvent {
-        call: mapping_call::MMAP,
-        address: field(&ctx, offsets.mmap_addr),
-        length: field(&ctx, offsets.mmap_len),
-        prot: field(&ctx, offsets.mmap_prot),
-        flags: field(&ctx, offsets.mmap_flags),
-        fd: field(&ctx, offsets.mmap_fd),
-        ..MappingEvent::default()
+    let syscall = unsafe { ctx.read_at::<i32>(offsets.syscall_nr as usize) }.map_or(-1, i64::from);
+    let event = if syscall == offsets.brk_syscall as i64 {
+        MappingEvent {
+            call: mapping_call::BRK,
+            ..MappingEvent::default()
+        }
+    } else {
+        MappingEvent {
+            call: mapping_call::MMAP,
+            address: field(&ctx, offsets.mmap_addr),
+            length: field(&ctx, offsets.mmap_len),
+            prot: field(&ctx, offsets.mmap_prot),
+            flags: field(&ctx, offsets.mmap_flags),
+            fd: field(&ctx, offsets.mmap_fd),
+            ..MappingEvent::default()
+        }
     };
     enter(&ctx, event, true);
     0
@@ -201,16 +215,6 @@ pub fn mremap_enter(ctx: TracePointContext) -> u32 {
         ..MappingEvent::default()
     };
     enter(&ctx, event, false);
-    0
-}
-
-#[tracepoint]
-pub fn brk_enter(ctx: TracePointContext) -> u32 {
-    let event = MappingEvent {
-        call: mapping_call::BRK,
-        ..MappingEvent::default()
-    };
-    enter(&ctx, event, true);
     0
 }
 

@@ -31,6 +31,11 @@ pub struct SyscallFieldOffsets {
     /// `ret` of every `sys_exit_*` tracepoint (one offset for all: userspace
     /// checks that they agree).
     pub exit_ret: u64,
+    /// `__syscall_nr` of `sys_enter_mmap` and `sys_enter_brk` (userspace
+    /// checks that they agree): one program follows both calls.
+    pub syscall_nr: u64,
+    /// brk's system call number on this architecture.
+    pub brk_syscall: u64,
 }
 
 /// One successful mapping call of a target, sent to userspace through the

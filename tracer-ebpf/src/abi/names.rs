@@ -92,7 +92,6 @@ pub mod program {
         MMAP_ENTER = "mmap_enter",
         MUNMAP_ENTER = "munmap_enter",
         MREMAP_ENTER = "mremap_enter",
-        BRK_ENTER = "brk_enter",
         MPROTECT_ENTER = "mprotect_enter",
         MAPPING_EXIT = "mapping_exit",
     }

@@ -14,7 +14,8 @@ const TRACEPOINTS: [(&str, &str); 10] = [
     (tracer_ebpf::program::MMAP_ENTER, "sys_enter_mmap"),
     (tracer_ebpf::program::MUNMAP_ENTER, "sys_enter_munmap"),
     (tracer_ebpf::program::MREMAP_ENTER, "sys_enter_mremap"),
-    (tracer_ebpf::program::BRK_ENTER, "sys_enter_brk"),
+    // One program for mmap and brk (`__syscall_nr` tells them apart).
+    (tracer_ebpf::program::MMAP_ENTER, "sys_enter_brk"),
     (tracer_ebpf::program::MPROTECT_ENTER, "sys_enter_mprotect"),
     (tracer_ebpf::program::MAPPING_EXIT, "sys_exit_mmap"),
     (tracer_ebpf::program::MAPPING_EXIT, "sys_exit_munmap"),
@@ -44,6 +45,12 @@ pub fn read_field_offsets() -> Result<SyscallFieldOffsets> {
             ));
         }
     }
+    let syscall_nr = field("sys_enter_mmap", "__syscall_nr")?;
+    if field("sys_enter_brk", "__syscall_nr")? != syscall_nr {
+        return Err(anyhow!(
+            "sys_enter_mmap and sys_enter_brk disagree on where `__syscall_nr` is"
+        ));
+    }
     Ok(SyscallFieldOffsets {
         mmap_addr: field("sys_enter_mmap", "addr")?,
         mmap_len: field("sys_enter_mmap", "len")?,
@@ -59,6 +66,8 @@ pub fn read_field_offsets() -> Result<SyscallFieldOffsets> {
         mprotect_len: field("sys_enter_mprotect", "len")?,
         mprotect_prot: field("sys_enter_mprotect", "prot")?,
         exit_ret,
+        syscall_nr,
+        brk_syscall: libc::SYS_brk as u64,
     })
 }
 
