@@ -434,6 +434,7 @@ impl Collector {
             let executable = self.mark_exec(pid, after_s);
             self.probes.remap_unwinding(pid)?;
             self.symbols.refresh(pid);
+            self.look_for_python_after_exec(pid, crate::model::run::NoticedBy::MmapEvent);
             self.queued.push_back(Event::Exec {
                 pid,
                 executable,
@@ -505,6 +506,7 @@ impl Collector {
                             .push_back(Event::LibrariesHooked(hooked[hooked_before..].to_vec()));
                     }
                     self.symbols.refresh(pid);
+                    self.look_for_python_after_exec(pid, crate::model::run::NoticedBy::LoaderStop);
                     spawn::resume(pid);
                 }
                 _ => {}

@@ -191,24 +191,7 @@ impl Collector {
                     continue;
                 }
                 self.python.looked_again.push(pid);
-                let mode = self.python.mode;
-                // `on` was checked at attach: a later interpreter is a bonus.
-                self.python.mode = PythonMode::Auto;
-                let started = self.start_python(pid, NoticedBy::MapsPoll);
-                self.python.mode = mode;
-                if let Err(error) = started {
-                    self.queued.push_back(Event::Notice(format!(
-                        "warning: PID {pid}: no Python frames: {error:#}"
-                    )));
-                } else if let Some(interpreter) = self.python.stacks.interpreter(pid) {
-                    let note = format!(
-                        "PID {pid}: Python frames on from now (CPython {} in {}, mapped after \
-                         attach)",
-                        interpreter.version_text(),
-                        interpreter.object.display()
-                    );
-                    self.queued.push_back(Event::Notice(note));
-                }
+                self.look_for_python_again(pid, NoticedBy::MapsPoll, "mapped after attach");
             }
         }
         let pids: Vec<u32> = self
@@ -220,6 +203,41 @@ impl Collector {
             .collect();
         for pid in pids {
             self.refresh_python_threads(pid);
+        }
+    }
+
+    /// A target that replaced its image (a script's `#!` interpreter
+    /// behind `env`, a wrapper that execs Python): the new image is looked
+    /// at for an interpreter, once per exec, unless one was found already
+    /// (an interpreter exec'ing another keeps the first one's layout).
+    /// Spawn mode calls it while the loader gate holds the new image, so
+    /// the script's first allocations get Python frames.
+    pub(super) fn look_for_python_after_exec(&mut self, pid: u32, noticed_by: NoticedBy) {
+        if self.python.mode == PythonMode::Off || self.python.stacks.interpreter(pid).is_some() {
+            return;
+        }
+        self.python.unsupported.retain(|(known, _)| *known != pid);
+        self.look_for_python_again(pid, noticed_by, "started by an exec");
+    }
+
+    /// Looks for an interpreter in `pid` after attach, saying what it found.
+    fn look_for_python_again(&mut self, pid: u32, noticed_by: NoticedBy, when: &str) {
+        let mode = self.python.mode;
+        // `on` was checked at attach: a later interpreter is a bonus.
+        self.python.mode = PythonMode::Auto;
+        let started = self.start_python(pid, noticed_by);
+        self.python.mode = mode;
+        if let Err(error) = started {
+            self.queued.push_back(Event::Notice(format!(
+                "warning: PID {pid}: no Python frames: {error:#}"
+            )));
+        } else if let Some(interpreter) = self.python.stacks.interpreter(pid) {
+            let note = format!(
+                "PID {pid}: Python frames on from now (CPython {} in {}, {when})",
+                interpreter.version_text(),
+                interpreter.object.display()
+            );
+            self.queued.push_back(Event::Notice(note));
         }
     }
 
