@@ -1,12 +1,21 @@
 //! The traced live blocks of one process, sorted by address, and the
 //! lookup of the block an address points into (start or interior).
-use crate::model::StackKey;
+use crate::model::{Kind, StackId, StackKey};
 
 /// sizeof(PyGC_Head), the collector's header before a tracked object.
 pub const GC_HEAD_BYTES: u64 = 16;
 
 /// No type known.
 pub const NO_TYPE: u32 = u32::MAX;
+
+/// The key of an untraced block the scan adds (a pymalloc object found
+/// from its pool's header): pid 0, no process a scan reads, so it is
+/// counted under no stack.
+pub const UNTRACED_KEY: StackKey = StackKey {
+    pid: 0,
+    stack_id: StackId::Lost,
+    kind: Kind::Heap,
+};
 
 /// What the scan knows of one block's start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +48,11 @@ pub struct Block {
 }
 
 impl Block {
+    /// Whether tracer has no block for it: added by the scan.
+    pub fn is_untraced(&self) -> bool {
+        self.key == UNTRACED_KEY
+    }
+
     pub fn end(&self) -> u64 {
         self.address.saturating_add(self.size)
     }
@@ -92,6 +106,16 @@ impl Blocks {
         }
     }
 
+    /// These blocks and `more`, which overlap none of them.
+    pub fn with(self, more: Vec<Block>) -> Blocks {
+        let overlapping = self.overlapping;
+        let mut all = self.blocks;
+        all.extend(more);
+        let mut blocks = Blocks::new(all);
+        blocks.overlapping += overlapping;
+        blocks
+    }
+
     /// Sets what each block holds at its start, one shape per block.
     pub fn set_shapes(&mut self, shapes: Vec<Shape>) {
         debug_assert_eq!(shapes.len(), self.blocks.len());
@@ -122,6 +146,11 @@ impl Blocks {
 
     pub fn get(&self, index: u32) -> &Block {
         &self.blocks[index as usize]
+    }
+
+    /// Block `index`, None for a root's node number.
+    pub fn get_checked(&self, index: u32) -> Option<&Block> {
+        self.blocks.get(index as usize)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Block> {
