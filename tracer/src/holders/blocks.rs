@@ -26,7 +26,14 @@ pub struct Shape {
     pub object_offset: u8,
     /// A `PyGC_Head` lies right before the object.
     pub gc_head: bool,
+    /// A CPython weak reference: its `wr_object` (WEAK_REFERENT past the
+    /// object's start) keeps nothing alive.
+    pub weak_reference: bool,
 }
+
+/// The offset of `wr_object` in a `PyWeakReference`, after the object's
+/// refcount and type.
+pub const WEAK_REFERENT: u64 = 16;
 
 impl Default for Shape {
     fn default() -> Shape {
@@ -34,6 +41,7 @@ impl Default for Shape {
             type_id: NO_TYPE,
             object_offset: 0,
             gc_head: false,
+            weak_reference: false,
         }
     }
 }
@@ -124,6 +132,15 @@ impl Blocks {
 
     pub fn shape(&self, index: u32) -> Shape {
         self.shapes.get(index as usize).copied().unwrap_or_default()
+    }
+
+    /// Where the referent of weak reference `index` lies, if it is one.
+    #[inline]
+    pub fn weak_referent_word(&self, index: u32) -> Option<u64> {
+        let shape = self.shapes.get(index as usize)?;
+        shape.weak_reference.then(|| {
+            self.blocks[index as usize].address + shape.object_offset as u64 + WEAK_REFERENT
+        })
     }
 
     /// The collector header of block `index` (a Python object's), if any.
@@ -243,6 +260,7 @@ mod tests {
             type_id: 0,
             object_offset: 16,
             gc_head: true,
+            weak_reference: false,
         }]);
         let hit = |value| blocks.find(value).map(|hit| (hit.interior, hit.gc_link));
         assert_eq!(hit(0x1010), Some((false, false)), "the object");

@@ -33,6 +33,14 @@ const OB_TYPE: u64 = 8;
 const TP_NAME: u64 = 24;
 const TP_FLAGS: u64 = 168;
 const TYPE_BYTES: usize = TP_FLAGS as usize + 8;
+/// CPython's weak reference types (`weakref.ref`, its proxies, and
+/// `weakref.KeyedRef` of WeakValueDictionary), by `tp_name`.
+const WEAK_REFERENCE_TYPES: [&str; 4] = [
+    "weakref.ReferenceType",
+    "weakref.ProxyType",
+    "weakref.CallableProxyType",
+    "KeyedRef",
+];
 /// The longest type name read.
 const NAME_BYTES: usize = 128;
 const TPFLAGS_MANAGED_WEAKREF: u64 = 1 << 3;
@@ -147,6 +155,7 @@ impl Reader<'_> {
             type_id: self.intern(class),
             object_offset: 0,
             gc_head: false,
+            weak_reference: false,
         };
         Some((shape, false))
     }
@@ -163,10 +172,11 @@ impl Reader<'_> {
         let preheader = flags & (TPFLAGS_MANAGED_DICT | TPFLAGS_MANAGED_WEAKREF) != 0;
         let expected =
             if gc { GC_HEAD_BYTES } else { 0 } + if preheader { PREHEADER_BYTES } else { 0 };
-        (expected == offset).then_some(Shape {
+        (expected == offset).then(|| Shape {
             type_id: id,
             object_offset: offset as u8,
             gc_head: gc,
+            weak_reference: WEAK_REFERENCE_TYPES.contains(&self.names[id as usize].as_str()),
         })
     }
 
