@@ -35,8 +35,8 @@ const ALIGNMENT: u64 = 16;
 const SIZE_CLASSES: u32 = 32;
 /// More arenas than any process has (1 MiB each: 16 TiB).
 const MAX_ARENA_INDEX: u32 = 1 << 24;
-/// The most untraced objects added to one scan's graph: about 70 bytes of
-/// tracer memory each, and their pointers (docs/holders.md).
+/// The most untraced objects added to one scan's graph: about 90 bytes of
+/// tracer memory each, their pointers included (docs/holders.md).
 pub const MAX_OBJECTS: usize = 1 << 20;
 
 /// The live blocks of the pools found, and what finding them took.
