@@ -3,7 +3,8 @@
 //! rooted in a global, and blocks held only through interior pointers.
 //! The unreachable bytes are the fixture's own count, exactly; the list's
 //! chain to a root ends at its global, named by symbol and module; a C++
-//! object on a chain is named by its class, from its vtable.
+//! object on a chain is named by its class, from its vtable. A Rust
+//! program's blocks held by a `static` end at its demangled name.
 
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
@@ -458,4 +459,77 @@ fn redis_values_are_reachable_and_held_by_its_dict_entries() {
     }
     let text = &traced.output.stdout;
     assert!(text.contains("held by: dictAddRaw"), "{text}");
+}
+
+/// A Rust release build (tests/fixtures/rust_leak, `cache K`): the blocks
+/// kept in `static CACHE: Mutex<Vec<Vec<u8>>>` are all held, their path
+/// ends at the static's demangled name in the fixture's module; of the
+/// boxes whose pointer the next one overwrites in a static, all but the
+/// last are lost, exactly.
+#[test]
+fn a_rust_static_holds_its_cache_and_overwritten_boxes_are_lost() {
+    const ROUNDS: i64 = 30;
+    let mut fixture = Fixture::start("rust_leak", &[]);
+    let trace = Record::pid(fixture.pid).args(["--holders"]).attach();
+    let answer = fixture.cmd(&format!("cache {ROUNDS}"));
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let traced = trace.stop();
+    fixture.cmd("quit");
+
+    // The heap stack through all of `functions` (cache_put's own block,
+    // not the cache's buffer that its push grows).
+    let through = |functions: &[&str]| {
+        let stacks: Vec<&Value> = traced
+            .report
+            .heap_stacks_with(functions[0])
+            .into_iter()
+            .filter(|stack| {
+                functions
+                    .iter()
+                    .all(|function| harness::frames_contain(stack, function))
+            })
+            .collect();
+        assert_eq!(
+            stacks.len(),
+            1,
+            "one {functions:?} stack:\n{}",
+            traced.report
+        );
+        &stacks[0]["reachability"]
+    };
+    let cached = through(&["rust_leak::cache_put", "with_capacity"]);
+    assert_eq!(int(cached, "unreachable_bytes"), 0, "{cached}");
+    assert_eq!(int(cached, "possibly_lost_bytes"), 0, "{cached}");
+    assert_eq!(
+        int(cached, "reachable_bytes"),
+        field(&answer, "cached_bytes"),
+        "{cached}"
+    );
+    assert_eq!(int(cached, "reachable_blocks"), field(&answer, "cached"));
+    let path = cached["path_to_root"].as_array().expect("a path");
+    let root = path.last().expect("a root");
+    assert_eq!(root["kind"], "global", "{cached}");
+    assert_eq!(root["name"], "rust_leak::CACHE in rust_leak", "{cached}");
+    // The cached block, then the cache's own buffer of Vec headers.
+    assert_eq!(path.len(), 3, "{cached}");
+
+    let boxes = through(&["rust_leak::lose_box"]);
+    assert_eq!(
+        int(boxes, "unreachable_bytes"),
+        field(&answer, "lost_bytes"),
+        "{boxes}"
+    );
+    assert_eq!(
+        int(boxes, "unreachable_blocks"),
+        field(&answer, "lost_boxes"),
+        "{boxes}"
+    );
+    assert_eq!(int(boxes, "reachable_blocks"), 1, "the last box: {boxes}");
+    let root = boxes["path_to_root"]
+        .as_array()
+        .and_then(|path| path.last())
+        .expect("a path");
+    assert_eq!(root["kind"], "global", "{boxes}");
+    assert_eq!(root["name"], "rust_leak::LAST_BOX in rust_leak", "{boxes}");
+    assert!(field(&answer, "last_seed") >= 0, "{answer}");
 }

@@ -1,12 +1,21 @@
 //! The traced live blocks of one process, sorted by address, and the
 //! lookup of the block an address points into (start or interior).
-use crate::model::StackKey;
+use crate::model::{Kind, StackId, StackKey};
 
 /// sizeof(PyGC_Head), the collector's header before a tracked object.
 pub const GC_HEAD_BYTES: u64 = 16;
 
 /// No type known.
 pub const NO_TYPE: u32 = u32::MAX;
+
+/// The key of an untraced block the scan adds (a pymalloc object found
+/// from its pool's header): pid 0, no process a scan reads, so it is
+/// counted under no stack.
+pub const UNTRACED_KEY: StackKey = StackKey {
+    pid: 0,
+    stack_id: StackId::Lost,
+    kind: Kind::Heap,
+};
 
 /// What the scan knows of one block's start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,7 +26,14 @@ pub struct Shape {
     pub object_offset: u8,
     /// A `PyGC_Head` lies right before the object.
     pub gc_head: bool,
+    /// A CPython weak reference: its `wr_object` (WEAK_REFERENT past the
+    /// object's start) keeps nothing alive.
+    pub weak_reference: bool,
 }
+
+/// The offset of `wr_object` in a `PyWeakReference`, after the object's
+/// refcount and type.
+pub const WEAK_REFERENT: u64 = 16;
 
 impl Default for Shape {
     fn default() -> Shape {
@@ -25,6 +41,7 @@ impl Default for Shape {
             type_id: NO_TYPE,
             object_offset: 0,
             gc_head: false,
+            weak_reference: false,
         }
     }
 }
@@ -39,6 +56,11 @@ pub struct Block {
 }
 
 impl Block {
+    /// Whether tracer has no block for it: added by the scan.
+    pub fn is_untraced(&self) -> bool {
+        self.key == UNTRACED_KEY
+    }
+
     pub fn end(&self) -> u64 {
         self.address.saturating_add(self.size)
     }
@@ -92,6 +114,16 @@ impl Blocks {
         }
     }
 
+    /// These blocks and `more`, which overlap none of them.
+    pub fn with(self, more: Vec<Block>) -> Blocks {
+        let overlapping = self.overlapping;
+        let mut all = self.blocks;
+        all.extend(more);
+        let mut blocks = Blocks::new(all);
+        blocks.overlapping += overlapping;
+        blocks
+    }
+
     /// Sets what each block holds at its start, one shape per block.
     pub fn set_shapes(&mut self, shapes: Vec<Shape>) {
         debug_assert_eq!(shapes.len(), self.blocks.len());
@@ -100,6 +132,15 @@ impl Blocks {
 
     pub fn shape(&self, index: u32) -> Shape {
         self.shapes.get(index as usize).copied().unwrap_or_default()
+    }
+
+    /// Where the referent of weak reference `index` lies, if it is one.
+    #[inline]
+    pub fn weak_referent_word(&self, index: u32) -> Option<u64> {
+        let shape = self.shapes.get(index as usize)?;
+        shape.weak_reference.then(|| {
+            self.blocks[index as usize].address + shape.object_offset as u64 + WEAK_REFERENT
+        })
     }
 
     /// The collector header of block `index` (a Python object's), if any.
@@ -122,6 +163,11 @@ impl Blocks {
 
     pub fn get(&self, index: u32) -> &Block {
         &self.blocks[index as usize]
+    }
+
+    /// Block `index`, None for a root's node number.
+    pub fn get_checked(&self, index: u32) -> Option<&Block> {
+        self.blocks.get(index as usize)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Block> {
@@ -214,6 +260,7 @@ mod tests {
             type_id: 0,
             object_offset: 16,
             gc_head: true,
+            weak_reference: false,
         }]);
         let hit = |value| blocks.find(value).map(|hit| (hit.interior, hit.gc_link));
         assert_eq!(hit(0x1010), Some((false, false)), "the object");

@@ -14,15 +14,20 @@
 //! the graph is a best-effort snapshot: the memory is read twice, and the
 //! blocks the second pass classes otherwise are counted.
 //!
+//! CPython's small objects in untraced memory (pymalloc's pools, found
+//! from their headers) are added as untraced blocks, so that a chain goes
+//! on through them to what holds them.
+//!
 //! `blocks`: the block table; `memory`: /proc and process_vm_readv;
-//! `names`: globals by ELF symbol; `objects`: Python and C++ objects by
-//! type; `scan`: the pass over memory; `graph`: the walk; here: the
-//! per-stack figures.
+//! `names`: globals by ELF symbol; `pools`: pymalloc's objects;
+//! `objects`: Python and C++ objects by type; `scan`: the pass over
+//! memory; `graph`: the walk; here: the per-stack figures.
 pub mod blocks;
 mod graph;
 pub mod memory;
 mod names;
 mod objects;
+mod pools;
 mod scan;
 
 use std::{
@@ -40,13 +45,30 @@ pub use blocks::Block;
 use blocks::Blocks;
 use graph::{Class, NONE, Node, Walked};
 
-/// The site labels of holder blocks, each named once.
+/// The site labels of holder blocks (and the names of untraced ones by
+/// type), each named once.
 #[derive(Default)]
 struct Labels {
     names: Vec<String>,
+    kinds: Vec<HolderKind>,
     by_name: HashMap<String, u32>,
     of_stack: HashMap<StackKey, u32>,
 }
+
+impl Labels {
+    fn intern(&mut self, name: String, kind: HolderKind) -> u32 {
+        let next = self.names.len() as u32;
+        *self.by_name.entry(name).or_insert_with_key(|name| {
+            self.names.push(name.clone());
+            self.kinds.push(kind);
+            next
+        })
+    }
+}
+
+/// What an untraced block on a path, or holding a stack's blocks, is
+/// called (after its type, where it has one).
+const UNTRACED_OBJECT: &str = "untraced pymalloc memory";
 
 /// The walked reference graph of one process.
 pub struct Scan {
@@ -63,18 +85,29 @@ pub struct Scan {
 /// `blocks_gone`: LIVE entries that went away while read.
 pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
     let started = Instant::now();
-    let mut blocks = Blocks::new(blocks);
-    let globals = names::Globals::load(pid, &memory::regions(pid)?);
+    let traced = Blocks::new(blocks);
+    let regions = memory::regions(pid)?;
+    let globals = names::Globals::load(pid, &regions);
+    let traced_blocks = traced.len() as u64;
+    let block_bytes = traced.iter().map(|block| block.size).sum();
+    let untraced = pools::find(pid, &regions, &traced, &globals);
+    let untraced_objects = untraced.blocks.len() as u64;
+    let mut blocks = traced.with(untraced.blocks);
     let shapes = objects::read(pid, &blocks, &globals);
     blocks.set_shapes(shapes.of_block);
     let mut cost = HoldersScan {
         pid,
-        blocks: blocks.len() as u64,
-        block_bytes: blocks.iter().map(|block| block.size).sum(),
+        blocks: traced_blocks,
+        block_bytes,
         blocks_gone,
         blocks_overlapping: blocks.overlapping,
         python_objects: shapes.python_objects,
         cpp_objects: shapes.cpp_objects,
+        untraced_pools: untraced.pools,
+        untraced_pools_rejected: untraced.pools_rejected,
+        untraced_objects,
+        untraced_objects_left_out: untraced.objects_left_out,
+        untraced_pool_bytes_read: untraced.bytes_read,
         ..HoldersScan::default()
     };
     let (mut graph, roots) = scan::scan(pid, &blocks, &globals, &mut cost)?;
@@ -174,13 +207,15 @@ impl Scan {
             list_of.insert(key, id as u32);
         }
         let mut results = vec![Reachability::default(); groups.len()];
-        // Per group and root, the bytes it holds and the group's block
-        // nearest it: the path shown is from the root that holds most of
-        // the group's bytes, untraced memory counted as one against a
-        // strong root, which wins a tie (a stale pointer to one block is
-        // no story of the leak).
+        // Per group, root and the chain's entry from it, the bytes they
+        // hold and the group's block nearest the root: the path shown is
+        // through the root and entry that hold most of the group's bytes,
+        // untraced memory counted as one against a strong root, which wins
+        // a tie (a stale pointer to one block, in a global that holds the
+        // rest through another chain too, is no story of the leak).
         let roots_of = self.roots_of_blocks();
-        let mut by_root: Vec<HashMap<Node, (u64, u32)>> = vec![HashMap::new(); groups.len()];
+        let mut by_root: Vec<HashMap<(Node, Node), (u64, u32)>> =
+            vec![HashMap::new(); groups.len()];
         let mut block_groups: Vec<Option<u32>> = Vec::with_capacity(self.blocks.len());
         let rank = |block: usize| {
             (
@@ -208,7 +243,7 @@ impl Scan {
                 *bytes += block.size;
                 *count += 1;
                 let root = roots_of[index];
-                if root != NONE {
+                if root.0 != NONE {
                     let held = by_root[group].entry(root).or_insert((0, index as u32));
                     held.0 += block.size;
                     if rank(index) < rank(held.1 as usize) {
@@ -276,27 +311,30 @@ impl Scan {
         results
     }
 
-    /// The root at the end of each block's chain (NONE: unreached).
-    fn roots_of_blocks(&self) -> Vec<Node> {
+    /// The root at the end of each block's chain and the chain's last
+    /// block before it, its entry (NONE: unreached).
+    fn roots_of_blocks(&self) -> Vec<(Node, Node)> {
         let blocks = self.blocks.len();
-        let mut root_of = vec![NONE; blocks];
+        let mut root_of = vec![(NONE, NONE); blocks];
         let mut chain = Vec::new();
         for start in 0..blocks {
-            if root_of[start] != NONE || self.walked.depth[start] == u32::MAX {
+            if root_of[start].0 != NONE || self.walked.depth[start] == u32::MAX {
                 continue;
             }
             let mut node = start as Node;
-            while (node as usize) < blocks && root_of[node as usize] == NONE {
+            let mut last = node;
+            while (node as usize) < blocks && root_of[node as usize].0 == NONE {
                 chain.push(node);
+                last = node;
                 node = self.walked.parent[node as usize];
             }
-            let root = if (node as usize) < blocks {
+            let found = if (node as usize) < blocks {
                 root_of[node as usize]
             } else {
-                node
+                (node, last)
             };
             for block in chain.drain(..) {
-                root_of[block as usize] = root;
+                root_of[block as usize] = found;
             }
         }
         root_of
@@ -312,16 +350,26 @@ impl Scan {
         let roots = self.roots.len() as u32;
         match node.checked_sub(self.blocks.len() as u32) {
             Some(root) => root,
+            None if self.blocks.get(node).is_untraced() => {
+                let name = match self
+                    .type_names
+                    .get(self.blocks.shape(node).type_id as usize)
+                {
+                    Some(type_name) => format!("{type_name} in {UNTRACED_OBJECT}"),
+                    None => UNTRACED_OBJECT.to_owned(),
+                };
+                roots + labels.intern(name, HolderKind::Untraced)
+            }
             None => {
                 let key = self.blocks.get(node).key;
-                let next = labels.names.len() as u32;
-                let id = *labels.of_stack.entry(key).or_insert_with(|| {
-                    let name = label(&key);
-                    *labels.by_name.entry(name.clone()).or_insert_with(|| {
-                        labels.names.push(name);
-                        next
-                    })
-                });
+                let id = match labels.of_stack.get(&key) {
+                    Some(&id) => id,
+                    None => {
+                        let id = labels.intern(label(&key), HolderKind::Block);
+                        labels.of_stack.insert(key, id);
+                        id
+                    }
+                };
                 roots + id
             }
         }
@@ -329,7 +377,10 @@ impl Scan {
 
     fn holder_of_id(&self, id: u32, labels: &Labels) -> (HolderKind, String) {
         match id.checked_sub(self.roots.len() as u32) {
-            Some(label) => (HolderKind::Block, labels.names[label as usize].clone()),
+            Some(label) => (
+                labels.kinds[label as usize],
+                labels.names[label as usize].clone(),
+            ),
             None => self.roots[id as usize].clone(),
         }
     }
@@ -355,7 +406,15 @@ impl Scan {
         let mut node = block;
         let mut interior = false;
         while node != NONE {
-            let (kind, name) = self.holder_name(node, labels, label);
+            let (kind, name) = if self
+                .blocks
+                .get_checked(node)
+                .is_some_and(Block::is_untraced)
+            {
+                (HolderKind::Untraced, UNTRACED_OBJECT.to_owned())
+            } else {
+                self.holder_name(node, labels, label)
+            };
             let is_block = (node as usize) < self.blocks.len();
             let type_id = if is_block {
                 self.blocks.shape(node).type_id

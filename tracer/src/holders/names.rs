@@ -145,8 +145,16 @@ fn load_module(pid: u32, path: &str, first: &Region) -> Option<Module> {
     })
 }
 
-/// A C++ name demangled (`(anonymous namespace)::cache`); others as they are.
+/// A C++ or Rust name demangled (`(anonymous namespace)::cache`,
+/// `rust_leak::CACHE`, without Rust's hash and LLVM's suffix); others as
+/// they are.
 fn demangle(name: &str) -> String {
+    if is_rust_symbol(name)
+        && let Ok(symbol) =
+            rustc_demangle::try_demangle(name.split_once('.').map_or(name, |(name, _)| name))
+    {
+        return format!("{symbol:#}");
+    }
     if name.starts_with("_Z")
         && let Ok(symbol) = cpp_demangle::Symbol::new(name)
         && let Ok(demangled) = symbol.demangle()
@@ -154,6 +162,27 @@ fn demangle(name: &str) -> String {
         return demangled;
     }
     name.to_owned()
+}
+
+/// Rust's v0 mangling (`_R`), or its legacy one: an Itanium path whose
+/// last element is the hash, `17h` and 16 hex digits (before a suffix
+/// LLVM may add: `.0`, `.llvm.123`).
+fn is_rust_symbol(name: &str) -> bool {
+    if name.starts_with("_R") {
+        return true;
+    }
+    let name = name.split_once('.').map_or(name, |(name, _)| name);
+    let Some(path) = name
+        .strip_prefix("_ZN")
+        .and_then(|rest| rest.strip_suffix('E'))
+    else {
+        return false;
+    };
+    let path = path.as_bytes();
+    path.len() > 19
+        && path[path.len() - 19..]
+            .strip_prefix(b"17h")
+            .is_some_and(|hash| hash.iter().all(u8::is_ascii_hexdigit))
 }
 
 /// The class of a demangled vtable symbol: cpp_demangle writes `_ZTV`
@@ -191,6 +220,15 @@ mod tests {
             Some("(anonymous namespace)::Kernel")
         );
         assert_eq!(vtable_class(&demangle("_ZTV6Kernel")), Some("Kernel"));
+        assert_eq!(
+            demangle("_ZN9rust_leak5CACHE17h3f2e6169f8534970E"),
+            "rust_leak::CACHE"
+        );
+        assert_eq!(
+            demangle("_ZN9rust_leak8LAST_BOX17hebc193a96def642bE.0"),
+            "rust_leak::LAST_BOX"
+        );
+        assert_eq!(demangle("_ZN3foo3barE"), "foo::bar", "C++, no hash");
         assert_eq!(vtable_class(&demangle("_ZN12_GLOBAL__N_15cacheE")), None);
     }
 

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use super::{
     blocks::{Blocks, GC_HEAD_BYTES, Shape},
-    memory,
+    memory::{self, IOVECS},
     names::Globals,
 };
 
@@ -33,6 +33,14 @@ const OB_TYPE: u64 = 8;
 const TP_NAME: u64 = 24;
 const TP_FLAGS: u64 = 168;
 const TYPE_BYTES: usize = TP_FLAGS as usize + 8;
+/// CPython's weak reference types (`weakref.ref`, its proxies, and
+/// `weakref.KeyedRef` of WeakValueDictionary), by `tp_name`.
+const WEAK_REFERENCE_TYPES: [&str; 4] = [
+    "weakref.ReferenceType",
+    "weakref.ProxyType",
+    "weakref.CallableProxyType",
+    "KeyedRef",
+];
 /// The longest type name read.
 const NAME_BYTES: usize = 128;
 const TPFLAGS_MANAGED_WEAKREF: u64 = 1 << 3;
@@ -44,8 +52,6 @@ const PREHEADER_BYTES: u64 = 16;
 /// No refcount of a live object is this high (3.12's immortal objects
 /// have 2^32 - 1).
 const MAX_REFCOUNT: u64 = 1 << 40;
-/// iovecs per process_vm_readv (the kernel's UIO_MAXIOV).
-const IOVECS: usize = 1024;
 
 /// The shape of every block, and the names of their types.
 #[derive(Default)]
@@ -93,7 +99,13 @@ pub fn read(pid: u32, blocks: &Blocks, globals: &Globals) -> Shapes {
     let mut lengths = Vec::with_capacity(IOVECS);
     for first in (0..blocks.len()).step_by(IOVECS) {
         let batch = first..(first + IOVECS).min(blocks.len());
-        read_heads(pid, blocks, batch, &mut buffer, &mut lengths);
+        let wanted: Vec<(u64, usize)> = batch
+            .map(|index| {
+                let block = blocks.get(index as u32);
+                (block.address, (block.size as usize).min(HEAD_BYTES))
+            })
+            .collect();
+        memory::read_pieces(pid, &wanted, HEAD_BYTES, &mut buffer, &mut lengths);
         for (index, &length) in lengths.iter().enumerate() {
             let head = &buffer[index * HEAD_BYTES..index * HEAD_BYTES + length];
             let shape = match reader.shape(head) {
@@ -143,6 +155,7 @@ impl Reader<'_> {
             type_id: self.intern(class),
             object_offset: 0,
             gc_head: false,
+            weak_reference: false,
         };
         Some((shape, false))
     }
@@ -159,10 +172,11 @@ impl Reader<'_> {
         let preheader = flags & (TPFLAGS_MANAGED_DICT | TPFLAGS_MANAGED_WEAKREF) != 0;
         let expected =
             if gc { GC_HEAD_BYTES } else { 0 } + if preheader { PREHEADER_BYTES } else { 0 };
-        (expected == offset).then_some(Shape {
+        (expected == offset).then(|| Shape {
             type_id: id,
             object_offset: offset as u8,
             gc_head: gc,
+            weak_reference: WEAK_REFERENCE_TYPES.contains(&self.names[id as usize].as_str()),
         })
     }
 
@@ -222,70 +236,6 @@ fn printable(bytes: &[u8]) -> Option<String> {
     let name = &bytes[..end];
     (!name.is_empty() && name.iter().all(|byte| byte.is_ascii_graphic()))
         .then(|| String::from_utf8_lossy(name).into_owned())
-}
-
-/// The first bytes of the blocks of `batch` (at most IOVECS), each at
-/// HEAD_BYTES times its place in `buffer`, and how many of each were read
-/// (fewer for a small block, none where it could not be read).
-fn read_heads(
-    pid: u32,
-    blocks: &Blocks,
-    batch: std::ops::Range<usize>,
-    buffer: &mut [u8],
-    lengths: &mut Vec<usize>,
-) {
-    lengths.clear();
-    lengths.extend(
-        batch
-            .clone()
-            .map(|index| (blocks.get(index as u32).size as usize).min(HEAD_BYTES)),
-    );
-    let mut next = 0;
-    while next < lengths.len() {
-        let remote: Vec<libc::iovec> = (next..lengths.len())
-            .map(|index| libc::iovec {
-                iov_base: blocks.get((batch.start + index) as u32).address as *mut libc::c_void,
-                iov_len: lengths[index],
-            })
-            .collect();
-        let local: Vec<libc::iovec> = (next..lengths.len())
-            .map(|index| libc::iovec {
-                iov_base: buffer[index * HEAD_BYTES..].as_mut_ptr().cast(),
-                iov_len: lengths[index],
-            })
-            .collect();
-        // SAFETY: each local iovec covers its own HEAD_BYTES slot of
-        // `buffer`, which lives and is not otherwise touched through the
-        // call; the remote ones are only read, in the other process.
-        let read = unsafe {
-            libc::process_vm_readv(
-                pid as libc::pid_t,
-                local.as_ptr(),
-                local.len() as libc::c_ulong,
-                remote.as_ptr(),
-                remote.len() as libc::c_ulong,
-                0,
-            )
-        };
-        if read < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
-            // The process is gone: nothing more to read.
-            lengths[next..].fill(0);
-            return;
-        }
-        // A read stops at the first block it cannot read whole: keep what
-        // came, cut that one short, go on after it.
-        let mut left = read.max(0) as usize;
-        let mut index = next;
-        while index < lengths.len() && left >= lengths[index] {
-            left -= lengths[index];
-            index += 1;
-        }
-        if index < lengths.len() {
-            lengths[index] = left;
-            index += 1;
-        }
-        next = index;
-    }
 }
 
 #[cfg(test)]

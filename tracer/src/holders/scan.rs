@@ -80,7 +80,8 @@ fn owner_of(pid: u32, region: &Region, threads: &[Thread], globals: &Globals) ->
 /// Scans `pid` for pointers into `blocks`: the edges, the roots they come
 /// from, and what was read (in `cost`). Words of a Python object's
 /// collector header, and pointers into one, are links of the collector's
-/// lists: counted, left out.
+/// lists, and a weak reference's referent keeps nothing alive: counted,
+/// left out.
 pub fn scan(
     pid: u32,
     blocks: &Blocks,
@@ -145,6 +146,10 @@ pub fn scan(
                         .is_some_and(|head| head.contains(&location))
                     {
                         cost.gc_links += 1;
+                        continue;
+                    }
+                    if blocks.weak_referent_word(cursor as u32) == Some(location) {
+                        cost.weak_referents += 1;
                         continue;
                     }
                     cursor as Node

@@ -109,4 +109,17 @@ pub struct HoldersScan {
     /// Words left out as links of CPython's collector lists (a header's
     /// words, pointers into a header), first pass.
     pub gc_links: u64,
+    /// Referents of CPython weak references (`wr_object`), left out: a
+    /// weak reference keeps nothing alive.
+    pub weak_referents: u64,
+    /// CPython's small objects in untraced memory, found from the headers
+    /// of pymalloc's pools and added to the graph as untraced blocks: the
+    /// pools, headers that looked right but whose free list disagreed,
+    /// the objects added and those left out past the cap (1 Mi), and the
+    /// bytes read to find them.
+    pub untraced_pools: u64,
+    pub untraced_pools_rejected: u64,
+    pub untraced_objects: u64,
+    pub untraced_objects_left_out: u64,
+    pub untraced_pool_bytes_read: u64,
 }

@@ -12,11 +12,19 @@ pub fn scan_lines(report: &Report) -> Vec<String> {
 }
 
 fn scan_line(scan: &HoldersScan) -> String {
+    let untraced = if scan.untraced_objects + scan.untraced_objects_left_out > 0 {
+        format!(
+            "; {} untraced pymalloc objects in {} pools added ({} left out past the cap)",
+            scan.untraced_objects, scan.untraced_pools, scan.untraced_objects_left_out
+        )
+    } else {
+        String::new()
+    };
     format!(
         "holders of PID {}: read {} of {} writable mappings and {} of {} thread stacks \
          (blocked ones, from their stack pointer) in {:.2} s, after {:.2} s reading LIVE; {} \
          traced blocks, {} pointers to them (conservative: a word that looks like a pointer \
-         counts); a rescan classed {} blocks otherwise",
+         counts){untraced}; a rescan classed {} blocks otherwise",
         scan.pid,
         human_bytes(scan.bytes_read as f64),
         scan.mappings,
