@@ -215,6 +215,21 @@ pub fn monotonic_ns() -> u64 {
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
+/// Niceness of tracer's background threads (unwind tables, the
+/// frame-pointer check): their work can wait, the target's cannot. Right
+/// after attach to torch they read hundreds of MiB of unwind information.
+const BACKGROUND_NICE: i32 = 10;
+
+/// Lowers the calling thread's priority to [`BACKGROUND_NICE`] (Linux
+/// keeps a niceness per thread); a refusal leaves it as it was.
+pub fn lower_this_threads_priority() {
+    // SAFETY: plain syscalls on the calling thread.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,10 @@ impl Probes {
         let maps = maps.to_vec();
         let check = std::thread::Builder::new()
             .name("tracer-fp-check".to_owned())
-            .spawn(move || crate::unwind::frame_pointers::objects_lacking(pid, &maps))
+            .spawn(move || {
+                crate::procfs::lower_this_threads_priority();
+                crate::unwind::frame_pointers::objects_lacking(pid, &maps)
+            })
             .context("could not start the frame-pointer check")?;
         self.lacking_checks.push((pid, check));
         self.walking_tables_of.push((pid, Vec::new()));

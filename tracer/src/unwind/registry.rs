@@ -522,6 +522,7 @@ impl UnwindTables {
 /// The background thread: reads each queued file, decides, builds. Ends
 /// when the registry is dropped.
 fn build_jobs(jobs: Receiver<Job>, done: Sender<Done>, trust_frame_pointers: bool) {
+    crate::procfs::lower_this_threads_priority();
     let mut builds: HashMap<Vec<u8>, usize> = HashMap::new();
     for job in jobs {
         let started = Instant::now();
