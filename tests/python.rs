@@ -372,12 +372,19 @@ fn embedded_interpreter_loaded_after_attach_gets_python_frames_in_c_stacks() {
     require_root();
     let mut fixture = Fixture::start("embed_python", &[]);
     let mut trace = Record::pid(fixture.pid)
-        .args(["--min-size", "65536"])
+        .args(["--min-size", "65536", "-v"])
         .attach();
     assert_eq!(fixture.cmd("start"), "started");
     trace.tracer.wait_stderr(
         "Python frames on from now (CPython 3.11",
         std::time::Duration::from_secs(20),
+    );
+    // libpython has no frame pointers: the C callers below its frames are
+    // walked through its unwind table, built in the background after the
+    // dlopen (a stack taken before ends in the pending marker instead).
+    trace.tracer.wait_stderr(
+        "unwind table libpython3.11",
+        std::time::Duration::from_secs(60),
     );
     let answer = fixture.cmd("leak 3");
     let traced = trace.stop();
