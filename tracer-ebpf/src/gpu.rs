@@ -29,7 +29,7 @@
 //! ends the epoch of every context of the process.
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::BPF_ANY,
+    bindings::{BPF_ANY, BPF_F_NO_PREALLOC},
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
     },
@@ -51,21 +51,25 @@ use crate::{
     },
 };
 
-/// Per thread (pid_tgid): the CUDA call in progress.
+/// Per thread (pid_tgid): the CUDA call in progress. LRU maps are always
+/// preallocated: room for 4096 threads inside a CUDA call at once.
 #[map]
-static GPU_PENDING: LruHashMap<u64, GpuPending> = LruHashMap::with_max_entries(16384, 0);
+static GPU_PENDING: LruHashMap<u64, GpuPending> = LruHashMap::with_max_entries(4096, 0);
 
-/// Physical memory of cuMemCreate, by (tgid, handle).
+/// Physical memory of cuMemCreate, by (tgid, handle). This map and the two
+/// below make entries on use (no preallocation): their calls are rare, and
+/// preallocated they cost every attach, also without CUDA, some 25 ms.
 #[map]
-static VMM_HANDLES: HashMap<LiveKey, VmmHandle> = HashMap::with_max_entries(1 << 16, 0);
+static VMM_HANDLES: HashMap<LiveKey, VmmHandle> =
+    HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
 
 /// Mappings of physical memory, by (tgid, device address): the handle.
 #[map]
-static VMM_MAPPINGS: HashMap<LiveKey, u64> = HashMap::with_max_entries(1 << 16, 0);
+static VMM_MAPPINGS: HashMap<LiveKey, u64> = HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
 
 /// The `gpu_api` id of the call that made each GPU stack's memory.
 #[map]
-static STACK_API: HashMap<StackKey, u32> = HashMap::with_max_entries(1 << 14, 0);
+static STACK_API: HashMap<StackKey, u32> = HashMap::with_max_entries(1 << 14, BPF_F_NO_PREALLOC);
 
 /// Whether a traced CUDA call is in progress on this thread (its
 /// mappings are the driver's: pinned host memory, counted as such).

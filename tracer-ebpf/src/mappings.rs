@@ -50,8 +50,10 @@ static SYSCALL_FIELD_OFFSETS: Global<SyscallFieldOffsets> = Global::new(SyscallF
 static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 
 /// Per thread (pid_tgid): the mapping call between its entry and exit.
+/// Preallocated (an LRU map): room for 4096 threads inside a mapping call at
+/// once (16 Ki entries cost every attach 10 ms).
 #[map]
-static MAPPING_PENDING: LruHashMap<u64, MappingEvent> = LruHashMap::with_max_entries(16384, 0);
+static MAPPING_PENDING: LruHashMap<u64, MappingEvent> = LruHashMap::with_max_entries(4096, 0);
 
 /// Successful mapping calls, drained by userspace on a timer.
 #[map]

@@ -30,9 +30,11 @@ use crate::counters::{count, fetch_add};
 #[map]
 static PYTHON_ON: Array<u32> = Array::with_max_entries(python_setting::COUNT, 0);
 
-/// The `PyThreadState` of each Python thread, by thread id.
+/// The `PyThreadState` of each Python thread, by thread id. Entries made on
+/// use, as in PYTHON_STACK_IDS: no attach pays for a table a target without
+/// CPython never fills.
 #[map]
-static PYTHON_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(1 << 16, 0);
+static PYTHON_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
 
 /// Where each Python process's frames are, by process id.
 #[map]
@@ -45,7 +47,7 @@ static PYTHON_STACKS: HashMap<u32, PythonStack> =
 
 /// The id of each Python stack, by a hash of its frames and process.
 #[map]
-static PYTHON_STACK_IDS: HashMap<u64, u32> = HashMap::with_max_entries(1 << 16, 0);
+static PYTHON_STACK_IDS: HashMap<u64, u32> = HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
 
 /// The last Python stack id handed out.
 #[map]
