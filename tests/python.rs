@@ -431,11 +431,17 @@ fn embedded_interpreter_loaded_after_attach_gets_python_frames_in_c_stacks() {
 fn forked_multiprocessing_child_gets_python_frames() {
     require_root();
     let mut fixture = start_python(NUMPY_SCRIPT, &[]);
-    let trace = Record::pid(fixture.pid)
+    let mut trace = Record::pid(fixture.pid)
         .args(["--min-size", "65536", "--follow-forks"])
         .attach();
-    let answer = fixture.cmd("fork 2");
-    let child = field(&answer, "pid");
+    let child = field(&fixture.cmd("fork 2"), "pid");
+    // The child leaks once tracer follows it, Python frames on.
+    trace.tracer.wait_stderr(
+        &format!("following child PID {child} "),
+        std::time::Duration::from_secs(30),
+    );
+    let answer = fixture.cmd("child leak");
+    assert_eq!(field(&answer, "pid"), child, "{answer}");
     let traced = trace.stop();
     let report = &traced.report;
     let stacks: Vec<&Value> = stacks_with_python(report, "child_leak", "leaky_numpy.py")
