@@ -12,88 +12,127 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use std::process::Command;
-
-use harness::{Fixture, Record, field, fixture, stack_int as int, workspace_root};
+use harness::{Record, Traced, field, python_line, stack_int as int, start_embedded};
 use serde_json::Value;
 
-const LIBPYTHON: &str = "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0";
-const SCRIPT: &str = "finalize_registry.py";
 const TRACKERS: i64 = 20;
+
+/// One traced leak of numpy copies in a holders fixture.
+struct CopiesLeak {
+    traced: Traced,
+    /// The fixture's answer to the leak: the copies' bytes and its chain.
+    answer: String,
+    /// The line of the fixture's `# COPY-SITE`.
+    copy_line: i64,
+}
+
+/// Starts `script` inside libpython3.11, sends it `before_attach` (if
+/// any), attaches `record --holders` with `args`, sends `leak` once every
+/// unwind table is in (numpy's are built after attach: a stack taken
+/// before would be one of its own) and stops the trace.
+fn trace_copies_leak(
+    script: &str,
+    before_attach: Option<&str>,
+    args: &[&str],
+    leak: &str,
+) -> CopiesLeak {
+    let mut fixture = start_embedded(script);
+    if let Some(command) = before_attach {
+        fixture.cmd(command);
+    }
+    let mut trace = Record::pid(fixture.pid)
+        .args(["--holders", "-v"])
+        .args(args)
+        .attach();
+    trace.wait_tables_ready();
+    let answer = fixture.cmd(leak);
+    let traced = trace.stop();
+    fixture.cmd("quit");
+    CopiesLeak {
+        traced,
+        answer,
+        copy_line: python_line(script, "# COPY-SITE"),
+    }
+}
+
+impl CopiesLeak {
+    /// The stacks of `kind` whose innermost Python frame is the copy's
+    /// line.
+    fn at_copy_site(&self, kind: &str) -> Vec<&Value> {
+        self.traced
+            .report
+            .stacks()
+            .iter()
+            .filter(|stack| {
+                stack["kind"] == kind
+                    && harness::python_frames(stack).first().map(|frame| frame.2)
+                        == Some(self.copy_line)
+            })
+            .collect()
+    }
+
+    /// The reachability of the one stack of the copies' buffers: heap
+    /// blocks (numpy mallocs them) at the copy's line.
+    fn copies_reachability(&self) -> &Value {
+        let copies = self.at_copy_site("heap");
+        assert_eq!(copies.len(), 1, "one copy stack:\n{}", self.traced.report);
+        &copies[0]["reachability"]
+    }
+
+    /// The fixture's own chain of holders, by type name, the copy first.
+    fn chain(&self) -> Vec<&str> {
+        self.answer
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("chain="))
+            .unwrap_or_else(|| panic!("no chain= in the answer {:?}", self.answer))
+            .split(',')
+            .collect()
+    }
+}
+
+/// The type names of a path's typed steps, in order (numpy's static type
+/// is named with its module, as in tp_name: the module left out).
+fn typed_steps(path: &[Value]) -> Vec<&str> {
+    path.iter()
+        .filter_map(|step| step["type_name"].as_str())
+        .map(|name| name.rsplit('.').next().unwrap_or(name))
+        .collect()
+}
 
 #[test]
 fn the_path_from_a_leaked_numpy_copy_names_the_finalize_chain_by_type() {
-    assert!(
-        std::path::Path::new(LIBPYTHON).exists(),
-        "{LIBPYTHON} is missing: run `cargo xtask setup`"
+    let leak = trace_copies_leak(
+        "finalize_registry.py",
+        None,
+        &["--python-objects"],
+        &format!("leak {TRACKERS}"),
     );
-    let script = workspace_root().join("tests/fixtures/python").join(SCRIPT);
-    let copy_line = harness::marked_line(&script, "# COPY-SITE");
-    let mut command = Command::new(fixture("embed_script"));
-    command.arg(&script);
-    let mut fixture = Fixture::start_command(command);
-    let trace = Record::pid(fixture.pid)
-        .args(["--holders", "--python-objects"])
-        .attach();
-    // The unwind tables of numpy's objects are built after attach: a stack
-    // taken before would be one of its own.
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let answer = fixture.cmd(&format!("leak {TRACKERS}"));
-    std::thread::sleep(std::time::Duration::from_millis(600));
-    let traced = trace.stop();
-    fixture.cmd("quit");
+    let (traced, answer) = (&leak.traced, &leak.answer);
 
-    // The copies' buffers: heap blocks (numpy mallocs them) whose innermost
-    // Python frame is the copy's line.
-    let copies: Vec<&Value> = traced
-        .report
-        .stacks()
-        .iter()
-        .filter(|stack| {
-            stack["kind"] == "heap"
-                && harness::python_frames(stack).first().map(|frame| frame.2) == Some(copy_line)
-        })
-        .collect();
-    assert_eq!(copies.len(), 1, "one copy stack:\n{}", traced.report);
-    let reachability = &copies[0]["reachability"];
+    let reachability = leak.copies_reachability();
     assert_eq!(int(reachability, "unreachable_bytes"), 0, "{reachability}");
     assert_eq!(
         int(reachability, "reachable_bytes") + int(reachability, "possibly_lost_bytes"),
-        field(&answer, "copies_bytes"),
+        field(answer, "copies_bytes"),
         "every copy is held: {reachability}"
     );
 
     // The fixture's own chain, the copy's array first and the registry
     // (untraced: made before attach) last, is the path's typed steps, in
     // order, after the buffer itself (raw float64s, no type).
-    let truth: Vec<&str> = answer
-        .split_whitespace()
-        .find_map(|word| word.strip_prefix("chain="))
-        .expect("chain= in the answer")
-        .split(',')
-        .collect();
+    let truth = leak.chain();
     assert_eq!(truth.last(), Some(&"dict"), "{answer}");
     let path = reachability["path_to_root"].as_array().expect("a path");
     assert!(path[0]["type_name"].is_null(), "the buffer: {}", path[0]);
-    let typed: Vec<&str> = path
-        .iter()
-        .filter_map(|step| step["type_name"].as_str())
-        // numpy's static type is named with its module, as in tp_name.
-        .map(|name| name.rsplit('.').next().unwrap_or(name))
-        .collect();
     // What held the copies' arrays, for a failure's message.
-    let arrays: Vec<&Value> = traced
-        .report
-        .stacks()
-        .iter()
-        .filter(|stack| {
-            stack["kind"] == "python-object"
-                && harness::python_frames(stack).first().map(|frame| frame.2) == Some(copy_line)
-        })
+    let arrays: Vec<&Value> = leak
+        .at_copy_site("python-object")
+        .into_iter()
         .map(|stack| &stack["reachability"]["held_by"])
         .collect();
     assert_eq!(
-        typed, truth,
+        typed_steps(path),
+        truth,
         "path: {path:#?}\nthe arrays' holders: {arrays:?}"
     );
     let registry = path
@@ -130,40 +169,18 @@ fn the_path_from_a_leaked_numpy_copy_names_the_finalize_chain_by_type() {
 /// in the global `_PyRuntime`.
 #[test]
 fn without_python_objects_the_path_goes_on_through_pymalloc_objects_to_a_global() {
-    const SCRIPT: &str = "atexit_registry.py";
-    const TRACKERS: i64 = 20;
-    assert!(
-        std::path::Path::new(LIBPYTHON).exists(),
-        "{LIBPYTHON} is missing: run `cargo xtask setup`"
+    let leak = trace_copies_leak(
+        "atexit_registry.py",
+        Some(&format!("prepare {TRACKERS}")),
+        &[],
+        "leak",
     );
-    let script = workspace_root().join("tests/fixtures/python").join(SCRIPT);
-    let copy_line = harness::marked_line(&script, "# COPY-SITE");
-    let mut command = Command::new(fixture("embed_script"));
-    command.arg(&script);
-    let mut fixture = Fixture::start_command(command);
-    fixture.cmd(&format!("prepare {TRACKERS}"));
-    let trace = Record::pid(fixture.pid).args(["--holders"]).attach();
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let answer = fixture.cmd("leak");
-    std::thread::sleep(std::time::Duration::from_millis(600));
-    let traced = trace.stop();
-    fixture.cmd("quit");
-
-    let copies: Vec<&Value> = traced
-        .report
-        .stacks()
-        .iter()
-        .filter(|stack| {
-            stack["kind"] == "heap"
-                && harness::python_frames(stack).first().map(|frame| frame.2) == Some(copy_line)
-        })
-        .collect();
-    assert_eq!(copies.len(), 1, "one copy stack:\n{}", traced.report);
-    let reachability = &copies[0]["reachability"];
+    let (traced, answer) = (&leak.traced, &leak.answer);
+    let reachability = leak.copies_reachability();
     assert_eq!(int(reachability, "unreachable_bytes"), 0, "{reachability}");
     assert_eq!(
         int(reachability, "reachable_bytes"),
-        field(&answer, "copies_bytes"),
+        field(answer, "copies_bytes"),
         "every copy is held: {reachability}"
     );
     assert_eq!(int(reachability, "reachable_blocks"), TRACKERS);
@@ -171,19 +188,8 @@ fn without_python_objects_the_path_goes_on_through_pymalloc_objects_to_a_global(
     // The fixture's own chain (ndarray, dict, Tracker, method) is the
     // path's typed steps, in order, after the buffer; every step after the
     // buffer is an untraced pymalloc block, and the root is a global.
-    let truth: Vec<&str> = answer
-        .split_whitespace()
-        .find_map(|word| word.strip_prefix("chain="))
-        .expect("chain= in the answer")
-        .split(',')
-        .collect();
     let path = reachability["path_to_root"].as_array().expect("a path");
-    let typed: Vec<&str> = path
-        .iter()
-        .filter_map(|step| step["type_name"].as_str())
-        .map(|name| name.rsplit('.').next().unwrap_or(name))
-        .collect();
-    assert_eq!(typed, truth, "path: {path:#?}");
+    assert_eq!(typed_steps(path), leak.chain(), "path: {path:#?}");
     let (root, steps) = path.split_last().expect("a root");
     for step in &steps[1..] {
         assert_eq!(step["kind"], "untraced", "{step}");

@@ -8,27 +8,20 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use std::{path::PathBuf, process::Command};
+use std::process::Command;
 
 use harness::{
-    Fixture, Live, Record, Report, field, frame_lines, python_frames, require_root, stack_live,
-    sum_live, workspace_root,
+    Fixture, Live, PYTHON, Record, Report, field, frame_lines, python_frames,
+    python_line as marked_line, require_root, stack_live, start_python, sum_live, workspace_root,
 };
 use serde_json::Value;
 
-const PYTHON: &str = "/usr/bin/python3.11";
-
-fn fixture_dir() -> PathBuf {
-    workspace_root().join("tests/fixtures/python")
-}
-
-/// The line of `file` (under tests/fixtures/python) holding `marker`.
-fn marked_line(file: &str, marker: &str) -> i64 {
-    harness::marked_line(&fixture_dir().join(file), marker)
-}
+/// The numpy fixture (tests/fixtures/python/leaky_numpy.py).
+const NUMPY_SCRIPT: &str = "leaky_numpy.py";
 
 /// The line of threading.py's Thread.run that calls the thread's target,
-/// in the stdlib of [`PYTHON`] (asked of the interpreter itself).
+/// in the stdlib of [`PYTHON`]: the file asked of the interpreter itself,
+/// the line found in its source, not in a report.
 fn thread_run_line() -> i64 {
     let output = Command::new(PYTHON)
         .args(["-c", "import threading; print(threading.__file__)"])
@@ -39,16 +32,6 @@ fn thread_run_line() -> i64 {
         std::path::Path::new(path.trim()),
         "self._target(*self._args, **self._kwargs)",
     )
-}
-
-fn start_fixture() -> Fixture {
-    assert!(
-        std::path::Path::new(PYTHON).exists(),
-        "{PYTHON} is missing: run `cargo xtask setup`"
-    );
-    let mut command = Command::new(PYTHON);
-    command.arg(fixture_dir().join("leaky_numpy.py"));
-    Fixture::start_command(command)
 }
 
 /// The heap stacks through `caller`. The interpreter reaches numpy's
@@ -80,7 +63,7 @@ fn numpy_leak_is_named_with_frame_pointer_stacks_too() {
 
 fn numpy_leak_named(extra_args: &[&str]) {
     require_root();
-    let mut fixture = start_fixture();
+    let mut fixture = start_python(NUMPY_SCRIPT, &[]);
     // Only the 1 MiB data buffers (numpy's dimension blocks are 16 B).
     let trace = Record::pid(fixture.pid)
         .args(["--min-size", "65536"])
@@ -201,10 +184,15 @@ fn assert_named(
 #[test]
 fn python_off_keeps_native_frames_and_a_native_process_says_no_cpython() {
     require_root();
-    let mut fixture = start_fixture();
-    let trace = Record::pid(fixture.pid).args(["--python", "off"]).attach();
-    fixture.cmd("leak 1");
+    let mut fixture = start_python(NUMPY_SCRIPT, &[]);
+    // Only the 1 MiB data buffers: the leak's, whose bytes the fixture
+    // answers.
+    let trace = Record::pid(fixture.pid)
+        .args(["--python", "off", "--min-size", "65536"])
+        .attach();
+    let answer = fixture.cmd("leak 1");
     let traced = trace.stop();
+    let report = &traced.report;
     assert!(
         traced
             .output
@@ -213,11 +201,23 @@ fn python_off_keeps_native_frames_and_a_native_process_says_no_cpython() {
         "{}",
         traced.output
     );
-    let stacks = traced.report.stacks();
+    let heap: Vec<&Value> = report
+        .stacks()
+        .iter()
+        .filter(|stack| stack["kind"] == "heap")
+        .collect();
+    assert_eq!(
+        sum_live(&heap),
+        Live::answered(&answer, "a_bytes", "a_allocs")
+            + Live::answered(&answer, "b_bytes", "b_allocs"),
+        "the leak's buffers, exactly, on native stacks: {answer}\n{report}"
+    );
     assert!(
-        !stacks.is_empty() && stacks.iter().all(|stack| python_frames(stack).is_empty()),
-        "the leak's stacks, with no Python frames with --python off\n{}",
-        traced.report
+        report
+            .stacks()
+            .iter()
+            .all(|stack| python_frames(stack).is_empty()),
+        "no Python frames with --python off\n{report}"
     );
 
     let leaky = Fixture::start("leaky", &[]);
@@ -259,7 +259,7 @@ fn heap_stacks_with_python_frame(
 #[test]
 fn python_threads_methods_generators_lambdas_and_late_modules() {
     require_root();
-    let mut fixture = start_fixture();
+    let mut fixture = start_python(NUMPY_SCRIPT, &[]);
     // The threads exist before attach; tracer reads their thread states
     // when it attaches (threads started later are found at the next
     // --interval).
@@ -430,12 +430,18 @@ fn embedded_interpreter_loaded_after_attach_gets_python_frames_in_c_stacks() {
 #[test]
 fn forked_multiprocessing_child_gets_python_frames() {
     require_root();
-    let mut fixture = start_fixture();
-    let trace = Record::pid(fixture.pid)
+    let mut fixture = start_python(NUMPY_SCRIPT, &[]);
+    let mut trace = Record::pid(fixture.pid)
         .args(["--min-size", "65536", "--follow-forks"])
         .attach();
-    let answer = fixture.cmd("fork 2");
-    let child = field(&answer, "pid");
+    let child = field(&fixture.cmd("fork 2"), "pid");
+    // The child leaks once tracer follows it, Python frames on.
+    trace.tracer.wait_stderr(
+        &format!("following child PID {child} "),
+        std::time::Duration::from_secs(30),
+    );
+    let answer = fixture.cmd("child leak");
+    assert_eq!(field(&answer, "pid"), child, "{answer}");
     let traced = trace.stop();
     let report = &traced.report;
     let stacks: Vec<&Value> = stacks_with_python(report, "child_leak", "leaky_numpy.py")
@@ -467,13 +473,7 @@ fn forked_multiprocessing_child_gets_python_frames() {
 #[test]
 fn threads_started_after_attach_get_python_frames_at_their_first_allocation() {
     require_root();
-    assert!(
-        std::path::Path::new(PYTHON).exists(),
-        "{PYTHON} is missing: run `cargo xtask setup`"
-    );
-    let mut command = Command::new(PYTHON);
-    command.arg(fixture_dir().join("leaky_bytes.py"));
-    let mut fixture = Fixture::start_command(command);
+    let mut fixture = start_python("leaky_bytes.py", &[]);
     let trace = Record::pid(fixture.pid)
         .args(["--min-size", "65536"])
         .interval("10s")
@@ -517,13 +517,21 @@ fn threads_started_after_attach_get_python_frames_at_their_first_allocation() {
 /// only (they were while the thread states were read after the probes).
 #[test]
 fn allocations_right_after_attach_have_python_frames() {
+    /// Drips the test waits for once tracer attached.
+    const DRIPS_AFTER_ATTACH: i64 = 20;
     require_root();
-    let mut fixture = start_fixture();
+    let mut fixture = start_python(NUMPY_SCRIPT, &[]);
     fixture.cmd("drip on");
     let trace = Record::pid(fixture.pid)
         .args(["--min-size", "65536"])
         .attach();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The drips after this answer fell after attach: all of them recorded.
+    let mark = fixture.cmd(&format!("drip more {DRIPS_AFTER_ATTACH}"));
+    let before = field(&mark, "before");
+    assert!(
+        field(&mark, "now") >= before + DRIPS_AFTER_ATTACH,
+        "the dripper went on: {mark}"
+    );
     let answer = fixture.cmd("drip off");
     let traced = trace.stop();
     let report = &traced.report;
@@ -544,11 +552,12 @@ fn allocations_right_after_attach_have_python_frames() {
             "a stack without the dripper's Python frame: {stack}\n{report}"
         );
     }
-    // Every recorded buffer is a whole drip buffer, all from after attach.
+    // Every recorded buffer is a whole drip buffer.
     let live = sum_live(&heap);
     assert_eq!(live.bytes, live.allocs * 80_000, "{report}");
+    let dripped = field(&answer, "allocs");
     assert!(
-        live.allocs <= field(&answer, "allocs"),
-        "{answer}\n{report}"
+        dripped - before <= live.allocs && live.allocs <= dripped,
+        "every drip after {mark:?} recorded, no more than dripped: {live:?} for {answer}\n{report}"
     );
 }

@@ -15,48 +15,20 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::time::Duration;
 
-use harness::{Fixture, Live, Record, Report, field, fixture, sum_live, workspace_root};
+use harness::{Live, Record, Report, field, python_line, start_embedded, start_python, sum_live};
 use serde_json::Value;
 
-const LIBPYTHON: &str = "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0";
-const PYTHON: &str = "/usr/bin/python3.11";
 const SCRIPT: &str = "objects.py";
 /// Records the fixture leaks: enough to fill a few pymalloc arenas.
 const RECORDS: i64 = 20_000;
 /// pymalloc's arena, CPython 3.10+ on 64-bit Linux (ARENA_BITS 20).
 const ARENA_BYTES: i64 = 1 << 20;
 
-fn script() -> PathBuf {
-    workspace_root().join("tests/fixtures/python").join(SCRIPT)
-}
-
 /// The line of the fixture's script holding `marker`.
 fn marked_line(marker: &str) -> i64 {
-    harness::marked_line(&script(), marker)
-}
-
-/// Starts the script inside Debian's libpython3.11.
-fn start_embedded() -> Fixture {
-    assert!(
-        std::path::Path::new(LIBPYTHON).exists(),
-        "{LIBPYTHON} is missing: run `cargo xtask setup`"
-    );
-    let mut command = Command::new(fixture("embed_script"));
-    command.arg(script());
-    Fixture::start_command(command)
-}
-
-/// Starts the script under Debian's python3.11 with `env`.
-fn start_python(env: &[(&str, &str)]) -> Fixture {
-    assert!(
-        std::path::Path::new(PYTHON).exists(),
-        "{PYTHON} is missing: run `cargo xtask setup`"
-    );
-    let mut command = Command::new(PYTHON);
-    command.arg(script()).envs(env.iter().copied());
-    Fixture::start_command(command)
+    python_line(SCRIPT, marker)
 }
 
 /// (function, file name, line) of the innermost Python frame of a stack.
@@ -85,7 +57,7 @@ fn at_leak_site<'a>(report: &'a Report, kind: &str) -> Vec<&'a Value> {
 /// fill).
 #[test]
 fn small_objects_are_named_by_their_python_line_with_python_objects() {
-    let mut fixture = start_embedded();
+    let mut fixture = start_embedded(SCRIPT);
     let trace = Record::pid(fixture.pid).args(["--python-objects"]).attach();
     let answer = fixture.cmd(&format!("leak {RECORDS}"));
     fixture.cmd("churn 5000");
@@ -162,7 +134,7 @@ fn small_objects_are_named_by_their_python_line_with_python_objects() {
 /// be at that line: no object count, no python-object kind.
 #[test]
 fn without_python_objects_small_objects_are_only_arenas() {
-    let mut fixture = start_embedded();
+    let mut fixture = start_embedded(SCRIPT);
     let trace = Record::pid(fixture.pid).attach();
     let answer = fixture.cmd(&format!("leak {RECORDS}"));
     let traced = trace.stop();
@@ -202,7 +174,7 @@ fn without_python_objects_small_objects_are_only_arenas() {
 /// without `--python-objects`.
 #[test]
 fn an_lto_python_is_told_and_pythonmalloc_names_its_objects() {
-    let fixture = start_python(&[]);
+    let fixture = start_python(SCRIPT, &[]);
     let mut trace = Record::pid(fixture.pid).args(["--python-objects"]).attach();
     trace
         .tracer
@@ -218,7 +190,7 @@ fn an_lto_python_is_told_and_pythonmalloc_names_its_objects() {
     );
     drop(fixture);
 
-    let mut fixture = start_python(&[("PYTHONMALLOC", "malloc")]);
+    let mut fixture = start_python(SCRIPT, &[("PYTHONMALLOC", "malloc")]);
     let trace = Record::pid(fixture.pid).attach();
     let answer = fixture.cmd(&format!("leak {RECORDS}"));
     let traced = trace.stop();

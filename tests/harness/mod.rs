@@ -10,6 +10,7 @@ use std::time::Duration;
 mod cuda;
 mod fixture;
 mod http;
+mod python;
 mod record;
 pub mod redis;
 mod report;
@@ -25,6 +26,8 @@ pub use cuda::*;
 pub use fixture::{Fixture, field};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use http::{http_get, listen_address, serve_leaky, stack_samples, wait_for_samples};
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
+pub use python::*;
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use record::{Record, Trace, Traced};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
