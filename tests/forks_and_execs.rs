@@ -9,14 +9,9 @@ mod harness;
 use std::process::Command;
 
 use harness::{
-    ATTACH_TIMEOUT, Fixture, KillOnDrop, LEAK_SIZE_BYTES, Live, PREALLOC_COUNT,
-    REENTRANT_BLOCK_BYTES, Record, Report, Traced, field, stdout_pipe_buffer, sum_live,
+    ATTACH_TIMEOUT, Fixture, KillOnDrop, Live, PREALLOC_COUNT, REENTRANT_BLOCK_BYTES, Record,
+    Report, Traced, field, leaked, stdout_pipe_buffer, sum_live,
 };
-
-/// `count` blocks leaked in leaky.c's leak_here.
-fn leaked(count: i64) -> Live {
-    Live::blocks(count, LEAK_SIZE_BYTES)
-}
 
 #[test]
 fn follow_forks_traces_children_and_without_it_they_cost_nothing() {

@@ -13,14 +13,9 @@ use std::{
 };
 
 use harness::{
-    ATTACH_TIMEOUT, Fixture, LEAK_SIZE_BYTES, Live, NESTED_LEAK_BYTES, Record, Report, Traced,
-    churn_held, field, json_path, require_root, thread_dtvs,
+    ATTACH_TIMEOUT, Fixture, Live, NESTED_LEAK_BYTES, Record, Report, Traced, churn_held, field,
+    json_path, leaked, require_root, thread_dtvs,
 };
-
-/// `count` blocks leaked in leaky.c's leak_here.
-fn leaked(count: i64) -> Live {
-    Live::blocks(count, LEAK_SIZE_BYTES)
-}
 
 #[test]
 fn sigterm_writes_every_output() {
