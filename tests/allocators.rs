@@ -13,7 +13,7 @@ use harness::{
     CHURN_ALLOCS_PER_ROUND, Fixture, LEAK_SIZE_BYTES, Live, Report, assert_took_under, churn_held,
     field, frames_contain, json_path, record_attached, record_in,
     redis::{RedisServer, pipeline, resp, set_keys},
-    require_root, stack_int,
+    require_root, sum_live,
 };
 use serde_json::Value;
 
@@ -138,16 +138,14 @@ const DICT_ENTRY_BYTES: i64 = 24;
 /// The live blocks of the stacks that contain every one of `functions`
 /// and none of `excluded`.
 fn live_under(report: &Report, functions: &[&str], excluded: &[&str]) -> Live {
-    report
+    let stacks: Vec<&Value> = report
         .stacks()
         .iter()
         .filter(|stack| stack["kind"] == "heap")
         .filter(|stack| functions.iter().all(|f| frames_contain(stack, f)))
         .filter(|stack| !excluded.iter().any(|f| frames_contain(stack, f)))
-        .fold(Live::default(), |live, stack| Live {
-            bytes: live.bytes + stack_int(stack, "live_bytes"),
-            allocs: live.allocs + stack_int(stack, "live_allocs"),
-        })
+        .collect();
+    sum_live(&stacks)
 }
 
 #[test]

@@ -4,11 +4,11 @@
 #[allow(dead_code, reason = "tests/record.rs uses the rest of the harness")]
 mod harness;
 
-use std::process::{Child, Command};
+use std::process::Command;
 
 use harness::{
-    EXIT_TIMEOUT, Fixture, Tracer, TracerOutput, assert_one_line_error as assert_error, fixture,
-    require_root,
+    EXIT_TIMEOUT, Fixture, KillOnDrop, Tracer, TracerOutput, assert_one_line_error as assert_error,
+    fixture, require_root,
 };
 
 /// Exit codes of the tracer binary.
@@ -31,16 +31,6 @@ fn unused_pid() -> u32 {
     (999_999..)
         .find(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
         .expect("some pid is free")
-}
-
-/// Kills the child when dropped.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
@@ -68,12 +58,12 @@ fn command_does_not_exist() {
 fn target_without_allocator_is_traced_for_its_mappings() {
     require_root();
     let path = fixture("noalloc");
-    let noalloc = KillOnDrop(
+    let noalloc = KillOnDrop::child(
         Command::new(&path)
             .spawn()
             .unwrap_or_else(|error| panic!("could not start {}: {error}", path.display())),
     );
-    let pid = noalloc.0.id().to_string();
+    let pid = noalloc.pid.to_string();
     let output = run_tracer(&["record", "--duration", "300ms", "--pid", &pid]);
     output.assert_success();
     assert!(
@@ -157,8 +147,8 @@ fn kernel_without_uprobes() {
 fn zombie_target() {
     require_root();
     // A child of this test that exited and was not waited for.
-    let zombie = KillOnDrop(Command::new("true").spawn().expect("start true"));
-    let pid = zombie.0.id();
+    let zombie = KillOnDrop::child(Command::new("true").spawn().expect("start true"));
+    let pid = zombie.pid;
     let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
     while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|stat| stat.contains(") Z "))
@@ -245,14 +235,14 @@ fn pid_exiting_during_attach() {
     // Processes that exit while the tracer looks them up and attaches: every
     // run must end with a report or with one line and exit code 3.
     for delay_ms in [0, 20, 40, 60, 80, 120, 160, 200, 300] {
-        let child = KillOnDrop(
+        let child = KillOnDrop::child(
             Command::new("sh")
                 .arg("-c")
                 .arg(format!("sleep {}", f64::from(delay_ms) / 1000.0))
                 .spawn()
                 .expect("start sh"),
         );
-        let pid = child.0.id().to_string();
+        let pid = child.pid.to_string();
         let output = Tracer::start(["record", "--pid", &pid]).wait_exit(EXIT_TIMEOUT);
         if output.status.success() {
             assert!(output.stdout.contains("exited after"), "{output}");

@@ -9,25 +9,9 @@ mod harness;
 use std::process::Command;
 
 use harness::{
-    ATTACH_TIMEOUT, Fixture, LEAK_SIZE_BYTES, Live, PREALLOC_COUNT, REENTRANT_BLOCK_BYTES, Record,
-    Report, Traced, field, stdout_pipe_buffer, sum_live,
+    ATTACH_TIMEOUT, Fixture, KillOnDrop, Live, PREALLOC_COUNT, REENTRANT_BLOCK_BYTES, Record,
+    Report, Traced, field, leaked, stdout_pipe_buffer, sum_live,
 };
-
-/// `count` blocks leaked in leaky.c's leak_here.
-fn leaked(count: i64) -> Live {
-    Live::blocks(count, LEAK_SIZE_BYTES)
-}
-
-/// Kills a process that is not our child (a fixture's) when dropped.
-struct KillOnDrop(u32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        // SAFETY: kill has no memory preconditions; a fixture's child sleeps
-        // until killed, so the pid is not reused before this.
-        unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
-    }
-}
 
 #[test]
 fn follow_forks_traces_children_and_without_it_they_cost_nothing() {
@@ -36,7 +20,7 @@ fn follow_forks_traces_children_and_without_it_they_cost_nothing() {
         let follow_args: &[&str] = if follow { &["--follow-forks"] } else { &[] };
         let trace = Record::pid(fixture.pid).args(follow_args).attach();
         let child: u32 = field(&fixture.cmd("spawn 300"), "pid").try_into().unwrap();
-        let _child = KillOnDrop(child);
+        let _child = KillOnDrop::pid(child);
         // The child leaks 1.5 s after the fork and says so.
         assert_eq!(fixture.next_line("the child's leak"), "child leaked=300");
         let Traced { output, report } = trace.stop();

@@ -4,11 +4,13 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
+use std::ffi::OsStr;
+
 use harness::{
     Allocated, CHURN_ALLOCS_PER_ROUND, CHURN_KEEP_BYTES, Fixture, LEAK_SIZE_BYTES, Live,
     PREALLOC_COUNT, PREALLOC_SIZE_BYTES, Record, Report, THREAD_LEAK_SIZE_BYTES, Traced,
-    churn_held, field, fixture, record_while, stack_allocated, stack_int, stdout_pipe_buffer,
-    thread_dtvs,
+    churn_held, field, fixture, json_path, record_while, stack_allocated, stack_int,
+    stdout_pipe_buffer, thread_dtvs,
 };
 
 /// The one heap stack of `function`: what it allocated over the run.
@@ -240,14 +242,20 @@ fn static_binary_leak_exact() {
 #[test]
 fn leaks_accumulate_across_commands() {
     let mut leaky = Fixture::start("leaky", &[]);
-    let trace = Record::pid(leaky.pid).attach();
+    let recording = json_path("accumulate").with_extension("tracer");
+    let mut trace = Record::pid(leaky.pid)
+        .args([OsStr::new("-o"), recording.as_os_str()])
+        .attach();
     let mut churn = String::new();
     for _ in 0..3 {
         leaky.cmd("leak 40");
         churn = leaky.cmd("churn 5");
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        // Each round in a snapshot of its own: the report is the last
+        // one's counters, not the first's nor their sum.
+        trace.wait_next_snapshot(&recording);
     }
     let Traced { report, .. } = trace.stop();
+    let _ = std::fs::remove_file(&recording);
     assert_eq!(
         report.heap_live_with("leak_here"),
         Live::blocks(120, LEAK_SIZE_BYTES),

@@ -107,6 +107,45 @@ impl Drop for Fixture {
     }
 }
 
+/// A process killed (SIGKILL) when dropped: a child of the test, then
+/// also waited for, or a fixture's own child, which the fixture waits for.
+pub struct KillOnDrop {
+    pub pid: u32,
+    child: Option<Child>,
+}
+
+impl KillOnDrop {
+    /// A child this test started.
+    pub fn child(child: Child) -> Self {
+        Self {
+            pid: child.id(),
+            child: Some(child),
+        }
+    }
+
+    /// A process that is not our child (one a fixture started), by PID; it
+    /// must wait to be killed, so that its PID is not reused before.
+    pub fn pid(pid: u32) -> Self {
+        Self { pid, child: None }
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        match self.child.as_mut() {
+            Some(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            // SAFETY: kill has no memory preconditions; the process waits
+            // until killed, so the PID is still its own.
+            None => unsafe {
+                libc::kill(self.pid as libc::pid_t, libc::SIGKILL);
+            },
+        }
+    }
+}
+
 /// The value of `key=value` in a fixture's answer line.
 pub fn field(answer: &str, key: &str) -> i64 {
     answer

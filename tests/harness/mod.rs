@@ -23,7 +23,7 @@ mod truths;
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use cuda::*;
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
-pub use fixture::{Fixture, field};
+pub use fixture::{Fixture, KillOnDrop, field};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use http::{http_get, listen_address, serve_leaky, stack_samples, wait_for_samples};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]

@@ -134,6 +134,29 @@ impl Trace {
             .wait_stderr("every table ready", std::time::Duration::from_secs(60));
     }
 
+    /// Waits until the recording this session writes at `recording` (its
+    /// `-o`) holds one snapshot more than when called: one taken after
+    /// whatever the target did before.
+    pub fn wait_next_snapshot(&mut self, recording: &Path) {
+        let deadline = std::time::Instant::now() + ATTACH_TIMEOUT;
+        let mut before = None;
+        loop {
+            let written = snapshots_written(recording);
+            match (before, written) {
+                (None, _) => before = written,
+                (Some(before), Some(written)) if written > before => return,
+                _ => {}
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no new snapshot in {} within {} s (had {before:?})",
+                recording.display(),
+                ATTACH_TIMEOUT.as_secs()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// SIGINT; the tracer must write its report and exit 0.
     pub fn stop(self) -> Traced {
         self.stop_with(libc::SIGINT)
@@ -159,4 +182,12 @@ impl Trace {
         report.assert_totals_are_the_listed_stacks(top);
         Traced { output, report }
     }
+}
+
+/// The snapshots in a recording being written, read with tracer's own
+/// reader; `None` until it exists, and while a snapshot is half-written.
+fn snapshots_written(recording: &Path) -> Option<usize> {
+    let bytes = std::fs::read(recording).ok()?;
+    let parsed = tracer::recording::parse(&bytes, "the recording");
+    parsed.ok().map(|recording| recording.snapshot_count())
 }

@@ -5,6 +5,11 @@ use super::{Live, Report, field};
 
 /// `malloc` size in leaky.c's `leak_here`.
 pub const LEAK_SIZE_BYTES: i64 = 1337;
+/// `count` blocks leaked in leaky.c's `leak_here`.
+pub fn leaked(count: i64) -> Live {
+    Live::blocks(count, LEAK_SIZE_BYTES)
+}
+
 /// `malloc` size in leaky.c's `thread_leak`.
 pub const THREAD_LEAK_SIZE_BYTES: i64 = 2048;
 /// Blocks leaky.c allocates before it is ready (and frees on `free_pre`).
