@@ -26,11 +26,12 @@ fn debug_dir() -> PathBuf {
 /// Traces stripped fixture `name` while it leaks, with `args`.
 fn trace_leaks(name: &str, args: &[&OsStr]) -> Traced {
     let mut leaky = Fixture::start(&format!("stripped/{name}"), &[]);
-    let trace = Record::pid(leaky.pid).args(args).attach();
+    let trace = Record::pid(leaky.pid).interval("60s").args(args).attach();
     let answer = leaky.cmd(&format!("leak {LEAKS}"));
     assert_eq!(field(&answer, "bytes"), LEAKS * LEAK_SIZE_BYTES);
     // The fixture answered after its last malloc returned: the final
-    // snapshot at SIGINT holds them all.
+    // snapshot at SIGINT holds them all (the only one after attach, at
+    // this interval).
     trace.stop()
 }
 

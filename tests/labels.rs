@@ -41,7 +41,12 @@ fn only_stack_named<'a>(traced: &'a Traced, function: &str, bytes: i64) -> &'a V
 
 fn trace_leaks(wrapper_args: &[&str]) -> (Traced, String) {
     let mut fixture = Fixture::start("wrappers", &[]);
-    let trace = Record::pid(fixture.pid).args(wrapper_args).attach();
+    // No periodic snapshot in the test's time: the report is the final
+    // one, taken at SIGINT after the fixture answered.
+    let trace = Record::pid(fixture.pid)
+        .interval("60s")
+        .args(wrapper_args)
+        .attach();
     let answer = fixture.cmd("leak 40");
     (trace.stop(), answer)
 }
@@ -107,6 +112,7 @@ fn copies_that_fell_back_to_frame_pointers_merge_into_their_site() {
     // A 1 MiB ring of 16 KiB copies fills within one drain at this rate:
     // many copies fall back to a frame-pointer walk of the same stack.
     let trace = Record::pid(fixture.pid)
+        .interval("60s")
         .args([
             "--unwind",
             "copy",
@@ -117,7 +123,8 @@ fn copies_that_fell_back_to_frame_pointers_merge_into_their_site() {
         ])
         .attach();
     // The answer comes after the last allocation: the copies that
-    // filled the ring are drained at SIGINT.
+    // filled the ring are drained at SIGINT, in the only snapshot after
+    // attach.
     let answer = fixture.cmd("burst 60000");
     let traced = trace.stop();
     let fell_back = traced

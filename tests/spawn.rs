@@ -352,7 +352,12 @@ fn node_jit_frames_are_named_from_its_perf_map() {
         .arg("--perf-basic-prof")
         .arg(&script);
     let mut node = Fixture::start_command(command);
-    let trace = Record::pid(node.pid).args(["--unwind", "fp"]).attach();
+    // No periodic snapshot in the test's time: the buffers are in the
+    // final one, taken at SIGINT after the script answered.
+    let trace = Record::pid(node.pid)
+        .interval("60s")
+        .args(["--unwind", "fp"])
+        .attach();
     let answer = node.cmd("leak 200");
     let Traced { output, report } = trace.stop();
     let pid = node.pid;
