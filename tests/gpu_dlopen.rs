@@ -207,6 +207,14 @@ fn executors_right_after_dlopen_by_path_are_counted_when_hooked_at_open() {
             },
             "attempt {attempt}: right after the dlopen ({hooked_lines:?})\n{report}"
         );
+        assert_eq!(
+            stack_allocated(threads[0]),
+            Allocated {
+                bytes: 6 * POOL_BYTES_PER_INSTANCE,
+                count: 6 * POOL_ENTRIES
+            },
+            "attempt {attempt}: right after the dlopen ({hooked_lines:?})\n{report}"
+        );
     }
 }
 

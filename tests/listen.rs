@@ -132,6 +132,16 @@ impl Drop for Prometheus {
     }
 }
 
+/// Waits for a snapshot in which leak_here holds `bytes` (tracer's
+/// /metrics).
+fn wait_for_leak_here(address: &str, bytes: i64) {
+    wait_for_samples(address, &format!("{bytes} B of leak_here"), |samples| {
+        samples
+            .iter()
+            .any(|(_, site, live)| site.starts_with("leak_here") && *live == bytes)
+    });
+}
+
 #[test]
 fn prometheus_scrapes_the_leak_and_its_verdict() {
     let mut fixture = Fixture::start("leaky", &[]);
@@ -144,11 +154,12 @@ fn prometheus_scrapes_the_leak_and_its_verdict() {
     let prometheus = Prometheus::start(&address);
     // Churn once: its kept blocks are a one-time step, not a leak.
     let churn = fixture.cmd("churn 20");
-    // Then leak steadily for 8 s, and hold still.
+    // Then leak steadily, each step in a snapshot of its own (32 steps,
+    // 250 ms apart: 8 s), and hold still.
     let mut leaked = 0;
     for _ in 0..32 {
         leaked += field(&fixture.cmd("leak 5"), "count");
-        std::thread::sleep(Duration::from_millis(250));
+        wait_for_leak_here(&address, leaked * LEAK_SIZE_BYTES);
     }
     let expected = (leaked * LEAK_SIZE_BYTES).to_string();
 
@@ -259,14 +270,7 @@ fn go_pprof_names_the_leak_with_exact_bytes() {
 fn growth_profile_holds_what_grew_since_the_previous_fetch() {
     let (mut fixture, trace, address) = serve_leaky(&[], "100ms", &[]);
     // Each fetch once a snapshot holds the blocks leaked before it.
-    let leaked_in_a_snapshot = |count: i64| {
-        let bytes = count * LEAK_SIZE_BYTES;
-        wait_for_samples(&address, &format!("{bytes} B of leak_here"), |samples| {
-            samples
-                .iter()
-                .any(|(_, site, live)| site.starts_with("leak_here") && *live == bytes)
-        });
-    };
+    let leaked_in_a_snapshot = |count: i64| wait_for_leak_here(&address, count * LEAK_SIZE_BYTES);
     fixture.cmd("leak 4");
     leaked_in_a_snapshot(4);
     let (status, first) = http_get(&address, "/debug/pprof/growth");

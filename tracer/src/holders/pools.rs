@@ -322,30 +322,25 @@ mod tests {
     #[test]
     fn a_header_that_disagrees_is_no_pool() {
         let globals = Globals::default();
-        let mut bytes = pool();
-        bytes[0] = 4;
         assert!(
-            live_blocks(POOL, &bytes, &globals, 16 << 10).is_none(),
-            "the count disagrees with the free list"
+            live_blocks(POOL, &pool(), &globals, 16 << 10).is_some(),
+            "the pool before its damage"
         );
-        let mut bytes = pool();
-        bytes[36] = 32;
-        assert!(
-            live_blocks(POOL, &bytes, &globals, 16 << 10).is_none(),
-            "szidx"
-        );
-        let mut bytes = pool();
-        bytes[16] = 8;
-        assert!(
-            live_blocks(POOL, &bytes, &globals, 16 << 10).is_none(),
-            "nextpool"
-        );
-        let mut bytes = pool();
-        bytes[8] += 8;
-        assert!(
-            live_blocks(POOL, &bytes, &globals, 16 << 10).is_none(),
-            "freeblock"
-        );
+        // (what is wrong, the byte written, its value)
+        let damages: [(&str, usize, u8); 4] = [
+            ("the count disagrees with the free list", 0, 4),
+            ("szidx", 36, 32),
+            ("nextpool", 16, 8),
+            ("freeblock", 8, pool()[8] + 8),
+        ];
+        for (what, offset, value) in damages {
+            let mut bytes = pool();
+            bytes[offset] = value;
+            assert!(
+                live_blocks(POOL, &bytes, &globals, 16 << 10).is_none(),
+                "{what}"
+            );
+        }
         assert!(
             live_blocks(POOL, &[0u8; 16 << 10], &globals, 16 << 10).is_none(),
             "zeroes"
