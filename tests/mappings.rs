@@ -4,13 +4,13 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use harness::{Live, field, frames_contain, record_while, stack_live};
+use harness::{Live, field, frames_contain, record_while_tables_ready, stack_live};
 
 const KIB: i64 = 1024;
 
 #[test]
 fn anonymous_mappings_exact_with_partial_unmaps_and_churn() {
-    let session = record_while("mappings", &["anon 12", "partial 7", "churn 20"]);
+    let session = record_while_tables_ready("mappings", &["anon 12", "partial 7", "churn 20"]);
     let report = &session.report;
     assert_eq!(field(&session.answers[0], "bytes"), 12 * 256 * KIB);
     assert_eq!(
@@ -52,7 +52,7 @@ fn anonymous_mappings_exact_with_partial_unmaps_and_churn() {
 
 #[test]
 fn malloc_mapped_blocks_count_once_as_heap() {
-    let session = record_while("mappings", &["malloc_big 10"]);
+    let session = record_while_tables_ready("mappings", &["malloc_big 10"]);
     let report = &session.report;
     let big = Live::blocks(10, 512 * KIB);
     assert_eq!(report.heap_live_with("malloc_big_block"), big, "\n{report}");
@@ -66,7 +66,7 @@ fn malloc_mapped_blocks_count_once_as_heap() {
 
 #[test]
 fn raw_mmap_syscall_is_seen() {
-    let session = record_while("mappings", &["raw 9"]);
+    let session = record_while_tables_ready("mappings", &["raw 9"]);
     let report = &session.report;
     let raw = Live::blocks(9, 64 * KIB);
     assert_eq!(
@@ -81,7 +81,7 @@ fn raw_mmap_syscall_is_seen() {
 /// call's number): each kind must come out right.
 #[test]
 fn program_break_moved_outside_malloc_is_heap_brk() {
-    let session = record_while("mappings", &["brk 6", "raw 2"]);
+    let session = record_while_tables_ready("mappings", &["brk 6", "raw 2"]);
     let report = &session.report;
     assert_eq!(field(&session.answers[0], "bytes"), 6 * 64 * KIB);
     assert_eq!(
@@ -96,7 +96,7 @@ fn program_break_moved_outside_malloc_is_heap_brk() {
 
 #[test]
 fn file_mappings_name_their_file() {
-    let session = record_while("mappings", &["file 5"]);
+    let session = record_while_tables_ready("mappings", &["file 5"]);
     let report = &session.report;
     let answer = &session.answers[0];
     let path = answer
@@ -124,7 +124,7 @@ fn file_mappings_name_their_file() {
 /// leak: the 16 KiB-per-step mapping leak tops the report and is flagged.
 #[test]
 fn threads_reservations_do_not_outrank_a_small_mmap_leak() {
-    let session = record_while("mappings", &["threads 4 25 100"]);
+    let session = record_while_tables_ready("mappings", &["threads 4 25 100"]);
     let report = &session.report;
     assert_eq!(field(&session.answers[0], "bytes"), 4 * 25 * 16 * KIB);
     let top = report.stacks().first().expect("the report has no stacks");

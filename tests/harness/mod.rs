@@ -168,10 +168,27 @@ pub fn record_with(name: &str, extra_args: &[&str], commands: &[&str]) -> Sessio
     record_in(Fixture::start(name, &[]), extra_args, commands)
 }
 
+/// [`record_while`], but the commands are sent once `-v` says every unwind
+/// table is in the kernel: a stack through glibc (no frame pointers) taken
+/// while its table is pending loses its frames there, which a test of the
+/// frames must not race (a loaded machine builds the tables late).
+pub fn record_while_tables_ready(name: &str, commands: &[&str]) -> Session {
+    require_root();
+    let mut fixture = Fixture::start(name, &[]);
+    let mut trace = Record::pid(fixture.pid).args(["-v"]).attach();
+    trace.wait_tables_ready();
+    session(&mut fixture, trace, commands)
+}
+
 /// [`record_with`] on a fixture already started.
 pub fn record_in(mut fixture: Fixture, extra_args: &[&str], commands: &[&str]) -> Session {
     require_root();
     let trace = Record::pid(fixture.pid).args(extra_args).attach();
+    session(&mut fixture, trace, commands)
+}
+
+/// Sends `commands` to `fixture` traced by `trace`, then stops the tracer.
+fn session(fixture: &mut Fixture, trace: Trace, commands: &[&str]) -> Session {
     let answers = commands
         .iter()
         .map(|command| fixture.cmd(command))
