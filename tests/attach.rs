@@ -16,6 +16,10 @@ use harness::{
 /// that still catches perf-event uprobes (8 s for 74 probes).
 const EXIT_BOUND: Duration = Duration::from_secs(4);
 
+/// The mapping tracepoints every session has: enter and exit of mmap,
+/// munmap, mremap, brk and mprotect.
+const MAPPING_TRACEPOINTS: usize = 10;
+
 /// The number in tracer's "attached N probes" line.
 fn probes_attached(stderr: &str) -> usize {
     stderr
@@ -91,11 +95,31 @@ fn exits_promptly_after_sigint_with_70_probes_in_place() {
         per_process > 0 && per_process < one_probes,
         "{per_process} probes per process, {one_probes} for one: {output}"
     );
+    // Each process: every hooked function's entry probe, a return probe on
+    // each but free, and the loader gate (`_dl_debug_state`, which holds a
+    // dlopen until its library is hooked); once for all: the 10 mapping
+    // tracepoints (enter and exit of mmap, munmap, mremap, brk, mprotect).
+    let hooked = report.json["probes"].as_array().expect("probes");
+    let per_pid = |pid: u32| {
+        let of_pid = || {
+            hooked
+                .iter()
+                .filter(move |probe| probe["pid"].as_u64() == Some(u64::from(pid)))
+        };
+        let frees = of_pid().filter(|probe| probe["symbol"] == "free").count();
+        2 * of_pid().count() - frees + 1
+    };
+    let expected: usize = pids.iter().map(|&pid| per_pid(pid)).sum::<usize>() + MAPPING_TRACEPOINTS;
+    assert_eq!(
+        (probes, per_process),
+        (expected, per_pid(pids[0])),
+        "probes of 3 processes, and per process: {output}"
+    );
     assert!(probes >= 70, "only {probes} probes: {output}");
     // One link per program, file and process, each holding every probe
     // of that program there: glibc's malloc_enter covers malloc and
     // valloc, libstdc++'s every operator new.
-    let functions = report.json["probes"].as_array().expect("probes").len();
+    let functions = hooked.len();
     assert!(
         links > 0 && links < functions,
         "{links} links for {functions} functions hooked: {output}"
