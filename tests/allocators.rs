@@ -158,7 +158,7 @@ fn redis_keyspace_growth_is_counted_under_redis_frames() {
     let mut tracer = record_attached(server.child.id(), &json, &["-v"]);
     // redis has no frame pointers: a SET before its unwind table is in
     // the kernel is walked by frame pointers and loses the redis frames.
-    tracer.wait_stderr("every table ready", Duration::from_secs(60));
+    tracer.wait_tables_ready();
 
     // In pipelined batches, as a busy client would: each SET copies ~6
     // stacks for DWARF unwinding (redis has no frame pointers), and a

@@ -101,13 +101,13 @@ fn exits_promptly_after_sigint_with_70_probes_in_place() {
     // tracepoints (enter and exit of mmap, munmap, mremap, brk, mprotect).
     let hooked = report.json["probes"].as_array().expect("probes");
     let per_pid = |pid: u32| {
-        let of_pid = || {
-            hooked
-                .iter()
-                .filter(move |probe| probe["pid"].as_u64() == Some(u64::from(pid)))
-        };
-        let frees = of_pid().filter(|probe| probe["symbol"] == "free").count();
-        2 * of_pid().count() - frees + 1
+        let functions = hooked
+            .iter()
+            .filter(|probe| probe["pid"].as_u64() == Some(u64::from(pid)));
+        let probes: usize = functions
+            .map(|probe| if probe["symbol"] == "free" { 1 } else { 2 })
+            .sum();
+        probes + 1
     };
     let expected: usize = pids.iter().map(|&pid| per_pid(pid)).sum::<usize>() + MAPPING_TRACEPOINTS;
     assert_eq!(

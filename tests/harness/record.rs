@@ -125,13 +125,9 @@ pub struct Traced {
 }
 
 impl Trace {
-    /// Waits until `-v` (which the session must have been started with)
-    /// says every unwind table is in the kernel: stacks taken before are
-    /// walked by frame pointers and end in a marker, which a test of
-    /// stacks' content must not race.
+    /// [`Tracer::wait_tables_ready`].
     pub fn wait_tables_ready(&mut self) {
-        self.tracer
-            .wait_stderr("every table ready", std::time::Duration::from_secs(60));
+        self.tracer.wait_tables_ready();
     }
 
     /// Waits until the recording this session writes at `recording` (its

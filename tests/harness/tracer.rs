@@ -131,6 +131,14 @@ impl Tracer {
         self.wait_stderr("tracer: attached", timeout);
     }
 
+    /// Waits until `-v` (which the tracer must have been started with)
+    /// says every unwind table is in the kernel: stacks taken before are
+    /// walked by frame pointers and end in a marker, which a test of
+    /// stacks' content must not race.
+    pub fn wait_tables_ready(&mut self) {
+        self.wait_stderr("every table ready", Duration::from_secs(60));
+    }
+
     /// Waits for a stderr line containing `needle`; fails with all of
     /// stderr if the tracer exits first or `timeout` passes.
     pub fn wait_stderr(&mut self, needle: &str, timeout: Duration) {
