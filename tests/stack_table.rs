@@ -2,7 +2,7 @@
 //! collide below its capacity, however many a program has (large C++ and
 //! Rust services have tens of thousands), and each keeps exact totals.
 //! tests/fixtures/stack_tree.c makes 2^DEPTH distinct stacks of one block
-//! each.
+//! each (tests/stack_eviction.rs: more distinct stacks than it holds).
 
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;

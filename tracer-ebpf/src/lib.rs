@@ -62,6 +62,7 @@ mod pod {
     unsafe impl aya::Pod for StackKey {}
     unsafe impl aya::Pod for StackTotals {}
     unsafe impl aya::Pod for Pending {}
+    unsafe impl aya::Pod for SignalLevel {}
     unsafe impl aya::Pod for GpuPending {}
     unsafe impl aya::Pod for VmmHandle {}
     unsafe impl aya::Pod for Event {}

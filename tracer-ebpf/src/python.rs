@@ -15,7 +15,7 @@ use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_probe_read_user},
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, Queue},
 };
 use tracer_ebpf::{
     FRAME_WINDOW, MAX_PYTHON_FRAMES, MAX_SEARCHED_THREADS, PythonOffsets, PythonStack,
@@ -40,18 +40,39 @@ static PYTHON_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(1 << 16, BP
 #[map]
 static PYTHON_OFFSETS: HashMap<u32, PythonOffsets> = HashMap::with_max_entries(4096, 0);
 
-/// The frames of each Python stack, by id (from 1).
+/// Most Python stacks held at once, set by userspace (the tables'
+/// size): ids are 1 to it.
+#[unsafe(no_mangle)]
+static MAX_PYTHON_STACKS: aya_ebpf::Global<u32> = aya_ebpf::Global::new(1 << 17);
+
+/// The frames of each Python stack, by id (from 1). Bounded like STACKS
+/// (`stacks.rs`): userspace evicts a Python stack no stack it holds
+/// names any more, by the same protocol (its hash unlinked from
+/// PYTHON_STACK_IDS first, its entry deleted and its id given back
+/// through PYTHON_FREE_IDS a grace period later).
 #[map]
 static PYTHON_STACKS: HashMap<u32, PythonStack> =
-    HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
+    HashMap::with_max_entries(1 << 17, BPF_F_NO_PREALLOC);
 
 /// The id of each Python stack, by a hash of its frames and process.
 #[map]
-static PYTHON_STACK_IDS: HashMap<u64, u32> = HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
+static PYTHON_STACK_IDS: HashMap<u64, u32> = HashMap::with_max_entries(1 << 17, BPF_F_NO_PREALLOC);
 
-/// The last Python stack id handed out.
+/// The number of Python stack ids never handed out before that were.
 #[map]
 static PYTHON_NEXT_ID: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Ids of evicted Python stacks, given back by userspace, handed out
+/// again before new ones (first in, first out). Sized by userspace to
+/// hold every id.
+#[map]
+static PYTHON_FREE_IDS: Queue<u32> = Queue::with_max_entries(1 << 17, 0);
+
+/// The id of each Python stack stored, for userspace to name it at once
+/// (its code objects may be gone later). Sized to hold every id; one
+/// that does not fit is named when a stack with it is read.
+#[map]
+static PYTHON_NEW_IDS: Queue<u32> = Queue::with_max_entries(1 << 17, 0);
 
 /// Per CPU: the stack being walked, and the bytes of the frame being read.
 #[repr(C)]
@@ -258,17 +279,19 @@ fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
     store(hash, &scratch.stack)
 }
 
+/// Hands a new Python stack an id, stores its frames and tells userspace.
+/// An id taken but not used goes back to PYTHON_FREE_IDS.
 #[inline(never)]
 fn store(hash: u64, stack: &PythonStack) -> Option<u32> {
-    let Some(next) = PYTHON_NEXT_ID.get_ptr_mut(0) else {
+    let Some(id) = new_id() else {
         count(stat::DROP_PYTHON_STACK);
         return None;
     };
-    let id = fetch_add(next, 1) as u32 + 1;
     if PYTHON_STACKS
         .insert(&id, stack, BPF_NOEXIST as u64)
         .is_err()
     {
+        give_back(id);
         count(stat::DROP_PYTHON_STACK);
         return None;
     }
@@ -276,10 +299,12 @@ fn store(hash: u64, stack: &PythonStack) -> Option<u32> {
         .insert(&hash, &id, BPF_NOEXIST as u64)
         .is_ok()
     {
+        let _ = PYTHON_NEW_IDS.push(id, 0);
         return Some(id);
     }
     // Another CPU stored the same stack first: use its id.
     let _ = PYTHON_STACKS.remove(&id);
+    give_back(id);
     match unsafe { PYTHON_STACK_IDS.get(&hash) } {
         Some(&first) => Some(first),
         None => {
@@ -287,6 +312,25 @@ fn store(hash: u64, stack: &PythonStack) -> Option<u32> {
             None
         }
     }
+}
+
+/// An id for a new Python stack: one given back, else one never used;
+/// None when every id is held.
+#[inline(always)]
+fn new_id() -> Option<u32> {
+    if let Ok(Some(id)) = PYTHON_FREE_IDS.pop() {
+        return Some(id);
+    }
+    let next = PYTHON_NEXT_ID.get_ptr_mut(0)?;
+    let id = fetch_add(next, 1);
+    (id < MAX_PYTHON_STACKS.load() as u64).then_some(id as u32 + 1)
+}
+
+/// Returns an id taken by `new_id` and not used.
+#[inline(always)]
+fn give_back(id: u32) {
+    // The queue holds every id: it has room.
+    let _ = PYTHON_FREE_IDS.push(id, 0);
 }
 
 #[inline(always)]

@@ -14,7 +14,7 @@ use aya_ebpf::{
         bpf_task_pt_regs, generated::bpf_get_stack,
     },
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray, Queue},
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_ebpf::{
@@ -31,16 +31,32 @@ pub(crate) use copy::{send_exec, send_free};
 #[unsafe(no_mangle)]
 static STACK_COPY_MODE: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
 
-/// Most distinct frame-pointer stacks (`--max-stacks`), set by userspace.
+/// Most distinct stacks held at once (`--max-stacks`), set by userspace:
+/// ids are below it.
 #[unsafe(no_mangle)]
 static MAX_STACKS: aya_ebpf::Global<u32> = aya_ebpf::Global::new(1 << 17);
 
-/// The frames of each frame-pointer stack, by id. Entries are made on
-/// first use (no preallocation): a table sized for many stacks costs
-/// kernel memory only for the stacks seen. An id is never reused or
-/// overwritten, so a live block's stack never changes.
+/// The frames of each stack, by id. Entries are made on first use (no
+/// preallocation): a table sized for many stacks costs kernel memory only
+/// for the stacks held.
+///
+/// The table holds what is live plus a working set, not every stack ever
+/// seen: userspace evicts stacks that hold nothing (`tracer`'s
+/// `collect::stack_table` has the protocol). It unlinks a stack's hash
+/// from STACK_IDS first, so that no new walk finds its id; a grace period
+/// later, once BY_STACK shows that the id still holds nothing, it deletes
+/// the id's entries here and in BY_STACK and gives the id back through
+/// STACK_FREE_IDS. An id in use is never overwritten, so a live block's
+/// stack never changes; a stack walked again after its eviction gets an
+/// id anew, and userspace joins the two by their frames.
 #[map]
 static STACKS: HashMap<u32, StackFrames> = HashMap::with_max_entries(1 << 17, BPF_F_NO_PREALLOC);
+
+/// Ids of evicted stacks, given back by userspace, handed out again
+/// before new ones (first in, first out: an id comes back as late as it
+/// can). Sized by userspace to hold every id.
+#[map]
+static STACK_FREE_IDS: Queue<u32> = Queue::with_max_entries(1 << 17, 0);
 
 /// The id of each distinct stack, by a 64-bit hash of its frames. Unlike
 /// the kernel's stack-trace map, which refuses a stack whose bucket holds
@@ -51,7 +67,7 @@ static STACKS: HashMap<u32, StackFrames> = HashMap::with_max_entries(1 << 17, BP
 #[map]
 static STACK_IDS: HashMap<u64, u32> = HashMap::with_max_entries(1 << 17, BPF_F_NO_PREALLOC);
 
-/// The next frame-pointer stack id.
+/// The next stack id never handed out.
 #[map]
 static NEXT_STACK_ID: Array<u64> = Array::with_max_entries(1, 0);
 
@@ -284,20 +300,17 @@ pub(crate) fn scratch() -> Option<*mut StackFrames> {
     STACK_SCRATCH.get_ptr_mut(0)
 }
 
-/// Hands a new stack an id and stores its frames.
+/// Hands a new stack an id and stores its frames. An id taken but not
+/// used (the table refused the entry, or another CPU stored the same
+/// stack first) goes back to STACK_FREE_IDS: no id is lost.
 #[inline(never)]
 fn store_stack(hash: u64, stack: &StackFrames) -> u32 {
-    let Some(next) = NEXT_STACK_ID.get_ptr_mut(0) else {
-        count(stat::DROP_STACK_ERROR);
-        return NO_STACK;
-    };
-    let id = fetch_add(next, 1);
-    if id >= MAX_STACKS.load() as u64 {
+    let Some(id) = new_stack_id() else {
         count(stat::DROP_STACK_TABLE_FULL);
         return NO_STACK;
-    }
-    let id = id as u32;
+    };
     if STACKS.insert(&id, stack, BPF_NOEXIST as u64).is_err() {
+        give_back(id);
         count(stat::DROP_STACK_ERROR);
         return NO_STACK;
     }
@@ -306,6 +319,7 @@ fn store_stack(hash: u64, stack: &StackFrames) -> u32 {
     }
     // Another CPU stored the same stack first: use its id.
     let _ = STACKS.remove(&id);
+    give_back(id);
     match unsafe { STACK_IDS.get(&hash) } {
         Some(&first) => first,
         None => {
@@ -313,4 +327,23 @@ fn store_stack(hash: u64, stack: &StackFrames) -> u32 {
             NO_STACK
         }
     }
+}
+
+/// An id for a new stack: one given back, else one never used; None when
+/// every id below MAX_STACKS is held.
+#[inline(always)]
+fn new_stack_id() -> Option<u32> {
+    if let Ok(Some(id)) = STACK_FREE_IDS.pop() {
+        return Some(id);
+    }
+    let next = NEXT_STACK_ID.get_ptr_mut(0)?;
+    let id = fetch_add(next, 1);
+    (id < MAX_STACKS.load() as u64).then_some(id as u32)
+}
+
+/// Returns an id taken by `new_stack_id` and not used.
+#[inline(always)]
+fn give_back(id: u32) {
+    // The queue holds every id: it has room.
+    let _ = STACK_FREE_IDS.push(id, 0);
 }

@@ -131,6 +131,11 @@ async fn collect(
                     })?;
                 }
                 model.push(snapshot);
+                let folded = model.take_folded();
+                collector.forget_stacks(&folded);
+                if let Some(writer) = recording.as_deref_mut() {
+                    writer.forget(&folded);
+                }
                 if let Some(server) = server.as_deref_mut() {
                     server.publish(collector, model, &config.trace, false);
                     server.answer_holders(collector, model, &config.trace);

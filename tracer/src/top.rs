@@ -46,6 +46,7 @@ pub fn run(config: &Config) -> Result<()> {
             match collector.next().await? {
                 Event::Snapshot(snapshot) => {
                     model.push(snapshot);
+                    collector.forget_stacks(&model.take_folded());
                     if let Some(server) = server.as_mut() {
                         server.publish(&mut collector, &model, config, false);
                         server.answer_holders(&mut collector, &model, config);

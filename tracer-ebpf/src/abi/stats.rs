@@ -129,6 +129,14 @@ pub mod stat {
             /// STACK_COPIES ring full: its copied-stack blocks of the old image
             /// stay live in the report.
             DROP_EXEC_MARK_LOST => ("exec_mark_lost", Drop),
+            /// Stacks evicted from STACKS: they held nothing, their totals
+            /// were in tracer's model, and the table was over half full.
+            /// Counted by userspace, which evicts them (the kernel never
+            /// adds to it).
+            STACKS_EVICTED => ("stacks_evicted", Event),
+            /// Python stacks evicted from PYTHON_STACKS: no stack held
+            /// named them any more. Counted by userspace, as above.
+            PYTHON_STACKS_EVICTED => ("python_stacks_evicted", Event),
         }
     }
 }
@@ -152,11 +160,12 @@ mod tests {
             (UNWIND_MAPPINGS_FULL, "unwind_mappings_full"),
             (FREES_OF_REPLACED_IMAGE, "frees_of_replaced_image"),
             (DROP_EXEC_MARK_LOST, "exec_mark_lost"),
+            (PYTHON_STACKS_EVICTED, "python_stacks_evicted"),
         ] {
             assert_eq!(STAT_NAMES[id as usize].0, name);
         }
         // Ids are appended: a recording keeps its counters by index.
-        assert_eq!(DROP_EXEC_MARK_LOST, COUNT - 1, "the last id");
+        assert_eq!(PYTHON_STACKS_EVICTED, COUNT - 1, "the last id");
     }
 
     #[test]

@@ -142,6 +142,14 @@ impl Probes {
             .map_max_entries(tracer_ebpf::map::STACKS, max_stacks)
             .map_max_entries(tracer_ebpf::map::STACK_IDS, max_stacks)
             .override_global(tracer_ebpf::global::MAX_STACKS, &max_stacks, true)
+            // Room for every id: an id given back always fits.
+            .map_max_entries(tracer_ebpf::map::STACK_FREE_IDS, max_stacks)
+            // A stack names at most one Python stack: as many of them.
+            .map_max_entries(tracer_ebpf::map::PYTHON_STACKS, max_stacks)
+            .map_max_entries(tracer_ebpf::map::PYTHON_STACK_IDS, max_stacks)
+            .override_global(tracer_ebpf::global::MAX_PYTHON_STACKS, &max_stacks, true)
+            .map_max_entries(tracer_ebpf::map::PYTHON_FREE_IDS, max_stacks)
+            .map_max_entries(tracer_ebpf::map::PYTHON_NEW_IDS, max_stacks)
             .map_max_entries(tracer_ebpf::map::BY_STACK, max_stacks.saturating_mul(4))
             .map_max_entries(tracer_ebpf::map::MAPPING_EVENTS, mapping_ring_bytes)
             .map_max_entries(

@@ -30,6 +30,7 @@ mod maps;
 mod preflight;
 mod python;
 mod reports;
+mod stack_maps;
 mod unwind_maps;
 mod unwind_tables;
 mod unwinding;
@@ -59,6 +60,7 @@ pub use maps::KernelMaps;
 pub use preflight::{check_kernel, check_privileges, check_target};
 pub use python::PythonObjectHooks;
 use raw::RawPrograms;
+pub use stack_maps::StackMaps;
 pub use symbols::HookSite;
 
 /// The benchmark's empty programs.

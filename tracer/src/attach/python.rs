@@ -3,7 +3,7 @@
 //! Python stacks the walk stored.
 use anyhow::{Context as _, Result};
 use aya::maps::{Array, HashMap as KernelHashMap, MapData};
-use tracer_ebpf::{PythonOffsets, PythonStack, PythonThreadMiss, map, python_setting};
+use tracer_ebpf::{PythonOffsets, PythonThreadMiss, map, python_setting};
 
 use super::{
     NoticedBy, Probes,
@@ -118,22 +118,6 @@ impl Probes {
                     .collect()
             })
             .unwrap_or_default()
-    }
-
-    /// The number of Python stack ids handed out so far (ids are 1..=n).
-    pub fn python_stack_count(&self) -> u64 {
-        self.ebpf
-            .map(map::PYTHON_NEXT_ID)
-            .and_then(|map| Array::<&MapData, u64>::try_from(map).ok())
-            .and_then(|next| next.get(&0, 0).ok())
-            .unwrap_or(0)
-    }
-
-    /// The frames of Python stack `id`.
-    pub fn python_stack(&self, id: u32) -> Option<PythonStack> {
-        let stacks: KernelHashMap<&MapData, u32, PythonStack> =
-            KernelHashMap::try_from(self.ebpf.map(map::PYTHON_STACKS)?).ok()?;
-        stacks.get(&id, 0).ok()
     }
 }
 

@@ -210,6 +210,14 @@ impl CopiedStacks {
         self.mapping_stacks.remove(&(tgid, stack_ref))
     }
 
+    /// The Python stack ids the copied stacks carry: the kernel keeps them
+    /// (`stack_table`).
+    pub fn python_stacks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.stacks
+            .iter()
+            .filter_map(|(_, unwound)| super::kernel_stacks::python_tag(&unwound.addresses))
+    }
+
     /// Whether the copied stack `index` ends before its thread's start
     /// (deeper than the copy, or unwinding stopped).
     pub fn ends_early(&self, index: u32) -> bool {

@@ -1,7 +1,10 @@
 //! The counters of every stack the collector reads at each snapshot: the
 //! kernel's per-stack totals by CUDA context epoch, the copied stacks'
 //! and the mapping kinds'.
+use std::collections::HashSet;
+
 use anyhow::Result;
+use tracer_ebpf::stat;
 
 use super::{Collector, contexts, live_pids};
 use crate::{
@@ -13,23 +16,37 @@ use crate::{
 use contexts::EpochEntry;
 
 impl Collector {
-    /// Every per-stack entry by CUDA context epoch: the kernel's, and those
-    /// kept here for blocks with copied stacks, after draining every copy
-    /// sent so far.
+    /// Every per-stack entry by CUDA context epoch: the kernel's (each
+    /// stack id as its name, with the totals folded into the names from
+    /// the ids evicted), and those kept here for blocks with copied
+    /// stacks, after draining every copy sent so far.
     pub(super) fn epoch_entries(&mut self) -> Result<Vec<EpochEntry>> {
         self.kernel_stacks.new_pass();
-        let maps = self.probes.maps();
-        let mut entries: Vec<EpochEntry> = maps
-            .by_stack()?
-            .iter()
-            .filter_map(|(key, totals)| EpochEntry::from_kernel(key, totals))
-            .collect();
-        for entry in &mut entries {
+        let by_stack = self.probes.maps().by_stack()?;
+        let mut entries: Vec<EpochEntry> = Vec::with_capacity(by_stack.len());
+        for (key, totals) in &by_stack {
+            let Some(mut entry) = EpochEntry::from_kernel(key, totals) else {
+                continue;
+            };
             if let StackId::Kernel(id) = entry.key.stack_id {
-                let canonical = self.kernel_stacks.canonical(entry.key.pid, id, &maps);
-                entry.key.stack_id = StackId::Kernel(canonical);
+                entry.key.stack_id = self.kernel_name(key.tgid, id);
             }
+            entries.push(entry);
         }
+        entries.extend(
+            self.kernel_stacks
+                .folded()
+                .map(|(pid, name, kind, counters)| EpochEntry {
+                    key: StackKey {
+                        pid,
+                        stack_id: StackId::Kernel(name),
+                        kind,
+                    },
+                    context_epoch: 0,
+                    counters,
+                }),
+        );
+        self.by_stack = by_stack;
         self.start_copy_reader()?;
         self.copied.flush();
         entries.extend(self.copied.epoch_entries());
@@ -53,7 +70,10 @@ impl Collector {
     /// right after it is attached).
     pub(super) fn drain_mappings(&mut self) -> Result<()> {
         self.start_copy_reader()?;
-        self.mappings.drain(&mut self.copied);
+        let (probes, table) = (&mut self.probes, &mut self.stack_table);
+        self.mappings.drain(&mut self.copied, &mut |id| {
+            table.read(&mut probes.stack_maps(), id).unwrap_or_default()
+        });
         Ok(())
     }
 
@@ -75,19 +95,39 @@ impl Collector {
         Ok(stacks)
     }
 
-    /// Reads the stacks' counters, STATS and the RSS of the live targets.
+    /// Reads the stacks' counters, STATS and the RSS of the live targets,
+    /// then evicts what the stack tables need not hold (`stack_table`).
     pub(super) fn snapshot(&mut self) -> Result<Snapshot> {
         let elapsed_s = self.elapsed_s();
+        // Before the mapping events are drained: a call that ends after
+        // this read is in them.
+        let held_by_calls = if self.stack_table.evicts_next() {
+            self.probes.stack_maps().held_by_calls()?
+        } else {
+            HashSet::new()
+        };
         let stacks = self.stack_counters()?;
         self.read_apis();
+        let mut stats = self.probes.maps().stats()?;
+        let by_stack = std::mem::take(&mut self.by_stack);
+        let retired = self.evict_stacks(&by_stack, &held_by_calls)?;
+        for (index, count) in [
+            (stat::STACKS_EVICTED, self.stack_table.evicted),
+            (stat::PYTHON_STACKS_EVICTED, self.stack_table.python_evicted),
+        ] {
+            if let Some(counter) = stats.get_mut(index as usize) {
+                *counter += count;
+            }
+        }
         Ok(Snapshot {
             elapsed_s,
             stacks,
-            stats: self.probes.maps().stats()?,
+            stats,
             rss_bytes: live_pids(&self.watched)
                 .into_iter()
                 .filter_map(|pid| Some((pid, procfs::rss_bytes(pid)?)))
                 .collect(),
+            retired,
         })
     }
 
@@ -101,7 +141,7 @@ impl Collector {
             };
             let stack_id = match key.stack_id {
                 tracer_ebpf::NO_STACK => StackId::Lost,
-                id => StackId::Kernel(self.kernel_stacks.canonical(key.tgid, id, &maps)),
+                id => self.kernel_name(key.tgid, id),
             };
             let key = StackKey {
                 pid: key.tgid,

@@ -41,6 +41,7 @@ impl Collector {
         self.symbols.forget(pid);
         self.copied.forget(pid);
         self.frames.forget(pid);
+        self.kernel_stacks.forget_process(pid);
         self.apis.retain(|key, _| key.pid != pid);
         self.thread_entries
             .retain(|(entry_pid, _), _| *entry_pid != pid);

@@ -26,6 +26,8 @@ pub const TABLE_PENDING_MARKER: &str = "[unwind table pending: walked by frame p
 pub(super) struct Interned {
     stacks: HashMap<StackKey, Vec<Arc<Frame>>>,
     frames: HashSet<Arc<Frame>>,
+    /// Stacks forgotten since the frames were last pruned.
+    forgotten: usize,
 }
 
 impl Interned {
@@ -59,7 +61,24 @@ impl Interned {
     /// had go with them.
     pub(super) fn forget(&mut self, pid: u32) {
         self.stacks.retain(|key, _| key.pid != pid);
+        self.prune();
+    }
+
+    /// Forgets one stack (folded by the model). The frames no stack has
+    /// any more go once as many stacks went as there are frames kept, so
+    /// that the sweep costs a constant per stack.
+    pub(super) fn forget_stack(&mut self, key: &StackKey) {
+        if self.stacks.remove(key).is_some() {
+            self.forgotten += 1;
+            if self.forgotten >= self.frames.len() {
+                self.prune();
+            }
+        }
+    }
+
+    fn prune(&mut self) {
         self.frames.retain(|frame| Arc::strong_count(frame) > 1);
+        self.forgotten = 0;
     }
 }
 
@@ -85,11 +104,10 @@ impl Collector {
         if let Some(frames) = self.frames.get(key) {
             return frames.to_vec();
         }
-        let maps = self.probes.maps();
         let mut pending = false;
         let frames = match key.stack_id {
             StackId::Lost => Vec::new(),
-            StackId::Kernel(id) => match self.kernel_stacks.addresses(key.pid, id) {
+            StackId::Kernel(name) => match self.kernel_stacks.addresses(name) {
                 Some(stack) => {
                     let mut frames = self.symbols.stack_frames(key.pid, stack.addresses);
                     if stack.stopped {
@@ -101,7 +119,7 @@ impl Collector {
                     pending = stack.pending;
                     frames
                 }
-                None => self.symbols.stack_frames(key.pid, &maps.stack(id)),
+                None => Vec::new(),
             },
             StackId::Copied(index) => self
                 .copied
@@ -111,9 +129,8 @@ impl Collector {
                 let copied = &self.copied;
                 self.mappings
                     .frames(index, &mut self.symbols, |code_stack| match code_stack {
-                        StackId::Kernel(id) => maps.stack(id),
                         StackId::Copied(index) => copied.addresses(index).to_vec(),
-                        StackId::Mapping(_) | StackId::Lost => Vec::new(),
+                        StackId::Kernel(_) | StackId::Mapping(_) | StackId::Lost => Vec::new(),
                     })
             }
         };
@@ -153,18 +170,15 @@ impl Collector {
         }
         // A Python stack is whole from where Python started it, wherever
         // its native frames stop.
-        if self.python.stacks.interpreter(key.pid).is_some()
-            && python_reaches_start(&self.frames(key))
-        {
+        if self.python.stacks.interpreter(key.pid).is_some() && self.python_reaches_start(key) {
             return true;
         }
-        let maps = self.probes.maps();
         let addresses = match key.stack_id {
             StackId::Lost => return false,
-            StackId::Kernel(id) => match self.kernel_stacks.addresses(key.pid, id) {
+            StackId::Kernel(name) => match self.kernel_stacks.addresses(name) {
                 Some(stack) if stack.stopped => return false,
                 Some(stack) => stack.addresses.to_vec(),
-                None => maps.stack(id),
+                None => return false,
             },
             StackId::Copied(index) if self.copied.ends_early(index) => return false,
             StackId::Copied(index) => self.copied.addresses(index).to_vec(),
@@ -187,6 +201,34 @@ impl Collector {
             .is_some_and(is_thread_entry);
         self.thread_entries.insert((key.pid, outermost), reaches);
         reaches
+    }
+
+    /// Whether a stack's Python frames reach where Python started it
+    /// (`python_reaches_start` of its frames): read from its Python stack
+    /// alone for a kernel stack, without symbolizing its native frames
+    /// (the outermost Python frame of the merged stack is the Python
+    /// stack's, or the marker of one cut or unknown).
+    fn python_reaches_start(&mut self, key: &StackKey) -> bool {
+        let StackId::Kernel(name) = key.stack_id else {
+            return python_reaches_start(&self.frames(key));
+        };
+        let Some(python) = self
+            .kernel_stacks
+            .addresses(name)
+            .and_then(|stack| super::kernel_stacks::python_tag(stack.addresses))
+        else {
+            return false;
+        };
+        if !self.python.stacks.knows(key.pid, python) {
+            self.resolve_python_stack(key.pid, python);
+        }
+        match self.python.stacks.frames(key.pid, python) {
+            Some((frames, false)) => {
+                let frames: Vec<&Frame> = frames.iter().map(|(frame, _)| &**frame).collect();
+                python_reaches_start(&frames)
+            }
+            _ => false,
+        }
     }
 
     /// Stacks whose unwinding stopped early, by reason: copies unwound

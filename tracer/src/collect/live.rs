@@ -60,7 +60,7 @@ impl Collector {
                     pid,
                     stack_id: match entry.stack_id {
                         tracer_ebpf::NO_STACK => StackId::Lost,
-                        id => StackId::Kernel(self.kernel_stacks.canonical(pid, id, &maps)),
+                        id => self.kernel_name(pid, id),
                     },
                     kind,
                 }

@@ -31,11 +31,21 @@ const LEAF_WRAPPERS: [&str; 5] = ["mmap", "mmap64", "syscall", "brk", "munmap"];
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct MappingStack {
     pid: u32,
-    /// The code's stack: the kernel's, or unwound from a copy.
-    code_stack: StackId,
+    code_stack: CodeStack,
     caller_address: u64,
     /// The mapped file, for file mappings.
     file: Option<String>,
+}
+
+/// The code's stack of a mapping call.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum CodeStack {
+    /// Walked by the kernel: its frames as STACKS had them when the event
+    /// was drained (the kernel may hand the id to other frames later).
+    Walked(Vec<u64>),
+    /// Unwound from a copy: `StackId::Copied`.
+    Copied(StackId),
+    Lost,
 }
 
 pub struct MappingTracker {
@@ -63,8 +73,13 @@ impl MappingTracker {
     }
 
     /// Applies every event the kernel sent since the last drain; the
-    /// stacks copied at mapping calls come from `copied`.
-    pub fn drain(&mut self, copied: &mut CopiedStacks) {
+    /// stacks copied at mapping calls come from `copied`, those the kernel
+    /// walked from `read_stack` (the frames of a STACKS id).
+    pub fn drain(
+        &mut self,
+        copied: &mut CopiedStacks,
+        read_stack: &mut dyn FnMut(u32) -> Vec<u64>,
+    ) {
         let mut events: Vec<MappingEvent> = Vec::new();
         while let Some(item) = self.events.next() {
             if item.len() >= size_of::<MappingEvent>() {
@@ -78,7 +93,7 @@ impl MappingTracker {
             let adds = matches!(event.call, mapping_call::MMAP | mapping_call::BRK)
                 && event.in_allocator == 0;
             let stack_id = if adds {
-                self.stack_id(&event, code_stack(&event, copied, &mut flushed))
+                self.stack_id(&event, code_stack(&event, copied, &mut flushed, read_stack))
             } else {
                 StackId::Lost
             };
@@ -91,7 +106,18 @@ impl MappingTracker {
         self.ledger.counters()
     }
 
-    fn stack_id(&mut self, event: &MappingEvent, code_stack: StackId) -> StackId {
+    /// The Python stack ids the walked stacks of mapping calls carry: the
+    /// kernel keeps them (`stack_table`).
+    pub fn python_stacks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.stacks
+            .iter()
+            .filter_map(|stack| match &stack.code_stack {
+                CodeStack::Walked(addresses) => super::kernel_stacks::python_tag(addresses),
+                CodeStack::Copied(_) | CodeStack::Lost => None,
+            })
+    }
+
+    fn stack_id(&mut self, event: &MappingEvent, code_stack: CodeStack) -> StackId {
         let file = (event.call == mapping_call::MMAP && maps_file(event))
             .then(|| mapped_file(event.tgid, event.result, event.fd));
         let stack = MappingStack {
@@ -111,12 +137,12 @@ impl MappingTracker {
 
     /// The frames of the mapping stack `index`, innermost first: the
     /// mapped file (as a frame named `mmap-file`), then the code, whose
-    /// return addresses `addresses` gives.
+    /// return addresses `copied` gives for a copied stack.
     pub fn frames(
         &self,
         index: u32,
         symbols: &mut Symbols,
-        addresses: impl Fn(StackId) -> Vec<u64>,
+        copied: impl Fn(StackId) -> Vec<u64>,
     ) -> Vec<Frame> {
         let Some(stack) = self.stacks.get(index as usize) else {
             return Vec::new();
@@ -129,7 +155,11 @@ impl MappingTracker {
                 ..Frame::default()
             });
         }
-        let addresses = addresses(stack.code_stack);
+        let addresses = match &stack.code_stack {
+            CodeStack::Walked(addresses) => addresses.clone(),
+            CodeStack::Copied(copied_stack) => copied(*copied_stack),
+            CodeStack::Lost => Vec::new(),
+        };
         let Some((&innermost, outer)) = addresses.split_first() else {
             return frames;
         };
@@ -141,7 +171,7 @@ impl MappingTracker {
         // Unwound from a copy, or walked in the kernel through the
         // wrapper's table (the kernel reads the word at the stack pointer
         // only for frame-pointer walks).
-        let unwound = matches!(stack.code_stack, StackId::Copied(_)) || stack.caller_address == 0;
+        let unwound = matches!(stack.code_stack, CodeStack::Copied(_)) || stack.caller_address == 0;
         if in_leaf_wrapper && stack.caller_address != 0 {
             frames.extend(symbols.stack_frames(stack.pid, &[stack.caller_address]));
         } else if !(in_leaf_wrapper && unwound) {
@@ -157,12 +187,17 @@ impl MappingTracker {
 /// was copied (`--unwind dwarf`), the unwound one. The copy went into its
 /// ring at the call's entry, before the event at its exit: one flush (once
 /// per drain of the events) finds a copy not read yet.
-fn code_stack(event: &MappingEvent, copied: &mut CopiedStacks, flushed: &mut bool) -> StackId {
+fn code_stack(
+    event: &MappingEvent,
+    copied: &mut CopiedStacks,
+    flushed: &mut bool,
+    read_stack: &mut dyn FnMut(u32) -> Vec<u64>,
+) -> CodeStack {
     if event.stack_id == NO_STACK {
-        return StackId::Lost;
+        return CodeStack::Lost;
     }
     if !is_copied_stack(event.stack_id) {
-        return StackId::Kernel(event.stack_id);
+        return CodeStack::Walked(read_stack(event.stack_id));
     }
     copied
         .take_mapping_stack(event.tgid, event.stack_id)
@@ -173,7 +208,7 @@ fn code_stack(event: &MappingEvent, copied: &mut CopiedStacks, flushed: &mut boo
             }
             copied.take_mapping_stack(event.tgid, event.stack_id)
         })
-        .unwrap_or(StackId::Lost)
+        .map_or(CodeStack::Lost, CodeStack::Copied)
 }
 
 fn is_leaf_wrapper(function: &str) -> bool {

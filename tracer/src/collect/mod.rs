@@ -23,6 +23,7 @@ mod kernel_stacks;
 mod live;
 mod mappings;
 mod python;
+mod stack_table;
 mod targets;
 
 use std::{
@@ -51,6 +52,7 @@ use copied::CopiedStacks;
 use kernel_stacks::KernelStacks;
 pub use live::LiveBlocks;
 use mappings::MappingTracker;
+use stack_table::StackTable;
 pub use targets::{Watched, live_pids};
 
 /// Exited targets kept in the list (`--comm`) for the report's targets.
@@ -177,6 +179,10 @@ pub fn catch_signals_during_attach() {
 pub struct Collector {
     probes: Probes,
     kernel_stacks: KernelStacks,
+    /// What the kernel's stack tables hold, and their eviction.
+    stack_table: StackTable,
+    /// BY_STACK as the last snapshot read it, for its eviction round.
+    by_stack: Vec<(tracer_ebpf::StackKey, tracer_ebpf::StackTotals)>,
     copied: CopiedStacks,
     mappings: MappingTracker,
     symbols: Symbols,
@@ -213,9 +219,12 @@ impl Collector {
         if probes.copies_any_stacks() {
             copied.activate()?;
         }
+        let stack_table = StackTable::new(probes.stack_capacity());
         Ok(Collector {
             probes,
             kernel_stacks: KernelStacks::default(),
+            stack_table,
+            by_stack: Vec::new(),
             copied,
             mappings: MappingTracker::new(rings.mapping_events),
             symbols: Symbols::new(),
@@ -360,6 +369,9 @@ impl Collector {
                     self.refresh_python();
                     let snapshot = self.snapshot()?;
                     self.queued.push_back(Event::Snapshot(snapshot));
+                    if let Some(line) = self.stack_table_line() {
+                        self.queued.push_back(Event::Detail(line));
+                    }
                 }
                 _ = clock.libraries.tick() => {
                     self.watch_libraries()?;

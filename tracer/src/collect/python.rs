@@ -1,8 +1,8 @@
 //! Python frames (`--python`): at attach, the interpreter of each target
 //! (`python::find`) and the kernel's walk turned on for it; while tracing,
-//! its threads' thread states kept current and each new Python stack the
-//! kernel stored named at once (code objects may be gone by report time);
-//! and in every stack's frames, the Python stack merged in.
+//! its threads' thread states kept current (each new Python stack the
+//! kernel stored is named at once, `stack_table`: code objects may be gone
+//! by report time); and in every stack's frames, the Python stack merged in.
 use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
@@ -24,8 +24,6 @@ pub struct PythonState {
     pub stacks: python::Stacks,
     /// The thread ids set in the kernel, by process.
     threads: HashMap<u32, Vec<u32>>,
-    /// Python stack ids named so far (1..=resolved).
-    resolved: u64,
     /// One line per target with a CPython tracer cannot read.
     pub unsupported: Vec<(u32, String)>,
     /// Targets whose later-mapped libpython was looked at already.
@@ -241,21 +239,6 @@ impl Collector {
         }
     }
 
-    /// Names the Python stacks the kernel stored since the last call.
-    pub(super) fn resolve_python_stacks(&mut self) {
-        if self.python.stacks.is_empty() {
-            return;
-        }
-        let count = self.probes.python_stack_count();
-        while self.python.resolved < count {
-            self.python.resolved += 1;
-            let id = self.python.resolved as u32;
-            if let Some(stack) = self.probes.python_stack(id) {
-                self.python.stacks.resolve(stack.tgid, id, &stack);
-            }
-        }
-    }
-
     /// `frames` with the Python stack its tag frame names merged in.
     pub(super) fn merge_python(&mut self, pid: u32, mut frames: Vec<Frame>) -> Vec<Frame> {
         let Some(tagged) = frames
@@ -267,6 +250,9 @@ impl Collector {
         let id = python_stack_of_frame(frames.remove(tagged).address).expect("a tag");
         if !self.python.stacks.knows(pid, id) {
             self.resolve_python_stacks();
+        }
+        if !self.python.stacks.knows(pid, id) {
+            self.resolve_python_stack(pid, id);
         }
         match self.python.stacks.frames(pid, id) {
             Some((python, truncated)) => python::merge(frames, python, truncated),

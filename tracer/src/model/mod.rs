@@ -12,6 +12,7 @@
 pub mod allocators;
 #[cfg(test)]
 pub mod fixtures;
+mod fold;
 pub mod leak;
 pub mod mappings;
 pub mod merge;
@@ -26,6 +27,7 @@ pub mod verdict;
 
 use std::collections::{BTreeMap, HashMap};
 
+pub use fold::{FoldedStacks, Retired};
 pub use leak::Growth;
 pub use run::{ContextDestroyed, MemoryStatus, Target};
 
@@ -217,6 +219,9 @@ pub struct Snapshot {
     pub stats: Vec<u64>,
     /// Resident set size of each live target, in bytes.
     pub rss_bytes: Vec<(u32, u64)>,
+    /// Stacks that hold nothing and will never count again, after their
+    /// last counters in `stacks` (`fold`).
+    pub retired: Vec<Retired>,
 }
 
 /// One symbolized frame (filled by symbolize).
@@ -358,6 +363,13 @@ pub struct Model {
     window_s: f64,
     snapshot_count: usize,
     stats: Vec<u64>,
+    /// Stacks retired and not folded yet, with whether each reaches its
+    /// thread's start.
+    retiring: HashMap<StackKey, bool>,
+    /// The stacks folded, summed by process and kind.
+    folded: BTreeMap<(u32, Kind), FoldedStacks>,
+    /// The stacks folded since `take_folded`.
+    folded_keys: Vec<StackKey>,
 }
 
 impl Default for Model {
@@ -382,22 +394,31 @@ impl Model {
             window_s: 0.0,
             snapshot_count: 0,
             stats: Vec::new(),
+            retiring: HashMap::new(),
+            folded: BTreeMap::new(),
+            folded_keys: Vec::new(),
         }
     }
 
     /// Adds the next snapshot; snapshots arrive in time order. A stack
-    /// missing from it keeps its last counters.
+    /// missing from it keeps its last counters; a stack retired in it may
+    /// be folded (`fold`).
     pub fn push(&mut self, snapshot: Snapshot) {
         let Snapshot {
             elapsed_s,
             stacks,
             stats,
             rss_bytes,
+            retired,
         } = snapshot;
         // A stack seen for the first time held 0 bytes at every earlier time,
         // which is exactly what a default fit (mean 0, co-moment 0) says.
         for (key, counters) in stacks {
             self.stacks.entry(key).or_default().latest = counters;
+            if !self.retiring.is_empty() {
+                // Retired before and seen again: held again.
+                self.retiring.remove(&key);
+            }
         }
 
         self.time.count += 1;
@@ -435,6 +456,7 @@ impl Model {
         self.window_s = elapsed_s;
         self.snapshot_count += 1;
         self.stats = stats;
+        self.retire(retired);
     }
 
     /// Forgets everything about `pid` (a process that exited, followed by
@@ -442,6 +464,8 @@ impl Model {
     /// service does not grow the model.
     pub fn forget(&mut self, pid: u32) {
         self.stacks.retain(|key, _| key.pid != pid);
+        self.retiring.retain(|key, _| key.pid != pid);
+        self.folded.retain(|(folded_pid, _), _| *folded_pid != pid);
         self.kind_totals
             .retain(|(total_pid, _), _| *total_pid != pid);
         self.rss_bytes.remove(&pid);

@@ -20,7 +20,7 @@ const LAST_SECONDS_S: f64 = 3.0;
 const LAST_SHARE_OF_WINDOW: f64 = 0.1;
 /// The peak is the last snapshot within this share of the maximum: the
 /// moment just before the teardown, not the first touch of a plateau.
-const PEAK_SHARE: f64 = 0.99;
+pub(super) const PEAK_SHARE: f64 = 0.99;
 /// The plateau a teardown falls from holds at least this share of the
 /// peak (the peak itself may be a burst of temporaries before it).
 const PLATEAU_SHARE: f64 = 0.75;
@@ -167,6 +167,7 @@ impl Model {
                 stacks,
                 stats: self.stats.clone(),
                 rss_bytes,
+                retired: Vec::new(),
             });
         }
         model

@@ -109,6 +109,15 @@ pub fn stack_quality(
             process.reaching_entry_bytes += counters.alloc_bytes_total;
         }
     }
+    // Stacks folded away (`fold`): what they allocated, whole or not.
+    for (&(pid, kind), folded) in model.folded_stacks() {
+        if !kind.is_memory() || folded.counters.alloc_bytes_total == 0 {
+            continue;
+        }
+        let process = quality.entry(pid).or_default();
+        process.recorded_bytes += folded.counters.alloc_bytes_total;
+        process.reaching_entry_bytes += folded.reaching_entry_bytes;
+    }
     for process in quality.values_mut() {
         process.share_reaching_entry = if process.recorded_bytes == 0 {
             1.0

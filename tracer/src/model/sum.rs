@@ -42,6 +42,9 @@ impl Model {
             window_s: self.window_s,
             snapshot_count: self.snapshot_count,
             stats: self.stats.clone(),
+            retiring: HashMap::new(),
+            folded: self.folded.clone(),
+            folded_keys: Vec::new(),
         }
     }
 

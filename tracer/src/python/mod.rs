@@ -385,8 +385,9 @@ pub type SharedFrame = (Arc<Frame>, bool);
 ///
 /// Memory: each distinct frame (code object and line) is kept once, in
 /// `interned`; a stack is a list of references to them (16 bytes a
-/// frame), not a copy of its frames' names and files. The kernel keeps
-/// at most PYTHON_STACKS' capacity (65 536) stacks.
+/// frame), not a copy of its frames' names and files. A stack goes when
+/// the kernel evicts it (`collect::stack_table`), so there are at most as
+/// many as PYTHON_STACKS holds (`--max-stacks`).
 #[derive(Default)]
 pub struct Stacks {
     interpreters: HashMap<u32, Interpreter>,
@@ -398,6 +399,8 @@ pub struct Stacks {
     frames: HashMap<(u32, u32), Vec<SharedFrame>>,
     /// Stacks cut at --python-depth.
     truncated: HashMap<(u32, u32), bool>,
+    /// Stacks forgotten since the frames were last pruned.
+    forgotten: usize,
 }
 
 /// The frame that ends a Python stack deeper than `--python-depth`.
@@ -457,6 +460,20 @@ impl Stacks {
         let frame = Arc::new(frame);
         self.interned.insert(Arc::clone(&frame));
         frame
+    }
+
+    /// Forgets the stack `id` of `pid` (the kernel evicted it: the id
+    /// will name other frames). The frames no stack has any more go once
+    /// as many stacks went as there are frames kept.
+    pub fn forget(&mut self, pid: u32, id: u32) {
+        if self.frames.remove(&(pid, id)).is_some() {
+            self.truncated.remove(&(pid, id));
+            self.forgotten += 1;
+            if self.forgotten >= self.interned.len() {
+                self.interned.retain(|frame| Arc::strong_count(frame) > 1);
+                self.forgotten = 0;
+            }
+        }
     }
 
     /// Whether the stack `id` of `pid` was named already.

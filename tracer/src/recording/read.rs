@@ -394,6 +394,7 @@ impl Recording {
                 stacks,
                 stats,
                 rss_bytes: snapshot.rss_bytes.clone(),
+                retired: Vec::new(),
             });
         }
         model

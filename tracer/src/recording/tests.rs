@@ -60,6 +60,7 @@ fn snapshots(count: usize) -> Vec<Snapshot> {
                 stacks,
                 stats,
                 rss_bytes: vec![(10, 1 << 20), (20, 2 << 20)],
+                retired: Vec::new(),
             }
         })
         .collect()

@@ -54,10 +54,11 @@ pub type StackOf<'a> = dyn FnMut(&StackKey) -> (Vec<Frame>, Option<String>) + 'a
 pub struct Writer {
     path: PathBuf,
     file: BufWriter<File>,
-    /// Number of each stack already written, by key.
-    stack_numbers: HashMap<StackKey, u32>,
-    /// Counters last written, by stack number.
-    written_counters: Vec<Counters>,
+    /// Number of each stack already written, by key, with its counters
+    /// last written.
+    stack_numbers: HashMap<StackKey, (u32, Counters)>,
+    /// The number of the next stack written.
+    next_number: u32,
     bytes_written: u64,
 }
 
@@ -82,7 +83,7 @@ impl Writer {
             path: path.to_owned(),
             file: BufWriter::new(file),
             stack_numbers: HashMap::new(),
-            written_counters: Vec::new(),
+            next_number: 0,
             bytes_written: 0,
         };
         let mut preamble = MAGIC.to_vec();
@@ -103,15 +104,17 @@ impl Writer {
     ) -> Result<()> {
         let mut changed = Vec::new();
         for (key, counters) in &snapshot.stacks {
-            let number = match self.stack_numbers.get(key) {
-                Some(&number) => {
-                    if self.written_counters[number as usize] == *counters {
+            let number = match self.stack_numbers.get_mut(key) {
+                Some((number, written)) => {
+                    if written == counters {
                         continue;
                     }
-                    number
+                    *written = *counters;
+                    *number
                 }
                 None => {
-                    let number = self.written_counters.len() as u32;
+                    let number = self.next_number;
+                    self.next_number += 1;
                     let (frames, api) = stack_of(key);
                     self.write_record(&Record::Stack(StackRecord {
                         pid: key.pid,
@@ -120,12 +123,10 @@ impl Writer {
                         frames,
                         api,
                     }))?;
-                    self.stack_numbers.insert(*key, number);
-                    self.written_counters.push(*counters);
+                    self.stack_numbers.insert(*key, (number, *counters));
                     number
                 }
             };
-            self.written_counters[number as usize] = *counters;
             changed.push((number, *counters));
         }
         self.write_record(&Record::Snapshot(SnapshotRecord {
@@ -135,6 +136,14 @@ impl Writer {
             rss_bytes: snapshot.rss_bytes.clone(),
         }))?;
         self.flush()
+    }
+
+    /// Forgets stacks that never change again (folded by the model): their
+    /// last counters are written.
+    pub fn forget(&mut self, keys: &[StackKey]) {
+        for key in keys {
+            self.stack_numbers.remove(key);
+        }
     }
 
     /// Notes objects hooks were put in.
