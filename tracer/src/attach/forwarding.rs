@@ -418,31 +418,31 @@ fn follow<'c>(
 
 /// What an instruction that falls through does to the registers.
 fn step(instruction: &Instruction, state: &mut State, info: &mut InstructionInfoFactory) {
+    let registers =
+        instruction.op0_kind() == OpKind::Register && instruction.op1_kind() == OpKind::Register;
+    let (to, from) = (
+        slot(instruction.op0_register()),
+        slot(instruction.op1_register()),
+    );
     // `mov r64, r64`: the value moves.
-    if instruction.code() == Code::Mov_r64_rm64 || instruction.code() == Code::Mov_rm64_r64 {
-        if instruction.op0_kind() == OpKind::Register && instruction.op1_kind() == OpKind::Register
-        {
-            if let (Some(to), Some(from)) = (
-                slot(instruction.op0_register()),
-                slot(instruction.op1_register()),
-            ) {
-                state[to] = state[from];
-                return;
-            }
-        }
+    if registers
+        && matches!(instruction.code(), Code::Mov_r64_rm64 | Code::Mov_rm64_r64)
+        && let (Some(to), Some(from)) = (to, from)
+    {
+        state[to] = state[from];
+        return;
     }
     // `xor r32, r32` (or r64): zero.
-    if matches!(
-        instruction.code(),
-        Code::Xor_r32_rm32 | Code::Xor_rm32_r32 | Code::Xor_r64_rm64 | Code::Xor_rm64_r64
-    ) && instruction.op0_kind() == OpKind::Register
-        && instruction.op1_kind() == OpKind::Register
+    if registers
+        && matches!(
+            instruction.code(),
+            Code::Xor_r32_rm32 | Code::Xor_rm32_r32 | Code::Xor_r64_rm64 | Code::Xor_rm64_r64
+        )
         && instruction.op0_register() == instruction.op1_register()
+        && let Some(to) = to
     {
-        if let Some(to) = slot(instruction.op0_register()) {
-            state[to] = ZERO;
-            return;
-        }
+        state[to] = ZERO;
+        return;
     }
     let used = info.info(instruction);
     for register in used.used_registers() {
