@@ -87,21 +87,6 @@ pub fn objects_lacking<'a>(
     lacking
 }
 
-/// Functions that the C runtime's start files (crt1.o, crtbegin.o) link
-/// into every program, built without frame pointers: in a small program
-/// they would outnumber its own functions.
-const START_FILE_FUNCTIONS: [&str; 9] = [
-    "_start",
-    "_init",
-    "_fini",
-    "deregister_tm_clones",
-    "register_tm_clones",
-    "__do_global_dtors_aux",
-    "frame_dummy",
-    "__libc_csu_init",
-    "__libc_csu_fini",
-];
-
 /// How much of an object's calling code (functions that call others) sets
 /// up frame pointers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -156,11 +141,7 @@ pub fn frame_pointer_share(object: &ObjectInfo) -> Option<FramePointerShare> {
     let mut functions: Vec<(u64, u64)> = object
         .functions
         .iter()
-        .filter(|function| {
-            !START_FILE_FUNCTIONS.contains(&function.name.as_str())
-                && !function.name.contains(".cold")
-                && !is_go_code(function.address)
-        })
+        .filter(|function| !is_go_code(function.address))
         .map(|function| (function.address, function.size))
         .collect();
     if functions.len() < MIN_NAMED_FUNCTIONS {
@@ -306,11 +287,7 @@ mod tests {
     /// Functions whose (mangled) name contains `part`, and how many of
     /// them set up a frame pointer.
     fn named_with_frame_pointers(object: &ObjectInfo, part: &str) -> (usize, usize) {
-        let named: Vec<_> = object
-            .functions
-            .iter()
-            .filter(|function| function.name.contains(part))
-            .collect();
+        let named = object.functions_named(|name| name.contains(part));
         let with = named
             .iter()
             .filter(|function| {

@@ -47,13 +47,28 @@ impl Segment {
     }
 }
 
-/// A function named in an object's symbols.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A function in an object's symbols: where it is, not its name (a C++
+/// library names a million functions in hundreds of MB of strings:
+/// [`ObjectInfo::function_named`] reads a name's function when asked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Function {
     pub address: u64,
     pub size: u64,
-    pub name: String,
 }
+
+/// Functions that every object links in from the C start files: their
+/// prologues say nothing of how the object's own code was built.
+const START_FILE_FUNCTIONS: [&str; 9] = [
+    "_start",
+    "_init",
+    "_fini",
+    "deregister_tm_clones",
+    "register_tm_clones",
+    "__do_global_dtors_aux",
+    "frame_dummy",
+    "__libc_csu_init",
+    "__libc_csu_fini",
+];
 
 /// The loader maps segments in whole pages.
 const PAGE_BYTES: u64 = 4096;
@@ -71,7 +86,8 @@ pub struct ObjectInfo {
     /// question.
     unwind_info: OnceLock<Vec<Range<u64>>>,
     /// Functions named in the symbol table (or, without one, the dynamic
-    /// symbol table).
+    /// symbol table), but the C start files' and split-off cold parts
+    /// (`.cold`): the object's own calling functions.
     pub functions: Vec<Function>,
     /// The GNU build id, when the object has one.
     build_id: Option<Vec<u8>>,
@@ -121,12 +137,14 @@ impl ObjectInfo {
         let functions = |symbols: object::read::SymbolIterator<'_, '_>| -> Vec<Function> {
             symbols
                 .filter(|symbol| symbol.kind() == object::SymbolKind::Text && symbol.size() > 0)
-                .filter_map(|symbol| {
-                    Some(Function {
-                        address: symbol.address(),
-                        size: symbol.size(),
-                        name: symbol.name().ok()?.to_owned(),
+                .filter(|symbol| {
+                    symbol.name().is_ok_and(|name| {
+                        !START_FILE_FUNCTIONS.contains(&name) && !name.contains(".cold")
                     })
+                })
+                .map(|symbol| Function {
+                    address: symbol.address(),
+                    size: symbol.size(),
                 })
                 .collect()
         };
@@ -150,6 +168,41 @@ impl ObjectInfo {
             unwind_info: OnceLock::new(),
             map: map.clone(),
         })
+    }
+
+    /// The function called `name` in the symbol table (or the dynamic
+    /// one), read from the file now.
+    pub fn function_named(&self, name: &str) -> Option<Function> {
+        self.functions_named(|symbol| symbol == name)
+            .into_iter()
+            .next()
+    }
+
+    /// The functions of the symbol table (or, without one, the dynamic
+    /// symbol table) whose name `matches`, read from the file now.
+    pub fn functions_named(&self, matches: impl Fn(&str) -> bool) -> Vec<Function> {
+        let Ok(elf) = object::File::parse(&self.map[..]) else {
+            return Vec::new();
+        };
+        let named = |symbols: object::read::SymbolIterator<'_, '_>| -> Vec<Function> {
+            symbols
+                .filter(|symbol| {
+                    symbol.kind() == object::SymbolKind::Text
+                        && symbol.size() > 0
+                        && symbol.name().is_ok_and(&matches)
+                })
+                .map(|symbol| Function {
+                    address: symbol.address(),
+                    size: symbol.size(),
+                })
+                .collect()
+        };
+        // As `functions`: the full table, or the dynamic one without it.
+        if elf.symbols().next().is_some() {
+            named(elf.symbols())
+        } else {
+            named(elf.dynamic_symbols())
+        }
     }
 
     /// The object address at the start of `mapping` (which maps this
