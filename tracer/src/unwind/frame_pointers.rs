@@ -137,11 +137,20 @@ pub fn frame_pointer_share(object: &ObjectInfo) -> Option<FramePointerShare> {
             .as_ref()
             .is_some_and(|go_text| go_text.contains(&address))
     };
-    // (start, size in bytes)
-    let mut functions: Vec<(u64, u64)> = object
+    // The named functions (start, size in bytes): their names are read
+    // for the sample only.
+    let mut named: Vec<&crate::unwind::modules::Function> = object
         .functions
         .iter()
-        .filter(|function| !is_go_code(function.address))
+        .filter(|function| text.contains(&function.address) && !is_go_code(function.address))
+        .collect();
+    named.sort_unstable_by_key(|function| function.address);
+    named.dedup_by_key(|function| function.address);
+    let step = named.len().div_ceil(SAMPLE).max(1);
+    let mut functions: Vec<(u64, u64)> = named
+        .into_iter()
+        .step_by(step)
+        .filter(|function| object.is_own_code(function))
         .map(|function| (function.address, function.size))
         .collect();
     if functions.len() < MIN_NAMED_FUNCTIONS {
