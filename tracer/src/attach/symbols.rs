@@ -9,18 +9,23 @@ use object::{
     Object as _, ObjectSegment as _, ObjectSymbol as _, ObjectSymbolTable as _, SymbolKind,
 };
 
-use super::{cuda::CUDA_FUNCTIONS, function::HookedFunction, prologue};
+use super::{
+    cuda::{self, CACHING_ALLOCATOR, CUDA_FUNCTIONS},
+    function::HookedFunction,
+    prologue,
+};
 use crate::{
     model::allocators::{PYTHON_OBJECT_ALLOCATORS, all_allocators},
     procfs::{self, Mapping},
 };
 
-/// Every function looked up in a mapped object: the allocators, then the
-/// CUDA entry points.
+/// Every function looked up in a mapped object: the allocators, the CUDA
+/// entry points, then PyTorch's caching allocator.
 fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
     all_allocators()
         .map(HookedFunction::allocator)
         .chain(CUDA_FUNCTIONS)
+        .chain(CACHING_ALLOCATOR)
 }
 
 /// One place to attach: an allocator function in one mapped file.
@@ -85,7 +90,7 @@ pub fn python_object_sites_in(pid: u32, path: &std::path::Path) -> Result<Vec<Ho
     let maps = procfs::read_maps(pid).unwrap_or_default();
     let mut chosen: Vec<HookSite> = Vec::new();
     for site in sites {
-        let site = if site.function.entry_program == tracer_ebpf::program::FREE_ENTER {
+        let site = if site.function.entry_program == Some(tracer_ebpf::program::FREE_ENTER) {
             free_behind_wrapper(pid, &site, &maps).unwrap_or(site)
         } else {
             site
@@ -243,19 +248,38 @@ fn sites_in(pid: u32, paths: &[PathBuf], functions: &[HookedFunction]) -> Result
         // Shared libraries export their allocator; only the executable
         // (a static build, a custom allocator) may define it unexported,
         // and walking the full symbol table of a huge library is slow.
-        let search = if executable.as_ref() == Some(path) {
+        // PyTorch's caching allocator is unexported in its small library.
+        let caching_allocator = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(cuda::may_define_caching_allocator);
+        let search = if executable.as_ref() == Some(path) || caching_allocator {
             SymbolTables::DynamicAndFull
         } else {
             SymbolTables::Dynamic
         };
         let found_functions = function_offsets(&data, search, functions)
             .with_context(|| format!("could not read the symbols of {}", path.display()))?;
+        if caching_allocator
+            && functions.contains(&CACHING_ALLOCATOR[0])
+            && !found_functions
+                .iter()
+                .any(|found| CACHING_ALLOCATOR.contains(&found.function))
+        {
+            eprintln!(
+                "tracer: note: {} does not list PyTorch's caching allocator in its symbol \
+                 table (a stripped or unknown build): tensor blocks (gpu-tensor) are not \
+                 followed, only the segments it allocates (gpu-device)",
+                path.display()
+            );
+        }
         for found in found_functions {
             let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
             let code = data.get(start..).unwrap_or_default();
             // The CUDA programs take their cookie for the API: only the
             // malloc family can read a moved argument.
-            let follow_copies = found.function.cookie == 0;
+            let follow_copies =
+                found.function.cookie == 0 && !CACHING_ALLOCATOR.contains(&found.function);
             let site = prologue::choose_site(
                 code,
                 found.size_bytes,
