@@ -138,10 +138,12 @@ fn batches<'a>(
     let mut entries = Vec::new();
     for site in sites {
         let function = &site.function;
-        if in_session(function.entry_program) {
+        if let Some(entry_program) = function.entry_program
+            && in_session(entry_program)
+        {
             add_to_batch(
                 &mut sessions,
-                function.entry_program,
+                entry_program,
                 site,
                 site.offset,
                 function.cookie,
@@ -151,13 +153,15 @@ fn batches<'a>(
         if let Some(return_program) = function.return_program {
             add_to_batch(&mut returns, return_program, site, site.offset, 0);
         }
-        add_to_batch(
-            &mut entries,
-            function.entry_program,
-            site,
-            site.offset,
-            function.cookie,
-        );
+        if let Some(entry_program) = function.entry_program {
+            add_to_batch(
+                &mut entries,
+                entry_program,
+                site,
+                site.offset,
+                function.cookie,
+            );
+        }
     }
     let staged = |stage, batches: Vec<Batch<'a>>| batches.into_iter().map(move |b| (stage, b));
     staged(Stage::Return, returns)
@@ -443,7 +447,9 @@ impl Probes {
             if with_return && site.function.return_program.is_some() {
                 add_to_batch(&mut returns, FLOOR_RETURN_PROGRAM, site, offset(site), 0);
             }
-            add_to_batch(&mut entries, FLOOR_ENTRY_PROGRAM, site, offset(site), 0);
+            if site.function.entry_program.is_some() {
+                add_to_batch(&mut entries, FLOOR_ENTRY_PROGRAM, site, offset(site), 0);
+            }
         }
         for batch in returns.iter().chain(&entries) {
             self.attach_batch(batch, pid)?;

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
 use super::{
-    cuda::CUDA_FUNCTIONS,
+    cuda::{self, CACHING_ALLOCATOR, CUDA_FUNCTIONS},
     forwarding::{Callees, Forwarding, PassesOn},
     function::HookedFunction,
     prologue,
@@ -18,12 +18,13 @@ use crate::{
     procfs::{self, Mapping},
 };
 
-/// Every function looked up in a mapped object: the allocators, then the
-/// CUDA entry points.
+/// Every function looked up in a mapped object: the allocators, the CUDA
+/// entry points, then PyTorch's caching allocator.
 fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
     all_allocators()
         .map(HookedFunction::allocator)
         .chain(CUDA_FUNCTIONS)
+        .chain(CACHING_ALLOCATOR)
 }
 
 /// One place to attach: an allocator function in one mapped file.
@@ -113,7 +114,7 @@ pub fn python_object_sites_in(pid: u32, path: &std::path::Path) -> Result<Vec<Ho
     let maps = procfs::read_maps(pid).unwrap_or_default();
     let mut chosen: Vec<HookSite> = Vec::new();
     for site in sites {
-        let site = if site.function.entry_program == tracer_ebpf::program::FREE_ENTER {
+        let site = if site.function.entry_program == Some(tracer_ebpf::program::FREE_ENTER) {
             free_behind_wrapper(pid, &site, &maps).unwrap_or(site)
         } else {
             site
@@ -276,13 +277,31 @@ fn sites_in(
         // Shared libraries export their allocator; only the executable
         // (a static build, a custom allocator) may define it unexported,
         // and walking the full symbol table of a huge library is slow.
-        let search = if executable.as_ref() == Some(path) {
+        // PyTorch's caching allocator is unexported in its small library.
+        let caching_allocator = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(cuda::may_define_caching_allocator);
+        let search = if executable.as_ref() == Some(path) || caching_allocator {
             SymbolTables::DynamicAndFull
         } else {
             SymbolTables::Dynamic
         };
         let found_functions = function_offsets(&data, search, functions)
             .with_context(|| format!("could not read the symbols of {}", path.display()))?;
+        if caching_allocator
+            && functions.contains(&CACHING_ALLOCATOR[0])
+            && !found_functions
+                .iter()
+                .any(|found| CACHING_ALLOCATOR.contains(&found.function))
+        {
+            eprintln!(
+                "tracer: note: {} does not list PyTorch's caching allocator in its symbol \
+                 table (a stripped or unknown build): tensor blocks (gpu-tensor) are not \
+                 followed, only the segments it allocates (gpu-device)",
+                path.display()
+            );
+        }
         for found in found_functions {
             if found.passes_on.needs_no_probe(forwarding) {
                 found_sites.unprobed.push(Unprobed {
@@ -296,7 +315,8 @@ fn sites_in(
             let code = data.get(start..).unwrap_or_default();
             // The CUDA programs take their cookie for the API: only the
             // malloc family can read a moved argument.
-            let follow_copies = found.function.cookie == 0;
+            let follow_copies =
+                found.function.cookie == 0 && !CACHING_ALLOCATOR.contains(&found.function);
             let site = prologue::choose_site(
                 code,
                 found.size_bytes,
