@@ -68,9 +68,10 @@ fn attach_to(pids: &[u32]) -> (usize, usize, TracerOutput, Report, Duration) {
 }
 
 #[test]
-fn exits_promptly_after_sigint_with_70_probes_in_place() {
+fn exits_promptly_after_sigint_with_50_probes_in_place() {
     require_root();
-    // glibc and libstdc++ in three processes: 102 probes.
+    // glibc in three processes (libstdc++'s operators only pass on what
+    // glibc's functions return, so they get none): 58 probes.
     let fixtures = [
         Fixture::start("kernel_cache", &[]),
         Fixture::start("kernel_cache", &[]),
@@ -115,14 +116,13 @@ fn exits_promptly_after_sigint_with_70_probes_in_place() {
         (expected, per_pid(pids[0])),
         "probes of 3 processes, and per process: {output}"
     );
-    assert!(probes >= 70, "only {probes} probes: {output}");
+    assert!(probes >= 50, "only {probes} probes: {output}");
     // One link per program, file and process, each holding every probe
     // of that program there: glibc's malloc_enter covers malloc and
-    // valloc, libstdc++'s every operator new.
-    let functions = hooked.len();
+    // valloc.
     assert!(
-        links > 0 && links < functions,
-        "{links} links for {functions} functions hooked: {output}"
+        links > 0 && links < probes,
+        "{links} links for {probes} probes: {output}"
     );
     assert_took_under(
         &format!("exiting after SIGINT with {probes} probes"),

@@ -165,6 +165,9 @@ fn vmm_counts_physical_memory_until_released_and_unmapped() {
     );
     // The address reservation is not usage.
     assert_eq!(report.total("gpu-device"), mapped, "\n{report}");
+    // The fabric handle refused first (as on an H200) made nothing.
+    assert_eq!(field(answer, "fabric_failed"), 1);
+    assert_eq!(report.int("/events/gpu_failed_calls"), 1, "\n{report}");
 }
 
 #[test]

@@ -173,9 +173,17 @@ pub fn record_with(name: &str, extra_args: &[&str], commands: &[&str]) -> Sessio
 /// while its table is pending loses its frames there, which a test of the
 /// frames must not race (a loaded machine builds the tables late).
 pub fn record_while_tables_ready(name: &str, commands: &[&str]) -> Session {
+    record_with_tables_ready(name, &[], commands)
+}
+
+/// [`record_while_tables_ready`] with tracer's `extra_args`.
+pub fn record_with_tables_ready(name: &str, extra_args: &[&str], commands: &[&str]) -> Session {
     require_root();
     let mut fixture = Fixture::start(name, &[]);
-    let mut trace = Record::pid(fixture.pid).args(["-v"]).attach();
+    let mut trace = Record::pid(fixture.pid)
+        .args(["-v"])
+        .args(extra_args.iter().copied())
+        .attach();
     trace.wait_tables_ready();
     session(&mut fixture, trace, commands)
 }

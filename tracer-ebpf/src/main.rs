@@ -1,5 +1,6 @@
 //! The eBPF programs, one file per concern. Programs: `malloc.rs` (the
-//! malloc family), `gpu.rs` (CUDA), `mappings.rs` (the mapping system
+//! malloc family), `gpu.rs` (CUDA), `tensors.rs` (PyTorch's CUDA caching
+//! allocator), `mappings.rs` (the mapping system
 //! calls), `libraries.rs` (libraries loaded later, exec), `forks.rs`,
 //! `signals.rs`, `spawn.rs` and the benchmark's `floor.rs`. What they
 //! share, below them: the live set and its per-stack totals (`live.rs`),
@@ -50,6 +51,8 @@ mod signals;
 mod spawn;
 #[cfg(target_arch = "bpf")]
 mod stacks;
+#[cfg(target_arch = "bpf")]
+mod tensors;
 #[cfg(target_arch = "bpf")]
 mod unwind;
 

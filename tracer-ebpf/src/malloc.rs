@@ -209,14 +209,27 @@ macro_rules! entry_programs {
             0
         }
 
+        // Entry and return are calls of their own: inlined together,
+        // their frames would be one (280 bytes), and with the stack
+        // walk under the return the verifier's 512-byte bound on a
+        // chain of frames is passed.
         #[uprobe]
-        pub fn $session($ctx: ProbeContext) -> u32 {
-            let $in_session = true;
-            if session_is_return() {
-                on_return(&RetProbeContext::new($ctx.as_ptr()));
-                return 0;
+        pub fn $session(ctx: ProbeContext) -> u32 {
+            #[inline(never)]
+            fn session_return(ctx: *mut core::ffi::c_void) -> u32 {
+                on_return(&RetProbeContext::new(ctx));
+                0
             }
-            $body.session_verdict()
+            #[inline(never)]
+            fn session_enter(ctx: *mut core::ffi::c_void) -> u32 {
+                let $ctx = ProbeContext::new(ctx);
+                let $in_session = true;
+                $body.session_verdict()
+            }
+            if session_is_return() {
+                return session_return(ctx.as_ptr());
+            }
+            session_enter(ctx.as_ptr())
         }
     };
 }

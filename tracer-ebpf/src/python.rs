@@ -3,7 +3,7 @@
 //!
 //! The walk follows the interpreter's frame chain from the thread state
 //! (`PythonOffsets` per process: 3.10's `PyFrameObject`s by `f_back`,
-//! 3.11+'s interpreter frames by `previous`), one bounded read per frame, and packs
+//! 3.11+'s interpreter frames by `previous`), and packs
 //! each frame as (code object, entry flag, instruction offset). Each
 //! distinct Python stack gets an id (PYTHON_STACKS), and the stack
 //! code (`stacks.rs`) makes it part of the stack's identity: the last
@@ -74,11 +74,23 @@ static PYTHON_FREE_IDS: Queue<u32> = Queue::with_max_entries(1 << 17, 0);
 #[map]
 static PYTHON_NEW_IDS: Queue<u32> = Queue::with_max_entries(1 << 17, 0);
 
-/// Per CPU: the stack being walked, and the bytes of the frame being read.
+/// Bytes of the frame chain's memory copied at once. CPython 3.11+ keeps
+/// the frames of a thread side by side in its data stack (each caller
+/// below its callee), so one read brings many frames: a window ends where
+/// the frame that did not fit the last one ends, and reaches down this
+/// many bytes (or to the start of that frame's page, where the memory
+/// below is not mapped). 3.10's frames are heap objects: a read for most.
+const WINDOW_BYTES: u64 = 4096;
+const WINDOW_WORDS: usize = WINDOW_BYTES as usize / 8;
+
+/// Per CPU: the stack being walked, and the window of frame memory: its
+/// words from user address `start`, `bytes` of them valid.
 #[repr(C)]
 struct Scratch {
     stack: PythonStack,
-    frame: [u64; FRAME_WINDOW / 8],
+    start: u64,
+    bytes: u64,
+    window: [u64; WINDOW_WORDS],
 }
 
 #[map]
@@ -222,29 +234,31 @@ fn walk(offsets: &PythonOffsets, thread_state: u64, tgid: u32) -> Option<u32> {
     let scratch = PYTHON_SCRATCH.get_ptr_mut(0)?;
     let scratch = unsafe { &mut *scratch };
     let depth = PYTHON_ON.get(python_setting::DEPTH).copied().unwrap_or(0);
+    // The frames changed since the last walk.
+    scratch.start = 0;
+    scratch.bytes = 0;
     // One branch in the loop body (its end), so that the verifier's walk
-    // of it stays linear: a failed read leaves a zeroed window, whose
-    // previous frame (0) ends the walk, and past --python-depth the next
-    // frame is masked to 0.
+    // of it stays linear: a frame that cannot be read reads as zeros,
+    // whose previous frame (0) ends the walk, and past --python-depth the
+    // next frame is masked to 0.
     let mut count_frames = 0u32;
     let mut beyond = 0u64;
     for index in 0..MAX_PYTHON_FRAMES {
         if frame == 0 {
             break;
         }
-        // A failed read zeroes the window (bpf_probe_read_user).
-        unsafe {
-            bpf_probe_read_user(
-                scratch.frame.as_mut_ptr().cast(),
-                FRAME_WINDOW as u32,
-                frame as *const _,
-            )
-        };
-        let code = word(&scratch.frame, offsets.frame_code);
-        let instruction = word(&scratch.frame, offsets.frame_instruction);
-        let entry_byte = byte(&scratch.frame, offsets.frame_entry) ^ offsets.entry_xor as u64;
+        // The frame's first word in the window, and all ones when it is
+        // there (else 0: its fields read as 0).
+        let at = tracer_python_window(frame);
+        let valid = !((at >> 63) as u64);
+        let base = at as u64;
+        let window = &scratch.window;
+        let code = word(window, base, offsets.frame_code) & valid;
+        let instruction = word(window, base, offsets.frame_instruction) & valid;
+        let entry_byte =
+            (byte(window, base, offsets.frame_entry) & valid) ^ offsets.entry_xor as u64;
         let entry = (((entry_byte & 0xff) + 0xff) >> 8) ^ (offsets.entry_invert as u64 & 1);
-        beyond = word(&scratch.frame, offsets.frame_previous);
+        beyond = word(window, base, offsets.frame_previous) & valid;
         // All ones while index + 1 < depth.
         let more = (((index as u64 + 1).wrapping_sub(depth as u64)) as i64 >> 63) as u64;
         frame = beyond & more;
@@ -343,15 +357,62 @@ fn read_u64(address: u64) -> Option<u64> {
     unsafe { aya_ebpf::helpers::bpf_probe_read_user(address as *const u64) }.ok()
 }
 
-/// The 8-byte field at byte `offset` of a frame window (8-aligned).
-#[inline(always)]
-fn word(window: &[u64; FRAME_WINDOW / 8], offset: u32) -> u64 {
-    window[(offset as usize / 8) & (FRAME_WINDOW / 8 - 1)]
+/// Makes the window hold the `FRAME_WINDOW` bytes of the frame at `frame`
+/// (read in when it does not) and returns the index of its first word
+/// there; -1 when they cannot be read. A global function: verified once,
+/// not once per frame of the walk's loop.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn tracer_python_window(frame: u64) -> i64 {
+    let Some(scratch) = PYTHON_SCRATCH.get_ptr_mut(0) else {
+        return -1;
+    };
+    let scratch = unsafe { &mut *scratch };
+    if frame & 7 != 0 {
+        return -1;
+    }
+    let end = frame.wrapping_add(FRAME_WINDOW as u64);
+    let offset = frame.wrapping_sub(scratch.start);
+    if scratch.start != 0
+        && frame >= scratch.start
+        && offset.wrapping_add(FRAME_WINDOW as u64) <= scratch.bytes
+    {
+        return (offset / 8) as i64;
+    }
+    let words = scratch.window.as_mut_ptr();
+    let mut start = end.wrapping_sub(WINDOW_BYTES);
+    let mut bytes = WINDOW_BYTES;
+    let mut read = unsafe { bpf_probe_read_user(words.cast(), bytes as u32, start as *const _) };
+    if read != 0 {
+        // From the start of the frame's page only.
+        start = frame & !4095;
+        bytes = end.wrapping_sub(start);
+        if bytes > WINDOW_BYTES || bytes < FRAME_WINDOW as u64 {
+            scratch.start = 0;
+            return -1;
+        }
+        read = unsafe { bpf_probe_read_user(words.cast(), bytes as u32, start as *const _) };
+    }
+    if read != 0 {
+        scratch.start = 0;
+        return -1;
+    }
+    scratch.start = start;
+    scratch.bytes = bytes;
+    (frame.wrapping_sub(start) / 8) as i64
 }
 
-/// The byte at `offset` of a frame window.
+/// The 8-byte field at byte `offset` (8-aligned) of the frame whose first
+/// word is `base` in the window.
 #[inline(always)]
-fn byte(window: &[u64; FRAME_WINDOW / 8], offset: u32) -> u64 {
-    let word = window[(offset as usize / 8) & (FRAME_WINDOW / 8 - 1)];
+fn word(window: &[u64; WINDOW_WORDS], base: u64, offset: u32) -> u64 {
+    window[(base as usize + offset as usize / 8) & (WINDOW_WORDS - 1)]
+}
+
+/// The byte at `offset` of the frame whose first word is `base` in the
+/// window.
+#[inline(always)]
+fn byte(window: &[u64; WINDOW_WORDS], base: u64, offset: u32) -> u64 {
+    let word = window[(base as usize + offset as usize / 8) & (WINDOW_WORDS - 1)];
     (word >> ((offset % 8) * 8)) & 0xff
 }

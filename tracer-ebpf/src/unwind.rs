@@ -6,6 +6,14 @@
 //! one or two reads of the stack. A `bpf_loop` callback steps one frame,
 //! so the verifier checks it once however deep the stack is.
 //!
+//! What a frame's return address needs (frame pointers, or which row of
+//! which table) is kept in a per-CPU step cache (STEP_CACHE) by process,
+//! version of its mappings and address: stacks repeat their frames, so most
+//! frames cost one lookup there instead of two binary searches through
+//! map memory. The stack itself is read a page at a time into a per-CPU
+//! window (STACK_WINDOW), from which most frames' return addresses and
+//! saved rbp are taken without a read of their own.
+//!
 //! The decisions (searches, rules) are `tracer_ebpf::unwind_walk`'s,
 //! tested on the host; this file only feeds them maps and user memory.
 use aya_ebpf::{
@@ -15,8 +23,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use tracer_ebpf::{
-    MAX_STACK_FRAMES, MAX_UNWIND_MAPPINGS, StackFrames, UNWIND_PENDING_FRAME,
-    UNWIND_ROW_SEARCH_STEPS, UnwindMappings, UnwindRow, UnwindTable, mapping_unwind, stat,
+    MAX_STACK_FRAMES, MAX_UNWIND_MAPPINGS, STEP_CACHE_ENTRIES, StackFrames, StepCacheEntry,
+    UNWIND_PENDING_FRAME, UNWIND_ROW_SEARCH_STEPS, UnwindMappings, UnwindRow, UnwindTable,
+    cfa_rule, mapping_unwind, stat, step_cache_owner, step_cache_slot,
     unwind_walk::{
         Bounds, Registers, Step, find_mapping, last_at_or_below, step_by_frame_pointer, step_by_row,
     },
@@ -69,6 +78,27 @@ struct WalkState {
 #[map]
 static UNWIND_WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
 
+/// Bytes of user stack the window holds (one page).
+const WINDOW_BYTES: u64 = 4096;
+const WINDOW_WORDS: usize = WINDOW_BYTES as usize / 8;
+
+/// Per CPU, a copy of the user stack being walked: `bytes` bytes from the
+/// user address `start` (0: nothing yet).
+#[repr(C)]
+struct StackWindow {
+    start: u64,
+    bytes: u64,
+    words: [u64; WINDOW_WORDS],
+}
+
+#[map]
+static STACK_WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per CPU, the rows found for recent return addresses (`StepCacheEntry`).
+#[map]
+static STEP_CACHE: PerCpuArray<StepCacheEntry> =
+    PerCpuArray::with_max_entries(STEP_CACHE_ENTRIES as u32, 0);
+
 /// A search's bounds in the walk's map memory.
 struct MapBounds(*mut WalkState);
 
@@ -97,6 +127,9 @@ struct Walk {
     stack: *mut StackFrames,
     mappings: *const UnwindMappings,
     state: *mut WalkState,
+    /// The step cache's tag for this process and its mappings' version.
+    owner: u64,
+    window: *mut StackWindow,
 }
 
 /// Whether the stacks of `tgid` are walked through unwind tables.
@@ -132,6 +165,11 @@ fn walk(tgid: u32, regs: Registers, stack: *mut StackFrames, room: usize) -> boo
     let Some(state) = UNWIND_WALK.get_ptr_mut(0) else {
         return false;
     };
+    let Some(window) = STACK_WINDOW.get_ptr_mut(0) else {
+        return false;
+    };
+    // The stack changed since the last walk.
+    unsafe { core::ptr::write_volatile(&raw mut (*window).start, 0) };
     unsafe {
         (*stack).frames[0] = regs.ip;
         (*stack).count = 1;
@@ -150,6 +188,8 @@ fn walk(tgid: u32, regs: Registers, stack: *mut StackFrames, room: usize) -> boo
         stack,
         mappings,
         state,
+        owner: step_cache_owner(tgid, mappings.generation),
+        window,
     };
     unsafe {
         generated::bpf_loop(
@@ -193,6 +233,52 @@ fn read_user(address: u64) -> Option<u64> {
     unsafe { bpf_probe_read_user(address as *const u64) }.ok()
 }
 
+/// A word of the user stack at `address`: from the window, or read into it
+/// from the word below `address` on (where a saved rbp usually is: the
+/// caller's return address is read first), one page at most, less where
+/// the stack ends first.
+#[inline(always)]
+fn read_stack(window: *mut StackWindow, address: u64) -> Option<u64> {
+    if address & 7 != 0 {
+        return read_user(address);
+    }
+    let (start, bytes) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*window).start),
+            core::ptr::read_volatile(&raw const (*window).bytes),
+        )
+    };
+    let offset = address.wrapping_sub(start);
+    if start == 0 || offset >= bytes {
+        let start = address.wrapping_sub(8);
+        let words = unsafe { (*window).words.as_mut_ptr() };
+        let mut bytes = WINDOW_BYTES;
+        let mut read = unsafe {
+            generated::bpf_probe_read_user(words.cast(), bytes as u32, start as *const _)
+        };
+        if read != 0 {
+            // To the end of the page after `address`'s word.
+            bytes = 4096 - (start & 4095);
+            if bytes > WINDOW_BYTES {
+                return read_user(address);
+            }
+            read = unsafe {
+                generated::bpf_probe_read_user(words.cast(), bytes as u32, start as *const _)
+            };
+        }
+        if read != 0 || bytes < 16 {
+            unsafe { core::ptr::write_volatile(&raw mut (*window).start, 0) };
+            return read_user(address);
+        }
+        unsafe {
+            core::ptr::write_volatile(&raw mut (*window).start, start);
+            core::ptr::write_volatile(&raw mut (*window).bytes, bytes);
+        }
+        return Some(unsafe { (*window).words[1] });
+    }
+    Some(unsafe { (*window).words[(offset / 8) as usize & (WINDOW_WORDS - 1)] })
+}
+
 /// One frame: 0 to go on, 1 when the stack is walked. A callback of
 /// `bpf_loop` (Linux 5.17+).
 extern "C" fn step_frame(_index: u64, walk: *mut Walk) -> i64 {
@@ -227,12 +313,61 @@ extern "C" fn step_frame(_index: u64, walk: *mut Walk) -> i64 {
     0
 }
 
-/// The caller of the frame at `regs`: by its mapping's table, or by its
+/// The caller of the frame at `regs`: by the row of its mapping's table
+/// that applies (from the step cache, or looked up and cached), or by its
 /// frame pointer.
 #[inline(always)]
 fn step_of(walk: &Walk, regs: Registers) -> Step {
-    let mappings = unsafe { &*walk.mappings };
     let address = regs.lookup_address();
+    let slot = step_cache_slot(address, walk.owner) as u32;
+    let cached = STEP_CACHE
+        .get_ptr_mut(slot)
+        .map(|entry| unsafe { core::ptr::read_volatile(entry) });
+    let row = match cached {
+        Some(entry) if entry.address == address && entry.owner == walk.owner => entry.row,
+        _ => {
+            let Some((row, cacheable)) = row_of(walk, address) else {
+                return Step::Stop(stat::UNWIND_STOP_UNSUPPORTED);
+            };
+            if cacheable && let Some(entry) = STEP_CACHE.get_ptr_mut(slot) {
+                unsafe {
+                    core::ptr::write_volatile(
+                        entry,
+                        StepCacheEntry {
+                            address,
+                            owner: walk.owner,
+                            row,
+                        },
+                    )
+                };
+            }
+            row
+        }
+    };
+    let read = |address| read_stack(walk.window, address);
+    match row.rule {
+        cfa_rule::PENDING => {
+            unsafe { (*walk.state).pending = 1 };
+            step_by_frame_pointer(regs, read)
+        }
+        _ => step_by_row(&row, regs, read),
+    }
+}
+
+/// The row that applies at `address` (a lookup address): its mapping's
+/// table's, or `NO_INFO` (frame pointers: the object keeps them, or no row
+/// covers it), or `PENDING`, and whether it may be cached; None when the
+/// table cannot be read. Outside every mapping the walk goes by frame
+/// pointers too, and says so in its state: such rows are not cached.
+#[inline(always)]
+fn row_of(walk: &Walk, address: u64) -> Option<(UnwindRow, bool)> {
+    const FRAME_POINTERS: UnwindRow = UnwindRow {
+        pc: 0,
+        cfa_offset: 0,
+        rule: cfa_rule::NO_INFO,
+        rbp_offset_words: 0,
+    };
+    let mappings = unsafe { &*walk.mappings };
     let mut bounds = MapBounds(walk.state);
     let Some(index) = find_mapping(&mut bounds, &mappings.mappings, mappings.count, address) else {
         // JIT or anonymous code, or past the mappings the table had room
@@ -244,24 +379,25 @@ fn step_of(walk: &Walk, regs: Registers) -> Step {
                 (*walk.state).outside = 1;
             }
         }
-        return step_by_frame_pointer(regs, read_user);
+        return Some((FRAME_POINTERS, false));
     };
     let mapping = &mappings.mappings[index & (MAX_UNWIND_MAPPINGS - 1)];
     match mapping.unwind {
         mapping_unwind::TABLE => {}
         mapping_unwind::PENDING => {
-            unsafe { (*walk.state).pending = 1 };
-            return step_by_frame_pointer(regs, read_user);
+            let pending = UnwindRow {
+                rule: cfa_rule::PENDING,
+                ..FRAME_POINTERS
+            };
+            return Some((pending, true));
         }
-        _ => return step_by_frame_pointer(regs, read_user),
+        _ => return Some((FRAME_POINTERS, true)),
     }
-    let Some(table) = UNWIND_TABLES.get(mapping.table) else {
-        return Step::Stop(stat::UNWIND_STOP_UNSUPPORTED);
-    };
+    let table = UNWIND_TABLES.get(mapping.table)?;
     let (first_row, row_count) = (table.first_row, table.row_count);
     let pc = address.wrapping_sub(mapping.bias);
     if pc > u32::MAX as u64 {
-        return step_by_frame_pointer(regs, read_user);
+        return Some((FRAME_POINTERS, true));
     }
     let found = last_at_or_below(
         &mut bounds,
@@ -274,10 +410,9 @@ fn step_of(walk: &Walk, regs: Registers) -> Step {
                 .map(|row| row.pc as u64)
         },
     );
-    let row = found.and_then(|index| UNWIND_ROWS.get(first_row.wrapping_add(index)));
-    match row {
-        Some(row) => step_by_row(row, regs, read_user),
+    match found.and_then(|index| UNWIND_ROWS.get(first_row.wrapping_add(index))) {
+        Some(row) => Some((*row, true)),
         // Below the table's first row: no information.
-        None => step_by_frame_pointer(regs, read_user),
+        None => Some((FRAME_POINTERS, true)),
     }
 }

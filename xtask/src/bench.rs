@@ -202,6 +202,14 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         table.push_str(&real.table);
         real.json
     };
+    let ml = if short {
+        None
+    } else {
+        crate::bench_ml::bench_ml(root, reps.min(3))?
+    };
+    if let Some(ml) = &ml {
+        table.push_str(&ml.table);
+    }
     print!("{table}");
     let mut checks = checks(&medians, &probes);
     checks.push((
@@ -236,6 +244,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         "tracer_cpu": cpu,
         "python": python.json,
         "torch": torch.json,
+        "ml": ml.map(|ml| ml.json),
         "real_allocators_and_redis": real,
         "probes": probes,
         "checks": checks.iter().map(|(name, passed, detail)| json!({"name": name, "passed": passed, "detail": detail})).collect::<Vec<_>>(),
@@ -260,6 +269,30 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
     if !failed.is_empty() {
         bail!("benchmark checks failed: {}", failed.join(", "));
     }
+    Ok(())
+}
+
+/// `cargo xtask bench --ml`: the real ML rows alone (`bench_ml`), written
+/// to target/bench/bench-ml.json.
+pub fn bench_ml_only(root: &Path) -> Result<()> {
+    if !is_root() {
+        bail!("the benchmark loads eBPF programs: run it as root");
+    }
+    let Some(ml) = crate::bench_ml::bench_ml(root, 3)? else {
+        bail!("no ML venv under target/ml: run `cargo xtask setup --ml` first");
+    };
+    print!("{}", ml.table);
+    let path = root.join("target/bench/bench-ml.json");
+    std::fs::create_dir_all(path.parent().expect("a directory"))?;
+    let document = json!({
+        "date": date(),
+        "machine": machine(),
+        "ml": ml.json,
+        "table": ml.table,
+    });
+    std::fs::write(&path, serde_json::to_string_pretty(&document)? + "\n")
+        .with_context(|| format!("could not write {}", path.display()))?;
+    eprintln!("bench: wrote {}", path.display());
     Ok(())
 }
 

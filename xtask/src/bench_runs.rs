@@ -2,7 +2,7 @@
 //! (`Mode`), the C workloads (`Workload`), a tracer attached to a fixture
 //! (`Attached`), one timed run (`measure`) and the median of several.
 //! The sections (`bench`, `bench_python`, `bench_real`, `bench_torch`,
-//! `bench_attach`) use it and not each other.
+//! `bench_ml`, `bench_attach`) use it and not each other.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::Path;
@@ -302,4 +302,77 @@ pub(crate) fn median(values: &[f64]) -> f64 {
     } else {
         (sorted[middle - 1] + sorted[middle]) / 2.0
     }
+}
+
+/// utime + stime of `pid`, in clock ticks.
+pub(crate) fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("could not read /proc/{pid}/stat"))?;
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let field = |index: usize| -> Result<u64> {
+        fields
+            .get(index)
+            .and_then(|value| value.parse().ok())
+            .with_context(|| format!("no field {index} in /proc/{pid}/stat"))
+    };
+    // utime and stime: fields 14 and 15 of proc_pid_stat(5), the first
+    // after the name being field 3.
+    Ok(field(11)? + field(12)?)
+}
+
+pub(crate) fn clock_ticks_per_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+/// VmHWM of `pid`, in bytes.
+pub(crate) fn peak_rss_bytes(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("could not read /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse::<u64>().ok())
+        .map(|kib| kib << 10)
+        .with_context(|| format!("no VmHWM in /proc/{pid}/status"))
+}
+
+/// `kernel.bpf_stats_enabled`: each program's run time and count.
+pub(crate) fn set_bpf_stats(on: bool) -> Result<()> {
+    std::fs::write(
+        "/proc/sys/kernel/bpf_stats_enabled",
+        if on { "1\n" } else { "0\n" },
+    )
+    .context("could not write /proc/sys/kernel/bpf_stats_enabled")
+}
+
+/// (name, runs, ns per run) of every eBPF program that ran, from bpftool.
+pub(crate) fn program_stats() -> Result<Vec<(String, u64, f64)>> {
+    let output = std::process::Command::new("bpftool")
+        .args(["prog", "show", "-j"])
+        .output()
+        .context("could not run bpftool (cargo xtask setup installs it)")?;
+    if !output.status.success() {
+        bail!("bpftool prog show failed: {}", output.status);
+    }
+    let programs: Value = serde_json::from_slice(&output.stdout).context("bpftool's JSON")?;
+    let mut stats: Vec<(String, u64, f64)> = programs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|program| {
+            let runs = program.get("run_cnt")?.as_u64()?;
+            let ns = program.get("run_time_ns")?.as_u64()?;
+            let name = program.get("name")?.as_str()?.to_owned();
+            (runs > 0).then(|| (name, runs, ns as f64 / runs as f64))
+        })
+        .collect();
+    stats.sort_by(|a, b| (b.1 as f64 * b.2).total_cmp(&(a.1 as f64 * a.2)));
+    Ok(stats)
 }

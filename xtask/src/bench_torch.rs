@@ -16,7 +16,9 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::bench_runs::{Attached, median};
+use crate::bench_runs::{
+    Attached, clock_ticks_per_s, cpu_ticks, median, peak_rss_bytes, program_stats, set_bpf_stats,
+};
 use crate::fixture_process::FixtureProcess;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -35,6 +37,8 @@ struct Traced {
     allocs: u64,
     drops: u64,
     python_truncated: u64,
+    /// (eBPF program, runs, ns per run) while the models were built.
+    programs: Vec<(String, u64, f64)>,
 }
 
 /// The torch section: its table (markdown) and its JSON.
@@ -100,6 +104,34 @@ pub(crate) fn bench_torch(root: &Path, short: bool) -> Result<TorchRow> {
         traced_s / bare_s,
         cpu_share * 100.0,
     );
+    // The programs of the last traced run, by their share of the run time.
+    let programs = traced
+        .last()
+        .and_then(|run| run.traced.as_ref())
+        .map(|traced| traced.programs.clone())
+        .unwrap_or_default();
+    let per_alloc = |name: &str| {
+        programs
+            .iter()
+            .find(|(program, _, _)| program == name)
+            .map_or(0.0, |(_, runs, ns)| {
+                *runs as f64 * ns / (allocs_per_model * models as f64).max(1.0)
+            })
+    };
+    let table = format!(
+        "{table}
+eBPF run time per program (last traced run, `kernel.bpf_stats_enabled`): {}; \
+         per allocation: alloc_return {:.0} ns, malloc entries {:.0} ns, free {:.0} ns\n",
+        programs
+            .iter()
+            .take(5)
+            .map(|(name, runs, ns)| format!("{name} {ns:.0} ns x {runs}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        per_alloc("alloc_return"),
+        per_alloc("malloc_enter") + per_alloc("calloc_enter") + per_alloc("posix_memalign_enter"),
+        per_alloc("free_enter"),
+    );
     Ok(TorchRow {
         table,
         json: json!({
@@ -114,6 +146,10 @@ pub(crate) fn bench_torch(root: &Path, short: bool) -> Result<TorchRow> {
             "tracer_peak_rss_bytes": peak_rss_mib * f64::from(1 << 20),
             "dropped": drops,
             "python_stacks_truncated": truncated,
+            "programs": programs
+                .iter()
+                .map(|(name, runs, ns)| json!({"program": name, "runs": runs, "ns_per_run": ns}))
+                .collect::<Vec<_>>(),
         }),
     })
 }
@@ -141,9 +177,20 @@ fn measure(root: &Path, models: u32, with_tracer: bool) -> Result<Run> {
         .as_ref()
         .map(|tracer| cpu_ticks(tracer.pid()))
         .transpose()?;
+    if attached.is_some() {
+        set_bpf_stats(true)?;
+    }
     let started = Instant::now();
-    fixture.command(&format!("build {models}"))?;
+    let built = fixture.command(&format!("build {models}"));
     let elapsed_s = started.elapsed().as_secs_f64();
+    let programs = if attached.is_some() {
+        let programs = program_stats();
+        set_bpf_stats(false)?;
+        programs?
+    } else {
+        Vec::new()
+    };
+    built?;
     let traced = match attached {
         Some(tracer) => {
             let cpu_s =
@@ -169,6 +216,7 @@ fn measure(root: &Path, models: u32, with_tracer: bool) -> Result<Run> {
                 allocs: event("allocs"),
                 drops,
                 python_truncated: event("python_stacks_truncated"),
+                programs,
             })
         }
         None => None,
@@ -178,43 +226,4 @@ fn measure(root: &Path, models: u32, with_tracer: bool) -> Result<Run> {
         seconds_per_model: elapsed_s / f64::from(models),
         traced,
     })
-}
-
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("could not read /proc/{pid}/stat"))?;
-    // The fields after the command name, which is in parentheses.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let field = |index: usize| -> Result<u64> {
-        fields
-            .get(index)
-            .and_then(|value| value.parse().ok())
-            .with_context(|| format!("no field {index} in /proc/{pid}/stat"))
-    };
-    // utime and stime: fields 14 and 15 of proc_pid_stat(5), the first
-    // after the name being field 3.
-    Ok(field(11)? + field(12)?)
-}
-
-fn clock_ticks_per_s() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 { ticks as f64 } else { 100.0 }
-}
-
-/// VmHWM of `pid`, in bytes.
-fn peak_rss_bytes(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .with_context(|| format!("could not read /proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| value.trim().strip_suffix("kB"))
-        .and_then(|kib| kib.trim().parse::<u64>().ok())
-        .map(|kib| kib << 10)
-        .with_context(|| format!("no VmHWM in /proc/{pid}/status"))
 }

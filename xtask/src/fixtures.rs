@@ -20,8 +20,9 @@
 //! flags, `cgo_leak_fp` with C frame pointers).
 //!
 //! tests/fixtures/cuda holds fixture CUDA libraries (`libcuda.so.1`,
-//! `libcudart.so.12`, with sonames, in target/fixtures/cuda) and the GPU
-//! programs built against them.
+//! `libcudart.so.12`, with sonames, and PyTorch's caching allocator
+//! `libc10_cuda.so`, in target/fixtures/cuda) and the GPU programs built
+//! against them.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -80,6 +81,19 @@ const CUDA_BUILDS: &[(&str, &str, &[&str])] = &[
             "-fPIC",
             "-Wl,-soname,libcudart.so.12",
             "cuda/libcuda.so.1",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+    ),
+    // PyTorch's caching allocator, unexported as in torch's wheels.
+    (
+        "cuda/libc10_cuda.so",
+        "libc10_cuda.cpp",
+        &[
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-fno-exceptions",
+            "cuda/libcudart.so.12",
             "-Wl,-rpath,$ORIGIN",
         ],
     ),

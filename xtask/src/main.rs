@@ -7,6 +7,7 @@
 mod bench;
 mod bench_attach;
 mod bench_holders;
+mod bench_ml;
 mod bench_python;
 mod bench_real;
 mod bench_runs;
@@ -17,6 +18,7 @@ mod fixtures;
 mod setup;
 mod shell;
 mod soak;
+mod venvs;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -36,11 +38,17 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Install what is missing: nightly + rust-src, bpf-linker, tracefs,
-    /// gcc/g++, go (for go tool pprof); compile the test fixtures
+    /// gcc/g++, go (for go tool pprof), a numpy 2 venv; compile the test
+    /// fixtures
     Setup {
         /// Print what would be installed or built, change nothing
         #[arg(long)]
         dry_run: bool,
+        /// Also the real ML stacks the benchmark measures, in venvs under
+        /// target/ml: PyPI torch + transformers + iree-turbine, and
+        /// tensorflow-cpu (about 8 GB, 10 minutes; not needed by the tests)
+        #[arg(long)]
+        ml: bool,
     },
     /// Setup, then build the release tracer (eBPF included)
     Build,
@@ -66,6 +74,10 @@ enum Task {
         /// naive floor or malloc/free probes are single-stepped
         #[arg(long)]
         short: bool,
+        /// Only the real ML rows (TensorFlow's load loop, the S1 export
+        /// loop), in the venvs of `cargo xtask setup --ml`
+        #[arg(long, conflicts_with = "short")]
+        ml: bool,
     },
     /// Build, then trace a fixture at a steady allocation rate with a steady
     /// leak for a long time (not in CI); print the tracer's RSS and CPU over
@@ -96,7 +108,14 @@ fn main() -> ExitCode {
 fn run(task: Task) -> Result<()> {
     let root = workspace_root();
     match task {
-        Task::Setup { dry_run } => setup::setup(&mut Shell::new(dry_run), &root),
+        Task::Setup { dry_run, ml } => {
+            let mut shell = Shell::new(dry_run);
+            if ml {
+                setup::setup_ml(&mut shell, &root)
+            } else {
+                setup::setup(&mut shell, &root)
+            }
+        }
         Task::Build => {
             let shell = setup_shell(&root)?;
             build(&shell)
@@ -131,10 +150,14 @@ fn run(task: Task) -> Result<()> {
                 soak::soak(&root, seconds)
             }
         }
-        Task::Bench { short } => {
+        Task::Bench { short, ml } => {
             let shell = setup_shell(&root)?;
             build(&shell)?;
-            bench::bench(&root, short)
+            if ml {
+                bench::bench_ml_only(&root)
+            } else {
+                bench::bench(&root, short)
+            }
         }
         Task::Lint => lint(&Shell::new(false)),
     }

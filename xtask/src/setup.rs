@@ -11,8 +11,8 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-use crate::fixtures;
 use crate::shell::{Shell, find_on_path, is_executable, is_root};
+use crate::{fixtures, venvs};
 
 /// The bpf-linker release that `setup` installs.
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -23,6 +23,7 @@ pub fn setup(shell: &mut Shell, root: &Path) -> Result<()> {
     let linker = ensure_bpf_linker(shell, root)?;
     ensure_tracefs(shell)?;
     ensure_packages(shell)?;
+    venvs::NUMPY2.ensure(shell, root)?;
     fixtures::build_all(shell, root)?;
     match linker {
         Some(install) => install.wait(),
@@ -280,9 +281,14 @@ pub const ALLOCATOR_LIBRARIES: [(&str, &str); 3] = [
 ];
 
 /// Packages known by a file they install rather than a command: numpy,
-/// and the shared libpython3.11 that the embedding fixtures dlopen
-/// (embed_python, embed_script).
-const PACKAGE_FILES: [(&str, &str); 2] = [
+/// the shared libpython3.11 that the embedding fixtures dlopen
+/// (embed_python, embed_script), and python3.11's venv module, which makes
+/// the venvs of PyPI packages under target/ (`venvs`).
+const PACKAGE_FILES: [(&str, &str); 3] = [
+    (
+        "/usr/lib/python3.11/ensurepip/__init__.py",
+        "python3.11-venv",
+    ),
     (
         "/usr/lib/python3/dist-packages/numpy/__init__.py",
         "python3-numpy",
@@ -347,6 +353,16 @@ fn ensure_packages(shell: &Shell) -> Result<()> {
             "--no-install-recommends",
             TORCH.1,
         ]))?;
+    }
+    Ok(())
+}
+
+/// `cargo xtask setup --ml`: the real ML stacks in venvs under target/ml
+/// (about 8 GB, 10 minutes; never in CI), after what `setup` installs.
+pub fn setup_ml(shell: &mut Shell, root: &Path) -> Result<()> {
+    setup(shell, root)?;
+    for venv in [&venvs::ML_TORCH, &venvs::ML_TF] {
+        venv.ensure(shell, root)?;
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! The CUDA probes: API ids and names, attach cookies, the per-thread call
-//! in progress and cuMemCreate's physical memory.
+//! in progress and cuMemCreate's physical memory; PyTorch's CUDA caching
+//! allocator, whose blocks are the gpu-tensor kind.
 
 use crate::LiveAlloc;
 
@@ -122,10 +123,71 @@ pub struct VmmHandle {
     pub holders: u64,
 }
 
+/// PyTorch's CUDA caching allocator (`libc10_cuda.so`): the functions
+/// that hand a block to a tensor and take it back, and where a block keeps
+/// what tracer reads. Read off the code of torch 2.11.0+cu130's
+/// libc10_cuda.so: `NativeCachingAllocator::malloc` calls `MALLOC` with
+/// (this, size, stream) and reads the device address at `BLOCK_ADDRESS`
+/// of the `Block *` it returns in %rax; `FREE` gets (this, block) and
+/// clears `BLOCK_ALLOCATED`, the stats taking `BLOCK_SIZE` off. The
+/// layout is `struct Block` of c10/cuda/CUDACachingAllocator.cpp (device,
+/// stream, stream_uses, size, requested_size, pool, ptr, allocated),
+/// unchanged from PyTorch 2.1 to 2.11.
+pub mod caching_allocator {
+    /// `DeviceCachingAllocator::malloc(size_t, cudaStream_t)`, returning
+    /// the `Block *` handed out.
+    pub const MALLOC: &str =
+        "_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator6mallocEmP11CUstream_st";
+    /// `DeviceCachingAllocator::free(Block *)`.
+    pub const FREE: &str = "_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator4freeEPNS2_12_GLOBAL__N_15BlockE";
+    /// The library that defines them, unexported (its full symbol table).
+    pub const LIBRARY_PREFIX: &str = "libc10_cuda.so";
+    /// `Block::size`: the bytes `torch.cuda.memory_allocated()` counts
+    /// (the request rounded up, or the whole block when it is not split).
+    pub const BLOCK_SIZE: u64 = 0x38;
+    /// `Block::ptr`: the device address.
+    pub const BLOCK_ADDRESS: u64 = 0x50;
+    /// `Block::allocated`: 1 while a tensor holds the block.
+    pub const BLOCK_ALLOCATED: u64 = 0x58;
+    /// Every block is a multiple of this (`kMinBlockSize`).
+    pub const MIN_BLOCK_BYTES: u64 = 512;
+    /// Set in a block's LIVE address: blocks are kept apart from the
+    /// gpu-device segments they are carved from (a segment's first block
+    /// starts at the segment's address). Device addresses stay below 2^47.
+    pub const ADDRESS_TAG: u64 = 1 << 63;
+
+    /// Whether what was read from a `Block` is one handed to a tensor:
+    /// allocated, at an address, of a whole number of minimal blocks. A
+    /// PyTorch whose `Block` moved its fields fails this (counted as
+    /// `gpu_tensor_block_unreadable`) instead of counting garbage.
+    pub const fn is_handed_out(size: u64, address: u64, allocated: u8) -> bool {
+        allocated == 1
+            && address != 0
+            && address < ADDRESS_TAG
+            && size != 0
+            && size.is_multiple_of(MIN_BLOCK_BYTES)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::gpu_api::*;
     use super::*;
+
+    #[test]
+    fn a_handed_out_block_is_allocated_and_whole() {
+        use caching_allocator::is_handed_out;
+        assert!(is_handed_out(64 << 20, 0x7f00_0000_0000, 1));
+        assert!(is_handed_out(512, 0x7f00_0000_0200, 1));
+        assert!(!is_handed_out(512, 0x7f00_0000_0200, 0), "free block");
+        assert!(
+            !is_handed_out(4, 0x7f00_0000_0200, 1),
+            "a request, not a block"
+        );
+        assert!(!is_handed_out(0, 0x7f00_0000_0200, 1));
+        assert!(!is_handed_out(512, 0, 1));
+        assert!(!is_handed_out(512, caching_allocator::ADDRESS_TAG, 1));
+    }
 
     #[test]
     fn each_gpu_api_id_indexes_its_symbol() {

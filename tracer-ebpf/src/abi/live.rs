@@ -29,6 +29,11 @@ pub mod kind {
     /// call takes from malloc (over 512 bytes) is counted here once, not
     /// as heap; the arenas mapped inside such a call are not mmap-anon.
     pub const PYTHON_OBJECT: u32 = 8;
+    /// Blocks of PyTorch's CUDA caching allocator handed out to tensors
+    /// (`libc10_cuda.so`'s `DeviceCachingAllocator::malloc` to `free`):
+    /// carved out of the gpu-device segments it allocated, so their bytes
+    /// are part of gpu-device, never added to it.
+    pub const GPU_TENSOR: u32 = 9;
 }
 
 /// Key of the LIVE map: one outstanding allocation.

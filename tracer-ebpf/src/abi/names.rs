@@ -87,6 +87,8 @@ pub mod program {
         GPU_UNMAP_ENTER = "gpu_unmap_enter",
         GPU_CONTEXT_ENTER = "gpu_context_enter",
         GPU_RETURN = "gpu_return",
+        TENSOR_MALLOC_RETURN = "tensor_malloc_return",
+        TENSOR_FREE_ENTER = "tensor_free_enter",
         PROCESS_EXEC = "process_exec",
         EXEC_MAPPED = "exec_mapped",
         OPEN_ENTER = "open_enter",

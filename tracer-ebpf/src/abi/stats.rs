@@ -129,6 +129,15 @@ pub mod stat {
             /// STACK_COPIES ring full: its copied-stack blocks of the old image
             /// stay live in the report.
             DROP_EXEC_MARK_LOST => ("exec_mark_lost", Drop),
+            /// Blocks PyTorch's CUDA caching allocator handed out (gpu-tensor).
+            GPU_TENSOR_ALLOCS => ("gpu_tensor_allocs", Event),
+            GPU_TENSOR_FREES => ("gpu_tensor_frees", Event),
+            /// Frees of caching-allocator blocks handed out before attach.
+            GPU_TENSOR_FREES_UNKNOWN => ("gpu_tensor_frees_unknown", Event),
+            /// Caching-allocator blocks not counted: the block could not be
+            /// read, or did not look like the `Block` tracer knows (another
+            /// PyTorch layout).
+            DROP_GPU_TENSOR_BLOCK_UNREADABLE => ("gpu_tensor_block_unreadable", Drop),
             /// Stacks evicted from STACKS: they held nothing, their totals
             /// were in tracer's model, and the table was over half full.
             /// Counted by userspace, which evicts them (the kernel never

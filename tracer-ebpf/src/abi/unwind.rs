@@ -42,6 +42,10 @@ pub mod cfa_rule {
     /// No unwind information covers this address (a gap between FDEs):
     /// the walk tries frame pointers for this frame.
     pub const NO_INFO: u8 = 7;
+    /// Only in the step cache (`StepCacheEntry`): the address is in a
+    /// mapping whose table is not built yet (`mapping_unwind::PENDING`):
+    /// frame pointers, and the stack is marked.
+    pub const PENDING: u8 = 8;
 }
 
 /// One row of an unwind table: the rule from `pc` up to the next row's `pc`.
@@ -106,6 +110,10 @@ pub struct UnwindMappings {
     /// How many of `mappings` are in use.
     pub count: u32,
     pub pad: u32,
+    /// Different in every value userspace writes (from 1): the step
+    /// cache's entries made under an older list no longer match.
+    pub generation: u32,
+    pub pad2: u32,
     pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
 }
 
@@ -114,9 +122,47 @@ impl Default for UnwindMappings {
         UnwindMappings {
             count: 0,
             pad: 0,
+            generation: 0,
+            pad2: 0,
             mappings: [UnwindMapping::default(); MAX_UNWIND_MAPPINGS],
         }
     }
+}
+
+/// Entries of the per-CPU step cache (a power of two).
+pub const STEP_CACHE_ENTRIES: usize = 1 << 13;
+
+/// One entry of the per-CPU step cache: what the walk applies at a return
+/// address of one process, under one version of its mappings, so that a
+/// frame seen before costs one lookup instead of two binary searches
+/// (its mapping, then its table's row). Exact: an entry is used only for
+/// the same address, process and `UnwindMappings::generation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepCacheEntry {
+    /// The lookup address (return address - 1).
+    pub address: u64,
+    /// [`step_cache_owner`] of the process and its mappings' generation;
+    /// 0 for an empty entry.
+    pub owner: u64,
+    /// The row that applies: a table's, or `cfa_rule::NO_INFO` (frame
+    /// pointers), or `cfa_rule::PENDING`.
+    pub row: UnwindRow,
+}
+
+/// The owner tag of step cache entries for `tgid` under mappings of
+/// `generation` (never 0: generations start at 1).
+#[inline(always)]
+pub fn step_cache_owner(tgid: u32, generation: u32) -> u64 {
+    ((tgid as u64) << 32) | generation as u64
+}
+
+/// The slot of the step cache for `address` and `owner`.
+#[inline(always)]
+pub fn step_cache_slot(address: u64, owner: u64) -> usize {
+    let mixed =
+        (address ^ owner.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    (mixed >> (64 - STEP_CACHE_ENTRIES.trailing_zeros())) as usize & (STEP_CACHE_ENTRIES - 1)
 }
 
 /// Where one table's rows lie in UNWIND_ROWS: a value of UNWIND_TABLES.

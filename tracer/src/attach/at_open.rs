@@ -51,8 +51,9 @@ use tracer_ebpf::OpenedFile;
 
 use super::{
     HookSite, Stage, ahead, batches,
+    forwarding::Forwarding,
     raw::{LinkKind, Linker},
-    symbols::hook_sites_in,
+    symbols::{Unprobed, hook_sites_in},
 };
 use crate::procfs;
 
@@ -128,6 +129,8 @@ pub struct OpenedHook {
     /// The file as the target sees it.
     pub path: PathBuf,
     pub sites: Vec<HookSite>,
+    /// Its hooked functions that need no probe (`forwarding`).
+    pub unprobed: Vec<Unprobed>,
     /// The links made, which `RawPrograms` each belongs to, and their
     /// probe counts.
     pub links: Vec<(LinkKind, OwnedFd, usize)>,
@@ -278,6 +281,7 @@ impl AtOpen {
         session: Option<Linker>,
         files: HookedFiles,
         gate: Option<LoaderGate>,
+        forwarding: Forwarding,
     ) -> Result<AtOpen> {
         let (sender, news) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -285,6 +289,7 @@ impl AtOpen {
             multi,
             session,
             files,
+            forwarding,
             news: sender,
         };
         let busy = Arc::new(AtomicBool::new(false));
@@ -330,6 +335,8 @@ struct Hooker {
     multi: Linker,
     session: Option<Linker>,
     files: HookedFiles,
+    /// Which functions that pass their calls on go without a probe.
+    forwarding: Forwarding,
     news: mpsc::Sender<AtOpenNews>,
 }
 
@@ -395,17 +402,18 @@ impl Hooker {
         if !self.files.claim(pid, &host_path) {
             return;
         }
-        let sites = match hook_sites_in(pid, std::slice::from_ref(&path)) {
-            Ok(sites) if !sites.is_empty() => sites,
+        let found = match hook_sites_in(pid, std::slice::from_ref(&path), self.forwarding) {
+            Ok(found) if !found.sites.is_empty() => found,
             // Not an ELF file, or one without allocator or CUDA functions:
             // claimed all the same, so that it is not read again.
             _ => return,
         };
-        let news = match self.attach(pid, &sites) {
+        let news = match self.attach(pid, &found.sites) {
             Ok(links) => AtOpenNews::Hooked(OpenedHook {
                 pid,
                 path,
-                sites,
+                sites: found.sites,
+                unprobed: found.unprobed,
                 links,
                 hooked_at: Instant::now(),
                 after_open: Duration::from_nanos(

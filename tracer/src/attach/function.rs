@@ -1,5 +1,5 @@
-//! A function tracer hooks (an allocator or a CUDA entry point) and the
-//! eBPF programs that trace it.
+//! A function tracer hooks (an allocator, a CUDA entry point, PyTorch's
+//! caching allocator) and the eBPF programs that trace it.
 use tracer_ebpf::program;
 
 use crate::model::allocators::{Allocator, AllocatorCall};
@@ -11,8 +11,8 @@ const ALLOC_RETURN_PROGRAM: &str = program::ALLOC_RETURN;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HookedFunction {
     pub name: &'static str,
-    /// The uprobe program at its entry.
-    pub entry_program: &'static str,
+    /// The uprobe program at its entry, where the arguments are needed.
+    pub entry_program: Option<&'static str>,
     /// The uretprobe program, where the result is needed.
     pub return_program: Option<&'static str>,
     /// Attach cookie of the entry probe (CUDA: API and memory kind).
@@ -35,7 +35,7 @@ impl HookedFunction {
         };
         HookedFunction {
             name: allocator.name,
-            entry_program,
+            entry_program: Some(entry_program),
             return_program: if has_return {
                 Some(ALLOC_RETURN_PROGRAM)
             } else {
@@ -57,7 +57,7 @@ impl HookedFunction {
         let free = matches!(allocator.call, AllocatorCall::Free);
         HookedFunction {
             name: allocator.name,
-            entry_program,
+            entry_program: Some(entry_program),
             return_program: if free {
                 None
             } else {

@@ -28,6 +28,7 @@ use tracer_ebpf::{Event, event};
 use super::{
     AttachedHook, HookSite, Probes,
     at_open::{AtOpen, AtOpenNews, HookedFiles, LoaderGate, LookedAt, OpenedHook},
+    forwarding::Forwarding,
     links::{TracepointLink, attach_tracepoint},
     raw::{LinkKind, Linker},
     symbols::{executable_paths, hook_sites_in},
@@ -136,6 +137,7 @@ impl LibraryWatch {
         ebpf: &mut Ebpf,
         links: &mut Vec<TracepointLink>,
         linkers: Option<(Linker, Option<Linker>)>,
+        forwarding: Forwarding,
     ) -> Result<LibraryWatch> {
         links.push(attach_tracepoint(
             ebpf,
@@ -184,6 +186,7 @@ impl LibraryWatch {
                     session,
                     files.clone(),
                     Some(gate),
+                    forwarding,
                 )?)
             }
             None => None,
@@ -416,10 +419,13 @@ impl Probes {
             pid,
             path,
             sites,
+            unprobed,
             links,
             hooked_at,
             after_open,
         } = hooked;
+        self.unprobed
+            .extend(unprobed.into_iter().map(|unprobed| (pid, unprobed)));
         for (kind, link, probe_count) in links {
             let programs = match kind {
                 LinkKind::Multi => self.multi.as_mut(),
@@ -502,9 +508,18 @@ impl Probes {
                 self.start_copying(pid, lacking)?;
             }
         }
-        let sites = hook_sites_in(pid, &new_paths)?;
+        let found = hook_sites_in(pid, &new_paths, self.forwarding())?;
+        for unprobed in found.unprobed {
+            notes.push(format!(
+                "{} in {} (PID {pid}): {}",
+                unprobed.name,
+                unprobed.path.display(),
+                unprobed.why
+            ));
+            self.unprobed.push((pid, unprobed));
+        }
         let before = self.libraries.len();
-        self.attach_sites(pid, &sites, noticed_by)?;
+        self.attach_sites(pid, &found.sites, noticed_by)?;
         for library in &self.libraries[before..] {
             notes.push(format!(
                 "hooked {} functions in {} (PID {pid}, mapped after attach, noticed by {})",

@@ -288,7 +288,12 @@ impl Probes {
             )),
             None => None,
         };
-        let mut watch = LibraryWatch::start(&mut ebpf, &mut tracepoint_links, linkers)?;
+        let mut watch = LibraryWatch::start(
+            &mut ebpf,
+            &mut tracepoint_links,
+            linkers,
+            super::forwarding::Forwarding::for_unwinding(unwinding.mode),
+        )?;
         let mapping_links = mappings::attach_tracepoints(&mut ebpf)
             .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
         let mapping_tracepoints = mapping_links.len();
@@ -338,6 +343,7 @@ impl Probes {
             kernel_unwinding,
             ebpf,
             hooks: Vec::new(),
+            unprobed: Vec::new(),
             return_probes,
             libraries: Vec::new(),
             sampling: *sampling,

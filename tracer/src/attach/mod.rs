@@ -14,6 +14,7 @@
 pub mod ahead;
 pub mod at_open;
 pub mod cuda;
+pub mod forwarding;
 pub mod function;
 pub mod libraries;
 pub mod mappings;
@@ -52,6 +53,7 @@ use crate::{
     procfs,
     unwind::{UnwindMode, Unwinding},
 };
+use forwarding::Forwarding;
 use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
 use links::TracepointLink;
 pub use load::{AttachTimes, Capacity, Rings, Sampling};
@@ -62,6 +64,7 @@ pub use python::PythonObjectHooks;
 use raw::RawPrograms;
 pub use stack_maps::StackMaps;
 pub use symbols::HookSite;
+use symbols::{FoundSites, Unprobed};
 
 /// The benchmark's empty programs.
 const FLOOR_ENTRY_PROGRAM: &str = tracer_ebpf::program::FLOOR_ENTER;
@@ -137,10 +140,12 @@ fn batches<'a>(
     let mut entries = Vec::new();
     for site in sites {
         let function = &site.function;
-        if in_session(function.entry_program) {
+        if let Some(entry_program) = function.entry_program
+            && in_session(entry_program)
+        {
             add_to_batch(
                 &mut sessions,
-                function.entry_program,
+                entry_program,
                 site,
                 site.offset,
                 function.cookie,
@@ -150,13 +155,15 @@ fn batches<'a>(
         if let Some(return_program) = function.return_program {
             add_to_batch(&mut returns, return_program, site, site.offset, 0);
         }
-        add_to_batch(
-            &mut entries,
-            function.entry_program,
-            site,
-            site.offset,
-            function.cookie,
-        );
+        if let Some(entry_program) = function.entry_program {
+            add_to_batch(
+                &mut entries,
+                entry_program,
+                site,
+                site.offset,
+                function.cookie,
+            );
+        }
     }
     let staged = |stage, batches: Vec<Batch<'a>>| batches.into_iter().map(move |b| (stage, b));
     staged(Stage::Return, returns)
@@ -176,6 +183,9 @@ pub struct AttachedHook {
 pub struct Probes {
     ebpf: Ebpf,
     pub hooks: Vec<AttachedHook>,
+    /// Hooked functions found but not probed: they pass their calls on
+    /// to another hooked function (`forwarding`), by process.
+    unprobed: Vec<(u32, Unprobed)>,
     pub return_probes: ReturnProbes,
     /// The objects hooks were put in, and when.
     pub libraries: Vec<HookedLibrary>,
@@ -224,18 +234,34 @@ pub struct Probes {
 }
 
 impl Probes {
+    /// Which functions that pass their calls on go without a probe: with
+    /// frame-pointer walks, only those that tail-jump (`forwarding`).
+    fn forwarding(&self) -> Forwarding {
+        Forwarding::for_unwinding(self.unwinding.mode)
+    }
+
     /// Attaches the allocator and CUDA probes to every object `pid` maps
     /// that defines such functions, and watches it for libraries mapped
     /// later.
     pub fn attach_allocators(&mut self, pid: u32) -> Result<usize> {
         let reading = Instant::now();
-        let (maps, sites) = allocator_sites(pid)?;
+        let forwarding = self.forwarding();
+        let (maps, found) = allocator_sites(pid, forwarding)?;
         let ahead = ahead::candidates(pid, &maps);
-        let ahead_sites = if ahead.is_empty() {
-            Vec::new()
+        let ahead_found = if ahead.is_empty() {
+            FoundSites::default()
         } else {
-            symbols::hook_sites_in(pid, &ahead)?
+            symbols::hook_sites_in(pid, &ahead, forwarding)?
         };
+        let sites = found.sites;
+        let ahead_sites = ahead_found.sites;
+        self.unprobed.extend(
+            found
+                .unprobed
+                .into_iter()
+                .chain(ahead_found.unprobed)
+                .map(|unprobed| (pid, unprobed)),
+        );
         self.times.symbols += reading.elapsed();
         if !sites
             .iter()
@@ -406,7 +432,13 @@ impl Probes {
     /// (unless `with_return` is false), at `sites`, attached as tracer's
     /// own probes are.
     pub fn attach_floor(&mut self, pid: u32, sites: FloorSites, with_return: bool) -> Result<()> {
-        let found = allocator_sites(pid)?.1;
+        // Where other tools probe: every function's entry. Where tracer
+        // probes: its own sites, none in functions that pass their calls on.
+        let forwarding = match sites {
+            FloorSites::FunctionEntry => Forwarding::TailJumpsOnly,
+            FloorSites::Chosen => Forwarding::TailJumpsAndCalls,
+        };
+        let found = allocator_sites(pid, forwarding)?.1.sites;
         let offset = |site: &HookSite| match sites {
             FloorSites::FunctionEntry => site.function_offset,
             FloorSites::Chosen => site.offset,
@@ -417,7 +449,9 @@ impl Probes {
             if with_return && site.function.return_program.is_some() {
                 add_to_batch(&mut returns, FLOOR_RETURN_PROGRAM, site, offset(site), 0);
             }
-            add_to_batch(&mut entries, FLOOR_ENTRY_PROGRAM, site, offset(site), 0);
+            if site.function.entry_program.is_some() {
+                add_to_batch(&mut entries, FLOOR_ENTRY_PROGRAM, site, offset(site), 0);
+            }
         }
         for batch in returns.iter().chain(&entries) {
             self.attach_batch(batch, pid)?;
@@ -502,10 +536,10 @@ impl Probes {
 
 /// The mappings of `pid` and the allocator functions in them, with their
 /// probe sites.
-fn allocator_sites(pid: u32) -> Result<(Vec<procfs::Mapping>, Vec<HookSite>)> {
+fn allocator_sites(pid: u32, forwarding: Forwarding) -> Result<(Vec<procfs::Mapping>, FoundSites)> {
     let maps = procfs::read_maps(pid)
         .map_err(|error| fatal(ExitCode::NoTarget, format!("PID {pid}: {error:#}")))?;
-    let sites = symbols::find_hook_sites(pid, &maps)?;
+    let sites = symbols::find_hook_sites(pid, &maps, forwarding)?;
     // An exiting process has no mappings left: not a target without an
     // allocator.
     if maps.is_empty() || !procfs::is_alive(pid) {

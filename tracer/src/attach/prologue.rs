@@ -189,6 +189,9 @@ pub const SIGNATURES: &[(&str, usize)] = &[
     ("cudaFreeHost", 1),
     ("cudaFreeAsync", 2),
     ("cudaDeviceReset", 0),
+    // PyTorch's caching allocator: (this, size, stream), (this, block).
+    (tracer_ebpf::caching_allocator::MALLOC, 3),
+    (tracer_ebpf::caching_allocator::FREE, 2),
 ];
 
 /// The prefixes a statically linked jemalloc puts before its names

@@ -96,6 +96,16 @@ impl Probes {
                 notes.push(format!("probe on {line}"));
             }
         }
+        if verbose {
+            notes.extend(self.unprobed.iter().map(|(pid, unprobed)| {
+                format!(
+                    "{} in {} (PID {pid}): {}",
+                    unprobed.name,
+                    unprobed.path.display(),
+                    unprobed.why
+                )
+            }));
+        }
         match &self.links {
             ProbeLinks::Multi if verbose => notes.push(format!(
                 "uprobes attached in {} uprobe_multi links",

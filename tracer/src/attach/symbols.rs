@@ -5,22 +5,26 @@
 use std::{collections::BTreeMap, fs, path::PathBuf};
 
 use anyhow::{Context as _, Result};
-use object::{
-    Object as _, ObjectSegment as _, ObjectSymbol as _, ObjectSymbolTable as _, SymbolKind,
-};
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
-use super::{cuda::CUDA_FUNCTIONS, function::HookedFunction, prologue};
+use super::{
+    cuda::{self, CACHING_ALLOCATOR, CUDA_FUNCTIONS},
+    forwarding::{Callees, Forwarding, PassesOn},
+    function::HookedFunction,
+    prologue,
+};
 use crate::{
     model::allocators::{PYTHON_OBJECT_ALLOCATORS, all_allocators},
     procfs::{self, Mapping},
 };
 
-/// Every function looked up in a mapped object: the allocators, then the
-/// CUDA entry points.
+/// Every function looked up in a mapped object: the allocators, the CUDA
+/// entry points, then PyTorch's caching allocator.
 fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
     all_allocators()
         .map(HookedFunction::allocator)
         .chain(CUDA_FUNCTIONS)
+        .chain(CACHING_ALLOCATOR)
 }
 
 /// One place to attach: an allocator function in one mapped file.
@@ -42,6 +46,24 @@ pub struct HookSite {
     pub reason: String,
 }
 
+/// A hooked function that gets no probe: it only passes its calls on to
+/// another hooked function (`forwarding`), for `-v`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unprobed {
+    pub name: &'static str,
+    /// The file as the target sees it.
+    pub path: PathBuf,
+    pub why: String,
+}
+
+/// The sites to probe in some files, and the hooked functions there that
+/// need no probe.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FoundSites {
+    pub sites: Vec<HookSite>,
+    pub unprobed: Vec<Unprobed>,
+}
+
 /// The files `pid` maps with execute permission, each once.
 pub fn executable_paths(maps: &[Mapping]) -> Vec<PathBuf> {
     let mut paths: Vec<PathBuf> = maps
@@ -56,8 +78,8 @@ pub fn executable_paths(maps: &[Mapping]) -> Vec<PathBuf> {
 
 /// The allocator and CUDA functions defined in the executable files `pid`
 /// maps.
-pub fn find_hook_sites(pid: u32, maps: &[Mapping]) -> Result<Vec<HookSite>> {
-    hook_sites_in(pid, &executable_paths(maps))
+pub fn find_hook_sites(pid: u32, maps: &[Mapping], forwarding: Forwarding) -> Result<FoundSites> {
+    hook_sites_in(pid, &executable_paths(maps), forwarding)
 }
 
 /// CPython's allocator functions (`--python-objects`).
@@ -68,8 +90,13 @@ fn python_object_functions() -> impl Iterator<Item = HookedFunction> {
 }
 
 /// The allocator and CUDA functions defined in `paths`, files `pid` maps.
-pub fn hook_sites_in(pid: u32, paths: &[PathBuf]) -> Result<Vec<HookSite>> {
-    sites_in(pid, paths, &hooked_functions().collect::<Vec<_>>())
+pub fn hook_sites_in(pid: u32, paths: &[PathBuf], forwarding: Forwarding) -> Result<FoundSites> {
+    sites_in(
+        pid,
+        paths,
+        &hooked_functions().collect::<Vec<_>>(),
+        forwarding,
+    )
 }
 
 /// CPython's allocator functions defined in `path` (the interpreter), a
@@ -81,11 +108,13 @@ pub fn python_object_sites_in(pid: u32, path: &std::path::Path) -> Result<Vec<Ho
         pid,
         &[path.to_path_buf()],
         &python_object_functions().collect::<Vec<_>>(),
-    )?;
+        Forwarding::TailJumpsOnly,
+    )?
+    .sites;
     let maps = procfs::read_maps(pid).unwrap_or_default();
     let mut chosen: Vec<HookSite> = Vec::new();
     for site in sites {
-        let site = if site.function.entry_program == tracer_ebpf::program::FREE_ENTER {
+        let site = if site.function.entry_program == Some(tracer_ebpf::program::FREE_ENTER) {
             free_behind_wrapper(pid, &site, &maps).unwrap_or(site)
         } else {
             site
@@ -226,9 +255,14 @@ pub fn function_size(host_path: &std::path::Path, name: &str) -> Option<u64> {
 }
 
 /// The functions of `functions` defined in `paths`, files `pid` maps.
-fn sites_in(pid: u32, paths: &[PathBuf], functions: &[HookedFunction]) -> Result<Vec<HookSite>> {
+fn sites_in(
+    pid: u32,
+    paths: &[PathBuf],
+    functions: &[HookedFunction],
+    forwarding: Forwarding,
+) -> Result<FoundSites> {
     let executable = fs::read_link(format!("/proc/{pid}/exe")).ok();
-    let mut sites = Vec::new();
+    let mut found_sites = FoundSites::default();
     for path in paths {
         let host_path = procfs::host_path(pid, path);
         // A file that vanished or cannot be read holds no hook we can use.
@@ -243,19 +277,46 @@ fn sites_in(pid: u32, paths: &[PathBuf], functions: &[HookedFunction]) -> Result
         // Shared libraries export their allocator; only the executable
         // (a static build, a custom allocator) may define it unexported,
         // and walking the full symbol table of a huge library is slow.
-        let search = if executable.as_ref() == Some(path) {
+        // PyTorch's caching allocator is unexported in its small library.
+        let caching_allocator = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(cuda::may_define_caching_allocator);
+        let search = if executable.as_ref() == Some(path) || caching_allocator {
             SymbolTables::DynamicAndFull
         } else {
             SymbolTables::Dynamic
         };
         let found_functions = function_offsets(&data, search, functions)
             .with_context(|| format!("could not read the symbols of {}", path.display()))?;
+        if caching_allocator
+            && functions.contains(&CACHING_ALLOCATOR[0])
+            && !found_functions
+                .iter()
+                .any(|found| CACHING_ALLOCATOR.contains(&found.function))
+        {
+            eprintln!(
+                "tracer: note: {} does not list PyTorch's caching allocator in its symbol \
+                 table (a stripped or unknown build): tensor blocks (gpu-tensor) are not \
+                 followed, only the segments it allocates (gpu-device)",
+                path.display()
+            );
+        }
         for found in found_functions {
+            if found.passes_on.needs_no_probe(forwarding) {
+                found_sites.unprobed.push(Unprobed {
+                    name: found.function.name,
+                    path: path.clone(),
+                    why: found.passes_on.why_not_probed().unwrap_or_default(),
+                });
+                continue;
+            }
             let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
             let code = data.get(start..).unwrap_or_default();
             // The CUDA programs take their cookie for the API: only the
             // malloc family can read a moved argument.
-            let follow_copies = found.function.cookie == 0;
+            let follow_copies =
+                found.function.cookie == 0 && !CACHING_ALLOCATOR.contains(&found.function);
             let site = prologue::choose_site(
                 code,
                 found.size_bytes,
@@ -266,18 +327,22 @@ fn sites_in(pid: u32, paths: &[PathBuf], functions: &[HookedFunction]) -> Result
             if follow_copies {
                 function.cookie = moved_arguments_cookie(&site.moved_arguments);
             }
-            sites.push(HookSite {
+            let reason = match found.passes_on.why_probed(forwarding) {
+                Some(why) => format!("{}; {why}", site.reason),
+                None => site.reason,
+            };
+            found_sites.sites.push(HookSite {
                 function,
                 path: path.clone(),
                 host_path: host_path.clone(),
                 function_offset: found.file_offset,
                 offset: found.file_offset + site.offset,
                 emulated: site.emulated,
-                reason: site.reason,
+                reason,
             });
         }
     }
-    Ok(sites)
+    Ok(found_sites)
 }
 
 /// Which symbol tables to search.
@@ -288,20 +353,31 @@ pub enum SymbolTables {
 }
 
 /// An allocator function defined in an ELF file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FoundFunction {
     pub function: HookedFunction,
     /// File offset of its first instruction.
     pub file_offset: u64,
     /// Its size from the symbol table; 0 when unknown.
     pub size_bytes: u64,
+    /// What it does with its calls (`forwarding`).
+    pub passes_on: PassesOn,
 }
 
-/// The allocator functions an ELF file defines. Two names at one address
-/// (glibc 2.36's `aligned_alloc` is `memalign`) are hooked once, under the
-/// first name.
-pub fn allocator_offsets(data: &[u8], search: SymbolTables) -> Result<Vec<FoundFunction>> {
-    function_offsets(data, search, &hooked_functions().collect::<Vec<_>>())
+/// The allocator functions an ELF file defines that need a probe of their
+/// own (`forwarding`). Two names at one address (glibc 2.36's
+/// `aligned_alloc` is `memalign`) are hooked once, under the first name.
+pub fn allocator_offsets(
+    data: &[u8],
+    search: SymbolTables,
+    forwarding: Forwarding,
+) -> Result<Vec<FoundFunction>> {
+    Ok(
+        function_offsets(data, search, &hooked_functions().collect::<Vec<_>>())?
+            .into_iter()
+            .filter(|found| !found.passes_on.needs_no_probe(forwarding))
+            .collect(),
+    )
 }
 
 /// The functions of `functions` an ELF file defines, as
@@ -328,7 +404,12 @@ fn function_offsets(
         }
     }
     let mut found: Vec<FoundFunction> = Vec::new();
-    let hooked_addresses: Vec<u64> = addresses.values().map(|&(address, _)| address).collect();
+    let defined: Vec<(u64, &'static str)> = functions
+        .iter()
+        .filter_map(|function| Some((addresses.get(function.name)?.0, function.name)))
+        .collect();
+    let names: Vec<&'static str> = functions.iter().map(|function| function.name).collect();
+    let callees = Callees::new(&file, data, &defined, &names);
     for &function in functions {
         let Some(&(address, size_bytes)) = addresses.get(function.name) else {
             continue;
@@ -338,61 +419,21 @@ fn function_offsets(
         };
         // CUDA layers stay apart even when one only forwards to the other:
         // the report names the API a block came through.
-        let forwards = function.cookie == 0
-            && forwards_to_hooked(&file, data, address, offset, &hooked_addresses, functions);
-        if found.iter().all(|seen| seen.file_offset != offset) && !forwards {
+        let passes_on = if function.cookie == 0 {
+            callees.passes_on(address, size_bytes)
+        } else {
+            PassesOn::No
+        };
+        if found.iter().all(|seen| seen.file_offset != offset) {
             found.push(FoundFunction {
                 function,
                 file_offset: offset,
                 size_bytes,
+                passes_on,
             });
         }
     }
     Ok(found)
-}
-
-/// Whether the function at `address` (file offset `offset`) only passes
-/// its call on to another hooked function: directly (`_Znam`: `jmp _Znwm`)
-/// or through the PLT (`operator delete`: `jmp free@plt`). Its target's
-/// probe sees the call; a probe of its own would see it twice (a free
-/// counted twice is a free of an unknown block).
-fn forwards_to_hooked(
-    file: &object::File<'_>,
-    data: &[u8],
-    address: u64,
-    offset: u64,
-    hooked_addresses: &[u64],
-    functions: &[HookedFunction],
-) -> bool {
-    let code = |offset: u64| data.get(usize::try_from(offset).ok()?..);
-    let Some(target) = code(offset)
-        .and_then(prologue::tail_jump_target)
-        .map(|relative| address.wrapping_add_signed(relative))
-    else {
-        return false;
-    };
-    if hooked_addresses.contains(&target) {
-        return true;
-    }
-    let Some(slot) = file_offset(file, target)
-        .and_then(code)
-        .and_then(|stub| prologue::plt_slot(stub, target))
-    else {
-        return false;
-    };
-    let (Some(relocations), Some(dynamic_symbols)) =
-        (file.dynamic_relocations(), file.dynamic_symbol_table())
-    else {
-        return false;
-    };
-    relocations
-        .filter(|(at, _)| *at == slot)
-        .filter_map(|(_, relocation)| match relocation.target() {
-            object::RelocationTarget::Symbol(index) => dynamic_symbols.symbol_by_index(index).ok(),
-            _ => None,
-        })
-        .filter_map(|symbol| symbol.name().ok())
-        .any(|name| functions.iter().any(|function| function.name == name))
 }
 
 /// The attach cookie that tells a malloc-family entry program where its
@@ -445,7 +486,8 @@ mod tests {
     #[test]
     fn finds_glibc_allocators() {
         let data = fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("glibc is installed");
-        let found = allocator_offsets(&data, SymbolTables::Dynamic).unwrap();
+        let found =
+            allocator_offsets(&data, SymbolTables::Dynamic, Forwarding::TailJumpsAndCalls).unwrap();
         let names: Vec<&str> = found.iter().map(|found| found.function.name).collect();
         for name in ["malloc", "calloc", "realloc", "free", "posix_memalign"] {
             assert!(names.contains(&name), "{name} missing from {names:?}");
@@ -473,7 +515,12 @@ mod tests {
         let _ = fs::remove_file(&stripped);
         let file = object::File::parse(&*data).unwrap();
         assert!(file.symbols().next().is_none(), "no full symbol table left");
-        let found = allocator_offsets(&data, SymbolTables::DynamicAndFull).unwrap();
+        let found = allocator_offsets(
+            &data,
+            SymbolTables::DynamicAndFull,
+            Forwarding::TailJumpsAndCalls,
+        )
+        .unwrap();
         let names: Vec<&str> = found.iter().map(|found| found.function.name).collect();
         for name in ["malloc", "free", "realloc"] {
             assert!(names.contains(&name), "{name} missing from {names:?}");
@@ -484,7 +531,9 @@ mod tests {
     #[test]
     fn glibc_malloc_and_free_are_not_single_stepped() {
         let data = fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("glibc is installed");
-        for found in allocator_offsets(&data, SymbolTables::Dynamic).unwrap() {
+        for found in
+            allocator_offsets(&data, SymbolTables::Dynamic, Forwarding::TailJumpsAndCalls).unwrap()
+        {
             if !matches!(found.function.name, "malloc" | "free") {
                 continue;
             }
@@ -500,15 +549,36 @@ mod tests {
     }
 
     /// libstdc++'s `operator delete` variants and `operator new[]` only
-    /// jump on (to `free`, `operator delete`, `operator new`): no probes of
-    /// their own, so no free is seen twice.
+    /// jump on (to `free`, `operator delete`, `operator new`), and every
+    /// `operator new` returns what its call of `malloc` (or
+    /// `aligned_alloc`, or another `operator new`) returns: no probes of
+    /// their own, so no allocation traps twice and no free is seen twice.
+    /// With `--unwind fp` the calling ones keep theirs.
     #[test]
     fn libstdcxx_forwarders_get_no_probe() {
         let data = fs::read("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
             .expect("libstdc++ is installed with g++");
-        let found = allocator_offsets(&data, SymbolTables::Dynamic).unwrap();
-        let names: Vec<&str> = found.iter().map(|found| found.function.name).collect();
-        assert!(names.contains(&"_Znwm"), "{names:?}");
+        let names = |forwarding| {
+            allocator_offsets(&data, SymbolTables::Dynamic, forwarding)
+                .unwrap()
+                .iter()
+                .map(|found| found.function.name)
+                .collect::<Vec<&str>>()
+        };
+        let unwound = names(Forwarding::TailJumpsAndCalls);
+        assert!(unwound.is_empty(), "{unwound:?}");
+        let walked_by_frame_pointers = names(Forwarding::TailJumpsOnly);
+        for calling in [
+            "_Znwm",
+            "_ZnwmRKSt9nothrow_t",
+            "_ZnwmSt11align_val_t",
+            "_ZnamRKSt9nothrow_t",
+        ] {
+            assert!(
+                walked_by_frame_pointers.contains(&calling),
+                "{calling} not in {walked_by_frame_pointers:?}"
+            );
+        }
         for forwarder in [
             "_Znam",
             "_ZdlPv",
@@ -516,16 +586,84 @@ mod tests {
             "_ZdaPv",
             "_ZdlPvSt11align_val_t",
         ] {
-            assert!(!names.contains(&forwarder), "{forwarder} in {names:?}");
+            assert!(
+                !walked_by_frame_pointers.contains(&forwarder),
+                "{forwarder} in {walked_by_frame_pointers:?}"
+            );
+        }
+    }
+
+    /// What each `operator new` passes its calls on to, read from its code.
+    #[test]
+    fn libstdcxx_operator_new_returns_what_malloc_returns() {
+        let data = fs::read("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
+            .expect("libstdc++ is installed with g++");
+        let found = function_offsets(
+            &data,
+            SymbolTables::Dynamic,
+            &hooked_functions().collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let passes_on = |name: &str| {
+            found
+                .iter()
+                .find(|found| found.function.name == name)
+                .map(|found| found.passes_on.clone())
+        };
+        assert_eq!(
+            passes_on("_Znwm"),
+            Some(PassesOn::Returns("malloc".to_owned()))
+        );
+        assert_eq!(
+            passes_on("_ZnwmSt11align_val_t"),
+            Some(PassesOn::Returns("aligned_alloc".to_owned()))
+        );
+        assert_eq!(
+            passes_on("_ZnwmRKSt9nothrow_t"),
+            Some(PassesOn::Returns("_Znwm".to_owned()))
+        );
+        assert_eq!(
+            passes_on("_Znam"),
+            Some(PassesOn::TailJump("_Znwm".to_owned()))
+        );
+        assert_eq!(
+            passes_on("_ZdlPv"),
+            Some(PassesOn::TailJump("free".to_owned()))
+        );
+    }
+
+    /// glibc's own functions serve their calls: none passes them on.
+    #[test]
+    fn glibc_malloc_serves_its_calls() {
+        let data = fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("glibc is installed");
+        let found = function_offsets(
+            &data,
+            SymbolTables::Dynamic,
+            &hooked_functions().collect::<Vec<_>>(),
+        )
+        .unwrap();
+        for function in ["malloc", "free", "calloc", "realloc"] {
+            let passes_on = found
+                .iter()
+                .find(|found| found.function.name == function)
+                .map(|found| &found.passes_on);
+            assert!(
+                matches!(passes_on, Some(PassesOn::No | PassesOn::ServesSome(_))),
+                "{function}: {passes_on:?}"
+            );
         }
     }
 
     #[test]
     fn non_elf_has_no_allocators() {
         assert!(
-            allocator_offsets(b"#!/bin/sh\n", SymbolTables::DynamicAndFull)
-                .unwrap()
-                .is_empty()
+            allocator_offsets(
+                b"#!/bin/sh\n",
+                SymbolTables::DynamicAndFull,
+                Forwarding::TailJumpsAndCalls
+            )
+            .unwrap()
+            .is_empty()
         );
     }
 }

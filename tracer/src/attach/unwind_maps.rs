@@ -83,6 +83,8 @@ pub struct UnwindMaps {
     rows: MappedRows,
     tables: Array<MapData, UnwindTable>,
     mappings: HashMap<MapData, u32, UnwindMappings>,
+    /// The last `UnwindMappings::generation` written.
+    generation: u32,
 }
 
 impl UnwindMaps {
@@ -102,6 +104,7 @@ impl UnwindMaps {
             rows,
             tables,
             mappings,
+            generation: 0,
         })
     }
 
@@ -127,10 +130,17 @@ impl UnwindMaps {
             .with_context(|| format!("could not write unwind table {index}"))
     }
 
-    /// Sets the mappings the kernel walks the stacks of `pid` by.
+    /// Sets the mappings the kernel walks the stacks of `pid` by, under a
+    /// generation of their own: what the kernel's step cache holds for the
+    /// mappings before no longer applies.
     pub fn set_mappings(&mut self, pid: u32, mappings: &UnwindMappings) -> Result<()> {
+        self.generation = self.generation.wrapping_add(1).max(1);
+        let stamped = UnwindMappings {
+            generation: self.generation,
+            ..*mappings
+        };
         self.mappings
-            .insert(pid, mappings, 0)
+            .insert(pid, stamped, 0)
             .with_context(|| format!("could not set the unwind mappings of PID {pid}"))
     }
 

@@ -18,7 +18,10 @@ gpu-device, gpu-managed and gpu-host-pinned, each counted once although the \
 runtime calls the driver. A CUDA context destroyed or reset (cuCtxDestroy_v2, \
 cuDevicePrimaryCtxReset_v2, cudaDeviceReset) releases the GPU memory that any \
 context of the process owned before it (not stream-ordered or cuMemCreate \
-memory); the report says what it released.
+memory); the report says what it released. PyTorch's CUDA caching allocator \
+(libc10_cuda) is seen through: each block it hands to a tensor is kind \
+gpu-tensor, under the line that made the tensor, a part of the gpu-device \
+segments it cudaMallocs (never added to them).
 
 Memory that never passes through malloc is followed at the system calls \
 (tracepoints on mmap, munmap, mremap, brk and mprotect, so raw syscalls are \

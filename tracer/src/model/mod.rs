@@ -58,6 +58,9 @@ pub enum Kind {
     /// Blocks of CPython's own allocator (`--python-objects`): Python
     /// objects, most of them in pymalloc's arenas.
     PythonObject,
+    /// Blocks PyTorch's CUDA caching allocator handed to tensors: inside
+    /// its gpu-device segments, so part of gpu-device, never added to it.
+    GpuTensor,
 }
 
 impl Kind {
@@ -74,6 +77,7 @@ impl Kind {
             tracer_ebpf::kind::HEAP_BRK => Some(Kind::HeapBrk),
             tracer_ebpf::kind::MMAP_RESERVED => Some(Kind::MmapReserved),
             tracer_ebpf::kind::PYTHON_OBJECT => Some(Kind::PythonObject),
+            tracer_ebpf::kind::GPU_TENSOR => Some(Kind::GpuTensor),
             _ => None,
         }
     }
@@ -90,6 +94,7 @@ impl Kind {
             Kind::HeapBrk => tracer_ebpf::kind::HEAP_BRK,
             Kind::MmapReserved => tracer_ebpf::kind::MMAP_RESERVED,
             Kind::PythonObject => tracer_ebpf::kind::PYTHON_OBJECT,
+            Kind::GpuTensor => tracer_ebpf::kind::GPU_TENSOR,
         }
     }
 
@@ -105,6 +110,7 @@ impl Kind {
             Kind::HeapBrk => "heap-brk",
             Kind::MmapReserved => "mmap-reserved",
             Kind::PythonObject => "python-object",
+            Kind::GpuTensor => "gpu-tensor",
         }
     }
 
@@ -112,6 +118,13 @@ impl Kind {
     /// rather than address space.
     pub fn is_memory(self) -> bool {
         self != Kind::MmapReserved
+    }
+
+    /// Whether the kind's bytes are a part of another kind's (gpu-tensor
+    /// blocks of gpu-device segments): ranked and plotted on their own,
+    /// left out of every sum over kinds, which would count them twice.
+    pub fn is_part_of_another(self) -> bool {
+        self == Kind::GpuTensor
     }
 
     /// The kind named `name` (as `as_str` spells it), `None` for a name this

@@ -112,12 +112,13 @@ fn before_the_fall(series: &[(f64, i64)], max_bytes: i64) -> Option<&(f64, i64)>
 }
 
 impl Model {
-    /// Live bytes of every memory kind (reserved address space left out),
-    /// summed over the traced processes, at every snapshot.
+    /// Live bytes of every memory kind (reserved address space and kinds
+    /// that are part of another left out), summed over the traced
+    /// processes, at every snapshot.
     pub fn traced_live_series(&self) -> Vec<(f64, i64)> {
         let mut sums: Vec<(f64, i64)> = self.times_s.iter().map(|&time_s| (time_s, 0)).collect();
         for ((_, kind), points) in &self.kind_totals {
-            if !kind.is_memory() {
+            if !kind.is_memory() || kind.is_part_of_another() {
                 continue;
             }
             // A kind's totals start at the snapshot where it appeared and

@@ -61,6 +61,7 @@ fn kind_round_trips_and_serializes_as_its_name() {
             Kind::PythonObject,
             "python-object",
         ),
+        (tracer_ebpf::kind::GPU_TENSOR, Kind::GpuTensor, "gpu-tensor"),
     ] {
         assert_eq!(Kind::from_raw(raw), Some(kind));
         assert_eq!(kind.as_str(), name);
@@ -71,6 +72,33 @@ fn kind_round_trips_and_serializes_as_its_name() {
             assert_eq!(kind.to_raw(), raw, "{kind:?}");
         }
     }
+}
+
+/// gpu-tensor blocks are carved out of gpu-device segments: ranked on
+/// their own, never added to the segments in a sum over kinds.
+#[test]
+fn gpu_tensor_bytes_are_part_of_gpu_device_not_added() {
+    let segment = StackKey {
+        kind: Kind::GpuDevice,
+        ..heap(1, 1)
+    };
+    let tensor = StackKey {
+        kind: Kind::GpuTensor,
+        ..heap(1, 1)
+    };
+    let mut model = Model::new();
+    model.push(snapshot(
+        1.0,
+        &[
+            (heap(1, 1), live(100)),
+            (segment, live(4096)),
+            (tensor, live(1024)),
+        ],
+    ));
+    assert_eq!(model.totals()[&Kind::GpuTensor].live_bytes, 1024);
+    assert_eq!(model.traced_live_series(), [(1.0, 4196)]);
+    assert!(Kind::GpuTensor.is_memory() && Kind::GpuTensor.is_part_of_another());
+    assert!(!Kind::GpuDevice.is_part_of_another());
 }
 
 #[test]

@@ -118,7 +118,8 @@ pub struct MemoryReconciliation {
     pub rss_anon_bytes: Option<u64>,
     pub rss_file_bytes: Option<u64>,
     pub rss_shmem_bytes: Option<u64>,
-    /// Live bytes of every memory kind (reserved address space left out).
+    /// Live bytes of every memory kind (reserved address space and
+    /// gpu-tensor, a part of gpu-device, left out).
     pub traced_bytes: i64,
     /// `rss_bytes - traced_bytes`: memory from before attach, code, stacks,
     /// allocator overhead; negative when traced memory is not resident yet
@@ -135,7 +136,7 @@ impl MemoryReconciliation {
         let traced_bytes: i64 = model
             .totals_for_pid(pid)
             .iter()
-            .filter(|(kind, _)| kind.is_memory())
+            .filter(|(kind, _)| kind.is_memory() && !kind.is_part_of_another())
             .map(|(_, totals)| totals.live_bytes)
             .sum();
         Some(MemoryReconciliation {

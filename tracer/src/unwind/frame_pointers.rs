@@ -87,21 +87,6 @@ pub fn objects_lacking<'a>(
     lacking
 }
 
-/// Functions that the C runtime's start files (crt1.o, crtbegin.o) link
-/// into every program, built without frame pointers: in a small program
-/// they would outnumber its own functions.
-const START_FILE_FUNCTIONS: [&str; 9] = [
-    "_start",
-    "_init",
-    "_fini",
-    "deregister_tm_clones",
-    "register_tm_clones",
-    "__do_global_dtors_aux",
-    "frame_dummy",
-    "__libc_csu_init",
-    "__libc_csu_fini",
-];
-
 /// How much of an object's calling code (functions that call others) sets
 /// up frame pointers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -152,15 +137,20 @@ pub fn frame_pointer_share(object: &ObjectInfo) -> Option<FramePointerShare> {
             .as_ref()
             .is_some_and(|go_text| go_text.contains(&address))
     };
-    // (start, size in bytes)
-    let mut functions: Vec<(u64, u64)> = object
+    // The named functions (start, size in bytes): their names are read
+    // for the sample only.
+    let mut named: Vec<&crate::unwind::modules::Function> = object
         .functions
         .iter()
-        .filter(|function| {
-            !START_FILE_FUNCTIONS.contains(&function.name.as_str())
-                && !function.name.contains(".cold")
-                && !is_go_code(function.address)
-        })
+        .filter(|function| text.contains(&function.address) && !is_go_code(function.address))
+        .collect();
+    named.sort_unstable_by_key(|function| function.address);
+    named.dedup_by_key(|function| function.address);
+    let step = named.len().div_ceil(SAMPLE).max(1);
+    let mut functions: Vec<(u64, u64)> = named
+        .into_iter()
+        .step_by(step)
+        .filter(|function| object.is_own_code(function))
         .map(|function| (function.address, function.size))
         .collect();
     if functions.len() < MIN_NAMED_FUNCTIONS {
@@ -306,11 +296,7 @@ mod tests {
     /// Functions whose (mangled) name contains `part`, and how many of
     /// them set up a frame pointer.
     fn named_with_frame_pointers(object: &ObjectInfo, part: &str) -> (usize, usize) {
-        let named: Vec<_> = object
-            .functions
-            .iter()
-            .filter(|function| function.name.contains(part))
-            .collect();
+        let named = object.functions_named(|name| name.contains(part));
         let with = named
             .iter()
             .filter(|function| {

@@ -78,12 +78,9 @@ const ASMCGOCALL: [&str; 2] = ["runtime.asmcgocall.abi0", "runtime.asmcgocall"];
 /// object that is not Go or has no asmcgocall (no cgo).
 pub fn go_runtime(object: &ObjectInfo) -> Option<GoRuntime> {
     let text = object.go_text.clone()?;
-    let function = ASMCGOCALL.iter().find_map(|name| {
-        object
-            .functions
-            .iter()
-            .find(|function| function.name == *name)
-    })?;
+    let function = ASMCGOCALL
+        .iter()
+        .find_map(|name| object.function_named(name))?;
     let offset = object.offset_of_address(function.address)?;
     let code = object.bytes_at(offset, function.size as usize)?;
     let (switched, on_system_stack) = read_asmcgocall(code, function.address);

@@ -47,13 +47,30 @@ impl Segment {
     }
 }
 
-/// A function named in an object's symbols.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A function in an object's symbols: where it is, and where its name is,
+/// not the name (libtensorflow_cc names 1.2 M functions in 175 MB of
+/// strings: [`ObjectInfo::is_own_code`] reads one name when asked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Function {
     pub address: u64,
     pub size: u64,
-    pub name: String,
+    /// Where its name starts in the symbols' string table.
+    name_offset: u32,
 }
+
+/// Functions that every object links in from the C start files: their
+/// prologues say nothing of how the object's own code was built.
+const START_FILE_FUNCTIONS: [&str; 9] = [
+    "_start",
+    "_init",
+    "_fini",
+    "deregister_tm_clones",
+    "register_tm_clones",
+    "__do_global_dtors_aux",
+    "frame_dummy",
+    "__libc_csu_init",
+    "__libc_csu_fini",
+];
 
 /// The loader maps segments in whole pages.
 const PAGE_BYTES: u64 = 4096;
@@ -73,6 +90,8 @@ pub struct ObjectInfo {
     /// Functions named in the symbol table (or, without one, the dynamic
     /// symbol table).
     pub functions: Vec<Function>,
+    /// The file bytes of the string table that names `functions`.
+    function_names: Range<usize>,
     /// The GNU build id, when the object has one.
     build_id: Option<Vec<u8>>,
     /// Built by the Go toolchain (it has `.go.buildinfo` or a Go build
@@ -118,22 +137,7 @@ impl ObjectInfo {
                 offset as usize..(offset + size) as usize,
             ))
         };
-        let functions = |symbols: object::read::SymbolIterator<'_, '_>| -> Vec<Function> {
-            symbols
-                .filter(|symbol| symbol.kind() == object::SymbolKind::Text && symbol.size() > 0)
-                .filter_map(|symbol| {
-                    Some(Function {
-                        address: symbol.address(),
-                        size: symbol.size(),
-                        name: symbol.name().ok()?.to_owned(),
-                    })
-                })
-                .collect()
-        };
-        let mut named = functions(elf.symbols());
-        if named.is_empty() {
-            named = functions(elf.dynamic_symbols());
-        }
+        let (named, function_names) = function_symbols(&map).unwrap_or_default();
         let is_go = elf.section_by_name(".go.buildinfo").is_some()
             || elf.section_by_name(".note.go.buildid").is_some();
         let go_text = is_go.then(|| go_text(&elf)).flatten();
@@ -142,6 +146,7 @@ impl ObjectInfo {
             go_text,
             build_id: elf.build_id().ok().flatten().map(<[u8]>::to_vec),
             functions: named,
+            function_names,
             segments,
             text: section(".text").map(|(addresses, _)| addresses),
             eh_frame: section(".eh_frame"),
@@ -150,6 +155,47 @@ impl ObjectInfo {
             unwind_info: OnceLock::new(),
             map: map.clone(),
         })
+    }
+
+    /// Whether `function` is the object's own calling code: not one of the
+    /// C start files' functions, nor a part split off cold (`.cold`). Its
+    /// name is read, and its page given back.
+    pub fn is_own_code(&self, function: &Function) -> bool {
+        const LONGEST_NAME: usize = 4096;
+        let offset = self.function_names.start + function.name_offset as usize;
+        let length = LONGEST_NAME.min(self.function_names.end.saturating_sub(offset));
+        self.with_bytes_at(offset as u64, length, |bytes| {
+            let name = bytes.split(|&byte| byte == 0).next().unwrap_or_default();
+            let name = std::str::from_utf8(name).unwrap_or_default();
+            !START_FILE_FUNCTIONS.contains(&name) && !name.contains(".cold")
+        })
+        .unwrap_or(true)
+    }
+
+    /// The function called `name` in the symbol table (or the dynamic
+    /// one), read from the file now.
+    pub fn function_named(&self, name: &str) -> Option<Function> {
+        self.functions_named(|symbol| symbol == name)
+            .into_iter()
+            .next()
+    }
+
+    /// The functions of the symbol table (or, without one, the dynamic
+    /// symbol table) whose name `matches`, read from the file now.
+    pub fn functions_named(&self, matches: impl Fn(&str) -> bool) -> Vec<Function> {
+        self.functions
+            .iter()
+            .filter(|function| {
+                let offset = self.function_names.start + function.name_offset as usize;
+                self.map
+                    .get(offset..self.function_names.end)
+                    .is_some_and(|bytes| {
+                        let name = bytes.split(|&byte| byte == 0).next().unwrap_or_default();
+                        std::str::from_utf8(name).is_ok_and(&matches)
+                    })
+            })
+            .copied()
+            .collect()
     }
 
     /// The object address at the start of `mapping` (which maps this
@@ -190,26 +236,9 @@ impl ObjectInfo {
         length: usize,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Option<R> {
-        const FAULT_AROUND_BYTES: usize = 64 << 10;
         let bytes = self.bytes_at(offset, length)?;
         let result = f(bytes);
-        let start = (offset as usize) / FAULT_AROUND_BYTES * FAULT_AROUND_BYTES;
-        let end = (offset as usize + bytes.len())
-            .div_ceil(FAULT_AROUND_BYTES)
-            .saturating_mul(FAULT_AROUND_BYTES)
-            .min(self.map.len());
-        if start < end {
-            // SAFETY: a range of our own read-only shared file mapping
-            // (page-aligned: the map starts on a page); no reference into
-            // it outlives `f`, and the pages read back from the file.
-            unsafe {
-                libc::madvise(
-                    self.map.as_ptr().add(start).cast_mut().cast(),
-                    end - start,
-                    libc::MADV_DONTNEED,
-                );
-            }
-        }
+        release_pages(&self.map, offset as usize..offset as usize + bytes.len());
         Some(result)
     }
 
@@ -382,6 +411,74 @@ pub fn address_of_mapping(segments: &[Segment], mapping: &Mapping) -> Option<u64
                 .wrapping_add(offset)
                 .wrapping_sub(segment.file_offset)
         })
+}
+
+/// The functions of an ELF object's symbol table (or, without one, its
+/// dynamic symbol table), and the file bytes of the string table that
+/// names them. The table's pages are given back after: a large C++
+/// library's symbols (30 MB for libtensorflow_cc) are read once, not kept
+/// in tracer's resident memory.
+fn function_symbols(map: &Mmap) -> Option<(Vec<Function>, Range<usize>)> {
+    use object::read::elf::{ElfFile64, SectionHeader as _, Sym as _};
+    let file = ElfFile64::<object::Endianness>::parse(&map[..]).ok()?;
+    let endian = file.endian();
+    let mut table = file.elf_symbol_table();
+    if table.is_empty() {
+        table = file.elf_dynamic_symbol_table();
+    }
+    let strings = file
+        .elf_section_table()
+        .section(table.string_section())
+        .ok()?;
+    let (names_offset, names_size) = strings.file_range(endian)?;
+    let functions = table
+        .symbols()
+        .iter()
+        .filter(|symbol| {
+            matches!(
+                symbol.st_type(),
+                object::elf::STT_FUNC | object::elf::STT_GNU_IFUNC
+            ) && symbol.st_shndx(endian) != object::elf::SHN_UNDEF
+                && symbol.st_size(endian) > 0
+        })
+        .map(|symbol| Function {
+            address: symbol.st_value(endian),
+            size: symbol.st_size(endian),
+            name_offset: symbol.st_name(endian),
+        })
+        .collect();
+    let symbols = table.symbols();
+    let start = symbols.as_ptr() as usize - map.as_ptr() as usize;
+    release_pages(map, start..start + size_of_val(symbols));
+    Some((
+        functions,
+        names_offset as usize..(names_offset + names_size) as usize,
+    ))
+}
+
+/// Gives back the pages of `range` of a read-only file mapping (the
+/// kernel maps up to 64 KiB around each page faulted in: those blocks
+/// too), so that what was read does not stay in tracer's resident memory.
+fn release_pages(map: &Mmap, range: Range<usize>) {
+    const FAULT_AROUND_BYTES: usize = 64 << 10;
+    let start = range.start / FAULT_AROUND_BYTES * FAULT_AROUND_BYTES;
+    let end = range
+        .end
+        .div_ceil(FAULT_AROUND_BYTES)
+        .saturating_mul(FAULT_AROUND_BYTES)
+        .min(map.len());
+    if start < end {
+        // SAFETY: a range of our own read-only shared file mapping
+        // (page-aligned: the map starts on a page); no reference into it
+        // is used after, and the pages read back from the file.
+        unsafe {
+            libc::madvise(
+                map.as_ptr().add(start).cast_mut().cast(),
+                end - start,
+                libc::MADV_DONTNEED,
+            );
+        }
+    }
 }
 
 /// The addresses of a Go object's Go code, from the linker's

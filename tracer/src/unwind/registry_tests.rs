@@ -74,11 +74,7 @@ fn own_libc_gets_its_table_and_bias() {
         .path
         .clone();
     let object = ObjectInfo::read(&File::open(&libc_path).expect("libc")).expect("an ELF");
-    let symbol = object
-        .functions
-        .iter()
-        .find(|function| function.name == "malloc")
-        .expect("malloc");
+    let symbol = object.function_named("malloc").expect("malloc");
     assert_eq!(malloc - entry.bias, symbol.address);
 
     let ready = tables.take_ready();

@@ -30,9 +30,7 @@ fn built(path: &str) -> (ObjectInfo, BuiltRows) {
 
 fn function_address(object: &ObjectInfo, name: &str) -> u64 {
     object
-        .functions
-        .iter()
-        .find(|function| function.name == name)
+        .function_named(name)
         .unwrap_or_else(|| panic!("no function {name}"))
         .address
 }
@@ -363,11 +361,7 @@ fn debug_frame_alone_or_beside_eh_frame() {
     );
     assert_eq!(built.rows, eh_only.rows);
     for name in ["leaf", "outer"] {
-        let function = object
-            .functions
-            .iter()
-            .find(|function| function.name == name)
-            .expect(name);
+        let function = object.function_named(name).expect(name);
         let (start, end) = (function.address, function.address + function.size);
         assert_eq!(
             rows_between(&debug_only.rows, start, end),

@@ -193,12 +193,32 @@ pub(super) fn load_program(
         }
     }
     let first = first.expect("at least one load was tried");
-    // Again with the verifier's log, for the error message. The log is
-    // rotated: its last lines say where the verifier stopped (a log too
-    // long for the buffer fails with ENOSPC, so the first error is kept).
-    attr.log_level = 1;
+    // Again with the verifier's verdict alone (BPF_LOG_STATS): a bound
+    // passed (the stack of a chain of calls, the program's size) is said
+    // there in one line, which a full log, rotated, may have lost.
+    attr.log_level = LOG_STATS;
     attr.log_size = LOG_BYTES as u32;
     attr.log_buf = log.as_mut_ptr() as u64;
+    if let Ok(fd) = bpf(BPF_PROG_LOAD, &attr) {
+        return Ok(fd);
+    }
+    let verdict: Vec<String> = String::from_utf8_lossy(&log)
+        .trim_end_matches('\0')
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !is_stats_line(line))
+        .map(String::from)
+        .collect();
+    if !verdict.is_empty() {
+        return Err(first).with_context(|| {
+            format!("the kernel refused program {name}: {}", verdict.join(" / "))
+        });
+    }
+    // Else with the full log: it is rotated, so its last lines say where
+    // the verifier stopped (a log too long for the buffer fails with
+    // ENOSPC, so the first error is kept).
+    log.fill(0);
+    attr.log_level = 1;
     if let Ok(fd) = bpf(BPF_PROG_LOAD, &attr) {
         return Ok(fd);
     }
@@ -210,6 +230,18 @@ pub(super) fn load_program(
             last_lines.into_iter().rev().collect::<Vec<_>>().join(" / ")
         )
     })
+}
+
+/// `BPF_LOG_STATS`: the verifier's log holds its verdict and statistics.
+const LOG_STATS: u32 = 4;
+
+/// A line of the verifier's statistics, or of its notes on global
+/// functions: not the reason a program was refused.
+fn is_stats_line(line: &str) -> bool {
+    line.starts_with("verification time")
+        || line.starts_with("stack depth")
+        || line.starts_with("processed ")
+        || line.ends_with("is global and assumed valid.")
 }
 
 /// `bpf(cmd, attr, sizeof attr)`, returning the new fd.
@@ -229,4 +261,22 @@ pub(super) fn bpf<T>(command: libc::c_long, attr: &T) -> std::io::Result<OwnedFd
     }
     // SAFETY: the kernel returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(result as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_stats_line;
+
+    #[test]
+    fn the_verdict_is_told_from_the_statistics() {
+        // A BPF_LOG_STATS log of Linux 6.18, for a program whose chain of
+        // calls passed the stack bound.
+        let log = "func#6 ('tracer_python_window') is global and assumed valid.\n\
+                   combined stack size of 3 calls is 528. Too large\n\
+                   verification time 375937 usec\n\
+                   stack depth 280+0+32+40+48+128+16+16+136+0+96+136+8+16\n\
+                   processed 93010 insns (limit 1000000) max_states_per_insn 16";
+        let verdict: Vec<&str> = log.lines().filter(|line| !is_stats_line(line)).collect();
+        assert_eq!(verdict, ["combined stack size of 3 calls is 528. Too large"]);
+    }
 }
