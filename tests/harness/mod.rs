@@ -179,7 +179,16 @@ pub fn record_while_tables_ready(name: &str, commands: &[&str]) -> Session {
 /// [`record_while_tables_ready`] with tracer's `extra_args`.
 pub fn record_with_tables_ready(name: &str, extra_args: &[&str], commands: &[&str]) -> Session {
     require_root();
-    let mut fixture = Fixture::start(name, &[]);
+    record_in_tables_ready(Fixture::start(name, &[]), extra_args, commands)
+}
+
+/// [`record_with_tables_ready`] on a fixture already started.
+pub fn record_in_tables_ready(
+    mut fixture: Fixture,
+    extra_args: &[&str],
+    commands: &[&str],
+) -> Session {
+    require_root();
     let mut trace = Record::pid(fixture.pid)
         .args(["-v"])
         .args(extra_args.iter().copied())

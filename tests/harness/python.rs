@@ -30,6 +30,15 @@ pub fn start_python(script: &str, env: &[(&str, &str)]) -> Fixture {
     start_script(PYTHON, Command::new(PYTHON), script, env)
 }
 
+/// Starts `script` (under tests/fixtures/python) under the numpy 2 venv
+/// `cargo xtask setup` makes (target/venv-numpy2: PyPI numpy, whose array
+/// data comes from PyDataMem_UserNEW), and waits for its `ready` line.
+pub fn start_numpy2(script: &str) -> Fixture {
+    let python = workspace_root().join("target/venv-numpy2/bin/python");
+    let needs = python.to_string_lossy().into_owned();
+    start_script(&needs, Command::new(&python), script, &[])
+}
+
 /// Starts `script` (under tests/fixtures/python) inside [`LIBPYTHON`],
 /// dlopen()ed by tests/fixtures/embed_script.c, and waits for its `ready`
 /// line.

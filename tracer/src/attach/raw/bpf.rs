@@ -277,6 +277,9 @@ mod tests {
                    stack depth 280+0+32+40+48+128+16+16+136+0+96+136+8+16\n\
                    processed 93010 insns (limit 1000000) max_states_per_insn 16";
         let verdict: Vec<&str> = log.lines().filter(|line| !is_stats_line(line)).collect();
-        assert_eq!(verdict, ["combined stack size of 3 calls is 528. Too large"]);
+        assert_eq!(
+            verdict,
+            ["combined stack size of 3 calls is 528. Too large"]
+        );
     }
 }
