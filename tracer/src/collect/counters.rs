@@ -75,7 +75,8 @@ impl Collector {
         Ok(stacks)
     }
 
-    /// Reads the stacks' counters, STATS and the RSS of the live targets.
+    /// Reads the stacks' counters, STATS, and the RSS and CPU time of the
+    /// live targets.
     pub(super) fn snapshot(&mut self) -> Result<Snapshot> {
         let elapsed_s = self.elapsed_s();
         let stacks = self.stack_counters()?;
@@ -87,6 +88,12 @@ impl Collector {
             rss_bytes: live_pids(&self.watched)
                 .into_iter()
                 .filter_map(|pid| Some((pid, procfs::rss_bytes(pid)?)))
+                .collect(),
+            cpu_s: self
+                .watched
+                .iter()
+                .filter(|watched| watched.is_alive())
+                .filter_map(|watched| Some((watched.target.pid, watched.cpu_since_start_s()?)))
                 .collect(),
         })
     }

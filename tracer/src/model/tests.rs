@@ -366,6 +366,7 @@ fn totals_and_rss_series_per_pid() {
             stacks: vec![(heap(1, 1), live(100 * i)), (heap(2, 1), live(7))],
             stats: Vec::new(),
             rss_bytes: vec![(1, 4096 * i as u64)],
+            cpu_s: Vec::new(),
         });
     }
     assert_eq!(

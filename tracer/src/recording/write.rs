@@ -128,11 +128,13 @@ impl Writer {
             self.written_counters[number as usize] = *counters;
             changed.push((number, *counters));
         }
+        self.write_record(&Record::CpuTime(snapshot.cpu_s.clone()))?;
         self.write_record(&Record::Snapshot(SnapshotRecord {
             elapsed_s: snapshot.elapsed_s,
             changed,
             stats: snapshot.stats.clone(),
             rss_bytes: snapshot.rss_bytes.clone(),
+            cpu_s: Vec::new(),
         }))?;
         self.flush()
     }
