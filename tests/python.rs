@@ -159,11 +159,14 @@ fn assert_named(
         ),
         "{site}\n{report}"
     );
-    assert_eq!(
-        site["label"],
-        format!("leak_buffer (buffers.py:{leak_line}) via ones"),
-        "{site}"
-    );
+    // Listed one per stack, the callers' stacks are told apart by the
+    // frame where their paths part (issue 36).
+    let label = format!("leak_buffer (buffers.py:{leak_line}) via ones");
+    let expected = match site["through"].as_str() {
+        Some(through) => format!("{label} through {through}"),
+        None => label,
+    };
+    assert_eq!(site["label"], expected, "{site}");
     // numpy's own Python (`ones`) runs inside leak_buffer, and the
     // native frames of numpy's C code are kept, innermost.
     let all = frame_lines(stack);

@@ -297,7 +297,7 @@ fn damaged_recordings_give_one_line_errors() {
         &report(&[newer.as_os_str()]),
         &format!(
             "{} was written by a newer tracer (recording format 99; this tracer reads \
-             format 4): upgrade tracer to read it",
+             format 5): upgrade tracer to read it",
             newer.display()
         ),
     );

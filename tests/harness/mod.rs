@@ -14,6 +14,7 @@ mod python;
 mod record;
 pub mod redis;
 mod report;
+mod rhythms;
 mod top;
 mod torch;
 mod totals;
@@ -35,6 +36,8 @@ pub use report::{
     Live, Report, assert_in_order, dwarf_pids, frame_lines, frames_contain, function_names,
     python_frames, stack_int, take_svg_texts,
 };
+#[allow(unused_imports, reason = "each test file uses some of the harness")]
+pub use rhythms::{INTERVALS, Rhythms, Said, Seen, said, top_flags};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use torch::{TORCH_SCRIPT, start_torch_models, torch_script};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]

@@ -75,13 +75,17 @@ enum Stream {
 }
 
 impl Tracer {
-    /// Starts `tracer <args>`.
+    /// Starts `tracer <args>`: this build's binary, or the one
+    /// `TRACER_TEST_BINARY` names (to run the tests against another build,
+    /// e.g. the one before a change).
     pub fn start<I, S>(args: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_tracer"));
+        let binary = std::env::var_os("TRACER_TEST_BINARY")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_tracer").into());
+        let mut command = Command::new(binary);
         command.args(args);
         Self::spawn(command)
     }
@@ -206,12 +210,17 @@ impl Tracer {
     /// Sends `signal` (SIGKILL: no chance to clean up) and waits for the
     /// tracer to exit.
     pub fn stop_with(mut self, signal: libc::c_int) -> TracerOutput {
+        self.signal(signal);
+        self.wait_exit(EXIT_TIMEOUT)
+    }
+
+    /// Sends `signal` without waiting (several tracers stopped at once).
+    pub fn signal(&mut self, signal: libc::c_int) {
         let pid = libc::pid_t::try_from(self.child_mut().id()).expect("pid fits pid_t");
         // SAFETY: kill has no memory preconditions; `pid` is our own child,
         // which has not been waited for, so the pid is not reused.
         let sent = unsafe { libc::kill(pid, signal) };
         assert_eq!(sent, 0, "could not send signal {signal} to the tracer");
-        self.wait_exit(EXIT_TIMEOUT)
     }
 
     /// Waits for the tracer to exit by itself; kills it and fails after

@@ -135,6 +135,21 @@ pub fn state(pid: u32) -> Option<char> {
     after_name.trim_start().chars().next()
 }
 
+/// CPU time (user and system, all threads, those that ended included)
+/// the process used since it started, in seconds, from /proc/PID/stat;
+/// None when the process is gone.
+pub fn cpu_time_s(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the parenthesized name: state (field 3) first, utime and
+    // stime are fields 14 and 15, in clock ticks.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks_per_s > 0).then(|| (user + system) as f64 / ticks_per_s as f64)
+}
+
 /// Resident set size (VmRSS) in bytes, None when the process is gone or
 /// has no memory (a zombie, a kernel thread).
 pub fn rss_bytes(pid: u32) -> Option<u64> {
@@ -266,6 +281,24 @@ mod tests {
         assert!(status.rss_anon_bytes > 0 && status.rss_file_bytes > 0);
         assert!(status.rss_anon_bytes + status.rss_file_bytes <= status.rss_bytes);
         assert_eq!(rss_bytes(u32::MAX - 1), None);
+    }
+
+    #[test]
+    fn cpu_time_of_own_process_grows_with_work() {
+        // Spins until the kernel counts 0.1 s more; the bound only
+        // catches a clock that never moves (a busy machine is slower).
+        let before = cpu_time_s(std::process::id()).expect("own CPU time");
+        let started = std::time::Instant::now();
+        let mut spin = 0_u64;
+        let mut after = before;
+        while after - before < 0.1 && started.elapsed() < std::time::Duration::from_secs(30) {
+            spin = std::hint::black_box(spin.wrapping_add(1));
+            if spin.is_multiple_of(1_000_000) {
+                after = cpu_time_s(std::process::id()).expect("own CPU time");
+            }
+        }
+        assert!(after - before >= 0.1, "{before} -> {after}");
+        assert_eq!(cpu_time_s(u32::MAX - 1), None);
     }
 
     #[test]

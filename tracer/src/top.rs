@@ -1,6 +1,7 @@
 //! `tracer top`: a live table of the stacks growing fastest, refreshed at
 //! every snapshot, like `py-spy top`. Suspected leaks (`model::verdict`)
-//! come first, so a one-time step does not hide a leak; the stacks of one
+//! come first, so a one-time step does not hide a leak, and each row says
+//! its verdict (LEAK? yes, early: too early to tell, no); the stacks of one
 //! site share a row (`--group-by`), and a target that exited or tore down
 //! is ranked at its peak, as in the report. On a terminal it redraws one
 //! screen (q or Ctrl-C quits); otherwise it prints one plain table per
@@ -21,10 +22,12 @@ use crate::{
     collect::{Collector, Event},
     config::Config,
     model::{
-        Model, StackKey, Target, merge,
+        Frame, Growth, Model, StackKey, Target,
+        leak::Verdict,
+        merge,
         peak::{self, Judgement},
     },
-    output::{GroupBy, by_site_label, human_bytes, site, trim_allocator_frames},
+    output::{self, GroupBy, by_site_label, human_bytes, site, trim_allocator_frames},
     session,
 };
 
@@ -69,8 +72,10 @@ pub fn run(config: &Config) -> Result<()> {
 
 /// Draws the table of `model` (a new screen when `interactive`), stacks
 /// with equal frames merged into one row, and with `--group-by site` the
-/// stacks of one site too; ranked at the peak when a target exited or tore
-/// down, as the report is (`model::peak`).
+/// stacks of one site too, judged by its stacks (`Model::site_growth`);
+/// ranked at the peak when a target exited or tore down, as the report is
+/// (`model::peak`). Rows that would read the same are told apart as the
+/// report tells them (`output::labels`).
 fn draw(
     collector: &mut Collector,
     model: &Model,
@@ -81,8 +86,10 @@ fn draw(
     let merged_keys: std::collections::HashSet<_> = session::stacks_to_merge(model, config.top)
         .into_iter()
         .collect();
-    // Each stack's site label, taken from the frames the merge reads.
+    // Each stack's site label and frames, taken from the frames the merge
+    // reads.
     let mut labels: HashMap<StackKey, String> = HashMap::new();
+    let mut frames_of: HashMap<StackKey, Vec<Frame>> = HashMap::new();
     let (merged, _) = merge::by_frames(model, |key| {
         if !merged_keys.contains(key) {
             return Vec::new();
@@ -91,6 +98,7 @@ fn draw(
         if let Some(site) = site(&frames, &config.wrappers) {
             labels.insert(*key, site.label);
         }
+        frames_of.insert(*key, frames.clone());
         frames
     });
     let merged = merged.as_ref().unwrap_or(model);
@@ -101,25 +109,59 @@ fn draw(
             })),
             GroupBy::Stack => HashMap::new(),
         };
+    let mut members_of: HashMap<StackKey, Vec<StackKey>> = HashMap::new();
+    for (member, into) in &into_site {
+        members_of.entry(*into).or_default().push(*member);
+    }
     let grouped = (!into_site.is_empty())
         .then(|| merged.merged(|key| into_site.get(key).copied().unwrap_or(*key)));
     let shown = grouped.as_ref().unwrap_or(merged);
     let judgement = peak::judgement(shown, &watched, None);
     let judged = judgement.map(|judged| shown.as_of(judged.at_s));
+    let judged_stacks = judgement.map(|judged| merged.as_of(judged.at_s));
+    let stacks = judged_stacks.as_ref().unwrap_or(merged);
     let table = render_table(
         judged.as_ref().unwrap_or(shown),
         &watched,
         config.top,
         judgement,
-        |key| {
-            let label = labels
-                .get(key)
-                .cloned()
-                .unwrap_or_else(|| format!("stack {}", key.stack_id.to_raw()));
-            match into_site.values().filter(|into| *into == key).count() {
-                count if count > 1 => format!("{label}  ({count} stacks)"),
-                _ => label,
-            }
+        |key| match members_of.get(key) {
+            Some(members) => stacks.site_growth(members, &stacks.activity(key.pid)),
+            None => stacks.growth(key),
+        },
+        |keys| {
+            let base: Vec<String> = keys
+                .iter()
+                .map(|key| {
+                    labels
+                        .get(key)
+                        .cloned()
+                        .unwrap_or_else(|| format!("stack {}", key.stack_id.to_raw()))
+                })
+                .collect();
+            let entries: Vec<(&str, &[Frame])> = keys
+                .iter()
+                .zip(&base)
+                .map(|(key, label)| {
+                    let frames = frames_of.get(key).map_or(&[][..], Vec::as_slice);
+                    (label.as_str(), frames)
+                })
+                .collect();
+            let through = output::labels::distinguishing_frames(&entries);
+            keys.iter()
+                .zip(&base)
+                .zip(through)
+                .map(|((key, label), through)| {
+                    let label = through.map_or_else(
+                        || label.clone(),
+                        |through| output::labels::grown(label, &through),
+                    );
+                    match members_of.get(key).map_or(1, Vec::len) {
+                        count if count > 1 => format!("{label}  ({count} stacks)"),
+                        _ => label,
+                    }
+                })
+                .collect()
         },
     );
     let mut stdout = std::io::stdout().lock();
@@ -133,14 +175,16 @@ fn draw(
 }
 
 /// The table: a header line with the window and totals, then one row per
-/// stack growing fastest; `judged` is the moment it is ranked at when that
-/// is not the end.
+/// stack growing fastest, leaks first; `judged` is the moment it is ranked
+/// at when that is not the end, `verdict` judges a row, `labels` names the
+/// rows shown.
 pub fn render_table(
     model: &Model,
     targets: &[Target],
     rows: usize,
     judged: Option<Judgement>,
-    mut leaf: impl FnMut(&crate::model::StackKey) -> String,
+    verdict: impl Fn(&StackKey) -> Growth,
+    labels: impl FnOnce(&[StackKey]) -> Vec<String>,
 ) -> String {
     let targets: Vec<String> = targets
         .iter()
@@ -184,23 +228,28 @@ pub fn render_table(
         "{:>4}  {:>12}  {:>11}  {:>8}  {:<5}  {}",
         "RANK", "GROWTH/S", "LIVE", "ALLOCS", "LEAK?", "WHERE"
     ));
-    // Suspected leaks first, then the rest; fastest first within each.
-    let mut ranked: Vec<(bool, crate::model::StackSummary)> = model
+    // Leaks first, then the rest; fastest first within each.
+    let mut ranked: Vec<(Verdict, crate::model::StackSummary)> = model
         .fastest_growing(rows.saturating_mul(4))
         .into_iter()
-        .map(|summary| (model.growth(&summary.key).suspected_leak, summary))
+        .map(|summary| (verdict(&summary.key).verdict, summary))
         .collect();
-    ranked.sort_by_key(|(suspected, _)| std::cmp::Reverse(*suspected));
+    ranked.sort_by_key(|(verdict, _)| std::cmp::Reverse(*verdict == Verdict::Leak));
     ranked.truncate(rows);
-    for (index, (suspected, summary)) in ranked.iter().enumerate() {
+    let keys: Vec<StackKey> = ranked.iter().map(|(_, summary)| summary.key).collect();
+    for (index, ((verdict, summary), label)) in ranked.iter().zip(labels(&keys)).enumerate() {
         lines.push(format!(
-            "{:>4}  {:>12}  {:>11}  {:>8}  {:<5}  {}",
+            "{:>4}  {:>12}  {:>11}  {:>8}  {:<5}  {label}",
             index + 1,
             format!("+{}", human_bytes(summary.growth_bytes_per_s)),
             human_bytes(summary.latest.live_bytes as f64),
             summary.latest.live_allocs,
-            if *suspected { "yes" } else { "" },
-            leaf(&summary.key)
+            match verdict {
+                Verdict::Leak => "yes",
+                Verdict::TooEarly => "early",
+                Verdict::NotLeak => "no",
+                Verdict::Empty => "",
+            },
         ));
     }
     if lines.len() == header_lines {
@@ -286,9 +335,18 @@ mod tests {
             });
         }
         let targets = [Target::new(7, "leaky".into())];
-        let table = render_table(&model, &targets, 5, None, |key| {
-            format!("frame{}", key.stack_id.to_raw())
-        });
+        let table = render_table(
+            &model,
+            &targets,
+            5,
+            None,
+            |key| model.growth(key),
+            |keys| {
+                keys.iter()
+                    .map(|key| format!("frame{}", key.stack_id.to_raw()))
+                    .collect()
+            },
+        );
         let rows: Vec<&str> = table.lines().skip(4).collect();
         assert_eq!(rows.len(), 2, "{table}");
         assert!(

@@ -95,8 +95,9 @@ impl Collector {
         Ok(stacks)
     }
 
-    /// Reads the stacks' counters, STATS and the RSS of the live targets,
-    /// then evicts what the stack tables need not hold (`stack_table`).
+    /// Reads the stacks' counters, STATS, and the RSS and CPU time of the
+    /// live targets, then evicts what the stack tables need not hold
+    /// (`stack_table`).
     pub(super) fn snapshot(&mut self) -> Result<Snapshot> {
         let elapsed_s = self.elapsed_s();
         // Before the mapping events are drained: a call that ends after
@@ -128,6 +129,12 @@ impl Collector {
                 .filter_map(|pid| Some((pid, procfs::rss_bytes(pid)?)))
                 .collect(),
             retired,
+            cpu_s: self
+                .watched
+                .iter()
+                .filter(|watched| watched.is_alive())
+                .filter_map(|watched| Some((watched.target.pid, watched.cpu_since_start_s()?)))
+                .collect(),
         })
     }
 

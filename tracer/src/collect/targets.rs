@@ -12,6 +12,9 @@ pub struct Watched {
     pub gated: bool,
     /// How a spawned process ended, once reaped.
     pub exit: Option<ExitStatus>,
+    /// The CPU seconds it had used when it began to be traced: snapshots
+    /// count from there.
+    pub cpu_at_start_s: f64,
 }
 
 impl Watched {
@@ -22,7 +25,14 @@ impl Watched {
             spawned,
             gated: false,
             exit: None,
+            cpu_at_start_s: procfs::cpu_time_s(pid).unwrap_or(0.0),
         }
+    }
+
+    /// CPU seconds used since it began to be traced; None once gone.
+    pub fn cpu_since_start_s(&self) -> Option<f64> {
+        let now_s = procfs::cpu_time_s(self.target.pid)?;
+        Some((now_s - self.cpu_at_start_s).max(0.0))
     }
 
     pub fn is_alive(&self) -> bool {

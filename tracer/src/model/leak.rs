@@ -1,14 +1,12 @@
-//! Is a stack leaking? The evidence, from its live bytes over the window.
+//! The evidence about a stack's growth over the window: the fit of its
+//! live bytes against wall-clock time (`assess`), and the types that carry
+//! the verdict (`verdict` decides it) and its evidence into every report.
 //!
-//! A snapshot of live bytes cannot tell a leak from a cache: what tells them
-//! apart is the shape over time. A leak grows steadily until the end: a
-//! straight-line fit explains most of it (R²), few intervals shrink, many
-//! grow, and the second half of the window still grows. A sawtooth (fill,
-//! then release) shrinks in some intervals and fits a line badly; a bounded
-//! cache stops growing (its second half is flat); a one-time step grows in
-//! a single interval. Growth in steps is judged apart (`verdict`).
+//! The fit alone cannot tell a leak from a cache: a cache that filled and
+//! a leak whose target went idle both end flat. It stays as evidence (how
+//! fast, how straight), read by the plot and the scripts.
 
-/// Evidence about one stack's growth over the window.
+/// Evidence about one stack's growth over the window, and the verdict.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Growth {
     /// Least-squares slope of live bytes over the whole window.
@@ -26,54 +24,167 @@ pub struct Growth {
     pub last_live_bytes: i64,
     /// Last minus the value at attach (0: nothing before attach is seen).
     pub net_growth_bytes: i64,
-    /// The verdict: steady growth until the end of the window, or step
-    /// growth (`verdict`).
+    /// The verdict is [`Verdict::Leak`].
     pub suspected_leak: bool,
-    /// Which shape made it a suspected leak; null when it is not one.
-    pub shape: Option<LeakShape>,
-    /// The evidence of step growth; null when it did not grow in steps.
+    pub verdict: Verdict,
+    /// How sure the verdict is (docs/reading-reports.md says what each
+    /// level means); null when there is nothing to judge.
+    pub confidence: Option<Confidence>,
+    /// How it grew, or why it is not a leak; null when nothing to judge.
+    pub shape: Option<Shape>,
+    /// What it kept, rise by rise; null when it holds nothing.
     pub steps: Option<StepGrowth>,
+    /// The target's work while it grew and since; null when it holds
+    /// nothing.
+    pub work: Option<WorkEvidence>,
+    /// For a site whose sum is not a leak but some of whose stacks are:
+    /// those stacks (the verdict and evidence are theirs).
+    pub leaking_part: Option<LeakingPart>,
 }
 
-/// What rose in steps: the evidence for the step verdict.
+/// What the verdict says about a stack or a site.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// It holds nothing at the moment judged.
+    #[default]
+    Empty,
+    /// It grew with the target's work and kept what it grew by.
+    Leak,
+    /// It grew, but too few times, or stopped too recently, to tell.
+    TooEarly,
+    /// It stopped growing while the work went on, or gave back what it
+    /// held.
+    NotLeak,
+}
+
+impl Verdict {
+    /// The words reports use: `leak`, `too early to tell`, `not a leak`.
+    pub fn words(self) -> &'static str {
+        match self {
+            Verdict::Empty => "nothing held",
+            Verdict::Leak => "leak",
+            Verdict::TooEarly => "too early to tell",
+            Verdict::NotLeak => "not a leak",
+        }
+    }
+}
+
+/// How sure a verdict is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Confidence {
+    Low,
+    Medium,
+    High,
+}
+
+impl Confidence {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Confidence::Low => "low",
+            Confidence::Medium => "medium",
+            Confidence::High => "high",
+        }
+    }
+}
+
+/// How a stack grew (a leak, or one too early to tell), or why it is not
+/// a leak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shape {
+    /// Grew in one run of intervals, or in most of them.
+    Steady,
+    /// Grew in separate steps, flat in between.
+    Steps,
+    /// Grew, then stayed flat while the target went on working.
+    Bounded,
+    /// Gave back at least as much as it holds now, once or more.
+    Churn,
+}
+
+/// What a stack kept, rise by rise: the bytes it held from each moment on
+/// (the least it held at any later snapshot) rose in `increments`
+/// intervals, grouped in `count` steps.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct StepGrowth {
-    /// Separate bursts whose bytes stayed live (steps counted).
+    /// Runs of intervals in which what it kept rose, separated by
+    /// intervals in which it did not: the steps a person sees.
     pub count: usize,
-    /// The mean rise of a counted step, in bytes.
+    /// Intervals in which what it kept rose.
+    pub increments: usize,
+    /// The mean rise of a step, in bytes.
     pub typical_step_bytes: i64,
     /// Blocks live at the moment judged, and allocated since attach.
     pub live_allocs: i64,
     pub alloc_count_total: u64,
     /// No block allocated since attach was freed.
     pub none_freed: bool,
+    /// The most it held, and how much it once gave back from a peak.
+    pub peak_live_bytes: i64,
+    pub given_back_bytes: i64,
+    /// Times it fell by at least what it holds at the moment judged.
+    pub falls: usize,
 }
 
-/// Which shape made a stack a suspected leak.
+/// The target's work over a part of the window, on each clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Work {
+    /// CPU seconds of the process; null where not read.
+    pub cpu_s: Option<f64>,
+    /// Allocation calls of the process.
+    pub allocs: u64,
+    /// Allocation calls of the stack (or site) itself.
+    pub site_allocs: u64,
+}
+
+/// The clock a verdict rests on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LeakShape {
-    /// A straight line until the end.
-    Steady,
-    /// Several separate steps, none given back.
-    Steps,
+#[serde(rename_all = "kebab-case")]
+pub enum Clock {
+    /// The process's CPU time.
+    Cpu,
+    /// The process's allocation calls.
+    Allocs,
+    /// The stack's own allocation calls.
+    SiteAllocs,
+}
+
+/// How the growth tracks the target's work: the work from the start of
+/// its first increment to the end of its last, the work since, and the
+/// most work between two increments.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct WorkEvidence {
+    pub while_growing: Work,
+    pub since_last_increment: Work,
+    pub largest_gap: Work,
+    /// Seconds from the start of its first increment to the end of its
+    /// last, and from then to the moment judged.
+    pub growing_s: f64,
+    pub since_s: f64,
+    /// The clock on which the work went on without growth (not a leak),
+    /// or that stayed idle the longest since (too early); null for a leak.
+    pub decided_by: Option<Clock>,
+}
+
+/// The stacks of a site that leak when the site's sum does not.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct LeakingPart {
+    pub stacks: usize,
+    pub of_stacks: usize,
+    /// What they hold at the moment judged.
+    pub live_bytes: i64,
+    /// The one of them holding the most (its frames are the entry's).
+    pub stack_id: u32,
 }
 
 /// Fewer snapshots than this give no verdict: too short to tell a leak
 /// from a burst.
 pub const MIN_SNAPSHOTS: usize = 5;
-/// A leak's growth is close to a straight line.
-pub const MIN_R_SQUARED: f64 = 0.8;
-/// A leak rarely shrinks (frees of its own blocks are rare).
-pub const MIN_NON_SHRINKING_FRACTION: f64 = 0.8;
-/// A leak grows in many intervals, not in one step.
-pub const MIN_GROWING_FRACTION: f64 = 0.25;
-/// A leak still grows in the second half of the window, at least at this
-/// share of its overall rate (a cache that filled and stopped does not).
-pub const MIN_LATE_RATE_SHARE: f64 = 0.5;
 
-/// Weighs the evidence of a series sampled at every snapshot, in time
-/// order, the attach point (0 s, 0 bytes) first.
+/// The wall-clock fit of a series sampled at every snapshot, in time
+/// order, the attach point (0 s, 0 bytes) first; no verdict yet.
 pub fn assess(points: &[(f64, i64)]) -> Growth {
     let first_live_bytes = points.get(1).map_or(0, |&(_, bytes)| bytes);
     let last_live_bytes = points.last().map_or(0, |&(_, bytes)| bytes);
@@ -102,14 +213,6 @@ pub fn assess(points: &[(f64, i64)]) -> Growth {
         .filter(|&(t, _)| t >= half_s)
         .collect();
     let (late_rate_bytes_per_s, _) = fit(&late);
-    let snapshots = points.len().saturating_sub(1);
-    let suspected_leak = snapshots >= MIN_SNAPSHOTS
-        && net_growth_bytes > 0
-        && rate_bytes_per_s > 0.0
-        && r_squared >= MIN_R_SQUARED
-        && non_shrinking_fraction >= MIN_NON_SHRINKING_FRACTION
-        && growing_fraction >= MIN_GROWING_FRACTION
-        && late_rate_bytes_per_s >= MIN_LATE_RATE_SHARE * rate_bytes_per_s;
     Growth {
         rate_bytes_per_s,
         r_squared,
@@ -119,9 +222,13 @@ pub fn assess(points: &[(f64, i64)]) -> Growth {
         first_live_bytes,
         last_live_bytes,
         net_growth_bytes,
-        suspected_leak,
+        suspected_leak: false,
+        verdict: Verdict::Empty,
+        confidence: None,
         shape: None,
         steps: None,
+        work: None,
+        leaking_part: None,
     }
 }
 
@@ -171,70 +278,39 @@ mod tests {
     }
 
     #[test]
-    fn steady_leak_is_suspected() {
+    fn a_ramp_fits_a_straight_line() {
         let growth = assess(&series(|t| (t * 10_000.0) as i64));
-        assert!(growth.suspected_leak, "{growth:?}");
         assert!((growth.rate_bytes_per_s - 10_000.0).abs() < 1.0);
+        assert!((growth.late_rate_bytes_per_s - 10_000.0).abs() < 1.0);
         assert!(growth.r_squared > 0.99);
         assert_eq!(growth.non_shrinking_fraction, 1.0);
+        assert_eq!(growth.growing_fraction, 1.0);
         assert_eq!(growth.first_live_bytes, 5_000);
         assert_eq!(growth.last_live_bytes, 200_000);
         assert_eq!(growth.net_growth_bytes, 200_000);
+        assert_eq!(growth.verdict, Verdict::Empty, "assess gives no verdict");
     }
 
     #[test]
-    fn leak_in_bursts_every_other_interval_is_suspected() {
-        let growth = assess(&series(|t| (t.floor() as i64) * 4096));
-        assert!(growth.suspected_leak, "{growth:?}");
-    }
-
-    #[test]
-    fn leak_with_churn_noise_is_suspected() {
-        // A leak of 1 KiB/s plus a working set that goes up and down by
-        // 300 B: shrinks in a few intervals only.
-        let growth = assess(&series(|t| {
-            let step = (t * 2.0) as i64;
-            (t * 1024.0) as i64 + if step % 7 == 0 { 0 } else { 300 }
-        }));
-        assert!(growth.suspected_leak, "{growth:?}");
-    }
-
-    #[test]
-    fn sawtooth_is_not_a_leak() {
-        // Fills for 3 s, frees everything, repeats.
+    fn a_sawtooth_fits_badly_and_shrinks() {
         let growth = assess(&series(|t| ((t % 3.5) * 1_000_000.0) as i64));
-        assert!(!growth.suspected_leak, "{growth:?}");
+        assert!(growth.r_squared < 0.5, "{growth:?}");
+        assert!(growth.non_shrinking_fraction < 1.0);
     }
 
     #[test]
-    fn bounded_cache_is_not_a_leak() {
-        // Grows to its cap within 6 s, then replaces entries.
+    fn a_cache_that_filled_is_flat_late() {
         let growth = assess(&series(|t| ((t.min(6.0)) * 100_000.0) as i64));
-        assert!(!growth.suspected_leak, "{growth:?}");
         assert!(growth.late_rate_bytes_per_s.abs() < 1.0);
+        assert!(growth.rate_bytes_per_s > 0.0);
     }
 
     #[test]
-    fn one_time_step_is_not_a_leak() {
-        for step_s in [0.5, 5.0, 12.0, 19.0] {
-            let growth = assess(&series(|t| if t >= step_s { 50 << 20 } else { 0 }));
-            assert!(!growth.suspected_leak, "step at {step_s} s: {growth:?}");
-        }
-    }
-
-    #[test]
-    fn flat_and_shrinking_are_not_leaks() {
-        assert!(!assess(&series(|_| 4096)).suspected_leak);
-        assert!(!assess(&series(|t| 1_000_000 - (t * 1000.0) as i64)).suspected_leak);
-        assert!(!assess(&series(|_| 0)).suspected_leak);
-    }
-
-    #[test]
-    fn too_few_snapshots_give_no_verdict() {
+    fn a_flat_series_has_no_slope() {
+        let growth = assess(&series(|_| 0));
+        assert_eq!((growth.rate_bytes_per_s, growth.r_squared), (0.0, 0.0));
         let short = [(0.0, 0), (1.0, 100), (2.0, 200), (3.0, 300)];
-        let growth = assess(&short);
-        assert!(!growth.suspected_leak);
-        assert!((growth.rate_bytes_per_s - 100.0).abs() < 1e-9);
-        assert!(!assess(&[]).suspected_leak);
+        assert!((assess(&short).rate_bytes_per_s - 100.0).abs() < 1e-9);
+        assert_eq!(assess(&[]).rate_bytes_per_s, 0.0);
     }
 }

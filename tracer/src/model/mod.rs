@@ -9,6 +9,7 @@
 //! snapshots: each push costs one step per known stack, and the growth fit is
 //! kept as running sums instead of being recomputed from the points.
 
+pub mod activity;
 pub mod allocators;
 #[cfg(test)]
 pub mod fixtures;
@@ -235,6 +236,9 @@ pub struct Snapshot {
     /// Stacks that hold nothing and will never count again, after their
     /// last counters in `stacks` (`fold`).
     pub retired: Vec<Retired>,
+    /// CPU time (user and system) each live target used since it was
+    /// attached, in seconds: how much work it did (`activity`).
+    pub cpu_s: Vec<(u32, f64)>,
 }
 
 /// One symbolized frame (filled by symbolize).
@@ -372,6 +376,12 @@ pub struct Model {
     kind_totals: BTreeMap<(u32, Kind), Vec<(f64, i64)>>,
     /// RSS of each process at the snapshots where it was alive.
     rss_bytes: BTreeMap<u32, Vec<(f64, u64)>>,
+    /// CPU seconds since attach of each process, at the snapshots where
+    /// it was alive.
+    cpu_s: BTreeMap<u32, Vec<(f64, f64)>>,
+    /// Allocation calls each process made since attach (every stack and
+    /// kind), at every snapshot from the one where it first appeared.
+    process_allocs: BTreeMap<u32, Vec<(f64, u64)>>,
     time: TimeMoments,
     window_s: f64,
     snapshot_count: usize,
@@ -398,6 +408,8 @@ impl Model {
             times_s: Vec::new(),
             kind_totals: BTreeMap::new(),
             rss_bytes: BTreeMap::new(),
+            cpu_s: BTreeMap::new(),
+            process_allocs: BTreeMap::new(),
             // The attach point: every stack holds 0 bytes at 0 s.
             time: TimeMoments {
                 count: 1,
@@ -423,6 +435,7 @@ impl Model {
             stats,
             rss_bytes,
             retired,
+            cpu_s,
         } = snapshot;
         // A stack seen for the first time held 0 bytes at every earlier time,
         // which is exactly what a default fit (mean 0, co-moment 0) says.
@@ -449,8 +462,17 @@ impl Model {
         }
 
         let mut totals: BTreeMap<(u32, Kind), i64> = BTreeMap::new();
+        let mut allocs: BTreeMap<u32, u64> = BTreeMap::new();
         for (key, state) in &self.stacks {
             *totals.entry((key.pid, key.kind)).or_default() += state.latest.live_bytes;
+            let calls = allocs.entry(key.pid).or_default();
+            *calls = calls.wrapping_add(state.latest.alloc_count_total);
+        }
+        for (pid, calls) in allocs {
+            self.process_allocs
+                .entry(pid)
+                .or_default()
+                .push((elapsed_s, calls));
         }
         for (pid_kind, live_bytes) in totals {
             self.kind_totals
@@ -463,6 +485,9 @@ impl Model {
                 .entry(pid)
                 .or_default()
                 .push((elapsed_s, rss));
+        }
+        for (pid, cpu_s) in cpu_s {
+            self.cpu_s.entry(pid).or_default().push((elapsed_s, cpu_s));
         }
 
         self.times_s.push(elapsed_s);
@@ -482,6 +507,8 @@ impl Model {
         self.kind_totals
             .retain(|(total_pid, _), _| *total_pid != pid);
         self.rss_bytes.remove(&pid);
+        self.cpu_s.remove(&pid);
+        self.process_allocs.remove(&pid);
     }
 
     /// Live bytes per (process, kind) over time, one point per snapshot

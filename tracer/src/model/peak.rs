@@ -132,7 +132,7 @@ impl Model {
     }
 
     /// The model as it stood at `at_s`: the snapshots up to then, replayed
-    /// (the latest drop and event counters are kept: they are not kept per
+    /// with their RSS and CPU readings (the latest drop and event counters are kept: they are not kept per
     /// snapshot).
     pub fn as_of(&self, at_s: f64) -> Model {
         let mut keys: Vec<&StackKey> = self.stacks.keys().collect();
@@ -141,6 +141,7 @@ impl Model {
         let mut cursors: Vec<(&StackKey, usize)> = keys.into_iter().map(|key| (key, 0)).collect();
         let mut rss_cursors: Vec<(u32, usize)> =
             self.rss_bytes.keys().map(|&pid| (pid, 0)).collect();
+        let mut cpu_cursors: Vec<(u32, usize)> = self.cpu_s.keys().map(|&pid| (pid, 0)).collect();
         let mut model = Model::new();
         for &time_s in self.times_s.iter().take_while(|&&time_s| time_s <= at_s) {
             let mut stacks = Vec::new();
@@ -163,12 +164,23 @@ impl Model {
                     *next += 1;
                 }
             }
+            let mut cpu_s = Vec::new();
+            for (pid, next) in &mut cpu_cursors {
+                let points = &self.cpu_s[pid];
+                if let Some(&(cpu_at_s, cpu)) = points.get(*next)
+                    && cpu_at_s <= time_s
+                {
+                    cpu_s.push((*pid, cpu));
+                    *next += 1;
+                }
+            }
             model.push(Snapshot {
                 elapsed_s: time_s,
                 stacks,
                 stats: self.stats.clone(),
                 rss_bytes,
                 retired: Vec::new(),
+                cpu_s,
             });
         }
         model
@@ -178,7 +190,7 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Counters, Kind, fixtures::heap_key, verdict::LeakShape};
+    use crate::model::{Counters, Kind, fixtures::heap_key, leak::Shape};
 
     const MIB: i64 = 1 << 20;
 
@@ -234,7 +246,7 @@ mod tests {
         assert_eq!(at_peak.window_s(), 18.0);
         assert_eq!(at_peak.totals()[&Kind::Heap].live_bytes, 370 * MIB);
         let growth = at_peak.growth(&heap_key(7, 1));
-        assert_eq!(growth.shape, Some(LeakShape::Steps), "{growth:?}");
+        assert_eq!(growth.shape, Some(Shape::Steps), "{growth:?}");
         assert_eq!(growth.steps.map(|steps| steps.count), Some(4));
         assert!(!at_peak.growth(&heap_key(7, 2)).suspected_leak);
         // At the end, the teardown freed it all: nothing to suspect.

@@ -4,13 +4,16 @@
 use super::{Growth, Model, StackKey, StackState, StackSummary, verdict};
 
 impl Model {
-    /// The evidence about a stack's growth over the window.
+    /// The evidence about a stack's growth over the window, and the
+    /// verdict (`verdict`).
     pub fn growth(&self, key: &StackKey) -> Growth {
-        verdict::judge(&self.counters_at_every_snapshot(key))
+        verdict::judge(
+            &self.counters_at_every_snapshot(key),
+            &self.activity(key.pid),
+        )
     }
 
-    /// Stacks that grew steadily until the end of the window or in
-    /// several steps (`verdict`), fastest first, at most `count`.
+    /// Stacks judged leaks (`verdict`), fastest first, at most `count`.
     pub fn suspected_leaks(&self, count: usize) -> Vec<(StackKey, Growth)> {
         let mut leaks = self.suspected_leaks_among(self.stacks.keys().copied());
         sort_leaks(&mut leaks);
@@ -23,13 +26,26 @@ impl Model {
         &self,
         keys: impl Iterator<Item = StackKey>,
     ) -> Vec<(StackKey, Growth)> {
+        let candidates = self.leak_candidates(keys);
+        let activities = self.activities(candidates.iter().copied());
+        candidates
+            .into_iter()
+            .map(|key| {
+                let points = self.counters_at_every_snapshot(&key);
+                (key, verdict::judge(&points, &activities[&key.pid]))
+            })
+            .filter(|(_, growth)| growth.suspected_leak)
+            .collect()
+    }
+
+    /// The stacks among `keys` that could be leaks: memory that holds
+    /// bytes and grew over the window.
+    pub fn leak_candidates(&self, keys: impl Iterator<Item = StackKey>) -> Vec<StackKey> {
         keys.filter(|key| {
             self.stacks.get(key).is_some_and(|state| {
                 key.kind.is_memory() && state.latest.live_bytes > 0 && self.growth_of(state) > 0.0
             })
         })
-        .map(|key| (key, self.growth(&key)))
-        .filter(|(_, growth)| growth.suspected_leak)
         .collect()
     }
 

@@ -38,6 +38,8 @@ impl Model {
             times_s: self.times_s.clone(),
             kind_totals: self.kind_totals.clone(),
             rss_bytes: self.rss_bytes.clone(),
+            cpu_s: self.cpu_s.clone(),
+            process_allocs: self.process_allocs.clone(),
             time: self.time,
             window_s: self.window_s,
             snapshot_count: self.snapshot_count,

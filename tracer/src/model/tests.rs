@@ -395,6 +395,7 @@ fn totals_and_rss_series_per_pid() {
             stats: Vec::new(),
             rss_bytes: vec![(1, 4096 * i as u64)],
             retired: Vec::new(),
+            cpu_s: Vec::new(),
         });
     }
     assert_eq!(

@@ -83,8 +83,12 @@ pub struct Site {
     /// allocator (the one the site called), if any.
     pub via: Option<String>,
     /// `function (file:line) via wrapper`: what headings, legends and
-    /// `tracer top` show.
+    /// `tracer top` show; grown by `through` where it is set.
     pub label: String,
+    /// The frame that tells this entry apart from another listed entry of
+    /// the same label (`labels`), the label ending in ` through` it; null
+    /// where none reads the same.
+    pub through: Option<String>,
 }
 
 /// The site of a stack (frames innermost first, trimmed or not): the first
@@ -132,7 +136,12 @@ pub fn site(frames: &[Frame], wrappers: &Wrappers) -> Option<Site> {
         label.push_str(" via ");
         label.push_str(via);
     }
-    Some(Site { frame, via, label })
+    Some(Site {
+        frame,
+        via,
+        label,
+        through: None,
+    })
 }
 
 /// What a Python program's site called on the way to the allocator

@@ -155,6 +155,8 @@ mod tests {
             [
                 "alloc_bytes_total",
                 "alloc_count_total",
+                "confidence",
+                "evidence",
                 "frames",
                 "growth",
                 "growth_bytes_per_s",
@@ -169,23 +171,35 @@ mod tests {
                 "series",
                 "site",
                 "stack_id",
-                "suspected_leak"
+                "suspected_leak",
+                "verdict"
             ]
+        );
+        assert_eq!(stack["verdict"], "too-early");
+        assert_eq!(stack["confidence"], "low");
+        assert_eq!(
+            stack["evidence"],
+            "grew by 256.0 KiB in 4 intervals, 4096 freed (4096 of 8192 blocks since attach \
+             still live); the window holds too few snapshots to tell (need 5)"
         );
         assert_eq!(
             keys(&stack["growth"]),
             [
+                "confidence",
                 "first_live_bytes",
                 "growing_fraction",
                 "last_live_bytes",
                 "late_rate_bytes_per_s",
+                "leaking_part",
                 "net_growth_bytes",
                 "non_shrinking_fraction",
                 "r_squared",
                 "rate_bytes_per_s",
                 "shape",
                 "steps",
-                "suspected_leak"
+                "suspected_leak",
+                "verdict",
+                "work"
             ]
         );
         assert!(

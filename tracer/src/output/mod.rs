@@ -5,11 +5,13 @@
 //! whether the report comes from a live run or from a recording, and lets a
 //! new format touch one file.
 
+pub mod evidence;
 pub mod file;
 pub mod flamegraph;
 pub mod folded;
 pub mod frames;
 pub mod json;
+pub mod labels;
 pub mod layout;
 pub mod pprof;
 mod report;

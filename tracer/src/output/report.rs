@@ -1,6 +1,6 @@
 //! The report: everything a trace found, built once from the model and
 //! the symbolized stacks, in the shape of its JSON form.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 mod drops;
 mod groups;
@@ -8,12 +8,16 @@ mod groups;
 pub use groups::{Entry, SiteGroup, by_site_label};
 
 use super::{
+    evidence::evidence_line,
     frames::{Site, Wrappers, site, trim_allocator_frames},
+    labels,
     layout::Layout,
 };
 use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, StackSummary, Target,
-    Totals, merge,
+    Totals,
+    leak::{Confidence, Verdict},
+    merge,
     peak::{self, Judgement},
     quality::{StackQuality, stack_quality},
     reachability::{HoldersScan, Reachability},
@@ -57,8 +61,8 @@ pub struct Report {
     /// by process and kind: with `stacks`, they add up to the totals.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unlisted: Vec<Unlisted>,
-    /// Stacks that grew steadily or in steps (as of `judged_at`), fastest
-    /// first (rank 1 is shown as L1).
+    /// Stacks judged leaks (as of `judged_at`), fastest first (rank 1 is
+    /// shown as L1).
     pub suspected_leaks: Vec<StackReport>,
     /// What each `--holders` scan read and cost, one per process scanned.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -66,7 +70,7 @@ pub struct Report {
     /// The stacks that share a site, summed: ranked and judged as
     /// `stacks` are, one entry per site.
     pub groups: Vec<SiteGroup>,
-    /// The site groups that grew steadily or in steps, fastest first.
+    /// The site groups judged leaks, fastest first.
     pub suspected_leak_groups: Vec<SiteGroup>,
     /// How the formats lay the stacks out (`--group-by`, `--native`).
     #[serde(skip)]
@@ -173,9 +177,15 @@ pub struct StackReport {
     /// The most live bytes the stack held, and when.
     pub peak_live_bytes: i64,
     pub peak_at_s: f64,
-    /// Whether the growth is steady enough to suspect a leak.
+    /// Whether it is judged a leak (`verdict` is `leak`).
     pub suspected_leak: bool,
-    /// The evidence for or against.
+    /// `leak`, `too-early`, `not-leak`, or `empty` (holds nothing).
+    pub verdict: Verdict,
+    /// How sure the verdict is; null for `empty`.
+    pub confidence: Option<Confidence>,
+    /// The verdict's evidence in one line, as the text report says it.
+    pub evidence: String,
+    /// The evidence for or against, in figures.
     pub growth: Growth,
     /// `[elapsed_s, live_bytes]` at attach and at every snapshot.
     pub series: Vec<(f64, i64)>,
@@ -242,7 +252,11 @@ impl Report {
             }
         });
         let judged = judged_model.as_ref().unwrap_or(model);
-        let views = Views { model, judged };
+        let views = Views {
+            model,
+            judged,
+            sites: None,
+        };
         let targets = input
             .targets
             .iter()
@@ -258,15 +272,12 @@ impl Report {
                 stack_quality: quality.get(&target.pid).copied(),
             })
             .collect();
-        // Every suspected leak, judged once: the site groups of one stack
-        // take theirs from here.
-        let mut stack_leaks = judged.suspected_leaks(usize::MAX);
-        let listed = ranked_lists(
+        let mut listed = ranked_lists(
             &input,
             views,
             &canonical,
             judged_model.is_some(),
-            stack_leaks.iter().take(input.top).cloned().collect(),
+            judged.suspected_leaks(input.top),
         );
         let left_out: Vec<StackSummary> = model
             .top_stacks(usize::MAX)
@@ -274,12 +285,19 @@ impl Report {
             .filter(|summary| !listed.keys.contains(&summary.key))
             .collect();
         let unlisted = unlisted(&left_out);
-        let (groups, suspected_leak_groups) = groups::site_groups(
-            &input,
-            views,
-            &canonical,
-            judged_model.is_some(),
-            std::mem::take(&mut stack_leaks),
+        let (mut groups, mut suspected_leak_groups) =
+            groups::site_groups(&input, views, &canonical, judged_model.is_some());
+        distinguish_labels(
+            listed
+                .stacks
+                .iter_mut()
+                .chain(listed.suspected_leaks.iter_mut()),
+        );
+        distinguish_labels(
+            groups
+                .iter_mut()
+                .chain(suspected_leak_groups.iter_mut())
+                .map(|group| &mut group.sum),
         );
         Report {
             tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -365,6 +383,46 @@ fn ranked_lists(
     }
 }
 
+/// Grows the labels of the entries that would read the same by the frame
+/// that tells each apart (`labels`); an entry in two lists (ranked and
+/// suspected) reads the same in both.
+fn distinguish_labels<'a>(entries: impl Iterator<Item = &'a mut StackReport>) {
+    let mut entries: Vec<&mut StackReport> = entries.collect();
+    let identity = |stack: &StackReport| (stack.pid, stack.kind, stack.stack_id);
+    let mut unique: Vec<usize> = Vec::new();
+    for (index, entry) in entries.iter().enumerate() {
+        if !unique
+            .iter()
+            .any(|&seen| identity(entries[seen]) == identity(entry))
+        {
+            unique.push(index);
+        }
+    }
+    let labelled: Vec<(&str, &[Frame])> = unique
+        .iter()
+        .map(|&index| {
+            let stack = &*entries[index];
+            let label = stack.site.as_ref().map_or("", |site| site.label.as_str());
+            (label, stack.frames.as_slice())
+        })
+        .collect();
+    let through: Vec<((u32, Kind, u32), String)> = labels::distinguishing_frames(&labelled)
+        .into_iter()
+        .zip(&unique)
+        .filter_map(|(through, &index)| Some((identity(entries[index]), through?)))
+        .collect();
+    for entry in &mut entries {
+        let id = identity(entry);
+        let Some((_, frame)) = through.iter().find(|(other, _)| *other == id) else {
+            continue;
+        };
+        if let Some(site) = &mut entry.site {
+            site.label = labels::grown(&site.label, frame);
+            site.through = Some(frame.clone());
+        }
+    }
+}
+
 /// The stacks left out, summed by process and kind.
 fn unlisted(left_out: &[StackSummary]) -> Vec<Unlisted> {
     let mut sums: BTreeMap<(u32, Kind), Unlisted> = BTreeMap::new();
@@ -385,11 +443,35 @@ fn unlisted(left_out: &[StackSummary]) -> Vec<Unlisted> {
 }
 
 /// The merged model at the end, and as of the moment judged (the same
-/// when that is the end).
+/// when that is the end); for site groups, the stacks of each.
 #[derive(Clone, Copy)]
 struct Views<'a> {
     model: &'a Model,
     judged: &'a Model,
+    sites: Option<Sites<'a>>,
+}
+
+/// The stacks each site group of a model is made of.
+#[derive(Clone, Copy)]
+struct Sites<'a> {
+    /// The judged model by stack (merged for equal frames only).
+    stacks: &'a Model,
+    /// Each group's key to its stacks' keys in `stacks`.
+    members: &'a HashMap<StackKey, Vec<StackKey>>,
+}
+
+impl Views<'_> {
+    /// The verdict on `key` as of the moment judged: a site group's from
+    /// its stacks (`Model::site_growth`), a stack's own otherwise.
+    fn growth(&self, key: &StackKey) -> Growth {
+        match self
+            .sites
+            .and_then(|sites| Some((sites.stacks, sites.members.get(key)?)))
+        {
+            Some((stacks, members)) => stacks.site_growth(members, &stacks.activity(key.pid)),
+            None => self.judged.growth(key),
+        }
+    }
 }
 
 /// The report of stack `key` of the merged models; `canonical` maps
@@ -401,7 +483,7 @@ fn stack_report(
     rank: usize,
     key: StackKey,
 ) -> StackReport {
-    let Views { model, judged } = views;
+    let Views { model, judged, .. } = views;
     let latest = model
         .series(&key)
         .map(|series| series.latest())
@@ -410,7 +492,7 @@ fn stack_report(
         .series(&key)
         .map(|series| series.latest())
         .unwrap_or_default();
-    let growth = judged.growth(&key);
+    let growth = views.growth(&key);
     let series = model.live_bytes_at_every_snapshot(&key);
     let (peak_at_s, peak_live_bytes) =
         series.iter().copied().fold(
@@ -434,6 +516,9 @@ fn stack_report(
         peak_live_bytes,
         peak_at_s,
         suspected_leak: growth.suspected_leak,
+        verdict: growth.verdict,
+        confidence: growth.confidence,
+        evidence: evidence_line(&growth),
         growth,
         series,
         frames,

@@ -46,10 +46,13 @@ const PALETTE: [RGBColor; 10] = [
 
 const REFERENCE_GRAY: RGBColor = RGBColor(90, 90, 90);
 
-/// One line of a panel and its legend entry (a label and a detail line).
+/// One line of a panel and its legend entry (a label, a detail line and,
+/// for a stack told apart from another of the same label, the frame that
+/// tells it apart).
 struct Line {
     label: String,
     detail: String,
+    through: Option<String>,
     points: Vec<(f64, f64)>,
     /// Drawn thin and gray (RSS), apart from the coloured data lines.
     reference: bool,
@@ -148,6 +151,7 @@ fn totals_lines(report: &Report, model: &Model) -> Vec<Line> {
             points: std::iter::once((0.0, 0.0))
                 .chain(points.iter().map(|&(t, bytes)| (t, bytes as f64)))
                 .collect(),
+            through: None,
             reference: false,
         })
         .collect();
@@ -158,6 +162,7 @@ fn totals_lines(report: &Report, model: &Model) -> Vec<Line> {
             human_bytes(points.last().map_or(0, |&(_, bytes)| bytes) as f64)
         ),
         points: points.iter().map(|&(t, bytes)| (t, bytes as f64)).collect(),
+        through: None,
         reference: true,
     }));
     lines
@@ -222,8 +227,8 @@ fn draw_legend(area: &DrawingArea<SVGBackend<'_>, Shift>, lines: &[Line]) -> Res
         ))
         .map_err(plot_error)?;
     }
+    let mut y = 44;
     for (index, line) in lines.iter().enumerate() {
-        let y = 44 + index as i32 * 38;
         let swatch = line_style(index, line).filled();
         area.draw(&Rectangle::new([(4, y - 3), (24, y + 3)], swatch))
             .map_err(plot_error)?;
@@ -239,8 +244,30 @@ fn draw_legend(area: &DrawingArea<SVGBackend<'_>, Shift>, lines: &[Line]) -> Res
             ("sans-serif", 12).into_font().color(&REFERENCE_GRAY),
         ))
         .map_err(plot_error)?;
+        if let Some(through) = &line.through {
+            // Cut from the left: frames that part differ at their end
+            // (the line) as often as at their start.
+            area.draw(&Text::new(
+                format!("through {}", shorten_left(through, 36)),
+                (30, y + 22),
+                ("sans-serif", 12).into_font().color(&REFERENCE_GRAY),
+            ))
+            .map_err(plot_error)?;
+            y += 14;
+        }
+        y += 38;
     }
     Ok(())
+}
+
+/// `text` cut to `max_chars` from the left: `…Layer.__init__ (m.py:164)`.
+fn shorten_left(text: &str, max_chars: usize) -> String {
+    let count = text.chars().count();
+    if count <= max_chars {
+        return text.to_owned();
+    }
+    let kept: String = text.chars().skip(count - (max_chars - 1)).collect();
+    format!("…{kept}")
 }
 
 /// Data lines: 2 px in the palette's colours; reference lines: 1 px gray.

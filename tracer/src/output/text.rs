@@ -28,13 +28,15 @@ pub fn render(report: &Report) -> String {
         ));
     } else if leaks.is_empty() {
         lines.push(format!(
-            "suspected leaks: none (no {} grew steadily{}, or in several steps it kept)",
+            "suspected leaks: none (no {} grew with the target's work and kept it{}){}",
             &what[..what.len() - 1],
-            as_of(report).unwrap_or_else(|| " until the end".to_owned())
+            as_of(report).unwrap_or_default(),
+            too_early_words(&entries)
         ));
     } else {
         lines.push(format!(
-            "suspected leaks ({}): {what} that grew steadily or in steps{}, fastest first:",
+            "suspected leaks ({}): {what} that grew with the target's work and kept it{}, \
+             fastest first:",
             leaks.len(),
             as_of(report).unwrap_or_default()
         ));
@@ -71,6 +73,23 @@ pub fn render(report: &Report) -> String {
     let mut text = lines.join("\n");
     text.push('\n');
     text
+}
+
+/// `; too early to tell for 2 (#1, #4 below)`, when ranked entries are.
+fn too_early_words(entries: &[Entry<'_>]) -> String {
+    let ranks: Vec<String> = entries
+        .iter()
+        .filter(|entry| entry.stack.verdict == crate::model::leak::Verdict::TooEarly)
+        .map(|entry| format!("#{}", entry.stack.rank))
+        .collect();
+    if ranks.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; too early to tell for {} ({} below)",
+        ranks.len(),
+        ranks.join(", ")
+    )
 }
 
 /// ` as of 117.0 s` when the report is judged at another moment than the
@@ -124,13 +143,19 @@ fn render_leak(report: &Report, entry: Entry<'_>, lines: &mut Vec<String>) {
         human_bytes(growth.rate_bytes_per_s),
         live_words(report, stack),
     ));
-    lines.push(format!("    {}", evidence::evidence_line(stack)));
+    evidence::verdict_lines(stack, true, lines);
     holders::stack_lines(stack, lines);
-    if entry.stack_count > 1 {
-        lines.push(format!(
+    match stack.growth.leaking_part {
+        Some(part) if part.stacks > 1 => lines.push(format!(
+            "    the largest of its {} leaking stacks, from:",
+            part.stacks
+        )),
+        Some(_) => lines.push("    its leaking stack, from:".to_owned()),
+        None if entry.stack_count > 1 => lines.push(format!(
             "    the largest of its {} stacks, from:",
             entry.stack_count
-        ));
+        )),
+        None => {}
     }
     frames::render_frames(stack, report.layout.native, lines);
 }
@@ -160,11 +185,17 @@ fn render_stack(report: &Report, entry: Entry<'_>, lines: &mut Vec<String>) {
             ""
         },
     ));
+    evidence::verdict_lines(stack, false, lines);
     holders::stack_lines(stack, lines);
-    let from = if entry.stack_count > 1 {
-        format!("the largest of its {} stacks", entry.stack_count)
-    } else {
-        String::new()
+    let from = match stack.growth.leaking_part {
+        Some(part) if part.stacks > 1 => {
+            format!("the largest of its {} leaking stacks", part.stacks)
+        }
+        Some(_) => "its leaking stack".to_owned(),
+        None if entry.stack_count > 1 => {
+            format!("the largest of its {} stacks", entry.stack_count)
+        }
+        None => String::new(),
     };
     lines.push(format!(
         "    allocated {} in {} calls since attach, from{}{from}:",
@@ -176,19 +207,27 @@ fn render_stack(report: &Report, entry: Entry<'_>, lines: &mut Vec<String>) {
 }
 
 /// What a stack is named by (`createStringObject (object.c:94) via
-/// zmalloc`), cut to fit a line.
+/// zmalloc`), cut to fit a line; a label grown by the frame that tells it
+/// apart (`labels`) keeps that frame whole and is cut before it.
 fn site_label(stack: &StackReport) -> String {
     const WIDTH: usize = 90;
-    let label = match &stack.site {
-        Some(site) => site.label.clone(),
-        None => format!("stack {} (not recorded)", stack.stack_id),
+    let Some(site) = &stack.site else {
+        return format!("stack {} (not recorded)", stack.stack_id);
     };
-    if label.chars().count() <= WIDTH {
-        return label;
+    if site.label.chars().count() <= WIDTH {
+        return site.label.clone();
     }
-    let mut cut: String = label.chars().take(WIDTH - 1).collect();
-    cut.push('…');
-    cut
+    let tail = site
+        .through
+        .as_ref()
+        .map_or_else(String::new, |through| format!(" through {through}"));
+    let base = site.label.strip_suffix(&tail).unwrap_or(&site.label);
+    let room = WIDTH.saturating_sub(tail.chars().count()).max(12);
+    if base.chars().count() <= room {
+        return format!("{base}{tail}");
+    }
+    let cut: String = base.chars().take(room - 1).collect();
+    format!("{cut}…{tail}")
 }
 
 /// `gpu-device via cudaMalloc`, or the kind alone.
@@ -266,11 +305,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("top 2 stacks by live bytes:\n"));
-        assert!(text.contains(
-            "#1  grow_1 (leak.c:12)\n    heap  pid 10  live 256.0 KiB in 4096 allocs  growth +64.0 KiB/s\n    \
-             allocated 512.0 KiB in 8192 calls since attach, from:\n      \
-             grow_1 (leak.c:12)\n      main server+0x1000\n"
-        ));
+        assert!(
+            text.contains(
+                "#1  grow_1 (leak.c:12)\n    heap  pid 10  live 256.0 KiB in 4096 allocs  \
+                 growth +64.0 KiB/s\n    too early to tell, low confidence: the window holds \
+                 too few snapshots to tell (need 5)\n    \
+                 allocated 512.0 KiB in 8192 calls since attach, from:\n      \
+                 grow_1 (leak.c:12)\n      main server+0x1000\n"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("#2  grow_1 (leak.c:12)\n    heap  pid 20  live 8.0 KiB in 128 allocs")
         );

@@ -12,7 +12,8 @@
 //!   numbered by the order of these records;
 //! - `Snapshot` every interval: the counters of the stacks that changed
 //!   since the previous snapshot (a stack absent keeps its counters, as in
-//!   `model`), and the kernel's event and drop counters;
+//!   `model`), and the kernel's event and drop counters, right after a
+//!   `CpuTime`: the CPU seconds each live target used since attach;
 //! - `TargetExited` when a target exits; `End` when tracing stopped cleanly.
 //!
 //! Every record is flushed as soon as it is written, so a tracer killed
@@ -46,8 +47,9 @@ pub use write::Writer;
 pub const MAGIC: [u8; 8] = *b"\x89TRACER\n";
 /// The format this build writes and the newest it reads (2 added
 /// `Record::TargetMemory`, 3 `Record::Unwinding`, 4 the ELF virtual
-/// address of each frame, `Frame::offset`, and `Frame::language`).
-pub const FORMAT_VERSION: u32 = 4;
+/// address of each frame, `Frame::offset`, and `Frame::language`, 5
+/// `Record::CpuTime`).
+pub const FORMAT_VERSION: u32 = 5;
 /// The last format whose frames are [`FrameV3`].
 const LAST_FORMAT_WITHOUT_OFFSETS: u32 = 3;
 /// Magic plus version.
@@ -100,6 +102,9 @@ enum Record<F = Frame> {
     Unwinding(UnwindingReport),
     /// The pauses at the loader gate, when tracing stopped.
     LoaderPauses(LoaderPauses),
+    /// (pid, CPU seconds since attach) of each live target, right before
+    /// the snapshot they were read with.
+    CpuTime(Vec<(u32, f64)>),
 }
 
 /// A stack seen for the first time.
@@ -158,6 +163,7 @@ impl From<Record<FrameV3>> for Record {
             Record::TargetMemory { pid, status } => Record::TargetMemory { pid, status },
             Record::Unwinding(unwinding) => Record::Unwinding(unwinding),
             Record::LoaderPauses(pauses) => Record::LoaderPauses(pauses),
+            Record::CpuTime(cpu_s) => Record::CpuTime(cpu_s),
         }
     }
 }
@@ -182,6 +188,10 @@ struct SnapshotRecord {
     stats: Vec<u64>,
     /// RSS of each live target, in bytes (for the growth plot).
     rss_bytes: Vec<(u32, u64)>,
+    /// CPU seconds of each live target, from the `CpuTime` record just
+    /// before (not written here: formats before 5 have none).
+    #[serde(skip)]
+    cpu_s: Vec<(u32, f64)>,
 }
 
 /// The CRC that guards a record: over its length field and its payload, so

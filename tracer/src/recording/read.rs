@@ -193,6 +193,8 @@ struct Builder {
     memory_status: BTreeMap<u32, MemoryStatus>,
     unwinding: Option<UnwindingReport>,
     loader_pauses: LoaderPauses,
+    /// The CPU times read with the next snapshot.
+    pending_cpu_s: Vec<(u32, f64)>,
     ended: bool,
 }
 
@@ -221,7 +223,10 @@ impl Builder {
                         "names stack {number} of {stack_count} recorded so far"
                     ));
                 }
-                self.snapshots.push(snapshot);
+                self.snapshots.push(SnapshotRecord {
+                    cpu_s: std::mem::take(&mut self.pending_cpu_s),
+                    ..snapshot
+                });
             }
             (Some(_), Record::TargetExited { pid, after_s }) => self.exits.push((pid, after_s)),
             (Some(_), Record::Library(library)) => self.libraries.push(library),
@@ -231,6 +236,7 @@ impl Builder {
             (Some(_), Record::TargetMemory { pid, status }) => {
                 self.memory_status.insert(pid, status);
             }
+            (Some(_), Record::CpuTime(cpu_s)) => self.pending_cpu_s = cpu_s,
         }
         Ok(())
     }
@@ -349,6 +355,8 @@ impl Recording {
         let mut base_s = 0.0;
         let mut current = vec![Counters::default(); self.stacks.len()];
         let mut baseline: Option<(Vec<Counters>, Vec<u64>)> = None;
+        // CPU seconds of each process at time zero.
+        let mut base_cpu_s: BTreeMap<u32, f64> = BTreeMap::new();
         let mut model = Model::new();
         for snapshot in &self.snapshots {
             if filter.to_s.is_some_and(|to_s| snapshot.elapsed_s > to_s) {
@@ -363,6 +371,7 @@ impl Recording {
             {
                 baseline = Some((current.clone(), snapshot.stats.clone()));
                 base_s = snapshot.elapsed_s;
+                base_cpu_s.extend(snapshot.cpu_s.iter().copied());
                 continue;
             }
             let stacks = snapshot
@@ -389,12 +398,19 @@ impl Recording {
                     .collect(),
                 None => snapshot.stats.clone(),
             };
+            let cpu_s = snapshot
+                .cpu_s
+                .iter()
+                .filter(|(pid, _)| filter.pid.is_none_or(|selected| selected == *pid))
+                .map(|&(pid, cpu_s)| (pid, cpu_s - base_cpu_s.get(&pid).copied().unwrap_or(0.0)))
+                .collect();
             model.push(Snapshot {
                 elapsed_s: snapshot.elapsed_s - base_s,
                 stacks,
                 stats,
                 rss_bytes: snapshot.rss_bytes.clone(),
                 retired: Vec::new(),
+                cpu_s,
             });
         }
         model

@@ -61,6 +61,7 @@ fn snapshots(count: usize) -> Vec<Snapshot> {
                 stats,
                 rss_bytes: vec![(10, 1 << 20), (20, 2 << 20)],
                 retired: Vec::new(),
+                cpu_s: vec![(10, 0.125 * step as f64), (20, 0.5)],
             }
         })
         .collect()
@@ -179,8 +180,9 @@ fn a_quiet_stack_costs_nothing_per_snapshot() {
     let per_snapshot: Vec<u64> = lengths.windows(2).map(|pair| pair[1] - pair[0]).collect();
     // From the fourth snapshot on, two stacks change and one is quiet: the
     // two stacks, the snapshot's header and the RSS of the two targets take
-    // about 50 bytes, and each STATS counter one more.
-    let bound = 55 + u64::from(tracer_ebpf::stat::COUNT);
+    // about 50 bytes, their CPU times with its record's header 28, and
+    // each STATS counter one more.
+    let bound = 55 + 28 + u64::from(tracer_ebpf::stat::COUNT);
     assert!(
         per_snapshot[3..].iter().all(|&bytes| bytes <= bound),
         "{per_snapshot:?} (at most {bound})"

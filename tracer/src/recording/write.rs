@@ -129,11 +129,13 @@ impl Writer {
             };
             changed.push((number, *counters));
         }
+        self.write_record(&Record::CpuTime(snapshot.cpu_s.clone()))?;
         self.write_record(&Record::Snapshot(SnapshotRecord {
             elapsed_s: snapshot.elapsed_s,
             changed,
             stats: snapshot.stats.clone(),
             rss_bytes: snapshot.rss_bytes.clone(),
+            cpu_s: Vec::new(),
         }))?;
         self.flush()
     }

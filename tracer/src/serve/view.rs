@@ -228,7 +228,7 @@ impl View {
         );
         registry.register(
             "tracer_stack_suspected_leak",
-            "1 when the stack's live bytes grew steadily until now (a suspected leak), else 0",
+            "1 when the stack is judged a leak (it grew with the target's work and kept it), else 0",
             stack_leak,
         );
         let mut text = String::new();

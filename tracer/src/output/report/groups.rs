@@ -2,12 +2,14 @@
 //! site label (one function and line reached by several call paths, such
 //! as the 8 layer paths of a model that all allocate in
 //! `Linear.__init__`) summed into one stack, which is ranked and judged
-//! like any other: its counters and series are the sums, its verdict is
-//! the sum's, its frames those of its largest stack.
+//! like any other: its counters and series are the sums, its frames those
+//! of its largest stack. Its verdict is the sum's, unless the sum is no
+//! leak but some of its stacks are (a leaking path beside a churning one):
+//! then theirs, and its frames those of the largest of them.
 use std::collections::{BTreeMap, HashMap};
 
-use super::{ReportInput, StackReport, Views, ranked_lists};
-use crate::model::{Growth, Kind, StackKey, ranking::sort_leaks};
+use super::{ReportInput, Sites, StackReport, Views, ranked_lists};
+use crate::model::{Kind, StackId, StackKey, ranking::sort_leaks};
 use crate::output::{
     GroupBy,
     frames::{site, trim_allocator_frames},
@@ -33,16 +35,14 @@ pub struct SiteGroup {
     pub stack_ids: Vec<u32>,
 }
 
-/// The site groups as the report ranks them, and those suspected of
-/// leaking; `canonical` maps each stack of the model to the one it was
-/// merged into for equal frames, `stack_leaks` are the suspected leaks by
-/// stack (a group of one stack is judged as that stack was).
+/// The site groups as the report ranks them, and those judged leaks (by
+/// their stacks: `Model::site_growth`); `canonical` maps each stack of the
+/// model to the one it was merged into for equal frames.
 pub(super) fn site_groups(
     input: &ReportInput<'_>,
     views: Views<'_>,
     canonical: &BTreeMap<StackKey, StackKey>,
     judged_elsewhere: bool,
-    stack_leaks: Vec<(StackKey, Growth)>,
 ) -> (Vec<SiteGroup>, Vec<SiteGroup>) {
     if views.model.latest_counters().count() > MAX_GROUPED_STACKS {
         return (Vec::new(), Vec::new());
@@ -51,9 +51,17 @@ pub(super) fn site_groups(
     let site_of = |key: &StackKey| into_site.get(key).copied().unwrap_or(*key);
     let model = views.model.merged(site_of);
     let judged = judged_elsewhere.then(|| views.judged.merged(site_of));
+    let mut members_of: HashMap<StackKey, Vec<StackKey>> = HashMap::new();
+    for (member, into) in &into_site {
+        members_of.entry(*into).or_default().push(*member);
+    }
     let site_views = Views {
         model: &model,
         judged: judged.as_ref().unwrap_or(&model),
+        sites: Some(Sites {
+            stacks: views.judged,
+            members: &members_of,
+        }),
     };
     // Every stack, as merged for frames, to its group's.
     let mut members: BTreeMap<StackKey, StackKey> = views
@@ -64,34 +72,39 @@ pub(super) fn site_groups(
     for (stack, into) in canonical {
         members.insert(*stack, site_of(into));
     }
-    let mut sizes: HashMap<StackKey, usize> = HashMap::new();
-    for into in into_site.values() {
-        *sizes.entry(*into).or_default() += 1;
-    }
-    let several = |key: &StackKey| sizes.get(key).is_some_and(|&size| size > 1);
-    let mut leaks = site_views
+    let mut leaks: Vec<_> = site_views
         .judged
-        .suspected_leaks_among(sizes.keys().copied().filter(|key| several(key)));
-    leaks.extend(
-        stack_leaks
-            .into_iter()
-            .filter(|(key, _)| !into_site.contains_key(key) || !several(&site_of(key))),
-    );
+        .leak_candidates(site_views.judged.latest_counters().map(|(key, _)| key))
+        .into_iter()
+        .map(|key| (key, site_views.growth(&key)))
+        .filter(|(_, growth)| growth.suspected_leak)
+        .collect();
     sort_leaks(&mut leaks);
     leaks.truncate(input.top);
     let listed = ranked_lists(input, site_views, &members, judged_elsewhere, leaks);
     let group = |sum: StackReport| {
-        let stack_count = sizes
+        let stack_count = members_of
             .iter()
             .find(|(into, _)| {
                 (into.pid, into.kind, into.stack_id.to_raw()) == (sum.pid, sum.kind, sum.stack_id)
             })
-            .map_or(1, |(_, size)| *size);
+            .map_or(1, |(_, members)| members.len());
         let mut stack_ids = vec![sum.stack_id];
         stack_ids.extend(&sum.merged_stack_ids);
+        // A site that leaks in some of its stacks shows the largest of
+        // them.
+        let frames = match sum.growth.leaking_part {
+            Some(part) => trim_allocator_frames((input.frames)(&StackKey {
+                pid: sum.pid,
+                stack_id: StackId::from_raw(part.stack_id),
+                kind: sum.kind,
+            })),
+            None => sum.frames.clone(),
+        };
         SiteGroup {
             sum: StackReport {
                 merged_stack_ids: Vec::new(),
+                frames,
                 ..sum
             },
             stack_count: stack_count.max(1),
@@ -245,12 +258,28 @@ mod tests {
         let (entries, _) = report.entries();
         assert_eq!(entries.len(), 3);
         assert!(entries.iter().all(|entry| entry.stack_count == 1));
+        // One stack per entry: the two of one site are told apart by the
+        // caller where their paths part.
         let text = crate::output::text::render(&report);
-        let headings = text
+        let headings: Vec<&str> = text
             .lines()
-            .filter(|line| line.starts_with('#') && line.ends_with("fill (leak.c:12)"))
-            .count();
-        assert_eq!(headings, 2, "{text}");
+            .filter(|line| line.starts_with('#') && line.contains("fill (leak.c:12)"))
+            .collect();
+        assert_eq!(
+            headings,
+            [
+                "#1  fill (leak.c:12) through caller_1",
+                "#3  fill (leak.c:12) through caller_2"
+            ],
+            "{text}"
+        );
+        let through = report.stacks[0].site.as_ref().unwrap().through.as_deref();
+        assert_eq!(through, Some("caller_1"));
+        let grouped = crate::output::text::render(&self::report());
+        assert!(
+            !grouped.contains(" through "),
+            "one entry per site: {grouped}"
+        );
     }
 
     #[test]

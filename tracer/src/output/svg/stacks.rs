@@ -2,6 +2,7 @@
 //! entries: one line per site (the sum of its stacks, their count in the
 //! legend) or per stack, as the text report lists them (`--group-by`).
 use super::Line;
+use crate::model::leak::Verdict;
 use crate::output::{Entry, Report, StackReport, human_bytes};
 
 /// The stacks to plot: among the suspected leaks and the top stacks by
@@ -62,12 +63,9 @@ pub(super) fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
                 },
                 human_bytes(stack.growth_bytes_per_s),
                 human_bytes(stack.ranked_live_bytes as f64),
-                if stack.suspected_leak {
-                    ", suspected leak"
-                } else {
-                    ""
-                }
+                verdict_words(stack.verdict),
             ),
+            through: stack.site.as_ref().and_then(|site| site.through.clone()),
             points: stack
                 .series
                 .iter()
@@ -76,6 +74,16 @@ pub(super) fn stack_lines_of(report: &Report, count: usize) -> Vec<Line> {
             reference: false,
         })
         .collect()
+}
+
+/// The verdict as the legend's detail ends: `, suspected leak`.
+fn verdict_words(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Leak => ", suspected leak",
+        Verdict::TooEarly => ", too early to tell",
+        Verdict::NotLeak => ", not a leak",
+        Verdict::Empty => "",
+    }
 }
 
 /// Whether a stack's live bytes still rose in the second half of the

@@ -1,12 +1,16 @@
 //! The lines that say why: the moment the stacks are judged at, when it
 //! is not the end (a target that exited or tore down is judged at its
-//! peak), and the one line of evidence under each suspected leak.
+//! peak), and the verdict's lines under each entry (`output::evidence`).
 
 use crate::model::{
+    leak::Verdict,
     peak::{JudgedWhy, Judgement},
-    verdict::LeakShape,
 };
-use crate::output::{Report, StackReport, human_bytes};
+use crate::output::{
+    Report, StackReport,
+    evidence::{growth_words, verdict_words, work_words},
+    human_bytes,
+};
 
 /// The first lines of a report judged at another moment than the end:
 /// `PID 42 exited after 124.8 s; ranked at its peak, 746.0 MiB live at
@@ -63,32 +67,35 @@ fn pids(report: &Report) -> String {
     format!("PID {}", pids.join(", "))
 }
 
-/// Why a suspected leak is suspected, in one line: `rose in 4 steps of
-/// ~90.0 MiB, none freed (248 of 248 blocks since attach still live)`,
-/// or the steady fit.
-pub fn evidence_line(stack: &StackReport) -> String {
+/// The verdict's lines: what the stack kept (`rose in 4 steps of ~90.0
+/// MiB, none freed (248 of 248 blocks since attach still live)`), then
+/// the verdict, its confidence and why (`leak, high confidence: grew with
+/// the target's work ...`). `with_growth` false gives the second only.
+pub fn verdict_lines(stack: &StackReport, with_growth: bool, lines: &mut Vec<String>) {
     let growth = &stack.growth;
-    match (growth.shape, growth.steps) {
-        (Some(LeakShape::Steps), Some(steps)) => format!(
-            "rose in {} steps of ~{}, {} ({} of {} blocks since attach still live)",
-            steps.count,
-            human_bytes(steps.typical_step_bytes as f64),
-            if steps.none_freed {
-                "none freed"
-            } else {
-                "never fell back below a step"
-            },
-            steps.live_allocs,
-            steps.alloc_count_total
-        ),
-        _ => format!(
-            "steady: R² {:.2}, {:.0}% of intervals did not shrink, {:.0}% grew; \
-             first {} -> last {}",
-            growth.r_squared,
-            growth.non_shrinking_fraction * 100.0,
-            growth.growing_fraction * 100.0,
-            human_bytes(growth.first_live_bytes as f64),
-            human_bytes(growth.last_live_bytes as f64),
-        ),
+    if growth.verdict == Verdict::Empty {
+        return;
     }
+    if with_growth {
+        wrap(&growth_words(growth), lines);
+    }
+    wrap(
+        &format!("{}: {}", verdict_words(growth), work_words(growth)),
+        lines,
+    );
+}
+
+/// Lines stay readable at 100 columns: `text` indented by 4, wrapped at
+/// spaces onto lines indented by 4 too (frames are indented by 6).
+fn wrap(text: &str, lines: &mut Vec<String>) {
+    const WIDTH: usize = 100;
+    let mut line = "   ".to_owned();
+    for word in text.split(' ') {
+        if line.chars().count() + 1 + word.chars().count() > WIDTH && line.trim_start() != "" {
+            lines.push(std::mem::replace(&mut line, "   ".to_owned()));
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    lines.push(line);
 }
