@@ -1,5 +1,6 @@
 //! The traced live blocks of one process, sorted by address, and the
 //! lookup of the block an address points into (start or interior).
+use super::index::PageIndex;
 use crate::model::{Kind, StackId, StackKey};
 
 /// sizeof(PyGC_Head), the collector's header before a tracked object.
@@ -8,14 +9,38 @@ pub const GC_HEAD_BYTES: u64 = 16;
 /// No type known.
 pub const NO_TYPE: u32 = u32::MAX;
 
-/// The key of an untraced block the scan adds (a pymalloc object found
-/// from its pool's header): pid 0, no process a scan reads, so it is
-/// counted under no stack.
-pub const UNTRACED_KEY: StackKey = StackKey {
-    pid: 0,
-    stack_id: StackId::Lost,
-    kind: Kind::Heap,
-};
+/// Where a block the scan adds, one tracer has no block for, was found:
+/// its key has pid 0 (no process a scan reads, so it is counted under no
+/// stack) and the origin's number as its stack id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Origin {
+    /// A live block of a pymalloc pool, found from the pool's header.
+    PymallocObject = 1,
+    /// An in-use chunk of a glibc malloc arena.
+    HeapChunk = 2,
+    /// A chunk glibc's malloc mapped on its own (a large block).
+    MmappedChunk = 3,
+}
+
+impl Origin {
+    /// The key of an untraced block found there.
+    pub const fn key(self) -> StackKey {
+        StackKey {
+            pid: 0,
+            stack_id: StackId::Kernel(self as u32),
+            kind: Kind::Heap,
+        }
+    }
+
+    /// What a report calls such memory.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::PymallocObject => "untraced pymalloc memory",
+            Origin::HeapChunk => "untraced heap chunk",
+            Origin::MmappedChunk => "untraced mmapped chunk",
+        }
+    }
+}
 
 /// What the scan knows of one block's start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,9 +81,26 @@ pub struct Block {
 }
 
 impl Block {
-    /// Whether tracer has no block for it: added by the scan.
-    pub fn is_untraced(&self) -> bool {
-        self.key == UNTRACED_KEY
+    /// An untraced block found at `origin`.
+    pub fn untraced(address: u64, size: u64, origin: Origin) -> Block {
+        Block {
+            address,
+            size,
+            key: origin.key(),
+        }
+    }
+
+    /// Where an untraced block was found (None for a traced one).
+    pub fn origin(&self) -> Option<Origin> {
+        if self.key.pid != 0 {
+            return None;
+        }
+        match self.key.stack_id {
+            StackId::Kernel(1) => Some(Origin::PymallocObject),
+            StackId::Kernel(2) => Some(Origin::HeapChunk),
+            StackId::Kernel(3) => Some(Origin::MmappedChunk),
+            _ => None,
+        }
     }
 
     pub fn end(&self) -> u64 {
@@ -89,6 +131,7 @@ pub struct Blocks {
     pub overlapping: u64,
     /// What each block holds at its start, once read (empty before).
     shapes: Vec<Shape>,
+    index: PageIndex,
 }
 
 impl Blocks {
@@ -106,6 +149,7 @@ impl Blocks {
         let low = kept.first().map_or(u64::MAX, |block| block.address);
         let high = kept.iter().map(Block::end).max().unwrap_or(0);
         Blocks {
+            index: PageIndex::new(&kept),
             blocks: kept,
             low,
             high,
@@ -157,6 +201,11 @@ impl Blocks {
         self.blocks.len()
     }
 
+    /// Tracer memory its page index takes.
+    pub fn index_bytes(&self) -> usize {
+        self.index.bytes()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
     }
@@ -180,12 +229,8 @@ impl Blocks {
         if value < self.low || value >= self.high {
             return None;
         }
-        let after = self.blocks.partition_point(|block| block.address <= value);
-        let index = after.checked_sub(1)?;
+        let index = self.index.find(&self.blocks, value)?;
         let block = &self.blocks[index];
-        if value >= block.end() {
-            return None;
-        }
         let start = block.address + self.shape(index as u32).object_offset as u64;
         Some(Hit {
             block: index as u32,

@@ -60,6 +60,11 @@ impl Graph {
             .push((source, target | if interior { INTERIOR } else { 0 }));
     }
 
+    /// How many edges it holds (distinct, once walked).
+    pub fn len(&self) -> usize {
+        self.edges.len()
+    }
+
     /// The edges, as (source, target block, interior).
     pub fn edges(&self) -> impl Iterator<Item = (Node, u32, bool)> + '_ {
         self.edges

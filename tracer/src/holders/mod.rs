@@ -23,7 +23,10 @@
 //! `objects`: Python and C++ objects by type; `scan`: the pass over
 //! memory; `graph`: the walk; here: the per-stack figures.
 pub mod blocks;
+mod census;
+mod glibc;
 mod graph;
+mod index;
 pub mod memory;
 mod names;
 mod objects;
@@ -43,7 +46,7 @@ use crate::model::{
 };
 pub use blocks::Block;
 use blocks::Blocks;
-use graph::{Class, NONE, Node, Walked};
+use graph::{Class, Graph, NONE, Node, Walked};
 
 /// The site labels of holder blocks (and the names of untraced ones by
 /// type), each named once.
@@ -66,18 +69,17 @@ impl Labels {
     }
 }
 
-/// What an untraced block on a path, or holding a stack's blocks, is
-/// called (after its type, where it has one).
-const UNTRACED_OBJECT: &str = "untraced pymalloc memory";
-
 /// The walked reference graph of one process.
 pub struct Scan {
     pub cost: HoldersScan,
     blocks: Blocks,
-    /// The names of the blocks' types (Python, C++).
+    /// The names of the blocks' types (Python, C++, `data of` them).
     type_names: Vec<String>,
+    /// Each block's type as shown, in `type_names` (NO_TYPE: none).
+    types: Vec<u32>,
     roots: Vec<(HolderKind, String)>,
-    edges: Vec<(u32, u32, bool)>,
+    /// The edges, walked (sorted, each once).
+    graph: Graph,
     walked: Walked,
 }
 
@@ -90,9 +92,12 @@ pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
     let globals = names::Globals::load(pid, &regions);
     let traced_blocks = traced.len() as u64;
     let block_bytes = traced.iter().map(|block| block.size).sum();
-    let untraced = pools::find(pid, &regions, &traced, &globals);
+    let heap = glibc::find(pid, &regions, &traced, &globals);
+    let known = traced.with(heap.blocks);
+    let untraced = pools::find(pid, &regions, &known, &heap.parsed, &globals);
     let untraced_objects = untraced.blocks.len() as u64;
-    let mut blocks = traced.with(untraced.blocks);
+    let parsed = glibc::sorted(heap.parsed.into_iter().chain(untraced.ranges).collect());
+    let mut blocks = known.with(untraced.blocks);
     let shapes = objects::read(pid, &blocks, &globals);
     blocks.set_shapes(shapes.of_block);
     let mut cost = HoldersScan {
@@ -108,26 +113,28 @@ pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
         untraced_objects,
         untraced_objects_left_out: untraced.objects_left_out,
         untraced_pool_bytes_read: untraced.bytes_read,
+        heap: heap.parse,
         ..HoldersScan::default()
     };
-    let (mut graph, roots) = scan::scan(pid, &blocks, &globals, &mut cost)?;
+    let (mut graph, roots) = scan::scan(pid, &blocks, &parsed, &globals, &mut cost)?;
     let weak_roots: Vec<bool> = roots
         .names
         .iter()
         .map(|(kind, _)| *kind == HolderKind::Untraced)
         .collect();
     let walked = graph.walk(blocks.len() as u32, &weak_roots);
-    let edges: Vec<(u32, u32, bool)> = graph.edges().collect();
-    cost.pointers = edges.len() as u64;
+    cost.pointers = graph.len() as u64;
     cost.graph_bytes = (blocks.len()
         * (std::mem::size_of::<Block>() + std::mem::size_of::<blocks::Shape>())
-        + edges.len() * (std::mem::size_of::<(u32, u32, bool)>() + 8)
+        + graph.len() * 16
+        + blocks.index_bytes()
         + walked.parent.len() * 10) as u64;
     cost.seconds = started.elapsed().as_secs_f64();
     // The target ran on while it was read: a second pass over the same
     // blocks tells how far one snapshot can be trusted.
     let rescan_started = Instant::now();
-    let (mut again, again_roots) = scan::scan(pid, &blocks, &globals, &mut HoldersScan::default())?;
+    let (mut again, again_roots) =
+        scan::scan(pid, &blocks, &parsed, &globals, &mut HoldersScan::default())?;
     let weak_again: Vec<bool> = again_roots
         .names
         .iter()
@@ -141,14 +148,25 @@ pub fn scan(pid: u32, blocks: Vec<Block>, blocks_gone: u64) -> Result<Scan> {
         .filter(|(first, second)| first != second)
         .count() as u64;
     cost.rescan_seconds = rescan_started.elapsed().as_secs_f64();
-    Ok(Scan {
+    let mut scan = Scan {
         cost,
         blocks,
         type_names: shapes.names,
+        types: Vec::new(),
         roots: roots.names,
-        edges,
+        graph,
         walked,
-    })
+    };
+    scan.types = census::types_of(&scan.blocks, &mut scan.type_names, scan.graph.edges());
+    let roots_of = scan.roots_of_blocks();
+    scan.cost.before_attach = census::before_attach(
+        &scan.blocks,
+        &scan.types,
+        &scan.type_names,
+        &roots_of,
+        &scan.roots,
+    );
+    Ok(scan)
 }
 
 impl Scan {
@@ -256,7 +274,7 @@ impl Scan {
         // number (a root's, or a block label's after the roots').
         let mut labels = Labels::default();
         let mut held: HashSet<(u32, u32, u32)> = HashSet::new();
-        for &(source, target, _) in &self.edges {
+        for (source, target, _) in self.graph.edges() {
             let Some(list) = block_groups[target as usize] else {
                 continue;
             };
@@ -350,13 +368,10 @@ impl Scan {
         let roots = self.roots.len() as u32;
         match node.checked_sub(self.blocks.len() as u32) {
             Some(root) => root,
-            None if self.blocks.get(node).is_untraced() => {
-                let name = match self
-                    .type_names
-                    .get(self.blocks.shape(node).type_id as usize)
-                {
-                    Some(type_name) => format!("{type_name} in {UNTRACED_OBJECT}"),
-                    None => UNTRACED_OBJECT.to_owned(),
+            None if let Some(origin) = self.blocks.get(node).origin() => {
+                let name = match self.type_names.get(self.types[node as usize] as usize) {
+                    Some(type_name) => format!("{type_name} in {}", origin.name()),
+                    None => origin.name().to_owned(),
                 };
                 roots + labels.intern(name, HolderKind::Untraced)
             }
@@ -406,18 +421,15 @@ impl Scan {
         let mut node = block;
         let mut interior = false;
         while node != NONE {
-            let (kind, name) = if self
-                .blocks
-                .get_checked(node)
-                .is_some_and(Block::is_untraced)
-            {
-                (HolderKind::Untraced, UNTRACED_OBJECT.to_owned())
-            } else {
-                self.holder_name(node, labels, label)
-            };
+            let (kind, name) =
+                if let Some(origin) = self.blocks.get_checked(node).and_then(Block::origin) {
+                    (HolderKind::Untraced, origin.name().to_owned())
+                } else {
+                    self.holder_name(node, labels, label)
+                };
             let is_block = (node as usize) < self.blocks.len();
             let type_id = if is_block {
-                self.blocks.shape(node).type_id
+                self.types[node as usize]
             } else {
                 blocks::NO_TYPE
             };

@@ -122,4 +122,74 @@ pub struct HoldersScan {
     pub untraced_objects: u64,
     pub untraced_objects_left_out: u64,
     pub untraced_pool_bytes_read: u64,
+    /// The heap as its allocator sees it, read from outside.
+    pub heap: HeapParse,
+    /// Words that point into a block but lie in free memory or the
+    /// allocator's own data (a parsed heap or pool outside its blocks):
+    /// stale pointers, no references, left out (first pass).
+    pub free_words: u64,
+    /// What the process held before tracer attached.
+    pub before_attach: BeforeAttach,
+}
+
+/// What the parse of a target's heap found: glibc malloc's arenas and
+/// chunks, in use and free, and the chunks it mapped on their own.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HeapParse {
+    /// e.g. "glibc 2.36 (main_arena by debug symbols)"; empty when not
+    /// parsed.
+    pub allocator: String,
+    /// Why the heap before attach was not parsed, when it was not
+    /// ("heap before attach not parsed for jemalloc").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_parsed: Option<String>,
+    pub arenas: u64,
+    pub heaps: u64,
+    /// Chunks the walk saw in use (tcache and fastbin chunks among them),
+    /// and those of them tracer has no block for, added to the graph.
+    pub chunks_in_use: u64,
+    pub untraced_chunks: u64,
+    pub untraced_chunk_bytes: u64,
+    /// Free chunks in the bins (the next chunk says so), and their bytes.
+    pub free_chunks: u64,
+    pub free_bytes: u64,
+    /// Thread caches found, those that changed on each of three reads,
+    /// and the chunks on their lists; chunks on the fastbins.
+    pub tcaches: u64,
+    pub tcaches_unreadable: u64,
+    pub tcache_chunks: u64,
+    pub fastbin_chunks: u64,
+    /// Chunks malloc mapped on their own that tracer has no block for.
+    pub mmapped_chunks: u64,
+    pub mmapped_chunk_bytes: u64,
+    /// Headers that made no sense (a chunk changing while read): the walk
+    /// went on from the next traced block; the bytes it skipped.
+    pub resyncs: u64,
+    pub unparsed_bytes: u64,
+    pub bytes_read: u64,
+}
+
+/// The memory a process held before tracer attached, as far as the scan
+/// could find it (the heap's chunks tracer has no block for, pymalloc's
+/// objects in pools of arenas mapped before attach), by type.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BeforeAttach {
+    pub bytes: u64,
+    pub blocks: u64,
+    /// Most bytes first; memory without a type is listed as "untyped".
+    pub by_type: Vec<TypeCensus>,
+}
+
+/// One type's share of what was there before attach.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TypeCensus {
+    /// A Python type (`dict`), a C++ class, `data of numpy.ndarray` (a
+    /// buffer named after the object that owns it), or `untyped`.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    pub bytes: u64,
+    pub blocks: u64,
+    /// The root that holds most of these bytes ("unreachable" when
+    /// nothing does).
+    pub root: String,
 }

@@ -9,15 +9,17 @@ use crate::{
     output,
 };
 
-/// `--holders`: scans each process a listed stack belongs to (alive at
-/// the end) for pointers to its traced live blocks, and puts what holds
-/// them on the stacks; a process that cannot be scanned is named on stderr.
+/// `--holders`: scans each traced process (alive at the end) for pointers
+/// to its traced live blocks, puts what holds them on its listed stacks,
+/// and says what it held before attach (even with no stack listed: an
+/// engineer may attach at the peak, when nothing new is allocated); a
+/// process that cannot be scanned is named on stderr.
 pub fn add_holders(
     collector: &mut Collector,
     report: &mut output::Report,
     config: &crate::config::Config,
 ) {
-    let mut pids: Vec<u32> = report
+    let listed: Vec<u32> = report
         .stacks
         .iter()
         .chain(&report.suspected_leaks)
@@ -25,11 +27,18 @@ pub fn add_holders(
         .chain(report.suspected_leak_groups.iter().map(|group| &group.sum))
         .map(|stack| stack.pid)
         .collect();
+    let mut pids: Vec<u32> = listed
+        .iter()
+        .copied()
+        .chain(report.targets.iter().map(|target| target.target.pid))
+        .collect();
     pids.sort_unstable();
     pids.dedup();
     for pid in pids {
         if !crate::procfs::is_alive(pid) {
-            eprintln!("tracer: PID {pid} exited: no holders to scan for");
+            if listed.contains(&pid) {
+                eprintln!("tracer: PID {pid} exited: no holders to scan for");
+            }
             continue;
         }
         let started = Instant::now();
