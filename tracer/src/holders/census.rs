@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use super::{
     blocks::{Blocks, NO_TYPE},
-    graph::{NONE, Node},
+    graph::{NONE, Node, Owner},
 };
 use crate::model::reachability::{BeforeAttach, HolderKind, TypeCensus};
 
@@ -28,13 +28,15 @@ const UNTYPED: &str = "untyped";
 
 /// Each block's type as shown (an index into `names`, NO_TYPE for none):
 /// its own, else `data of OWNER` for the typed object that points at its
-/// start (one that is no view first, then the lowest address). `edges`:
+/// start (one that is no view first, then the lowest address); and what
+/// it is to ownership (`python`: whether a type is a Python one). `edges`:
 /// (source, target block, interior).
 pub fn types_of(
     blocks: &Blocks,
     names: &mut Vec<String>,
+    python: &[bool],
     edges: impl Iterator<Item = (u32, u32, bool)>,
-) -> Vec<u32> {
+) -> (Vec<u32>, Vec<Owner>) {
     let own: Vec<u32> = (0..blocks.len() as u32)
         .map(|block| blocks.shape(block).type_id)
         .collect();
@@ -58,6 +60,17 @@ pub fn types_of(
             .and_modify(|best| *best = (*best).min(candidate))
             .or_insert(candidate);
     }
+    let is_python = |type_id: u32| python.get(type_id as usize).copied().unwrap_or(false);
+    let mut owners: Vec<Owner> = own
+        .iter()
+        .map(|&type_id| {
+            if type_id != NO_TYPE && is_python(type_id) {
+                Owner::PythonObject
+            } else {
+                Owner::Unknown
+            }
+        })
+        .collect();
     let mut data_of: HashMap<u32, u32> = HashMap::new();
     let mut types = own.clone();
     for (target, (_, source)) in owner {
@@ -67,8 +80,11 @@ pub fn types_of(
             names.len() as u32 - 1
         });
         types[target as usize] = id;
+        if is_python(owner_type) {
+            owners[target as usize] = Owner::PythonData;
+        }
     }
-    types
+    (types, owners)
 }
 
 /// The census of the untraced blocks: by type (`types`, `names`), each
@@ -156,7 +172,10 @@ mod tests {
             (0, 4, true),
             (5, 4, false),
         ];
-        let types = types_of(&blocks, &mut names, edges.into_iter());
+        let (types, owners) = types_of(&blocks, &mut names, &[true, true], edges.into_iter());
+        assert_eq!(owners[0], Owner::PythonObject);
+        assert_eq!(owners[2], Owner::PythonData);
+        assert_eq!(owners[4], Owner::Unknown);
         let name = |block: usize| names.get(types[block] as usize).map(String::as_str);
         assert_eq!(name(0), Some("numpy.ndarray"));
         assert_eq!(name(2), Some("data of numpy.ndarray"));

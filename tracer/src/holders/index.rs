@@ -6,7 +6,19 @@
 //! few, are searched in a list of their own. The page table costs 4 bytes
 //! per page of small blocks (and of the gaps of at most 16 pages a span
 //! bridges), not per page of address space.
-use super::blocks::Block;
+
+/// Where a block lies: what the lookups read, 16 bytes a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub address: u64,
+    pub size: u64,
+}
+
+impl Extent {
+    pub fn end(&self) -> u64 {
+        self.address.saturating_add(self.size)
+    }
+}
 
 const PAGE_SHIFT: u32 = 12;
 /// Blocks at least this large are looked up in their own list.
@@ -31,13 +43,13 @@ fn page_of(address: u64) -> u64 {
 }
 
 /// The page after the one `block`'s last byte lies in.
-fn end_page(block: &Block) -> u64 {
+fn end_page(block: &Extent) -> u64 {
     page_of(block.end() - 1) + 1
 }
 
 impl PageIndex {
     /// Indexes `blocks` (sorted by address, disjoint, none empty).
-    pub fn new(blocks: &[Block]) -> PageIndex {
+    pub fn new(blocks: &[Extent]) -> PageIndex {
         let mut index = PageIndex::default();
         let small: Vec<usize> = (0..blocks.len())
             .filter(|&position| blocks[position].size < LARGE_BYTES)
@@ -75,7 +87,7 @@ impl PageIndex {
 
     /// The index of the block that holds `address`, if any.
     #[inline]
-    pub fn find(&self, blocks: &[Block], address: u64) -> Option<usize> {
+    pub fn find(&self, blocks: &[Extent], address: u64) -> Option<usize> {
         let page = page_of(address);
         let span = self.spans.partition_point(|&(_, end, _)| end <= page);
         if let Some(&(start, _, offset)) = self.spans.get(span)
@@ -105,7 +117,6 @@ impl PageIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::holders::blocks::Origin;
 
     #[test]
     fn finds_the_block_of_every_address_as_a_search_does() {
@@ -114,10 +125,13 @@ mod tests {
         let mut blocks = Vec::new();
         let mut address = 0x10_0000u64;
         for size in [16u64, 16, 48, 4000, 9000, 100, 70_000, 32, 1 << 20, 64] {
-            blocks.push(Block::untraced(address, size, Origin::HeapChunk));
+            blocks.push(Extent { address, size });
             address += size + if size == 100 { 0x40_0000 } else { 32 };
         }
-        blocks.push(Block::untraced(address + 0x3000, 16, Origin::HeapChunk));
+        blocks.push(Extent {
+            address: address + 0x3000,
+            size: 16,
+        });
         let index = PageIndex::new(&blocks);
         let search = |value: u64| {
             let after = blocks.partition_point(|block| block.address <= value);

@@ -35,9 +35,6 @@ const ALIGNMENT: u64 = 16;
 const SIZE_CLASSES: u32 = 32;
 /// More arenas than any process has (1 MiB each: 16 TiB).
 const MAX_ARENA_INDEX: u32 = 1 << 24;
-/// The most untraced objects added to one scan's graph: about 90 bytes of
-/// tracer memory each, their pointers included (docs/holders.md).
-pub const MAX_OBJECTS: usize = 1 << 20;
 
 /// The live blocks of the pools found, and what finding them took.
 #[derive(Default)]
@@ -47,7 +44,8 @@ pub struct Found {
     pub pools: u64,
     /// Headers that looked right whose free list did not agree.
     pub pools_rejected: u64,
-    /// Live objects past MAX_OBJECTS, not added.
+    /// Live objects of the pools past the cap, not added (their pools
+    /// stay untraced memory).
     pub objects_left_out: u64,
     pub bytes_read: u64,
     /// The pools parsed, (start, end) in address order: their memory
@@ -143,19 +141,20 @@ impl Header {
 
 /// Finds the pools in the anonymous mappings of `regions` outside
 /// `traced` blocks and the `skip` ranges (sorted: a parsed heap) and
-/// returns their live blocks (at most MAX_OBJECTS).
+/// returns their live blocks, whole pools up to `limit` blocks.
 pub fn find(
     pid: u32,
     regions: &[Region],
     traced: &Blocks,
     skip: &[(u64, u64)],
     globals: &Globals,
+    limit: usize,
 ) -> Found {
     let mut found = Found::default();
     let pools = find_pools(pid, regions, traced, skip, globals, &mut found);
     let mut buffer = vec![0u8; POOL_BYTES[0] as usize];
     for (pool, pool_bytes, header) in pools {
-        if found.blocks.len() >= MAX_OBJECTS {
+        if found.blocks.len() + header.count() as usize > limit {
             found.objects_left_out += header.count();
             continue;
         }
@@ -167,16 +166,17 @@ pub fn find(
             continue;
         }
         match live_blocks(pool, bytes, globals, pool_bytes) {
+            Some(live) if found.blocks.len() + live.len() > limit => {
+                found.objects_left_out += live.len() as u64;
+            }
             Some(live) => {
                 found.pools += 1;
                 found.ranges.push((pool, pool + pool_bytes));
                 for address in live {
                     let block =
                         Block::untraced(address, header.block_bytes(), Origin::PymallocObject);
-                    if !overlaps(traced, &block) && found.blocks.len() < MAX_OBJECTS {
+                    if !overlaps(traced, &block) {
                         found.blocks.push(block);
-                    } else if found.blocks.len() >= MAX_OBJECTS {
-                        found.objects_left_out += 1;
                     }
                 }
             }

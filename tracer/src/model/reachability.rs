@@ -3,10 +3,11 @@
 //! scan. Pure data; `holders` computes it, `output` renders it.
 
 /// What holds a block: another traced block, a global, a thread.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HolderKind {
     /// A traced live block, named by its stack's site label.
+    #[default]
     Block,
     /// A module's global, named `SYMBOL in MODULE` (`data of MODULE`
     /// where no symbol covers the word).
@@ -61,18 +62,61 @@ pub struct Reachability {
     pub reachable_blocks: u64,
     /// Direct holders, most bytes first.
     pub held_by: Vec<Holder>,
-    /// The shortest chain from one of the stack's blocks to a root, the
-    /// stack's own block first, the root last; empty when none is reached.
+    /// The chain from one of the stack's blocks to the root that holds
+    /// most of them, the stack's own block first, the root last; empty
+    /// when none is reached (`paths[0].steps`).
     pub path_to_root: Vec<PathStep>,
+    /// The distinct roots that hold the stack's blocks, up to three, each
+    /// with its chain and the bytes whose preferred chain ends there.
+    pub paths: Vec<RootPath>,
+    /// Globals that reach the first chain's objects without owning them.
+    pub non_owning: Vec<Registry>,
+}
+
+/// One root that holds a stack's blocks, and the chain to it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RootPath {
+    pub root: String,
+    pub kind: HolderKind,
+    /// The stack's blocks whose preferred chain ends at this root (each
+    /// block counted under one root: the chains' bytes do not overlap).
+    pub bytes: u64,
+    pub blocks: u64,
+    /// Steps of the chain whose ownership is unknown (a C or C++ pointer;
+    /// a Python reference, counted by its object, owns).
+    pub unowned_steps: u32,
+    /// The stack's block nearest the root first, the root last.
+    pub steps: Vec<PathStep>,
+    /// Where tracer could not follow the chain on (untraced memory no
+    /// parsed allocator explains), and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+}
+
+/// A global that reaches an object of a chain without owning it: a
+/// registry of live objects (a map whose entries point at objects held
+/// elsewhere).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Registry {
+    pub root: String,
+    /// The chain's object its entry points at, and the entry.
+    pub points_at: String,
+    pub via: String,
+    pub note: String,
 }
 
 /// What one scan of a process read and found, and what it cost.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct HoldersScan {
     pub pid: u32,
-    /// Seconds to read the kernel's LIVE table, then to scan and walk.
+    /// Seconds to read the kernel's LIVE table, then to scan and walk
+    /// (the modules' symbols and the heap's parse first), and the CPU
+    /// seconds of both passes.
     pub live_read_seconds: f64,
     pub seconds: f64,
+    pub globals_seconds: f64,
+    pub heap_seconds: f64,
+    pub cpu_seconds: f64,
     /// Bytes read from the target's writable mappings, and the bytes of
     /// those mappings that could not be read (guard pages).
     pub bytes_read: u64,
@@ -150,6 +194,9 @@ pub struct HeapParse {
     pub chunks_in_use: u64,
     pub untraced_chunks: u64,
     pub untraced_chunk_bytes: u64,
+    /// Untraced chunks past the scan's cap on untraced blocks: left out,
+    /// with the arena memory after the first of them (untraced memory).
+    pub chunks_left_out: u64,
     /// Free chunks in the bins (the next chunk says so), and their bytes.
     pub free_chunks: u64,
     pub free_bytes: u64,

@@ -52,8 +52,15 @@ const OTHER_ALLOCATORS: [(&str, &str); 3] = [
 ];
 
 /// Reads the heap of `pid` (`regions`, its modules in `globals`) outside
-/// the `traced` blocks.
-pub fn find(pid: u32, regions: &[Region], traced: &Blocks, globals: &Globals) -> Heap {
+/// the `traced` blocks, at most `limit` untraced blocks (the chunks past
+/// it, and the heap after the first of them, stay untraced memory).
+pub fn find(
+    pid: u32,
+    regions: &[Region],
+    traced: &Blocks,
+    globals: &Globals,
+    limit: usize,
+) -> Heap {
     let mut heap = Heap::default();
     if let Some(name) = other_allocator(pid, globals) {
         heap.parse.not_parsed = Some(format!("heap before attach not parsed for {name}"));
@@ -101,6 +108,7 @@ pub fn find(pid: u32, regions: &[Region], traced: &Blocks, globals: &Globals) ->
     chunks.in_use.sort_unstable();
     let free = free::find(pid, &glibc, &arenas, &chunks.in_use);
     let metadata: HashSet<u64> = free.tcaches.iter().copied().collect();
+    let mut left_out_from = u64::MAX;
     for &(chunk, size) in &chunks.in_use {
         if free.chunks.contains(&chunk) || metadata.contains(&chunk) {
             continue;
@@ -110,9 +118,15 @@ pub fn find(pid: u32, regions: &[Region], traced: &Blocks, globals: &Globals) ->
             size - CHUNK_HEADER_BYTES / 2,
             Origin::HeapChunk,
         );
-        if !overlaps(traced, &block) {
-            heap.blocks.push(block);
+        if overlaps(traced, &block) {
+            continue;
         }
+        if heap.blocks.len() == limit {
+            heap.parse.chunks_left_out += 1;
+            left_out_from = left_out_from.min(chunk);
+            continue;
+        }
+        heap.blocks.push(block);
     }
     let heaps: Vec<(u64, u64)> = sorted(
         arenas
@@ -121,7 +135,12 @@ pub fn find(pid: u32, regions: &[Region], traced: &Blocks, globals: &Globals) ->
             .map(|arena_heap| (arena_heap.start, arena_heap.end))
             .collect(),
     );
-    let mapped = mmapped::find(pid, &joined, traced, &heaps, globals);
+    let mut mapped = mmapped::find(pid, &joined, traced, &heaps, globals);
+    let room = limit - heap.blocks.len();
+    if mapped.chunks.len() > room {
+        heap.parse.chunks_left_out += (mapped.chunks.len() - room) as u64;
+        mapped.chunks.truncate(room);
+    }
     for &(chunk, size) in &mapped.chunks {
         heap.blocks.push(Block::untraced(
             chunk + CHUNK_HEADER_BYTES,
@@ -129,11 +148,13 @@ pub fn find(pid: u32, regions: &[Region], traced: &Blocks, globals: &Globals) ->
             Origin::MmappedChunk,
         ));
     }
+    // The arenas' memory from the first chunk left out on is no longer
+    // known whole: untraced memory again.
+    let arena_parsed = chunks.parsed.iter().filter_map(|&(start, end)| {
+        (start < left_out_from).then_some((start, end.min(left_out_from)))
+    });
     heap.parsed = sorted(
-        chunks
-            .parsed
-            .iter()
-            .copied()
+        arena_parsed
             .chain(
                 mapped
                     .chunks

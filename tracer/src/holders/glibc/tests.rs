@@ -114,13 +114,19 @@ fn kept_blocks_are_chunks_in_use_and_freed_ones_are_not() {
     let pid = child as u32;
     let regions = memory::regions(pid).unwrap();
     let globals = Globals::load(pid, &regions);
-    let heap = find(pid, &regions, &Blocks::new(Vec::new()), &globals);
+    let heap = find(
+        pid,
+        &regions,
+        &Blocks::new(Vec::new()),
+        &globals,
+        usize::MAX,
+    );
     assert_eq!(heap.parse.not_parsed, None, "{:?}", heap.parse);
     let found = Blocks::new(heap.blocks.clone());
     let block_at = |address: u64| {
         found
             .find(address)
-            .map(|hit| *found.get(hit.block))
+            .map(|hit| found.get(hit.block))
             .filter(|block| block.address == address)
     };
     // A freed block's memory may be handed out again to a later one.

@@ -155,6 +155,36 @@ pub fn stack_lines(stack: &StackReport, lines: &mut Vec<String>) {
             path_words(&reachability.path_to_root)
         ));
     }
+    path_lines(reachability, lines);
+}
+
+/// The other roots' chains, where a chain stops and why, and the
+/// registries that reach the first chain's objects without owning them.
+fn path_lines(reachability: &Reachability, lines: &mut Vec<String>) {
+    let several = reachability.paths.len() > 1;
+    for (index, path) in reachability.paths.iter().enumerate() {
+        let only = format!(
+            "{} in {} block{}",
+            human_bytes(path.bytes as f64),
+            path.blocks,
+            if path.blocks == 1 { "" } else { "s" }
+        );
+        if index > 0 {
+            lines.push(format!(
+                "    also held from {} ({only} only it explains): {}",
+                path.root,
+                path_words(&path.steps)
+            ));
+        } else if several {
+            lines.push(format!("    ({only} of them held from {})", path.root));
+        }
+        if let Some(stopped) = &path.stopped {
+            lines.push(format!("      the chain stops at {stopped}"));
+        }
+    }
+    for registry in &reachability.non_owning {
+        lines.push(format!("    {}: {}", registry.root, registry.note));
+    }
 }
 
 fn counts(reachability: &Reachability) -> String {
