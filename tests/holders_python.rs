@@ -90,11 +90,13 @@ impl CopiesLeak {
     }
 }
 
-/// The type names of a path's typed steps, in order (numpy's static type
-/// is named with its module, as in tp_name: the module left out).
+/// The type names of a path's Python objects, in order (numpy's static
+/// type is named with its module, as in tp_name: the module left out; a
+/// buffer named after its owner, `data of dict`, is no object).
 fn typed_steps(path: &[Value]) -> Vec<&str> {
     path.iter()
         .filter_map(|step| step["type_name"].as_str())
+        .filter(|name| !name.starts_with("data of "))
         .map(|name| name.rsplit('.').next().unwrap_or(name))
         .collect()
 }
@@ -123,7 +125,11 @@ fn the_path_from_a_leaked_numpy_copy_names_the_finalize_chain_by_type() {
     let truth = leak.chain();
     assert_eq!(truth.last(), Some(&"dict"), "{answer}");
     let path = reachability["path_to_root"].as_array().expect("a path");
-    assert!(path[0]["type_name"].is_null(), "the buffer: {}", path[0]);
+    assert_eq!(
+        path[0]["type_name"], "data of numpy.ndarray",
+        "the buffer: {}",
+        path[0]
+    );
     // What held the copies' arrays, for a failure's message.
     let arrays: Vec<&Value> = leak
         .at_copy_site("python-object")
@@ -224,4 +230,63 @@ fn without_python_objects_the_path_goes_on_through_pymalloc_objects_to_a_global(
         int(scan, "python_objects") > 10_000,
         "named by type: {scan}"
     );
+}
+
+/// Attached after the leak happened: the trackers, their arrays and the
+/// arrays' buffers made before attach are chunks of a thread's glibc arena
+/// and pymalloc objects tracer has no record of, counted in the census by
+/// type, each type with the root that holds most of it (the interpreter,
+/// through weakref.finalize's registry); the leak's next trackers, made
+/// after attach, have their chain through the registry as before.
+#[test]
+fn a_finalize_leak_made_before_attach_is_counted_by_type_with_its_root() {
+    let leak = trace_copies_leak(
+        "finalize_registry.py",
+        Some(&format!("leak {TRACKERS}")),
+        &[],
+        "leak 2",
+    );
+    let (traced, answer) = (&leak.traced, &leak.answer);
+    assert_eq!(field(answer, "copies"), TRACKERS + 2, "{answer}");
+    let scan = &traced.report.json["holders_scans"][0];
+    let census = &scan["before_attach"];
+    let row = |type_name: &str| {
+        census["by_type"]
+            .as_array()
+            .expect("by_type")
+            .iter()
+            .find(|row| row["type"] == type_name)
+            .unwrap_or_else(|| panic!("no {type_name} in {census:#}"))
+    };
+    const RUNTIME: &str = "_PyRuntime in libpython3.11.so.1.0";
+    // Each tracker made before attach: an array and its copy, their
+    // buffers (ELEMENTS float64s each) named after them.
+    let buffers = row("data of numpy.ndarray");
+    let per_buffer = field(answer, "copies_bytes") / (TRACKERS + 2);
+    assert!(int(buffers, "blocks") >= 2 * TRACKERS, "{buffers}");
+    assert!(
+        int(buffers, "bytes") >= 2 * TRACKERS * per_buffer,
+        "{buffers}"
+    );
+    assert_eq!(buffers["root"], RUNTIME, "{buffers}");
+    for (type_name, at_least) in [
+        ("numpy.ndarray", 2 * TRACKERS),
+        ("Tracker", TRACKERS),
+        ("_Info", TRACKERS),
+    ] {
+        let objects = row(type_name);
+        assert!(int(objects, "blocks") >= at_least, "{objects}");
+        assert_eq!(objects["root"], RUNTIME, "{objects}");
+    }
+    let text = &traced.output.stdout;
+    assert!(
+        text.contains(&format!("data of numpy.ndarray, held from {RUNTIME}")),
+        "{text}"
+    );
+
+    // The trackers made since: their copies' chain is the fixture's own.
+    let reachability = leak.copies_reachability();
+    let path = reachability["path_to_root"].as_array().expect("a path");
+    assert_eq!(typed_steps(path), leak.chain(), "path: {path:#?}");
+    assert_eq!(path.last().unwrap()["name"], RUNTIME, "{path:#?}");
 }

@@ -426,9 +426,11 @@ struct RecordArgs {
     /// vtable's class). Reads the writable mappings, blocked threads' stacks and
     /// registers with process_vm_readv; never stops, writes or signals the
     /// target. Conservative (an integer that looks like a pointer holds a
-    /// block); memory allocated before attach is an untraced holder named
-    /// by its mapping, except CPython's small objects, found from
-    /// pymalloc's pool headers (at most 1 Mi); the target runs on, so it is a best-effort snapshot
+    /// block); memory allocated before attach is read as glibc's malloc
+    /// and CPython's pymalloc see it (their objects, at most 4 Mi, become
+    /// untraced blocks, counted by type in the "before attach" census;
+    /// free chunks hold nothing), else it is an untraced holder named by
+    /// its mapping; the target runs on, so it is a best-effort snapshot
     /// (read twice: the report counts the blocks the rescan classes
     /// otherwise). Cost (`cargo xtask bench`), per GiB read in 500 k
     /// blocks: 1.2 s reading LIVE, 1.6 s a pass (two passes), 74 MiB of

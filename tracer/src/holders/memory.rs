@@ -62,6 +62,27 @@ fn parse_region(line: &str) -> Option<Region> {
     })
 }
 
+/// `regions` with neighbours of one name and the same permissions joined:
+/// the kernel splits one mapping in several (transparent huge pages,
+/// madvise), `[heap]` among them, where a chunk runs across the seams.
+pub fn joined(regions: &[Region]) -> Vec<Region> {
+    let mut joined: Vec<Region> = Vec::with_capacity(regions.len());
+    for region in regions {
+        match joined.last_mut() {
+            Some(last)
+                if last.end == region.start
+                    && last.name == region.name
+                    && !region.is_file()
+                    && (last.readable, last.writable) == (region.readable, region.writable) =>
+            {
+                last.end = region.end;
+            }
+            _ => joined.push(region.clone()),
+        }
+    }
+    joined
+}
+
 pub fn regions(pid: u32) -> Result<Vec<Region>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .with_context(|| format!("could not read /proc/{pid}/maps"))?;
@@ -228,6 +249,19 @@ mod tests {
         assert!(!regions[2].scanned(), "read-only");
         assert_eq!(regions[2].name, "");
         assert_eq!(regions[3].bytes(), 0x21000);
+        let split = parse_regions(
+            "55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0 [heap]\n\
+             55d0c0a21000-55d0c0a40000 rw-p 00000000 00:00 0 [heap]\n\
+             55d0c0a40000-55d0c0a50000 rw-p 00000000 00:00 0 \n\
+             55d0c0a50000-55d0c0a60000 rw-p 00000000 00:00 0 \n",
+        );
+        let joined = joined(&split);
+        assert_eq!(joined.len(), 2, "{joined:?}");
+        assert_eq!(
+            (joined[0].start, joined[0].end),
+            (0x55d0c0a00000, 0x55d0c0a40000)
+        );
+        assert_eq!(joined[1].bytes(), 0x20000);
     }
 
     #[test]

@@ -10,13 +10,17 @@ use super::memory::Region;
 use crate::procfs;
 
 /// A mapped ELF object: where it was loaded and its data symbols.
-struct Module {
+pub struct Module {
     /// Its file name (`libc.so.6`).
-    name: String,
+    pub name: String,
+    /// Its path, as the target sees it.
+    pub path: String,
+    /// What its ELF addresses are moved by where it is loaded.
+    pub bias: u64,
     /// Addresses from its first load segment to the end of its last,
     /// `.bss` included (an anonymous mapping after the file's own).
-    start: u64,
-    end: u64,
+    pub start: u64,
+    pub end: u64,
     /// (start, end, name) of each data object, as loaded, sorted.
     symbols: Vec<(u64, u64, String)>,
 }
@@ -49,6 +53,11 @@ impl Globals {
             .collect();
         modules.sort_by_key(|module| module.start);
         Globals { modules }
+    }
+
+    /// The mapped objects, by load address.
+    pub fn modules(&self) -> &[Module] {
+        &self.modules
     }
 
     fn module_at(&self, address: u64) -> Option<&Module> {
@@ -139,6 +148,8 @@ fn load_module(pid: u32, path: &str, first: &Region) -> Option<Module> {
     symbols.dedup_by_key(|(start, _, _)| *start);
     Some(Module {
         name: path.rsplit('/').next().unwrap_or(path).to_owned(),
+        path: path.to_owned(),
+        bias,
         start: first.start,
         end: end.wrapping_add(bias),
         symbols,

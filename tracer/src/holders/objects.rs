@@ -57,6 +57,8 @@ const MAX_REFCOUNT: u64 = 1 << 40;
 #[derive(Default)]
 pub struct Shapes {
     pub names: Vec<String>,
+    /// Per name: whether it is a Python type's (else a C++ class's).
+    pub python: Vec<bool>,
     pub of_block: Vec<Shape>,
     /// Blocks named as a Python object, and as a C++ object.
     pub python_objects: u64,
@@ -78,6 +80,8 @@ struct Reader<'a> {
     types: HashMap<u64, Option<Type>>,
     names: Vec<String>,
     by_name: HashMap<String, u32>,
+    /// The ids of Python types' names.
+    python_ids: Vec<u32>,
 }
 
 /// Reads the start of every block of `pid`, IOVECS blocks per system
@@ -90,6 +94,7 @@ pub fn read(pid: u32, blocks: &Blocks, globals: &Globals) -> Shapes {
         types: HashMap::new(),
         names: Vec::new(),
         by_name: HashMap::new(),
+        python_ids: Vec::new(),
     };
     let mut shapes = Shapes {
         of_block: Vec::with_capacity(blocks.len()),
@@ -121,6 +126,10 @@ pub fn read(pid: u32, blocks: &Blocks, globals: &Globals) -> Shapes {
             };
             shapes.of_block.push(shape);
         }
+    }
+    shapes.python = vec![false; reader.names.len()];
+    for type_id in reader.python_ids {
+        shapes.python[type_id as usize] = true;
     }
     shapes.names = reader.names;
     shapes
@@ -212,7 +221,11 @@ impl Reader<'_> {
         }
         let name = self.read_name(word(&bytes, TP_NAME as usize)?)?;
         Some(Type {
-            id: self.intern(name),
+            id: {
+                let id = self.intern(name);
+                self.python_ids.push(id);
+                id
+            },
             flags,
         })
     }

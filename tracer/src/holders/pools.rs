@@ -20,7 +20,7 @@
 //! walked, leaves exactly `ref.count` live blocks: random memory, and a
 //! pool that changed while read, are left out (counted).
 use super::{
-    blocks::{Block, Blocks, UNTRACED_KEY},
+    blocks::{Block, Blocks, Origin},
     memory::{self, Region},
     names::Globals,
 };
@@ -35,9 +35,6 @@ const ALIGNMENT: u64 = 16;
 const SIZE_CLASSES: u32 = 32;
 /// More arenas than any process has (1 MiB each: 16 TiB).
 const MAX_ARENA_INDEX: u32 = 1 << 24;
-/// The most untraced objects added to one scan's graph: about 90 bytes of
-/// tracer memory each, their pointers included (docs/holders.md).
-pub const MAX_OBJECTS: usize = 1 << 20;
 
 /// The live blocks of the pools found, and what finding them took.
 #[derive(Default)]
@@ -47,9 +44,13 @@ pub struct Found {
     pub pools: u64,
     /// Headers that looked right whose free list did not agree.
     pub pools_rejected: u64,
-    /// Live objects past MAX_OBJECTS, not added.
+    /// Live objects of the pools past the cap, not added (their pools
+    /// stay untraced memory).
     pub objects_left_out: u64,
     pub bytes_read: u64,
+    /// The pools parsed, (start, end) in address order: their memory
+    /// outside live blocks is free blocks and headers.
+    pub ranges: Vec<(u64, u64)>,
 }
 
 /// A pool's header, as read.
@@ -139,13 +140,21 @@ impl Header {
 }
 
 /// Finds the pools in the anonymous mappings of `regions` outside
-/// `traced` blocks and returns their live blocks (at most MAX_OBJECTS).
-pub fn find(pid: u32, regions: &[Region], traced: &Blocks, globals: &Globals) -> Found {
+/// `traced` blocks and the `skip` ranges (sorted: a parsed heap) and
+/// returns their live blocks, whole pools up to `limit` blocks.
+pub fn find(
+    pid: u32,
+    regions: &[Region],
+    traced: &Blocks,
+    skip: &[(u64, u64)],
+    globals: &Globals,
+    limit: usize,
+) -> Found {
     let mut found = Found::default();
-    let pools = find_pools(pid, regions, traced, globals, &mut found);
+    let pools = find_pools(pid, regions, traced, skip, globals, &mut found);
     let mut buffer = vec![0u8; POOL_BYTES[0] as usize];
     for (pool, pool_bytes, header) in pools {
-        if found.blocks.len() >= MAX_OBJECTS {
+        if found.blocks.len() + header.count() as usize > limit {
             found.objects_left_out += header.count();
             continue;
         }
@@ -157,18 +166,17 @@ pub fn find(pid: u32, regions: &[Region], traced: &Blocks, globals: &Globals) ->
             continue;
         }
         match live_blocks(pool, bytes, globals, pool_bytes) {
+            Some(live) if found.blocks.len() + live.len() > limit => {
+                found.objects_left_out += live.len() as u64;
+            }
             Some(live) => {
                 found.pools += 1;
+                found.ranges.push((pool, pool + pool_bytes));
                 for address in live {
-                    let block = Block {
-                        address,
-                        size: header.block_bytes(),
-                        key: UNTRACED_KEY,
-                    };
-                    if !overlaps(traced, &block) && found.blocks.len() < MAX_OBJECTS {
+                    let block =
+                        Block::untraced(address, header.block_bytes(), Origin::PymallocObject);
+                    if !overlaps(traced, &block) {
                         found.blocks.push(block);
-                    } else if found.blocks.len() >= MAX_OBJECTS {
-                        found.objects_left_out += 1;
                     }
                 }
             }
@@ -191,6 +199,7 @@ fn find_pools(
     pid: u32,
     regions: &[Region],
     traced: &Blocks,
+    skip: &[(u64, u64)],
     globals: &Globals,
     found: &mut Found,
 ) -> Vec<(u64, u64, Header)> {
@@ -225,10 +234,18 @@ fn find_pools(
     }) {
         let mut page = region.start.next_multiple_of(PAGE_BYTES);
         while page + POOL_OVERHEAD <= region.end {
-            // Past the traced blocks that cover this page.
+            // Past the traced blocks and skipped ranges that cover this
+            // page.
             let index = traced.first_ending_after(page);
             if index < traced.len() && traced.get(index as u32).address <= page {
                 page = traced.get(index as u32).end().next_multiple_of(PAGE_BYTES);
+                continue;
+            }
+            let index = skip.partition_point(|&(_, end)| end <= page);
+            if let Some(&(start, end)) = skip.get(index)
+                && start <= page
+            {
+                page = end.next_multiple_of(PAGE_BYTES);
                 continue;
             }
             pages.push((page, slot));

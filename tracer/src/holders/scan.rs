@@ -80,11 +80,13 @@ fn owner_of(pid: u32, region: &Region, threads: &[Thread], globals: &Globals) ->
 /// Scans `pid` for pointers into `blocks`: the edges, the roots they come
 /// from, and what was read (in `cost`). Words of a Python object's
 /// collector header, and pointers into one, are links of the collector's
-/// lists, and a weak reference's referent keeps nothing alive: counted,
-/// left out.
+/// lists, a weak reference's referent keeps nothing alive, and a word in
+/// a `parsed` range (sorted) outside blocks is free memory or allocator
+/// data: counted, left out.
 pub fn scan(
     pid: u32,
     blocks: &Blocks,
+    parsed: &[(u64, u64)],
     globals: &Globals,
     cost: &mut HoldersScan,
 ) -> anyhow::Result<(Graph, Roots)> {
@@ -112,6 +114,7 @@ pub fn scan(
         let mut region_root: Option<u32> = None;
         let mut last_global: Option<(u64, u64, u32)> = None;
         let mut cursor = blocks.first_ending_after(address);
+        let mut parsed_cursor = parsed.partition_point(|&(_, end)| end <= address);
         while address < region.end {
             let want = ((region.end - address) as usize).min(CHUNK_BYTES);
             let read = memory::read(pid, address, &mut buffer[..want]) & !7;
@@ -154,6 +157,13 @@ pub fn scan(
                     }
                     cursor as Node
                 } else {
+                    while parsed_cursor < parsed.len() && parsed[parsed_cursor].1 <= location {
+                        parsed_cursor += 1;
+                    }
+                    if parsed_cursor < parsed.len() && parsed[parsed_cursor].0 <= location {
+                        cost.free_words += 1;
+                        continue;
+                    }
                     root_base
                         + match &owner {
                             Owner::Module(module) => match last_global {

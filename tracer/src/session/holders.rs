@@ -9,15 +9,17 @@ use crate::{
     output,
 };
 
-/// `--holders`: scans each process a listed stack belongs to (alive at
-/// the end) for pointers to its traced live blocks, and puts what holds
-/// them on the stacks; a process that cannot be scanned is named on stderr.
+/// `--holders`: scans each traced process (alive at the end) for pointers
+/// to its traced live blocks, puts what holds them on its listed stacks,
+/// and says what it held before attach (even with no stack listed: an
+/// engineer may attach at the peak, when nothing new is allocated); a
+/// process that cannot be scanned is named on stderr.
 pub fn add_holders(
     collector: &mut Collector,
     report: &mut output::Report,
     config: &crate::config::Config,
 ) {
-    let mut pids: Vec<u32> = report
+    let listed: Vec<u32> = report
         .stacks
         .iter()
         .chain(&report.suspected_leaks)
@@ -25,30 +27,20 @@ pub fn add_holders(
         .chain(report.suspected_leak_groups.iter().map(|group| &group.sum))
         .map(|stack| stack.pid)
         .collect();
+    let mut pids: Vec<u32> = listed
+        .iter()
+        .copied()
+        .chain(report.targets.iter().map(|target| target.target.pid))
+        .collect();
     pids.sort_unstable();
     pids.dedup();
     for pid in pids {
         if !crate::procfs::is_alive(pid) {
-            eprintln!("tracer: PID {pid} exited: no holders to scan for");
+            if listed.contains(&pid) {
+                eprintln!("tracer: PID {pid} exited: no holders to scan for");
+            }
             continue;
         }
-        let started = Instant::now();
-        let scan = collector.live_blocks(pid).and_then(|live| {
-            let live_read_seconds = started.elapsed().as_secs_f64();
-            let mut scan = holders::scan(pid, live.blocks, live.gone)?;
-            scan.cost.live_read_seconds = live_read_seconds;
-            Ok(scan)
-        });
-        let mut scan = match scan {
-            Ok(scan) => scan,
-            Err(error) => {
-                eprintln!(
-                    "tracer: PID {pid}: could not scan for holders: {}",
-                    error::one_line(&error)
-                );
-                continue;
-            }
-        };
         // Each listed stack with the ids it stands for: its own and those
         // merged into it for equal frames, or a site group's members.
         let (stacks, members): (Vec<&mut output::StackReport>, Vec<Vec<u32>>) = report
@@ -83,6 +75,18 @@ pub fn add_holders(
                     .collect()
             })
             .collect();
+        let started = Instant::now();
+        let live = match collector.live_blocks(pid) {
+            Ok(live) => live,
+            Err(error) => {
+                eprintln!(
+                    "tracer: PID {pid}: could not scan for holders: {}",
+                    error::one_line(&error)
+                );
+                continue;
+            }
+        };
+        let live_read_seconds = started.elapsed().as_secs_f64();
         let mut label = |key: &StackKey| {
             let frames = output::trim_allocator_frames(collector.frames(key));
             output::site(&frames, &config.wrappers).map_or_else(
@@ -90,18 +94,29 @@ pub fn add_holders(
                 |site| site.label,
             )
         };
-        let found = scan.reachability(&groups, &mut label);
+        let (found, mut cost) =
+            match holders::scan(pid, live.blocks, live.gone, &groups, &mut label) {
+                Ok(scanned) => scanned,
+                Err(error) => {
+                    eprintln!(
+                        "tracer: PID {pid}: could not scan for holders: {}",
+                        error::one_line(&error)
+                    );
+                    continue;
+                }
+            };
+        cost.live_read_seconds = live_read_seconds;
         for (stack, reachability) in stacks.into_iter().zip(found) {
             stack.reachability = Some(reachability);
         }
         eprintln!(
             "tracer: PID {pid}: scanned {} MiB for holders of {} blocks in {:.2} s \
              (LIVE read in {:.2} s)",
-            scan.cost.bytes_read >> 20,
-            scan.cost.blocks,
-            scan.cost.seconds,
-            scan.cost.live_read_seconds
+            cost.bytes_read >> 20,
+            cost.blocks,
+            cost.seconds,
+            cost.live_read_seconds
         );
-        report.holders_scans.push(std::mem::take(&mut scan.cost));
+        report.holders_scans.push(cost);
     }
 }

@@ -1,14 +1,94 @@
 //! The lines of `record --holders`: what each scan read, and under a
 //! stack what nothing reaches, who holds the rest, and its chain to a root.
-use crate::model::reachability::{HolderKind, HoldersScan, PathStep, Reachability};
+use crate::model::reachability::{
+    BeforeAttach, HeapParse, HolderKind, HoldersScan, PathStep, Reachability,
+};
 use crate::output::{Report, StackReport, human_bytes};
 
 /// Holders named on a stack's "held by" line.
 const HOLDERS_SHOWN: usize = 4;
 
-/// One line per scan, under the run's totals.
+/// Types named in a scan's "before attach" section.
+const TYPES_SHOWN: usize = 8;
+
+/// Per scan, under the run's totals: what it read, the heap as its
+/// allocator sees it, and what the process held before tracer attached.
 pub fn scan_lines(report: &Report) -> Vec<String> {
-    report.holders_scans.iter().map(scan_line).collect()
+    let mut lines = Vec::new();
+    for scan in &report.holders_scans {
+        lines.push(scan_line(scan));
+        lines.push(heap_line(scan.pid, &scan.heap));
+        census_lines(scan.pid, &scan.before_attach, &mut lines);
+    }
+    lines
+}
+
+fn heap_line(pid: u32, heap: &HeapParse) -> String {
+    if let Some(reason) = &heap.not_parsed {
+        return format!("heap of PID {pid}: {reason}");
+    }
+    let unparsed = if heap.unparsed_bytes > 0 {
+        format!(
+            "; {} left unparsed after {} headers that changed while read",
+            human_bytes(heap.unparsed_bytes as f64),
+            heap.resyncs
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "heap of PID {pid}: {}, {} arenas: {} chunks in use, {} of them ({}) not traced; \
+         free: {} chunks ({}) in bins, {} in {} tcaches, {} in fastbins (free memory holds \
+         nothing); {} chunks mapped on their own ({}) not traced{unparsed}",
+        heap.allocator,
+        heap.arenas,
+        heap.chunks_in_use,
+        heap.untraced_chunks,
+        human_bytes(heap.untraced_chunk_bytes as f64),
+        heap.free_chunks,
+        human_bytes(heap.free_bytes as f64),
+        heap.tcache_chunks,
+        heap.tcaches,
+        heap.fastbin_chunks,
+        heap.mmapped_chunks,
+        human_bytes(heap.mmapped_chunk_bytes as f64),
+    )
+}
+
+/// "before attach: 612 MiB in 1.9 M blocks", then its largest types.
+fn census_lines(pid: u32, census: &BeforeAttach, lines: &mut Vec<String>) {
+    lines.push(format!(
+        "before attach (PID {pid}): {} in {} blocks tracer has no record of{}",
+        human_bytes(census.bytes as f64),
+        census.blocks,
+        if census.by_type.is_empty() {
+            ""
+        } else {
+            ", by type:"
+        }
+    ));
+    for row in census.by_type.iter().take(TYPES_SHOWN) {
+        let held = if row.root == "unreachable" {
+            "nothing holds most of it".to_owned()
+        } else {
+            format!("held from {}", row.root)
+        };
+        lines.push(format!(
+            "    {} in {} block{}: {}, {held}",
+            human_bytes(row.bytes as f64),
+            row.blocks,
+            if row.blocks == 1 { "" } else { "s" },
+            row.type_name,
+        ));
+    }
+    if census.by_type.len() > TYPES_SHOWN {
+        let rest = &census.by_type[TYPES_SHOWN..];
+        lines.push(format!(
+            "    {} in {} more types",
+            human_bytes(rest.iter().map(|row| row.bytes).sum::<u64>() as f64),
+            rest.len()
+        ));
+    }
 }
 
 fn scan_line(scan: &HoldersScan) -> String {
@@ -74,6 +154,36 @@ pub fn stack_lines(stack: &StackReport, lines: &mut Vec<String>) {
             "    path to root: {}",
             path_words(&reachability.path_to_root)
         ));
+    }
+    path_lines(reachability, lines);
+}
+
+/// The other roots' chains, where a chain stops and why, and the
+/// registries that reach the first chain's objects without owning them.
+fn path_lines(reachability: &Reachability, lines: &mut Vec<String>) {
+    let several = reachability.paths.len() > 1;
+    for (index, path) in reachability.paths.iter().enumerate() {
+        let only = format!(
+            "{} in {} block{}",
+            human_bytes(path.bytes as f64),
+            path.blocks,
+            if path.blocks == 1 { "" } else { "s" }
+        );
+        if index > 0 {
+            lines.push(format!(
+                "    also held from {} ({only} only it explains): {}",
+                path.root,
+                path_words(&path.steps)
+            ));
+        } else if several {
+            lines.push(format!("    ({only} of them held from {})", path.root));
+        }
+        if let Some(stopped) = &path.stopped {
+            lines.push(format!("      the chain stops at {stopped}"));
+        }
+    }
+    for registry in &reachability.non_owning {
+        lines.push(format!("    {}: {}", registry.root, registry.note));
     }
 }
 
