@@ -362,7 +362,7 @@ struct TargetArgs {
 }
 
 /// `--python`'s long help.
-const PYTHON_HELP: &str = "Python frames in every stack of a CPython target (3.10 to 3.13, as a \
+const PYTHON_HELP: &str = "Python frames in every stack of a CPython target (3.9 to 3.13, as a \
     `python3.X` executable or a `libpython3.X.so`): each native _PyEval_EvalFrameDefault frame \
     is replaced by the Python functions it ran, with their file and line, read by the kernel \
     at each recorded allocation from the thread's interpreter frames (one read per Python \
