@@ -151,6 +151,10 @@ fn static_binary_alone_in_an_empty_root_names_the_leak() {
         output.stdout.contains("leak_here (leaky.c:"),
         "the text report names the leak's function and line: {output}"
     );
+    assert!(
+        !output.stderr.contains("SCHED_FIFO refused"),
+        "the static build raises the library hooker's priority as the glibc one does: {output}"
+    );
 }
 
 /// The wheel, installed offline into a fresh venv of Debian's python3.11,
