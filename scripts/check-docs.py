@@ -29,6 +29,16 @@ REWORDED = {
     "flags, configs), attach (load the eBPF object, choose": "docs/development.md",
     # "below" was the README's order; now a link to performance.md.
     "scraped every second; see Performance below).": "docs/fleets.md",
+    # Issue 39: CPython 3.9 (Debian 11's) is read too.
+    "For a target running CPython 3.10, 3.11, 3.12 or 3.13 (a `python3.X` executable with libpython linked in, as Debian's, or a `libpython3.X.so`), every stack names the Python functions that made the allocation, with their file and line (`--python auto`, the default; the attach line says `Python frames on (PID N CPython 3.11.2)` or `no CPython found: native frames only`):": "docs/python.md",
+    "`--python on`: an error when the target runs no CPython tracer can read. 3.10, 3.11 and 3.12 use offset tables shipped with tracer; 3.13 reads every offset from the `_Py_DebugOffsets` at the start of `_PyRuntime` (cookie `xdebugpy`).": "docs/python.md",
+    "Other versions (3.9 and older, 3.14) are reported once as unknown layouts (native frames as before).": "docs/python.md",
+    "Each table is unit-tested against the bytes of a real code object, frame and thread state of its version (`scripts/python-layout-dump.py`), and each line-table decoder against real `co_linetable` bytes.": "docs/python.md",
+    # Issue 39: `cargo xtask dist` joined the list; the DaemonSet's image is
+    # the dist's Containerfile.
+    "`cargo xtask setup` does the installing alone (`--dry-run` shows what it would do), `cargo xtask build` builds `target/release/tracer`, `cargo xtask bench` measures the overhead (see Performance), and `cargo xtask lint` runs clippy and rustfmt.": "README Set-up",
+    "image: registry.example.com/tracer:0.1.0 # tracer in a small image": "docs/fleets.md",
+    "xtask/ cargo xtask: setup, build, demo, test, bench, soak, lint": "docs/development.md",
 }
 
 

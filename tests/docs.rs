@@ -20,6 +20,13 @@ const FOREIGN: &[(&str, &[&str])] = &[
     ("--pause-ms", &["torch_models.py"]),
     ("--only-keep-debug", &["objcopy"]),
     ("--lib", &["cargo test"]),
+    ("--test", &["xtask"]),
+    ("--no-index", &["pip install"]),
+    ("--rm", &["podman run"]),
+    ("--privileged", &["podman run"]),
+    ("--profile", &["kubectl debug"]),
+    ("--image", &["kubectl debug"]),
+    ("--target", &["kubectl debug"]),
 ];
 /// Lines either side of a foreign flag searched for its program's name.
 const FOREIGN_WINDOW: usize = 3;

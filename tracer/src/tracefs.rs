@@ -41,10 +41,14 @@ pub fn mmap_offsets() -> Result<MmapOffsets> {
 
 /// Where tracefs is mounted: its usual place, or under debugfs.
 fn mount_point() -> Option<&'static Path> {
+    mounted_at().map(Path::new)
+}
+
+/// [`mount_point`], as text (`tracer --version`).
+pub fn mounted_at() -> Option<&'static str> {
     [TRACEFS_DIR, DEBUGFS_TRACING_DIR]
         .into_iter()
-        .map(Path::new)
-        .find(|path| path.join("events").is_dir())
+        .find(|path| Path::new(path).join("events").is_dir())
 }
 
 /// Mounts tracefs at /sys/kernel/tracing unless it (or the older debugfs

@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's tasks, so that a fresh machine needs one
-//! command for each: `setup`, `build`, `demo`, `test`, `bench`, `lint`.
+//! command for each: `setup`, `build`, `dist`, `demo`, `test`, `bench`,
+//! `lint`.
 //!
 //! Every external command is printed before it runs, and a failure ends the
 //! task with one line that names the command.
@@ -13,11 +14,13 @@ mod bench_real;
 mod bench_runs;
 mod bench_torch;
 mod demo;
+mod dist;
 mod fixture_process;
 mod fixtures;
 mod setup;
 mod shell;
 mod soak;
+mod userland;
 mod venvs;
 
 use std::path::{Path, PathBuf};
@@ -52,6 +55,17 @@ enum Task {
     },
     /// Setup, then build the release tracer (eBPF included)
     Build,
+    /// Install the toolchain and dist's tools, then write what users
+    /// install to target/dist/: the static tracer (musl, eBPF inside), its
+    /// Python wheel, man pages, bash/zsh/fish completions and a
+    /// Containerfile
+    Dist {
+        /// Then make the Debian 11 root (debootstrap, once) and run
+        /// tests/dist.rs on what was written (not in `cargo xtask test`:
+        /// minutes on a fresh machine)
+        #[arg(long)]
+        test: bool,
+    },
     /// Set up only what the demo needs (toolchain, tracefs, gcc, the leaky
     /// fixture), build, then trace the leaking fixture for 5 s and print the
     /// report
@@ -62,7 +76,8 @@ enum Task {
     },
     /// Setup, then run every test and the short benchmark; arguments go to
     /// `cargo test` (the benchmark is then left out), and those after a
-    /// second `--` to the test binaries
+    /// second `--` to the test binaries. The tests of `cargo xtask dist`'s
+    /// files are listed as ignored: `cargo xtask dist --test` runs them
     Test {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -128,6 +143,18 @@ fn run(task: Task) -> Result<()> {
                 return Ok(());
             }
             demo::demo(&root)
+        }
+        Task::Dist { test: false } => {
+            let mut shell = Shell::new(false);
+            setup::setup_toolchain(&mut shell, &root)?;
+            dist::dist(&shell, &root)
+        }
+        Task::Dist { test: true } => {
+            let shell = setup_shell(&root)?;
+            dist::dist(&shell, &root)?;
+            userland::ensure_debian11(&shell, &root)?;
+            let args = ["-p", "tracer", "--test", "dist", "--", "--include-ignored"];
+            test(&shell, &args.map(str::to_owned))
         }
         Task::Test { args } => {
             let shell = setup_shell(&root)?;

@@ -44,6 +44,16 @@ pub fn setup_demo(shell: &mut Shell, root: &Path) -> Result<Option<BpfLinkerInst
     Ok(linker)
 }
 
+/// What building tracer needs and nothing more (`cargo xtask dist`): the
+/// nightly toolchain and bpf-linker, installed once this returns.
+pub fn setup_toolchain(shell: &mut Shell, root: &Path) -> Result<()> {
+    ensure_nightly_rust_src(shell)?;
+    match ensure_bpf_linker(shell, root)? {
+        Some(install) => install.wait(),
+        None => Ok(()),
+    }
+}
+
 /// bpf-linker being built by `cargo install` in the background, its output
 /// in a log file. While it builds, a marker file exists: tracer's build
 /// script waits for it to go (`TRACER_BPF_LINKER_PENDING`), so that the
@@ -365,6 +375,38 @@ pub fn setup_ml(shell: &mut Shell, root: &Path) -> Result<()> {
         venv.ensure(shell, root)?;
     }
     Ok(())
+}
+
+/// Debian's python3.11: its venv module makes maturin's environment
+/// (`cargo xtask dist`) and the wheel test's.
+pub const DEBIAN_PYTHON: &str = "/usr/bin/python3.11";
+
+/// What `cargo xtask dist` and its tests need, by a file each package
+/// installs: musl-gcc and the gcc it wraps (tracer links mimalloc, a C
+/// library, built for musl too), Debian's python3.11 venv module, and
+/// debootstrap (the Debian 11 userland of tests/dist.rs).
+const DIST_PACKAGE_FILES: [(&str, &str); 4] = [
+    ("/usr/bin/musl-gcc", "musl-tools"),
+    ("/usr/bin/x86_64-linux-gnu-gcc", "gcc"),
+    (
+        "/usr/lib/python3.11/ensurepip/__init__.py",
+        "python3.11-venv",
+    ),
+    ("/usr/sbin/debootstrap", "debootstrap"),
+];
+
+pub fn ensure_dist_packages(shell: &Shell) -> Result<()> {
+    let missing: Vec<&str> = DIST_PACKAGE_FILES
+        .iter()
+        .filter(|(file, _)| !Path::new(file).exists())
+        .map(|&(_, package)| package)
+        .collect();
+    if missing.is_empty() {
+        eprintln!("xtask: musl-gcc, gcc, python3.11's venv, debootstrap: present");
+        return Ok(());
+    }
+    shell.run(apt_get(shell).arg("update"))?;
+    shell.run(apt_get(shell).args(["install", "-y"]).args(&missing))
 }
 
 /// The demo's packages, by the command each provides: gcc for its fixture.

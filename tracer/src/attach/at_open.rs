@@ -466,11 +466,23 @@ impl Hooker {
 /// work (the target's own threads included), for the fraction of a
 /// millisecond hooking takes. The target is not stopped: its threads on
 /// other CPUs go on, and one that shares the CPU waits as it would for any
-/// other task.
+/// other task. The system call itself: musl's `sched_setscheduler` (the
+/// static build, `cargo xtask dist`) fails with ENOSYS by design.
 fn raise_priority() -> std::io::Result<()> {
-    let parameters = libc::sched_param { sched_priority: 1 };
+    // SAFETY: sched_param is plain integers; musl's has more fields than
+    // glibc's, all zero here.
+    let mut parameters: libc::sched_param = unsafe { std::mem::zeroed() };
+    parameters.sched_priority = 1;
     // SAFETY: pid 0 is the calling thread; `parameters` is valid.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &parameters) } != 0 {
+    let status = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setscheduler,
+            0,
+            libc::SCHED_FIFO,
+            &raw const parameters,
+        )
+    };
+    if status != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())

@@ -59,7 +59,7 @@ use links::TracepointLink;
 pub use load::{AttachTimes, Capacity, Rings, Sampling};
 use load::{load_error, program};
 pub use maps::KernelMaps;
-pub use preflight::{check_kernel, check_privileges, check_target};
+pub use preflight::{KernelFeatures, check_kernel, check_privileges, check_target};
 pub use python::PythonObjectHooks;
 use raw::RawPrograms;
 pub use stack_maps::StackMaps;

@@ -52,6 +52,107 @@ pub fn check_kernel() -> Result<()> {
     Ok(())
 }
 
+/// What this kernel offers tracer, as `tracer --version` prints it: a
+/// copied binary meets kernels of every age, and which of its paths it
+/// takes there is the first thing to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelFeatures {
+    /// `uname -r`.
+    pub release: String,
+    /// /sys/kernel/btf/vmlinux (needed).
+    pub btf: bool,
+    /// The uprobe perf event source (needed).
+    pub uprobes: bool,
+    /// uprobe_multi links (Linux 6.6+; else one perf event per probe).
+    pub uprobe_multi: bool,
+    /// uprobe session programs (Linux 6.13+; else entry and return probes).
+    pub uprobe_session: bool,
+    /// Where tracefs is mounted, if it is.
+    pub tracefs: Option<&'static str>,
+    /// Root, or CAP_BPF and CAP_PERFMON.
+    pub privileged: bool,
+}
+
+impl KernelFeatures {
+    /// Looks, without loading anything: the link kinds are named in the
+    /// kernel's own BTF (enum bpf_attach_type), so a kernel that lists
+    /// them knows them (tracer still falls back if a load fails).
+    pub fn detect() -> Self {
+        let btf = fs::read("/sys/kernel/btf/vmlinux").ok();
+        let names = |name: &str| {
+            btf.as_deref().is_some_and(|bytes| {
+                let needle = [name.as_bytes(), b"\0"].concat();
+                bytes.windows(needle.len()).any(|window| window == needle)
+            })
+        };
+        Self {
+            release: fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(
+                |_| "unknown".to_owned(),
+                |release| release.trim().to_owned(),
+            ),
+            btf: btf.is_some(),
+            uprobes: Path::new("/sys/bus/event_source/devices/uprobe/type").exists(),
+            uprobe_multi: names("BPF_TRACE_UPROBE_MULTI"),
+            uprobe_session: names("BPF_TRACE_UPROBE_SESSION"),
+            tracefs: crate::tracefs::mounted_at(),
+            privileged: check_privileges().is_ok(),
+        }
+    }
+}
+
+impl std::fmt::Display for KernelFeatures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let yes = |found: bool, missing: &'static str| if found { "yes" } else { missing };
+        writeln!(f, "kernel: Linux {}", self.release)?;
+        writeln!(
+            f,
+            "  BTF (/sys/kernel/btf/vmlinux): {}",
+            yes(
+                self.btf,
+                "NO: tracer cannot run (needs CONFIG_DEBUG_INFO_BTF)"
+            )
+        )?;
+        writeln!(
+            f,
+            "  uprobes: {}",
+            yes(
+                self.uprobes,
+                "NO: tracer cannot run (needs CONFIG_UPROBE_EVENTS)"
+            )
+        )?;
+        writeln!(
+            f,
+            "  uprobe_multi links (6.6+): {}",
+            yes(
+                self.uprobe_multi,
+                "no: one perf event per probe (slower attach and exit)"
+            )
+        )?;
+        writeln!(
+            f,
+            "  uprobe sessions (6.13+): {}",
+            yes(
+                self.uprobe_session,
+                "no: an entry and a return probe on every call"
+            )
+        )?;
+        writeln!(
+            f,
+            "  tracefs: {}",
+            self.tracefs
+                .unwrap_or("not mounted (tracer mounts it at /sys/kernel/tracing as root)")
+        )?;
+        write!(
+            f,
+            "  privileges: {}",
+            yes(
+                self.privileged,
+                "missing: run as root (or with CAP_BPF and CAP_PERFMON)"
+            )
+        )
+    }
+}
+
 /// Fails with a clear reason unless `pid` is a live user-space process.
 pub fn check_target(pid: u32) -> Result<()> {
     match procfs::state(pid) {

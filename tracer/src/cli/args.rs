@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use self::convert::{config_of, report_config};
 use super::{
     Parsed,
+    generate::{GenerateArgs, generate},
     help::{ABOUT, COMM_HELP, EXIT_CODES, LISTEN_HELP, LONG_ABOUT, SAMPLING_HELP, UNWIND_HELP},
     values::{parse_duration, parse_interval, parse_kind, parse_ring_kib, parse_time},
 };
@@ -55,6 +56,8 @@ enum Verb {
     /// the live run's --svg does.
     #[command(after_help = EXIT_CODES)]
     Plot(PlotArgs),
+    /// Write tracer's man pages or its bash, zsh or fish completions.
+    Generate(GenerateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -362,7 +365,7 @@ struct TargetArgs {
 }
 
 /// `--python`'s long help.
-const PYTHON_HELP: &str = "Python frames in every stack of a CPython target (3.10 to 3.13, as a \
+const PYTHON_HELP: &str = "Python frames in every stack of a CPython target (3.9 to 3.13, as a \
     `python3.X` executable or a `libpython3.X.so`): each native _PyEval_EvalFrameDefault frame \
     is replaced by the Python functions it ran, with their file and line, read by the kernel \
     at each recorded allocation from the thread's interpreter frames (one read per Python \
@@ -485,6 +488,9 @@ impl Cli {
                 },
                 with_return: !args.entry_only,
             })),
+            Verb::Generate(args) => {
+                generate(&args, <Cli as clap::CommandFactory>::command()).map(Parsed::Print)
+            }
         }
     }
 }

@@ -2,10 +2,12 @@
 //! configs the rest of tracer is given (`crate::config`). Usage errors
 //! become one line, exit code 2. Nothing below cli names it.
 mod args;
+mod generate;
 mod help;
 #[cfg(test)]
 mod tests;
 mod values;
+mod version;
 
 use std::ffi::OsString;
 
@@ -28,7 +30,8 @@ pub enum Parsed {
     Print(String),
 }
 
-/// Parses the arguments. Help and version are returned as text; usage
+/// Parses the arguments. Help, version, man pages and completions are
+/// returned as text; usage
 /// errors become a one-line error with exit code 2.
 pub fn parse(arguments: impl IntoIterator<Item = OsString>) -> Result<Parsed> {
     let cli = match args::Cli::try_parse_from(arguments) {
@@ -36,9 +39,8 @@ pub fn parse(arguments: impl IntoIterator<Item = OsString>) -> Result<Parsed> {
         Err(error) => {
             use clap::error::ErrorKind;
             return match error.kind() {
-                ErrorKind::DisplayHelp
-                | ErrorKind::DisplayVersion
-                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                ErrorKind::DisplayVersion => Ok(Parsed::Print(version::version_text())),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
                     Ok(Parsed::Print(error.render().to_string()))
                 }
                 _ => Err(fatal(ExitCode::Usage, usage_line(&error))),

@@ -1,6 +1,8 @@
 //! Where each CPython version keeps what tracer reads, in bytes, for
-//! x86-64 release builds: tables for 3.10, 3.11 and 3.12, and 3.13's read
-//! from the `_Py_DebugOffsets` at the start of its `_PyRuntime`. 3.10 is
+//! x86-64 release builds: tables for 3.9, 3.10, 3.11 and 3.12, and 3.13's
+//! read from the `_Py_DebugOffsets` at the start of its `_PyRuntime`. 3.9
+//! is from the v3.9.2 headers, each offset found again with ctypes in
+//! Debian 11's python3.9 (3.9.2; tests/dist.rs traces it). 3.10 is
 //! from the v3.10.13 headers (Include/internal/pycore_runtime.h,
 //! pycore_interp.h, Include/cpython/pystate.h, frameobject.h, code.h) and
 //! checked on pyenv's 3.10.13 (each offset found again in a live process
@@ -51,6 +53,19 @@ pub struct Layout {
     /// an evaluation runs (3.12+), not flagged Python frames (3.11).
     pub entry_is_shim: bool,
 }
+
+/// CPython 3.9 (Debian 11's): 3.10's layout but for `f_lasti`, at 104
+/// (`PyFrameObject` has `f_stacktop` where 3.10 has `f_stackdepth`) and
+/// counted in bytes, and the line table, `co_lnotab` in 3.10's place
+/// (`lines::line_3_9`).
+pub const PYTHON_3_9: Layout = Layout {
+    version: (3, 9),
+    frames: PythonOffsets {
+        frame_instruction: 104,
+        ..PYTHON_3_10.frames
+    },
+    ..PYTHON_3_10
+};
 
 /// CPython 3.10 (v3.10.13 headers; every offset found in pyenv's 3.10.13
 /// with ctypes). Frames are `PyFrameObject`s, each run by its own native
@@ -202,7 +217,7 @@ const THREAD_SEARCH_UNSET: PythonOffsets = PythonOffsets {
 
 /// The layout of a version tracer ships a table for.
 pub fn for_version(major: u8, minor: u8) -> Option<Layout> {
-    [PYTHON_3_10, PYTHON_3_11, PYTHON_3_12]
+    [PYTHON_3_9, PYTHON_3_10, PYTHON_3_11, PYTHON_3_12]
         .into_iter()
         .find(|layout| layout.version == (major, minor))
 }
@@ -429,10 +444,11 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn knows_3_10_3_11_and_3_12() {
+    fn knows_3_9_3_10_3_11_and_3_12() {
+        assert_eq!(for_version(3, 9), Some(PYTHON_3_9));
         assert_eq!(for_version(3, 10), Some(PYTHON_3_10));
         assert_eq!(for_version(3, 11), Some(PYTHON_3_11));
         assert_eq!(for_version(3, 12), Some(PYTHON_3_12));
-        assert_eq!(for_version(3, 9), None);
+        assert_eq!(for_version(3, 8), None);
     }
 }

@@ -1,5 +1,11 @@
 //! The line of an instruction, from a code object's line table.
 //!
+//! CPython 3.9 (Objects/lnotab_notes.txt of 3.9) keeps pairs of bytes in
+//! `co_lnotab`: the bytecode offset's increment (unsigned), then the
+//! line's (signed); an instruction's line is the sum of the line
+//! increments of the pairs whose offsets it has reached, from
+//! `co_firstlineno`.
+//!
 //! CPython 3.10 (Objects/lnotab_notes.txt of 3.10) keeps pairs of bytes in
 //! `co_linetable`: the length in bytes of bytecode of a range (unsigned),
 //! then the line's change from the previous range with a line (signed;
@@ -65,6 +71,21 @@ pub fn line_3_11(table: &[u8], first_line: i64, offset: u64) -> Option<u32> {
         start += units;
     }
     None
+}
+
+/// The line of the instruction at byte `offset` (3.9's `f_lasti` counts
+/// bytes) in a 3.9 `co_lnotab` (CPython 3.9's `PyCode_Addr2Line`).
+pub fn line_3_9(table: &[u8], first_line: i64, offset: u64) -> Option<u32> {
+    let mut line = first_line;
+    let mut address = 0u64;
+    for pair in table.chunks_exact(2) {
+        address += u64::from(pair[0]);
+        if address > offset {
+            break;
+        }
+        line += i64::from(pair[1] as i8);
+    }
+    u32::try_from(line).ok()
 }
 
 /// The line of the instruction at `offset` (in code units, 2 bytes each)
@@ -159,6 +180,25 @@ mod tests {
             );
         }
         assert_eq!(line_3_11(&TABLE_3_11, 1, 15), None, "past the end");
+    }
+
+    /// `co_lnotab` of the same function compiled by Debian 11's python3.9
+    /// (3.9.2), and its `dis.findlinestarts()`: (byte offset, line).
+    const TABLE_3_9: [u8; 12] = [0, 1, 6, 1, 4, 1, 8, 2, 2, 1, 2, 255];
+    const LINE_STARTS_3_9: [(u64, u32); 6] = [(0, 2), (6, 3), (10, 4), (18, 6), (20, 7), (22, 6)];
+    /// `len(co_code)`.
+    const CODE_BYTES_3_9: u64 = 26;
+
+    #[test]
+    fn decodes_a_real_3_9_line_number_table() {
+        for (index, &(start, line)) in LINE_STARTS_3_9.iter().enumerate() {
+            let end = LINE_STARTS_3_9
+                .get(index + 1)
+                .map_or(CODE_BYTES_3_9, |&(next, _)| next);
+            for offset in start..end {
+                assert_eq!(line_3_9(&TABLE_3_9, 1, offset), Some(line), "byte {offset}");
+            }
+        }
     }
 
     /// The same function compiled by pyenv's CPython 3.12.1 and 3.13.0

@@ -132,7 +132,7 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
     };
     let Some(layout) = layout else {
         return Some(Found::Unsupported(format!(
-            "{}: CPython {}.{}.{}, whose layout tracer does not know (it knows 3.10, 3.11, 3.12, \
+            "{}: CPython {}.{}.{}, whose layout tracer does not know (it knows 3.9, 3.10, 3.11, 3.12, \
              and 3.13 from its _Py_DebugOffsets)",
             path.display(),
             version.0,
@@ -526,10 +526,10 @@ impl Stacks {
         match code {
             Some(code) => Frame {
                 function: Some(code.name.clone()),
-                line: if layout.version < (3, 11) {
-                    lines::line_3_10(&code.line_table, code.first_line.into(), offset)
-                } else {
-                    lines::line_3_11(&code.line_table, code.first_line.into(), offset)
+                line: match layout.version {
+                    (3, 9) => lines::line_3_9(&code.line_table, code.first_line.into(), offset),
+                    (3, 10) => lines::line_3_10(&code.line_table, code.first_line.into(), offset),
+                    _ => lines::line_3_11(&code.line_table, code.first_line.into(), offset),
                 },
                 file: Some(code.file),
                 language: Language::Python,
