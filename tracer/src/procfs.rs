@@ -135,6 +135,21 @@ pub fn state(pid: u32) -> Option<char> {
     after_name.trim_start().chars().next()
 }
 
+/// CPU time the process has used, user and system (utime + stime from
+/// /proc/PID/stat, its exited threads included), in ns; None when it is
+/// gone. The kernel counts it in clock ticks (10 ms at the usual 100 Hz).
+pub fn cpu_time_ns(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name: state is field 3, utime 14 and stime 15.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks_per_s = u64::try_from(ticks_per_s).ok().filter(|&ticks| ticks > 0)?;
+    Some((utime + stime) * (1_000_000_000 / ticks_per_s))
+}
+
 /// Resident set size (VmRSS) in bytes, None when the process is gone or
 /// has no memory (a zombie, a kernel thread).
 pub fn rss_bytes(pid: u32) -> Option<u64> {
@@ -266,6 +281,21 @@ mod tests {
         assert!(status.rss_anon_bytes > 0 && status.rss_file_bytes > 0);
         assert!(status.rss_anon_bytes + status.rss_file_bytes <= status.rss_bytes);
         assert_eq!(rss_bytes(u32::MAX - 1), None);
+    }
+
+    #[test]
+    fn cpu_time_of_own_process_grows_with_work() {
+        let before = cpu_time_ns(std::process::id()).expect("own stat");
+        let started = std::time::Instant::now();
+        let mut spin = 0u64;
+        while started.elapsed() < std::time::Duration::from_millis(300) {
+            spin = std::hint::black_box(spin.wrapping_add(1));
+        }
+        let after = cpu_time_ns(std::process::id()).expect("own stat");
+        // 300 ms of wall time spinning: at least a tick of CPU even on a
+        // machine this busy.
+        assert!(after >= before + 10_000_000, "{before} -> {after}");
+        assert_eq!(cpu_time_ns(u32::MAX - 1), None);
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod spawn;
 pub mod symbols;
 pub mod watchdog;
 
+mod cost;
 mod forks;
 mod links;
 mod load;
@@ -31,6 +32,7 @@ mod maps;
 mod preflight;
 mod python;
 mod reports;
+mod trap_cost;
 mod unwind_maps;
 mod unwind_tables;
 mod unwinding;
@@ -223,6 +225,11 @@ pub struct Probes {
     pub pause_at_loader: bool,
     /// Each time a process was held at the loader gate: which, how long.
     pub loader_pauses: Vec<(u32, std::time::Duration)>,
+    /// The kernel's count of each program's runs and run time, on while
+    /// this lives.
+    run_stats: cost::RunStats,
+    /// What a trap costs here (`measure_traps`).
+    trap_measurement: trap_cost::TrapMeasurement,
     /// Outlives tracer (`watchdog.rs`): dropped last.
     _watchdog: Option<watchdog::Watchdog>,
 }

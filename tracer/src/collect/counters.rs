@@ -80,10 +80,12 @@ impl Collector {
         let elapsed_s = self.elapsed_s();
         let stacks = self.stack_counters()?;
         self.read_apis();
+        let stats = self.probes.maps().stats()?;
+        self.observe_cost(stats.clone());
         Ok(Snapshot {
             elapsed_s,
             stacks,
-            stats: self.probes.maps().stats()?,
+            stats,
             rss_bytes: live_pids(&self.watched)
                 .into_iter()
                 .filter_map(|pid| Some((pid, procfs::rss_bytes(pid)?)))

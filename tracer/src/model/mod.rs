@@ -10,6 +10,7 @@
 //! kept as running sums instead of being recomputed from the points.
 
 pub mod allocators;
+pub mod cost;
 #[cfg(test)]
 pub mod fixtures;
 pub mod leak;
