@@ -61,7 +61,7 @@ pub fn cost_advice(cost: &Cost, sampling: &SamplingReport) -> Option<String> {
     Some(match sampling.sample_bytes {
         None => format!(
             "{over}: --sample-bytes 524288 records a sample of the allocations for less \
-             (a call not sampled skips its return probe and stack walk)"
+             (a call not sampled skips the stack walk)"
         ),
         Some(sample_bytes) => format!(
             "{over} even sampled (--sample-bytes {sample_bytes}): what is left is mostly the \
