@@ -135,19 +135,24 @@ pub fn state(pid: u32) -> Option<char> {
     after_name.trim_start().chars().next()
 }
 
-/// CPU time (user and system, all threads, those that ended included)
-/// the process used since it started, in seconds, from /proc/PID/stat;
-/// None when the process is gone.
-pub fn cpu_time_s(pid: u32) -> Option<f64> {
+/// CPU time the process has used, user and system (utime + stime from
+/// /proc/PID/stat, its exited threads included), in ns; None when it is
+/// gone. The kernel counts it in clock ticks (10 ms at the usual 100 Hz).
+pub fn cpu_time_ns(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the parenthesized name: state (field 3) first, utime and
-    // stime are fields 14 and 15, in clock ticks.
+    // After the command name: state is field 3, utime 14 and stime 15.
     let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(11);
-    let user: u64 = fields.next()?.parse().ok()?;
-    let system: u64 = fields.next()?.parse().ok()?;
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
     let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (ticks_per_s > 0).then(|| (user + system) as f64 / ticks_per_s as f64)
+    let ticks_per_s = u64::try_from(ticks_per_s).ok().filter(|&ticks| ticks > 0)?;
+    Some((utime + stime) * (1_000_000_000 / ticks_per_s))
+}
+
+/// [`cpu_time_ns`] in seconds.
+pub fn cpu_time_s(pid: u32) -> Option<f64> {
+    cpu_time_ns(pid).map(|ns| ns as f64 / 1e9)
 }
 
 /// Resident set size (VmRSS) in bytes, None when the process is gone or

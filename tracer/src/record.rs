@@ -13,7 +13,7 @@ use crate::{
     collect::{Collector, Event, StopReason},
     config::{RecordConfig, Targets},
     error,
-    model::Model,
+    model::{Model, cost::Cost},
     output,
     recording::{self, Metadata},
     serve, session,
@@ -121,6 +121,7 @@ async fn collect(
     config: &RecordConfig,
 ) -> Result<StopReason> {
     let mut status_printed_at = Instant::now();
+    let mut cost_was_high = false;
     let mut svg_written_at = Instant::now();
     loop {
         match collector.next().await? {
@@ -142,7 +143,18 @@ async fn collect(
                 }
                 if status_printed_at.elapsed() >= STATUS_EVERY {
                     status_printed_at = Instant::now();
-                    eprintln!("{}", status_line(model));
+                    let cost = collector.cost_lately();
+                    eprintln!("{}", status_line(model, cost.as_ref()));
+                    // Said when the cost goes over the bound, not every line.
+                    let advice = cost.as_ref().and_then(|cost| {
+                        output::text::cost_advice(cost, &collector.probes().sampling_report())
+                    });
+                    if let Some(advice) = &advice
+                        && !cost_was_high
+                    {
+                        eprintln!("tracer: WARNING: {advice}");
+                    }
+                    cost_was_high = advice.is_some();
                 }
                 if let Some(path) = &config.svg_path
                     && svg_written_at.elapsed() >= config.svg_every
@@ -204,10 +216,12 @@ async fn collect(
     }
 }
 
-fn status_line(model: &Model) -> String {
+/// The status line: time, live memory, drops, and what tracer cost the
+/// targets since the last line.
+fn status_line(model: &Model, cost: Option<&Cost>) -> String {
     let totals = output::live_totals(model);
     let drops: u64 = model.drops().iter().map(|(_, count)| count).sum();
-    format!(
+    let mut line = format!(
         "tracer: {:.0} s, {}, {drops} dropped",
         model.window_s(),
         if totals.is_empty() {
@@ -215,7 +229,12 @@ fn status_line(model: &Model) -> String {
         } else {
             totals.join(", ")
         }
-    )
+    );
+    if let Some(cost) = cost {
+        line.push_str("; ");
+        line.push_str(&output::text::cost_rate_line(cost));
+    }
+    line
 }
 
 /// Opens the recording (`-o FILE`), if asked for, with the metadata of the

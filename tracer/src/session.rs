@@ -47,6 +47,8 @@ pub fn attach(config: &Config) -> Result<Collector> {
         follow_forks: config.follow_forks,
     };
     let mut collector = Collector::new(probes, rings, schedule)?;
+    // While the targets are attached: what a trap costs here.
+    collector.probes_mut().measure_traps();
     collector.probes_mut().pause_at_loader = config.loader_pause;
     collector.set_debug_dirs(config.debug_dirs.clone());
     collector.set_python(config.python, config.python_depth, config.python_objects);
@@ -227,7 +229,8 @@ pub fn build_report(
         probes.sampling_report(),
         probes.unwinding_report(&pids),
     );
-    Report::build(ReportInput {
+    let cost = collector.cost_since_attach();
+    let mut report = Report::build(ReportInput {
         model,
         targets: &targets,
         probes: probe_reports,
@@ -249,7 +252,9 @@ pub fn build_report(
         memory_status,
         reaches_entry: &mut |key| collector.reaches_entry(key),
         at_s: None,
-    })
+    });
+    report.cost = cost;
+    report
 }
 
 /// Stacks are merged with every stack of equal frames (`model::merge`)

@@ -24,6 +24,7 @@ pub mod spawn;
 pub mod symbols;
 pub mod watchdog;
 
+mod cost;
 mod forks;
 mod links;
 mod load;
@@ -32,6 +33,7 @@ mod preflight;
 mod python;
 mod reports;
 mod stack_maps;
+mod trap_cost;
 mod unwind_maps;
 mod unwind_tables;
 mod unwinding;
@@ -229,6 +231,11 @@ pub struct Probes {
     pub pause_at_loader: bool,
     /// Each time a process was held at the loader gate: which, how long.
     pub loader_pauses: Vec<(u32, std::time::Duration)>,
+    /// The kernel's count of each program's runs and run time, on while
+    /// this lives.
+    run_stats: cost::RunStats,
+    /// What a trap costs here (`measure_traps`).
+    trap_measurement: trap_cost::TrapMeasurement,
     /// Outlives tracer (`watchdog.rs`): dropped last.
     _watchdog: Option<watchdog::Watchdog>,
 }

@@ -120,6 +120,7 @@ impl Collector {
                 *counter += count;
             }
         }
+        self.observe_cost(stats.clone());
         Ok(Snapshot {
             elapsed_s,
             stacks,

@@ -16,6 +16,7 @@ mod comms;
 mod contexts;
 mod copied;
 mod copy_reader;
+mod cost;
 mod counters;
 mod follow;
 mod frames;
@@ -206,6 +207,8 @@ pub struct Collector {
     comm_watch: Option<CommWatch>,
     /// Python frames (`--python`).
     python: python::PythonState,
+    /// What tracer costs the targets.
+    cost: cost::CostMeter,
 }
 
 impl Collector {
@@ -239,6 +242,7 @@ impl Collector {
             stopped: None,
             comm_watch: None,
             python: python::PythonState::default(),
+            cost: cost::CostMeter::default(),
         })
     }
 
@@ -296,6 +300,9 @@ impl Collector {
     pub fn start(&mut self) -> Instant {
         self.attached_at = Instant::now();
         self.probes.mark_attached(self.attached_at);
+        // A STATS read that fails now fails the first snapshot, which says so.
+        let stats = self.probes.maps().stats().unwrap_or_default();
+        self.observe_cost(stats);
         self.attached_at
     }
 

@@ -11,6 +11,7 @@
 
 pub mod activity;
 pub mod allocators;
+pub mod cost;
 #[cfg(test)]
 pub mod fixtures;
 mod fold;

@@ -43,6 +43,7 @@ mod tests {
         assert_eq!(
             keys(&json),
             [
+                "cost",
                 "drops",
                 "events",
                 "groups",

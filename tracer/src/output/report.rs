@@ -16,6 +16,7 @@ use super::{
 use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, StackSummary, Target,
     Totals,
+    cost::Cost,
     leak::{Confidence, Verdict},
     merge,
     peak::{self, Judgement},
@@ -45,6 +46,9 @@ pub struct Report {
     pub events: BTreeMap<String, u64>,
     pub probes: Vec<ProbeReport>,
     pub sampling: SamplingReport,
+    /// What tracer added to the targets' CPU time over the window, and how
+    /// that was estimated; null in a report read from a recording.
+    pub cost: Option<Cost>,
     /// How stacks were walked; null for recordings made before tracer
     /// could unwind with DWARF.
     pub unwinding: Option<UnwindingReport>,
@@ -311,6 +315,7 @@ impl Report {
             events: by_name(model.events()),
             probes: input.probes,
             sampling: input.sampling,
+            cost: None,
             unwinding: input.unwinding,
             loader_pauses: input.loader_pauses,
             libraries: input

@@ -5,10 +5,13 @@
 
 use super::{Entry, GroupBy, Report, StackReport, human_bytes};
 
+mod cost;
 mod evidence;
 mod frames;
 mod header;
 mod holders;
+
+pub use cost::{cost_advice, cost_line, cost_rate_line};
 
 /// Renders the whole report, one `\n`-terminated line after another.
 pub fn render(report: &Report) -> String {
@@ -339,6 +342,7 @@ mod tests {
             events: BTreeMap::new(),
             probes: Vec::new(),
             sampling: crate::model::run::SamplingReport::exact(),
+            cost: None,
             unwinding: None,
             loader_pauses: Default::default(),
             libraries: Vec::new(),

@@ -19,6 +19,12 @@ pub fn lines(report: &Report) -> Vec<String> {
             }
         }
     }
+    if let Some(cost) = &report.cost
+        && let Some(advice) = super::cost::cost_advice(cost, &report.sampling)
+    {
+        lines.push(format!("WARNING: {}", super::cost::cost_line(cost)));
+        lines.push(format!("  {advice}"));
+    }
     lines.extend(super::evidence::judged_at_lines(report));
     for target in &report.targets {
         if let Some(quality) = target.stack_quality.filter(StackQuality::is_poor) {
@@ -80,6 +86,10 @@ pub fn lines(report: &Report) -> Vec<String> {
          allocations made before attach are not seen",
         report.window_s, report.snapshots, report.interval_ms
     ));
+    if let Some(cost) = &report.cost {
+        lines.push(format!("cost: {}", super::cost::cost_line(cost)));
+        lines.push(super::cost::cost_detail(cost));
+    }
     if let Some(sample_bytes) = report.sampling.sample_bytes {
         lines.push(format!(
             "sampled: one point per {} allocated (--sample-bytes); live bytes are unbiased \
