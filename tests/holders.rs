@@ -168,7 +168,11 @@ fn stack_with<'a>(traced: &'a Traced, function: &str, not: &str) -> &'a Value {
 #[test]
 fn an_unbounded_cpp_map_holds_every_kernel_from_its_global() {
     let mut fixture = Fixture::start("cpp_kernel_cache", &[]);
-    let trace = Record::pid(fixture.pid).args(["--holders"]).attach();
+    // Once every table is in: operator new has no probe of its own, and
+    // a stack walked from malloc by frame pointers before libstdc++'s
+    // table is ready loses its C++ frames.
+    let mut trace = Record::pid(fixture.pid).args(["--holders", "-v"]).attach();
+    trace.wait_tables_ready();
     let loaded = fixture.cmd("load 40");
     std::thread::sleep(std::time::Duration::from_millis(600));
     let traced = trace.stop();
@@ -371,7 +375,12 @@ fn redis_values_are_reachable_and_held_by_its_dict_entries() {
     let server = RedisServer::start();
     let mut client = server.connect().expect("redis listens");
     assert_eq!(pipeline(&mut client, &resp(&["PING"]), 1), "+PONG\r\n");
-    let trace = Record::pid(server.child.id()).args(["--holders"]).attach();
+    // Once every table is in: redis' zmalloc path is walked through
+    // code without frame pointers.
+    let mut trace = Record::pid(server.child.id())
+        .args(["--holders", "-v"])
+        .attach();
+    trace.wait_tables_ready();
     set_keys(&mut client, REDIS_KEYS, REDIS_BATCH);
     assert_eq!(
         pipeline(&mut client, &resp(&["DBSIZE"]), 1),

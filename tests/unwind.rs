@@ -21,8 +21,10 @@ const LAYERS: i64 = 6;
 
 #[test]
 fn cpp_cache_without_frame_pointers_is_unwound_in_the_kernel() {
-    // Default --unwind auto: the executable has no frame pointers.
-    let session = record_with("kernel_cache", &[], &["load 25"]);
+    // Default --unwind auto: the executable has no frame pointers. Once
+    // every table is in: stacks walked before (by frame pointers) lose
+    // their frames in code without them.
+    let session = harness::record_with_tables_ready("kernel_cache", &[], &["load 25"]);
     let report = &session.report;
     let answer = &session.answers[0];
     let kernels = 25 * LAYERS * THREADS;
