@@ -32,6 +32,7 @@ use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Formatter as _, GasFormatter, Instruction,
     InstructionInfoFactory, OpAccess, OpKind, Register,
 };
+use object::{Object as _, ObjectSegment as _};
 
 /// Where a function's probes go, and why there.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -525,6 +526,18 @@ fn format_instruction(instruction: &Instruction) -> String {
     let mut text = String::new();
     formatter.format(instruction, &mut text);
     text
+}
+
+/// Converts a virtual address of the ELF file to a file offset through the
+/// loadable segment that holds it.
+pub fn file_offset(file: &object::File<'_>, address: u64) -> Option<u64> {
+    file.segments().find_map(|segment| {
+        let (offset, size) = segment.file_range();
+        let start = segment.address();
+        (start..start + size)
+            .contains(&address)
+            .then(|| address - start + offset)
+    })
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use anyhow::{Context as _, Result};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use object::Object as _;
 
-use super::{Probes, load::program, nonzero_pid, symbols::file_offset};
+use super::{Probes, load::program, nonzero_pid, prologue::file_offset};
 use crate::error::{ExitCode, fatal};
 
 const GATE_PROGRAM: &str = tracer_ebpf::program::SPAWN_GATE;

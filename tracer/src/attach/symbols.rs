@@ -5,7 +5,7 @@
 use std::{collections::BTreeMap, fs, path::PathBuf};
 
 use anyhow::{Context as _, Result};
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+use object::{Object as _, ObjectSymbol as _, SymbolKind};
 
 use super::{
     cuda::{self, CACHING_ALLOCATOR, CUDA_FUNCTIONS},
@@ -414,7 +414,7 @@ fn function_offsets(
         let Some(&(address, size_bytes)) = addresses.get(function.name) else {
             continue;
         };
-        let Some(offset) = file_offset(&file, address) else {
+        let Some(offset) = prologue::file_offset(&file, address) else {
             continue;
         };
         // CUDA layers stay apart even when one only forwards to the other:
@@ -465,18 +465,6 @@ fn moved_arguments_cookie(moved: &[(usize, iced_x86::Register)]) -> u64 {
             slot << (8 * argument)
         })
         .sum()
-}
-
-/// Converts a virtual address of the ELF file to a file offset through the
-/// loadable segment that holds it.
-pub fn file_offset(file: &object::File<'_>, address: u64) -> Option<u64> {
-    file.segments().find_map(|segment| {
-        let (offset, size) = segment.file_range();
-        let start = segment.address();
-        (start..start + size)
-            .contains(&address)
-            .then(|| address - start + offset)
-    })
 }
 
 #[cfg(test)]
