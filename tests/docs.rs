@@ -18,6 +18,8 @@ const FOREIGN: &[(&str, &[&str])] = &[
     ("--interpreted-frames-native-stack", &["node"]),
     ("--loop", &["torch_models.py"]),
     ("--pause-ms", &["torch_models.py"]),
+    ("--bug", &["s1_export_loop.py"]),
+    ("--ml", &["xtask"]),
     ("--only-keep-debug", &["objcopy"]),
     ("--lib", &["cargo test"]),
     ("--test", &["xtask"]),

@@ -8,17 +8,39 @@ use std::collections::HashSet;
 use super::*;
 use crate::holders::memory;
 
-fn own_process() -> (u32, Vec<Region>, Globals) {
-    let pid = std::process::id();
-    let regions = memory::regions(pid).unwrap();
-    let globals = Globals::load(pid, &regions);
-    (pid, regions, globals)
-}
-
 #[test]
 fn main_arena_is_found_by_shape_where_its_symbol_is() {
-    let kept: Vec<Box<[u8; 64]>> = (0..16).map(|_| Box::new([1u8; 64])).collect();
-    let (pid, regions, globals) = own_process();
+    // On a forked child, waiting: the test process's own arenas are in
+    // use by the other tests' threads while they are read (a lock held,
+    // bins filling), which a target's are not while it waits.
+    let mut pipe = [0; 2];
+    // SAFETY: a pipe, then a fork whose child allocates, says so and waits.
+    let child = unsafe {
+        assert_eq!(libc::pipe(pipe.as_mut_ptr()), 0);
+        libc::fork()
+    };
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        let kept: Vec<Box<[u8; 64]>> = (0..16).map(|_| Box::new([1u8; 64])).collect();
+        std::hint::black_box(&kept);
+        // SAFETY: one byte from a live buffer; the child then only waits.
+        unsafe {
+            libc::write(pipe[1], [1u8].as_ptr().cast(), 1);
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    let _kill = Kill(child);
+    let mut byte = [0u8; 1];
+    // SAFETY: reads one byte into a live buffer.
+    assert_eq!(
+        unsafe { libc::read(pipe[0], byte.as_mut_ptr().cast(), 1) },
+        1
+    );
+    let pid = child as u32;
+    let regions = memory::regions(pid).unwrap();
+    let globals = Globals::load(pid, &regions);
     let libc = globals
         .modules()
         .iter()
@@ -31,7 +53,19 @@ fn main_arena_is_found_by_shape_where_its_symbol_is() {
     if located.found_by == "debug symbols" {
         assert!(located.tcache_key_address.is_some());
     }
-    drop(kept);
+}
+
+/// Kills and reaps a forked child of the test when dropped.
+struct Kill(i32);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        // SAFETY: our own child, killed and reaped.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
+        }
+    }
 }
 
 /// Blocks a forked child of the test keeps and frees, by size: the small
@@ -39,7 +73,9 @@ fn main_arena_is_found_by_shape_where_its_symbol_is() {
 /// them would merge the fastbins' chunks away), larger ones into the bins.
 const SIZES: [usize; 4] = [5000, 2000, 100, 24];
 const PER_SIZE: usize = 40;
-const BIG_BYTES: usize = 1 << 20;
+/// Above glibc's largest mmap threshold (32 MiB; it rises from 128 KiB
+/// with each mmapped chunk freed, as the test process's other tests do).
+const BIG_BYTES: usize = 1 << 26;
 
 /// What the child reports: its big block, then (address, size, kept)
 /// per block, as words on a pipe.
@@ -85,16 +121,6 @@ fn kept_blocks_are_chunks_in_use_and_freed_ones_are_not() {
     assert!(child >= 0, "fork");
     if child == 0 {
         heap_of_a_child(pipe[1]);
-    }
-    struct Kill(i32);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            // SAFETY: our own child, killed and reaped.
-            unsafe {
-                libc::kill(self.0, libc::SIGKILL);
-                libc::waitpid(self.0, std::ptr::null_mut(), 0);
-            }
-        }
     }
     let _kill = Kill(child);
     let mut words = vec![0u64; 1 + 3 * SIZES.len() * PER_SIZE];
