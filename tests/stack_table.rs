@@ -34,9 +34,14 @@ fn distinct_stacks_are_kept_apart(depth: u32) -> Duration {
         serde_json::json!({}),
         "no stack lost to the table: {output}"
     );
-    // Far from full: the report does not tell the user to raise it.
+    // Far from full: the report does not tell the user to raise it (its
+    // one warning may be what tracing this allocation storm costs).
+    let warnings = output
+        .stdout
+        .lines()
+        .filter(|line| line.contains("WARNING") && !line.contains("tracer costs"));
     assert!(
-        !output.stdout.contains("raise --max-stacks") && !output.stdout.contains("WARNING"),
+        !output.stdout.contains("raise --max-stacks") && warnings.count() == 0,
         "{output}"
     );
     assert_eq!(report.total("heap"), grown(&answer), "\n{report}");
