@@ -329,7 +329,16 @@ fn row_5_a_leaking_stack_beside_a_churning_one_at_the_same_site_is_a_leak() {
         let part = &group["growth"]["leaking_part"];
         if !part.is_null() {
             assert_eq!(part["stacks"], 1, "{group:#}");
-            assert_eq!(part["live_bytes"], field(&answer, "kept_bytes"));
+            // The leaking part's bytes are its growth's, at the last
+            // snapshot judged: at most what the fixture kept by the end,
+            // and all of it but the last interval's (at 5 s, 20 of 540
+            // blocks on a loaded machine).
+            let kept = field(&answer, "kept_bytes");
+            let part_bytes = part["live_bytes"].as_i64().expect("live_bytes");
+            assert!(
+                part_bytes <= kept && part_bytes >= kept * 9 / 10,
+                "leaking part {part_bytes} B of {kept} B kept: {group:#}"
+            );
         }
     }
 }
