@@ -273,12 +273,18 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
 }
 
 /// `cargo xtask bench --ml`: the real ML rows alone (`bench_ml`), written
-/// to target/bench/bench-ml.json.
+/// to target/bench/bench-ml.json; BENCH_ML_REPS alternating runs of each
+/// mode (3 unless set: one takes about 5 minutes here).
 pub fn bench_ml_only(root: &Path) -> Result<()> {
     if !is_root() {
         bail!("the benchmark loads eBPF programs: run it as root");
     }
-    let Some(ml) = crate::bench_ml::bench_ml(root, 3)? else {
+    let reps = std::env::var("BENCH_ML_REPS")
+        .ok()
+        .and_then(|reps| reps.parse().ok())
+        .filter(|&reps| reps > 0)
+        .unwrap_or(3);
+    let Some(ml) = crate::bench_ml::bench_ml(root, reps)? else {
         bail!("no ML venv under target/ml: run `cargo xtask setup --ml` first");
     };
     print!("{}", ml.table);

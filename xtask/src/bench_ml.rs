@@ -223,6 +223,16 @@ fn measure(root: &Path, workload: &Workload, mode: Mode) -> Result<Run> {
     })
 }
 
+/// The median, NaN for no values: the modes without a tracer (bare) or
+/// a report (site floor) have none.
+fn median_or_nan(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        f64::NAN
+    } else {
+        median(values)
+    }
+}
+
 fn render(workload: &Workload, runs: &[(Mode, Run)], reps: usize) -> (String, Value) {
     let of = |mode: Mode| {
         runs.iter()
@@ -237,7 +247,7 @@ fn render(workload: &Workload, runs: &[(Mode, Run)], reps: usize) -> (String, Va
         )
     };
     let traced = |mode: Mode, field: &dyn Fn(&Traced) -> f64| {
-        median(
+        median_or_nan(
             &of(mode)
                 .filter_map(|run| run.traced.as_ref().map(field))
                 .collect::<Vec<_>>(),
@@ -263,7 +273,7 @@ fn render(workload: &Workload, runs: &[(Mode, Run)], reps: usize) -> (String, Va
         let added = s - bare;
         let traced_row = mode != Mode::Bare;
         let reported = |field: &dyn Fn(&Value) -> f64| {
-            median(
+            median_or_nan(
                 &of(mode)
                     .filter_map(|run| run.traced.as_ref()?.report.as_ref().map(field))
                     .collect::<Vec<_>>(),
