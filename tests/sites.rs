@@ -70,7 +70,11 @@ fn the_stacks_of_one_site_are_one_entry_with_their_sum_and_count() {
     assert_eq!(group["stack_count"], PATHS, "{group:#}");
     assert_eq!(group["live_bytes"], leaked_bytes, "{group:#}");
     assert_eq!(group["live_allocs"], GROWS * PATHS, "{group:#}");
-    assert_eq!(group["stack_ids"].as_array().unwrap().len() as i64, PATHS);
+    // A stack may have had more than one id in the kernel (walked before
+    // and after its unwind table was in, or evicted and seen again),
+    // joined by its frames.
+    let ids = group["stack_ids"].as_array().unwrap().len() as i64;
+    assert!(ids >= PATHS, "{ids} ids for {PATHS} stacks: {group:#}");
     let leaks = at_tree_leaf(&report, "suspected_leak_groups");
     assert_eq!(leaks.len(), 1, "{output}");
     assert_eq!(leaks[0]["stack_count"], PATHS);
