@@ -53,14 +53,7 @@ impl Mode {
 
     fn tracer_args(self, pid: u32, json: &Path) -> Option<Vec<String>> {
         let pid = pid.to_string();
-        let record = |extra: &[&str]| {
-            let mut args: Vec<String> = ["record", "--pid", &pid, "--json"]
-                .map(str::to_owned)
-                .to_vec();
-            args.push(json.display().to_string());
-            args.extend(extra.iter().map(|arg| (*arg).to_owned()));
-            args
-        };
+        let record = |extra: &[&str]| crate::bench_runs::record_args(&pid, json, extra);
         match self {
             Mode::Bare => None,
             Mode::SiteFloor => Some(

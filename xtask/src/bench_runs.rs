@@ -73,14 +73,7 @@ impl Mode {
     /// Arguments of the tracer for a target PID; None: no tracer.
     pub(crate) fn tracer_args(self, pid: u32, json: &Path) -> Option<Vec<String>> {
         let pid = pid.to_string();
-        let record = |extra: &[&str]| {
-            let mut args: Vec<String> = ["record", "--pid", &pid, "--json"]
-                .map(str::to_owned)
-                .to_vec();
-            args.push(json.display().to_string());
-            args.extend(extra.iter().map(|arg| (*arg).to_owned()));
-            args
-        };
+        let record = |extra: &[&str]| record_args(&pid, json, extra);
         let floor = |sites: &str, extra: &[&str]| {
             let mut args: Vec<String> = ["floor", "--pid", &pid, "--sites", sites]
                 .map(str::to_owned)
@@ -302,6 +295,17 @@ pub(crate) fn median(values: &[f64]) -> f64 {
     } else {
         (sorted[middle - 1] + sorted[middle]) / 2.0
     }
+}
+
+/// `tracer record --pid PID --json JSON EXTRA...`: the arguments of a
+/// traced run of the benchmarks.
+pub(crate) fn record_args(pid: &str, json: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["record", "--pid", pid, "--json"]
+        .map(str::to_owned)
+        .to_vec();
+    args.push(json.display().to_string());
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    args
 }
 
 /// utime + stime of `pid`, in clock ticks.
