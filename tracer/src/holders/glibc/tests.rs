@@ -13,32 +13,24 @@ fn main_arena_is_found_by_shape_where_its_symbol_is() {
     // On a forked child, waiting: the test process's own arenas are in
     // use by the other tests' threads while they are read (a lock held,
     // bins filling), which a target's are not while it waits.
-    let mut pipe = [0; 2];
-    // SAFETY: a pipe, then a fork whose child allocates, says so and waits.
-    let child = unsafe {
-        assert_eq!(libc::pipe(pipe.as_mut_ptr()), 0);
-        libc::fork()
-    };
-    assert!(child >= 0, "fork");
-    if child == 0 {
+    let (child, report) = fork_child(|report| {
         let kept: Vec<Box<[u8; 64]>> = (0..16).map(|_| Box::new([1u8; 64])).collect();
         std::hint::black_box(&kept);
         // SAFETY: one byte from a live buffer; the child then only waits.
         unsafe {
-            libc::write(pipe[1], [1u8].as_ptr().cast(), 1);
+            libc::write(report, [1u8].as_ptr().cast(), 1);
             loop {
                 libc::pause();
             }
         }
-    }
-    let _kill = Kill(child);
+    });
     let mut byte = [0u8; 1];
     // SAFETY: reads one byte into a live buffer.
     assert_eq!(
-        unsafe { libc::read(pipe[0], byte.as_mut_ptr().cast(), 1) },
+        unsafe { libc::read(report, byte.as_mut_ptr().cast(), 1) },
         1
     );
-    let pid = child as u32;
+    let pid = child.0 as u32;
     let regions = memory::regions(pid).unwrap();
     let globals = Globals::load(pid, &regions);
     let libc = globals
@@ -53,6 +45,22 @@ fn main_arena_is_found_by_shape_where_its_symbol_is() {
     if located.found_by == "debug symbols" {
         assert!(located.tcache_key_address.is_some());
     }
+}
+
+/// Forks a child that runs `child` with the write end of a pipe; returns
+/// the child (killed and reaped when dropped) and the read end.
+fn fork_child(child: fn(libc::c_int) -> !) -> (Kill, libc::c_int) {
+    let mut pipe = [0; 2];
+    // SAFETY: a pipe, then a fork whose child runs `child` only.
+    let pid = unsafe {
+        assert_eq!(libc::pipe(pipe.as_mut_ptr()), 0);
+        libc::fork()
+    };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        child(pipe[1]);
+    }
+    (Kill(pid), pipe[0])
 }
 
 /// Kills and reaps a forked child of the test when dropped.
@@ -112,24 +120,14 @@ fn heap_of_a_child(report: libc::c_int) -> ! {
 
 #[test]
 fn kept_blocks_are_chunks_in_use_and_freed_ones_are_not() {
-    let mut pipe = [0; 2];
-    // SAFETY: a pipe, then a fork whose child runs heap_of_a_child only.
-    let child = unsafe {
-        assert_eq!(libc::pipe(pipe.as_mut_ptr()), 0);
-        libc::fork()
-    };
-    assert!(child >= 0, "fork");
-    if child == 0 {
-        heap_of_a_child(pipe[1]);
-    }
-    let _kill = Kill(child);
+    let (child, report) = fork_child(heap_of_a_child);
     let mut words = vec![0u64; 1 + 3 * SIZES.len() * PER_SIZE];
     let mut read = 0;
     while read < words.len() * 8 {
         // SAFETY: reads into the words' own bytes, past those read.
         let got = unsafe {
             libc::read(
-                pipe[0],
+                report,
                 words.as_mut_ptr().cast::<u8>().add(read).cast(),
                 words.len() * 8 - read,
             )
@@ -137,7 +135,7 @@ fn kept_blocks_are_chunks_in_use_and_freed_ones_are_not() {
         assert!(got > 0, "the child's report");
         read += got as usize;
     }
-    let pid = child as u32;
+    let pid = child.0 as u32;
     let regions = memory::regions(pid).unwrap();
     let globals = Globals::load(pid, &regions);
     let heap = find(
