@@ -14,6 +14,7 @@ pub struct Region {
     pub end: u64,
     pub readable: bool,
     pub writable: bool,
+    pub executable: bool,
     pub file_offset: u64,
     /// The path, `[heap]`, `[stack]`, `[anon:NAME]`, or empty (anonymous).
     pub name: String,
@@ -57,6 +58,7 @@ fn parse_region(line: &str) -> Option<Region> {
         end: u64::from_str_radix(end, 16).ok()?,
         readable: perms.first() == Some(&b'r'),
         writable: perms.get(1) == Some(&b'w'),
+        executable: perms.get(2) == Some(&b'x'),
         file_offset,
         name,
     })

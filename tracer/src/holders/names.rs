@@ -35,20 +35,8 @@ impl Globals {
     /// Reads the symbol tables of the objects `regions` maps (through
     /// /proc/PID/root); an object that cannot be read names no symbol.
     pub fn load(pid: u32, regions: &[Region]) -> Globals {
-        let mut first_of: HashMap<&str, &Region> = HashMap::new();
-        for region in regions.iter().filter(|region| region.is_file()) {
-            first_of
-                .entry(region.name.as_str())
-                .and_modify(|first| {
-                    if region.start < first.start {
-                        *first = region;
-                    }
-                })
-                .or_insert(region);
-        }
-        let mut modules: Vec<Module> = first_of
+        let mut modules: Vec<Module> = first_mappings(regions)
             .into_iter()
-            .filter(|(_, region)| region.file_offset == 0)
             .filter_map(|(path, region)| load_module(pid, path, region))
             .collect();
         modules.sort_by_key(|module| module.start);
@@ -109,6 +97,46 @@ impl Globals {
         let (_, _, symbol, _) = self.symbol_range(address)?;
         vtable_class(symbol)
     }
+}
+
+/// Each mapped object's first load segment, by path: the mapping at file
+/// offset 0 that starts its executable mapping's run. A process may also
+/// map a loaded object's file whole and read-only (a profiler, a linker,
+/// tracer's own tests reading libc), below or above the object itself;
+/// that copy is no module. A file mapped without code (data only) is
+/// taken at its lowest mapping at offset 0.
+fn first_mappings(regions: &[Region]) -> Vec<(&str, &Region)> {
+    let mut first_of: HashMap<&str, &Region> = HashMap::new();
+    let mut code_of: HashMap<&str, u64> = HashMap::new();
+    for region in regions.iter().filter(|region| region.is_file()) {
+        if region.executable {
+            code_of
+                .entry(region.name.as_str())
+                .and_modify(|code| *code = (*code).min(region.start))
+                .or_insert(region.start);
+        }
+    }
+    for region in regions
+        .iter()
+        .filter(|region| region.is_file() && region.file_offset == 0)
+    {
+        let code = code_of.get(region.name.as_str()).copied();
+        // Before its code: the nearest such mapping below it wins.
+        let better = |first: &&Region| match code {
+            Some(code) if region.start <= code => first.start > code || region.start > first.start,
+            Some(_) => false,
+            None => region.start < first.start,
+        };
+        first_of
+            .entry(region.name.as_str())
+            .and_modify(|first| {
+                if better(first) {
+                    *first = region;
+                }
+            })
+            .or_insert(region);
+    }
+    first_of.into_iter().collect()
 }
 
 fn load_module(pid: u32, path: &str, first: &Region) -> Option<Module> {
@@ -218,6 +246,36 @@ pub fn mapping_name(region: &Region) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::holders::memory::parse_regions;
+
+    #[test]
+    fn a_loaded_object_is_told_from_a_whole_file_map_of_it() {
+        // libc mapped whole and read-only below and above the loaded one
+        // (an earlier and a later mmap of the file), and a data-only file.
+        let regions = parse_regions(
+            "7f0000000000-7f00001e0000 r--s 00000000 fe:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1000000000-7f1000026000 r--p 00000000 fe:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1000026000-7f100017b000 r-xp 00026000 fe:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f100017b000-7f10001ce000 r--p 0017b000 fe:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f10001d2000-7f10001d4000 rw-p 001d2000 fe:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f2000000000-7f20001e0000 r--p 00000000 fe:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f3000000000-7f3000001000 r--p 00000000 fe:01 13 /data/table.bin
+7f3000004000-7f3000005000 r--p 00000000 fe:01 13 /data/table.bin
+",
+        );
+        let mut firsts: Vec<(&str, u64)> = first_mappings(&regions)
+            .into_iter()
+            .map(|(path, region)| (path, region.start))
+            .collect();
+        firsts.sort();
+        assert_eq!(
+            firsts,
+            [
+                ("/data/table.bin", 0x7f30_0000_0000),
+                ("/usr/lib/x86_64-linux-gnu/libc.so.6", 0x7f10_0000_0000),
+            ]
+        );
+    }
 
     #[test]
     fn demangles_cpp_names_and_keeps_c_names() {

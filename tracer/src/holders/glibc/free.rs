@@ -1,7 +1,8 @@
 //! The free chunks a heap walk cannot tell from used ones: those in a
 //! thread's tcache and in an arena's fastbins (`free` leaves the next
 //! chunk's PREV_INUSE bit set for them). A tcache is a 0x290-byte chunk
-//! (64 counts, 64 list heads) taken as one only when every list, walked
+//! (or 0x2a0: a free chunk 16 bytes larger, handed out whole; 64 counts,
+//! 64 list heads) taken as one only when every list, walked
 //! (links unmangled from 2.32), holds exactly its count of chunks of its
 //! bin's size, each marked with one key (the tcache's own address before
 //! 2.34, a random `tcache_key` from 2.34), and ends there; a fastbin's
@@ -66,7 +67,10 @@ pub fn find(pid: u32, glibc: &Glibc, arenas: &[Arena], in_use: &[(u64, u64)]) ->
         (memory::read(pid, address, &mut bytes) == 8).then(|| u64::from_ne_bytes(bytes))
     });
     for &(chunk, size) in in_use {
-        if size != TCACHE_CHUNK_BYTES {
+        // malloc hands out a free chunk whole when what is left would be
+        // under the minimum (16 bytes): a tcache made from one is 16 bytes
+        // larger (a thread's, made where an earlier thread's was freed).
+        if size != TCACHE_CHUNK_BYTES && size != TCACHE_CHUNK_BYTES + 16 {
             continue;
         }
         let tcache = chunk + CHUNK_HEADER_BYTES;
@@ -207,5 +211,41 @@ mod tests {
         assert_eq!(unmangle(&glibc, link, pointer), pointer);
         assert_eq!(size_of(&[(0x10, 0x20), (0x30, 0x290)], 0x30), Some(0x290));
         assert_eq!(size_of(&[(0x10, 0x20)], 0x20), None);
+    }
+
+    /// A tcache in a 0x2a0-byte chunk (a free chunk 16 bytes larger than
+    /// asked, handed out whole), holding one 32-byte chunk, in this
+    /// process's own memory: found, and its chunk free.
+    #[test]
+    fn a_tcache_in_a_chunk_16_bytes_larger_is_found() {
+        let glibc = Glibc {
+            version: (2, 36),
+            heap_info_bytes: 48,
+            safe_linking: true,
+            main_arena: 0,
+            found_by: "test",
+            tcache_key_address: None,
+        };
+        // Words, so 16-byte alignment is one word off at most.
+        let mut words = vec![0u64; (0x2a0 + 0x40) / 8 + 2];
+        let aligned = (words.as_ptr() as u64).next_multiple_of(16);
+        let skip = ((aligned - words.as_ptr() as u64) / 8) as usize;
+        let heap = &mut words[skip..];
+        let tcache_chunk = aligned;
+        let entry_chunk = aligned + 0x2a0;
+        let entry = entry_chunk + CHUNK_HEADER_BYTES;
+        heap[1] = 0x2a1;
+        // counts[0] = 1 (the first of 64 u16s), entries[0] = entry.
+        heap[2] = 1;
+        heap[2 + 2 * TCACHE_BINS / 8] = entry;
+        heap[0x2a0 / 8 + 1] = 0x21;
+        heap[0x2b0 / 8] = entry >> 12; // the list's end, mangled
+        heap[0x2b0 / 8 + 1] = 0x1234_5678_9abc_def0; // the key
+        let in_use = [(tcache_chunk, 0x2a0), (entry_chunk, 0x20)];
+        let free = find(std::process::id(), &glibc, &[], &in_use);
+        assert_eq!(free.tcaches, [tcache_chunk]);
+        assert_eq!(free.chunks, HashSet::from([entry_chunk]));
+        assert_eq!(free.tcache_chunks, 1);
+        std::hint::black_box(&words);
     }
 }
