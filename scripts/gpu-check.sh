@@ -97,8 +97,10 @@ run_mode() {
         # `import torch` makes about 2 million heap allocations with distinct
         # Python stacks: traced, they fill the stack table (--max-stacks)
         # before the workload starts (seen on an H200: stack_table_full
-        # 1 820 435, the leak counted exactly but without its stack).
-        torch-late) args=(--min-size 1048576) ;;
+        # 1 820 435, the leak counted exactly but without its stack), before
+        # stack eviction. GPU_CHECK_LATE_ARGS replaces these options (set
+        # it empty for tracer's defaults).
+        torch-late) args=(${GPU_CHECK_LATE_ARGS---min-size 1048576}) ;;
     esac
     mkdir -p "$dir"
     echo "gpu-check: == $mode ${env[*]}"
