@@ -57,7 +57,15 @@ pub(crate) fn sample_report(top: usize) -> Report {
 
 /// The sample report with the stacks' frames given by `frames`.
 pub(crate) fn sample_report_with(top: usize, frames: &dyn Fn(&StackKey) -> Vec<Frame>) -> Report {
-    let model = sample_model();
+    report_of(&sample_model(), top, frames)
+}
+
+/// The report of `model` with the sample report's targets and settings.
+pub(crate) fn report_of(
+    model: &Model,
+    top: usize,
+    frames: &dyn Fn(&StackKey) -> Vec<Frame>,
+) -> Report {
     let targets = [
         Target::new(10, "./leak --fast".to_owned()),
         Target {
@@ -66,7 +74,7 @@ pub(crate) fn sample_report_with(top: usize, frames: &dyn Fn(&StackKey) -> Vec<F
         },
     ];
     Report::build(ReportInput {
-        model: &model,
+        model,
         targets: &targets,
         probes: vec![ProbeReport {
             pid: 10,

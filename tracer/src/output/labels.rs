@@ -37,17 +37,21 @@ pub fn distinguishing_frames(entries: &[(&str, &[Frame])]) -> Vec<Option<String>
         })
         .collect();
     let mut through = vec![None; entries.len()];
-    for same in by_label.values().filter(|same| same.len() > 1) {
-        for &entry in same {
+    for same in by_label.values_mut().filter(|same| same.len() > 1) {
+        // Where each leaves the entry it shares the most with: in path
+        // order, that is a neighbour (the longest common start with any
+        // path is with the one sorted next to it), so a label shared by
+        // many stacks costs a sort, not every pair.
+        same.sort_by(|&a, &b| paths[a].cmp(&paths[b]));
+        for (at, &entry) in same.iter().enumerate() {
             let path = &paths[entry];
-            // Where it leaves the entry it shares the most with.
-            let leaves = same
-                .iter()
-                .filter(|&&other| other != entry)
-                .map(|&other| first_difference(path, &paths[other]))
-                .max()
-                .unwrap_or(0);
-            through[entry] = path.get(leaves).cloned();
+            let before = at
+                .checked_sub(1)
+                .map_or(0, |previous| first_difference(path, &paths[same[previous]]));
+            let after = same
+                .get(at + 1)
+                .map_or(0, |&next| first_difference(path, &paths[next]));
+            through[entry] = path.get(before.max(after)).cloned();
         }
     }
     through

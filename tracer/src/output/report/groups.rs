@@ -82,13 +82,15 @@ pub(super) fn site_groups(
     sort_leaks(&mut leaks);
     leaks.truncate(input.top);
     let listed = ranked_lists(input, site_views, &members, judged_elsewhere, leaks);
+    let counts: HashMap<_, usize> = members_of
+        .iter()
+        .map(|(into, members)| ((into.pid, into.kind, into.stack_id.to_raw()), members.len()))
+        .collect();
     let group = |sum: StackReport| {
-        let stack_count = members_of
-            .iter()
-            .find(|(into, _)| {
-                (into.pid, into.kind, into.stack_id.to_raw()) == (sum.pid, sum.kind, sum.stack_id)
-            })
-            .map_or(1, |(_, members)| members.len());
+        let stack_count = counts
+            .get(&(sum.pid, sum.kind, sum.stack_id))
+            .copied()
+            .unwrap_or(1);
         let mut stack_ids = vec![sum.stack_id];
         stack_ids.extend(&sum.merged_stack_ids);
         // A site that leaks in some of its stacks shows the largest of
