@@ -240,6 +240,25 @@ mod tests {
         assert_eq!(model.retiring_count(), 0);
     }
 
+    /// The process's allocation calls, a clock the verdicts judge growth
+    /// against, count the calls of stacks folded away: they never fall.
+    #[test]
+    fn a_process_calls_keep_those_of_its_folded_stacks() {
+        let (leak, temporary) = (heap_key(7, 1), heap_key(7, 2));
+        let mut model = Model::new();
+        push(&mut model, 1.0, &[(temporary, held(5, 5))], &[]);
+        push(
+            &mut model,
+            2.0,
+            &[(temporary, held(0, 5)), (leak, held(1, 1))],
+            &[],
+        );
+        push(&mut model, 3.0, &[(leak, held(9, 9))], &[temporary]);
+        assert_eq!(model.take_folded(), [temporary]);
+        push(&mut model, 4.0, &[(leak, held(10, 10))], &[]);
+        assert_eq!(model.activity(7).process_allocs, [0, 5, 6, 14, 15]);
+    }
+
     #[test]
     fn a_retired_stack_seen_again_is_held_again() {
         let (early, other) = (heap_key(7, 1), heap_key(7, 2));

@@ -469,6 +469,12 @@ impl Model {
             let calls = allocs.entry(key.pid).or_default();
             *calls = calls.wrapping_add(state.latest.alloc_count_total);
         }
+        // The calls of stacks folded away still count: a process's calls
+        // never fall (its work would read as none while stacks retire).
+        for ((pid, _), folded) in &self.folded {
+            let calls = allocs.entry(*pid).or_default();
+            *calls = calls.wrapping_add(folded.counters.alloc_count_total);
+        }
         for (pid, calls) in allocs {
             self.process_allocs
                 .entry(pid)
