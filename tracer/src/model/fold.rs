@@ -187,8 +187,11 @@ mod tests {
         });
     }
 
-    #[test]
-    fn a_stack_that_held_memory_only_long_before_the_peak_is_folded_with_its_totals() {
+    /// A temporary (5 blocks, then none) beside a leak (1 block, then 9):
+    /// the leak grows past what the temporary ever held, the peak is at
+    /// 3 s, and the temporary, retired then, is folded. The model, the
+    /// leak and the temporary.
+    fn temporary_folded_past_the_peak() -> (Model, StackKey, StackKey) {
         let (leak, temporary) = (heap_key(7, 1), heap_key(7, 2));
         let mut model = Model::new();
         push(&mut model, 1.0, &[(temporary, held(5, 5))], &[]);
@@ -198,9 +201,14 @@ mod tests {
             &[(temporary, held(0, 5)), (leak, held(1, 1))],
             &[],
         );
-        // The leak grows past what the temporary ever held: the peak is now.
         push(&mut model, 3.0, &[(leak, held(9, 9))], &[temporary]);
         assert_eq!(model.take_folded(), [temporary]);
+        (model, leak, temporary)
+    }
+
+    #[test]
+    fn a_stack_that_held_memory_only_long_before_the_peak_is_folded_with_its_totals() {
+        let (model, _, temporary) = temporary_folded_past_the_peak();
         assert!(model.series(&temporary).is_none());
         let folded: Vec<_> = model.folded_stacks().collect();
         assert_eq!(
@@ -244,17 +252,7 @@ mod tests {
     /// against, count the calls of stacks folded away: they never fall.
     #[test]
     fn a_process_calls_keep_those_of_its_folded_stacks() {
-        let (leak, temporary) = (heap_key(7, 1), heap_key(7, 2));
-        let mut model = Model::new();
-        push(&mut model, 1.0, &[(temporary, held(5, 5))], &[]);
-        push(
-            &mut model,
-            2.0,
-            &[(temporary, held(0, 5)), (leak, held(1, 1))],
-            &[],
-        );
-        push(&mut model, 3.0, &[(leak, held(9, 9))], &[temporary]);
-        assert_eq!(model.take_folded(), [temporary]);
+        let (mut model, leak, _) = temporary_folded_past_the_peak();
         push(&mut model, 4.0, &[(leak, held(10, 10))], &[]);
         assert_eq!(model.activity(7).process_allocs, [0, 5, 6, 14, 15]);
     }

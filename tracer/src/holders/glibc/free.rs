@@ -194,16 +194,21 @@ fn bin_is_first(bytes: &[u8], bin: usize) -> bool {
 mod tests {
     use super::*;
 
-    #[test]
-    fn links_are_unmangled_from_2_32() {
-        let mut glibc = Glibc {
+    /// glibc 2.36's layout (safe linking, tcache keys), main_arena unknown.
+    fn glibc_2_36() -> Glibc {
+        Glibc {
             version: (2, 36),
             heap_info_bytes: 48,
             safe_linking: true,
             main_arena: 0,
             found_by: "test",
             tcache_key_address: None,
-        };
+        }
+    }
+
+    #[test]
+    fn links_are_unmangled_from_2_32() {
+        let mut glibc = glibc_2_36();
         let link = 0x5555_5555_a2c0u64;
         let pointer = 0x5555_5555_a300u64;
         assert_eq!(unmangle(&glibc, link, (link >> 12) ^ pointer), pointer);
@@ -218,14 +223,7 @@ mod tests {
     /// process's own memory: found, and its chunk free.
     #[test]
     fn a_tcache_in_a_chunk_16_bytes_larger_is_found() {
-        let glibc = Glibc {
-            version: (2, 36),
-            heap_info_bytes: 48,
-            safe_linking: true,
-            main_arena: 0,
-            found_by: "test",
-            tcache_key_address: None,
-        };
+        let glibc = glibc_2_36();
         // Words, so 16-byte alignment is one word off at most.
         let mut words = vec![0u64; (0x2a0 + 0x40) / 8 + 2];
         let aligned = (words.as_ptr() as u64).next_multiple_of(16);
