@@ -363,15 +363,14 @@ fn ranked_lists(
         .into_iter()
         .map(|summary| summary.key)
         .collect();
+    let mut keys: std::collections::HashSet<StackKey> = ranked.iter().copied().collect();
     if judged_elsewhere {
-        let mut seen: std::collections::HashSet<StackKey> = ranked.iter().copied().collect();
         for summary in views.model.top_stacks(input.top) {
-            if seen.insert(summary.key) {
+            if keys.insert(summary.key) {
                 ranked.push(summary.key);
             }
         }
     }
-    let keys = ranked.iter().copied().collect();
     let merged = merged_ids(canonical);
     let stacks = ranked
         .into_iter()
