@@ -14,8 +14,8 @@ use std::collections::HashSet;
 use super::{
     super::memory,
     layout::{
-        self, CHUNK_HEADER_BYTES, FASTBINS, FLAGS, Glibc, MIN_CHUNK_BYTES, STATE_FASTBINS,
-        TCACHE_BINS, TCACHE_BYTES, TCACHE_CHUNK_BYTES,
+        self, ALIGNMENT, CHUNK_HEADER_BYTES, FASTBINS, FLAGS, Glibc, MIN_CHUNK_BYTES,
+        STATE_FASTBINS, TCACHE_BINS, TCACHE_BYTES, TCACHE_CHUNK_BYTES,
     },
     walk::Arena,
 };
@@ -68,9 +68,10 @@ pub fn find(pid: u32, glibc: &Glibc, arenas: &[Arena], in_use: &[(u64, u64)]) ->
     });
     for &(chunk, size) in in_use {
         // malloc hands out a free chunk whole when what is left would be
-        // under the minimum (16 bytes): a tcache made from one is 16 bytes
-        // larger (a thread's, made where an earlier thread's was freed).
-        if size != TCACHE_CHUNK_BYTES && size != TCACHE_CHUNK_BYTES + 16 {
+        // under a chunk's minimum (32 bytes): a tcache made from one is one
+        // alignment unit larger (a thread's, made where an earlier
+        // thread's was freed).
+        if size != TCACHE_CHUNK_BYTES && size != TCACHE_CHUNK_BYTES + ALIGNMENT {
             continue;
         }
         let tcache = chunk + CHUNK_HEADER_BYTES;
