@@ -80,15 +80,17 @@ fn sigkill_leaves_nothing_behind_and_the_target_runs_on() {
     let mut leaky = Fixture::start("leaky", &[]);
     let tracer = Record::pid(leaky.pid).attach().tracer;
     let tracer_pid = tracer.pid();
-    let held = bpf_objects_of(tracer_pid);
+    // What it holds for the trace, as bpftool sees it. Not all of its fds:
+    // the programs that measured the trap cost at start close by
+    // themselves, maybe between the two reads.
+    let held: Vec<String> = bpf_objects_of(tracer_pid)
+        .into_iter()
+        .filter(|id| bpf_object_exists(id))
+        .collect();
     assert!(
         held.iter().any(|id| id.starts_with("prog"))
             && held.iter().any(|id| id.starts_with("link")),
-        "the tracer holds no eBPF programs and links: {held:?}"
-    );
-    assert!(
-        held.iter().all(|id| bpf_object_exists(id)),
-        "bpftool sees {held:?}"
+        "the tracer holds no eBPF programs and links that bpftool sees: {held:?}"
     );
     let output = tracer.stop_with(libc::SIGKILL);
     assert_eq!(output.status.code(), None, "killed by a signal");

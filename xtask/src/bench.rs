@@ -112,6 +112,10 @@ pub(crate) fn machine() -> String {
     format!("{cores} x {cpu}, Linux {}", kernel.trim())
 }
 
+/// Extra runs of exact mode and the naive floor when `--short` finds them
+/// within a tenth of each other.
+const CLOSE_CALL_REPS: usize = 4;
+
 pub fn bench(root: &Path, short: bool) -> Result<()> {
     if !is_root() {
         bail!("the benchmark loads eBPF programs: run it as root");
@@ -151,6 +155,35 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
                 }
                 if mode == Mode::Exact && report.is_some() {
                     exact_report = report;
+                }
+            }
+        }
+    }
+    if short {
+        // Three runs decide the check only when the two modes are apart: on
+        // a ratio within a tenth, four more alternating runs of both, and
+        // the check takes the median of all seven (a fixed number, so a
+        // close call is measured better, not retried until it passes).
+        for workload in workloads {
+            let exact = median(&samples[&(workload, Mode::Exact)]);
+            let naive = median(&samples[&(workload, Mode::NaiveFloor)]);
+            if exact < 0.9 * naive {
+                continue;
+            }
+            eprintln!(
+                "bench: {}: exact {exact:.0} vs naive floor {naive:.0} ns/pair is a close call: {CLOSE_CALL_REPS} more runs of each",
+                workload.name()
+            );
+            for rep in 0..CLOSE_CALL_REPS {
+                for mode in [Mode::Exact, Mode::NaiveFloor] {
+                    let (ns, _) = measure(root, mode, workload, short)?;
+                    eprintln!(
+                        "bench: extra run {}/{CLOSE_CALL_REPS} {:<30} {:<28} {ns:>10.1} ns/pair",
+                        rep + 1,
+                        workload.name(),
+                        mode.name()
+                    );
+                    samples.entry((workload, mode)).or_default().push(ns);
                 }
             }
         }
