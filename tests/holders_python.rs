@@ -259,16 +259,6 @@ fn a_finalize_leak_made_before_attach_is_counted_by_type_with_its_root() {
             .unwrap_or_else(|| panic!("no {type_name} in {census:#}"))
     };
     const RUNTIME: &str = "_PyRuntime in libpython3.11.so.1.0";
-    // The interpreter holds the registry, and so does every Cython
-    // extension module's data (its cached builtins and module dict reach
-    // sys.modules, weakref, the registry through Python objects only):
-    // which of those chains the walk keeps varies from run to run (seen
-    // here: numpy.random's `data of _common.cpython-311-...so`). Any
-    // other root (a thread's stack, untraced memory, none) is wrong.
-    let interpreter = |root: &serde_json::Value| {
-        let root = root.as_str().unwrap_or_default();
-        root == RUNTIME || root.ends_with(".cpython-311-x86_64-linux-gnu.so")
-    };
     // Each tracker made before attach: an array and its copy, their
     // buffers (ELEMENTS float64s each) named after them.
     let buffers = row("data of numpy.ndarray");
@@ -278,7 +268,7 @@ fn a_finalize_leak_made_before_attach_is_counted_by_type_with_its_root() {
         int(buffers, "bytes") >= 2 * TRACKERS * per_buffer,
         "{buffers}"
     );
-    assert!(interpreter(&buffers["root"]), "{buffers}");
+    assert_eq!(buffers["root"], RUNTIME, "{buffers}");
     for (type_name, at_least) in [
         ("numpy.ndarray", 2 * TRACKERS),
         ("Tracker", TRACKERS),
@@ -286,14 +276,11 @@ fn a_finalize_leak_made_before_attach_is_counted_by_type_with_its_root() {
     ] {
         let objects = row(type_name);
         assert!(int(objects, "blocks") >= at_least, "{objects}");
-        assert!(interpreter(&objects["root"]), "{objects}");
+        assert_eq!(objects["root"], RUNTIME, "{objects}");
     }
     let text = &traced.output.stdout;
     assert!(
-        text.contains(&format!(
-            "data of numpy.ndarray, held from {}",
-            buffers["root"].as_str().unwrap_or_default()
-        )),
+        text.contains(&format!("data of numpy.ndarray, held from {RUNTIME}")),
         "{text}"
     );
 
@@ -311,5 +298,5 @@ fn a_finalize_leak_made_before_attach_is_counted_by_type_with_its_root() {
         Some(&"ndarray"),
         "path: {path:#?}"
     );
-    assert!(interpreter(&path.last().unwrap()["name"]), "{path:#?}");
+    assert_eq!(path.last().unwrap()["name"], RUNTIME, "{path:#?}");
 }

@@ -88,6 +88,7 @@ pub fn scan(
     let traced = Blocks::new(blocks);
     let regions = memory::regions(pid)?;
     let globals = names::Globals::load(pid, &regions);
+    let regions = globals.split_at_module_ends(regions);
     let traced_blocks = traced.len() as u64;
     let block_bytes = traced.iter().map(|block| block.size).sum();
     let globals_seconds = started.elapsed().as_secs_f64();

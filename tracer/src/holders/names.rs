@@ -56,6 +56,33 @@ impl Globals {
         (address < module.end).then_some(module)
     }
 
+    /// `regions` with each anonymous one that begins inside a module and
+    /// goes on past its end cut there. A module's `.bss` is an anonymous mapping,
+    /// and the kernel merges an anonymous mapping made right after it (a
+    /// pymalloc arena, a chunk malloc mapped) into the same region: that
+    /// part is no module's data.
+    pub fn split_at_module_ends(&self, regions: Vec<Region>) -> Vec<Region> {
+        let mut split = Vec::with_capacity(regions.len());
+        for region in regions {
+            // The module's last page is its own to the page's end.
+            let end = self
+                .module_at(region.start)
+                .map(|module| module.end.next_multiple_of(4096));
+            match end {
+                Some(end) if end < region.end && region.name.is_empty() => {
+                    let rest = Region {
+                        start: end,
+                        ..region.clone()
+                    };
+                    split.push(Region { end, ..region });
+                    split.push(rest);
+                }
+                _ => split.push(region),
+            }
+        }
+        split
+    }
+
     /// The file name of the module whose load range holds `address`.
     pub fn module_name(&self, address: u64) -> Option<&str> {
         self.module_at(address).map(|module| module.name.as_str())
@@ -274,6 +301,50 @@ mod tests {
                 ("/data/table.bin", 0x7f30_0000_0000),
                 ("/usr/lib/x86_64-linux-gnu/libc.so.6", 0x7f10_0000_0000),
             ]
+        );
+    }
+
+    #[test]
+    fn an_arena_merged_into_a_modules_bss_is_no_module_data() {
+        // libc's `.bss` ends inside the page at 0x..1d4000; a 1 MiB
+        // anonymous mapping made right after it shares its region.
+        let globals = Globals {
+            modules: vec![Module {
+                name: "libc.so.6".to_owned(),
+                path: "/usr/lib/x86_64-linux-gnu/libc.so.6".to_owned(),
+                bias: 0x7f10_0000_0000,
+                start: 0x7f10_0000_0000,
+                end: 0x7f10_001d_4800,
+                symbols: Vec::new(),
+            }],
+        };
+        let regions = parse_regions(
+            "7f1000000000-7f1000026000 r--p 00000000 fe:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f10001d2000-7f10001d4000 rw-p 001d2000 fe:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f10001d4000-7f10002d5000 rw-p 00000000 00:00 0
+7f3000000000-7f3000100000 rw-p 00000000 00:00 0
+",
+        );
+        let split = globals.split_at_module_ends(regions.clone());
+        let spans: Vec<(u64, u64, Option<&str>)> = split
+            .iter()
+            .map(|region| (region.start, region.end, globals.module_name(region.start)))
+            .collect();
+        assert_eq!(
+            spans,
+            [
+                (0x7f10_0000_0000, 0x7f10_0002_6000, Some("libc.so.6")),
+                (0x7f10_001d_2000, 0x7f10_001d_4000, Some("libc.so.6")),
+                (0x7f10_001d_4000, 0x7f10_001d_5000, Some("libc.so.6")),
+                (0x7f10_001d_5000, 0x7f10_002d_5000, None),
+                (0x7f30_0000_0000, 0x7f30_0010_0000, None),
+            ]
+        );
+        assert!(split[3].name.is_empty() && split[3].writable);
+        // A region that is the module's alone is left whole.
+        assert_eq!(
+            globals.split_at_module_ends(regions[..2].to_vec()),
+            regions[..2]
         );
     }
 

@@ -90,7 +90,7 @@ pub fn scan(
     globals: &Globals,
     cost: &mut HoldersScan,
 ) -> anyhow::Result<(Graph, Roots)> {
-    let regions = memory::regions(pid)?;
+    let regions = globals.split_at_module_ends(memory::regions(pid)?);
     let threads = memory::threads(pid);
     cost.threads = threads.len() as u64;
     cost.threads_blocked = threads
