@@ -115,6 +115,49 @@ fn sigkill_leaves_nothing_behind_and_the_target_runs_on() {
     );
 }
 
+/// Starts `leaky` so that it takes `pid`, which must be free: the kernel
+/// hands out the PID after `ns_last_pid`, unless another process forks
+/// first (then it tries again).
+fn leaky_with_pid(pid: u32) -> Option<Fixture> {
+    for _ in 0..100 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", pid - 1))
+            .expect("root writes ns_last_pid");
+        let fixture = Fixture::start("leaky", &[]);
+        if fixture.pid == pid {
+            return Some(fixture);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_target_whose_pid_another_process_takes_has_exited() {
+    let mut leaky = Fixture::start("leaky", &[]);
+    let pid = leaky.pid;
+    let trace = Record::pid(pid).attach();
+    leaky.cmd("leak 11");
+    assert_eq!(leaky.cmd("quit"), "bye");
+    // Reaped at once: the PID is free again within a few ms, before
+    // tracer's next look at the target (a zombie would hold it).
+    drop(leaky);
+    let mut taker = leaky_with_pid(pid).expect("a new process took the target's PID");
+    taker.cmd("leak 5");
+    // The trace ends by itself: its one target exited, whoever has its
+    // PID now.
+    let Traced { report, .. } = trace.wait_exit();
+    let exited = report.target(pid)["exited_after_s"].as_f64();
+    assert!(exited.is_some(), "the target exited: {}", report.json);
+    // What the target leaked, on its own stack (symbolized from what was
+    // read while it lived), and none of the newcomer's blocks or mappings.
+    assert_eq!(report.heap_live_with("leak_here"), leaked(11), "\n{report}");
+    assert_eq!(report.target_total(pid, "heap"), leaked(11), "\n{report}");
+    assert_eq!(
+        field(&taker.cmd("leak 1"), "count"),
+        1,
+        "the newcomer runs on"
+    );
+}
+
 #[test]
 fn target_exit_ends_the_trace_with_a_report() {
     let mut leaky = Fixture::start("leaky", &[]);

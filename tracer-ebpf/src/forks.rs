@@ -15,7 +15,7 @@ use crate::counters::count;
 
 /// Processes whose children are followed.
 #[map]
-static FOLLOWED: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+pub(crate) static FOLLOWED: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
 /// New tasks of followed processes (processes and threads alike: userspace
 /// tells them apart), waiting to be attached.

@@ -42,7 +42,7 @@ const PROT_EXEC: u64 = 4;
 
 /// The processes traced, by tgid (the value is unused).
 #[map]
-static TRACED_TGIDS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+pub(crate) static TRACED_TGIDS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 
 /// Field offsets of `syscalls:sys_enter_mmap`, read from tracefs at load.
 #[unsafe(no_mangle)]

@@ -26,6 +26,8 @@ mod counters;
 #[cfg(target_arch = "bpf")]
 mod events;
 #[cfg(target_arch = "bpf")]
+mod exits;
+#[cfg(target_arch = "bpf")]
 mod floor;
 #[cfg(target_arch = "bpf")]
 mod forks;

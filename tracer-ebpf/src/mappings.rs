@@ -47,7 +47,7 @@ static SYSCALL_FIELD_OFFSETS: Global<SyscallFieldOffsets> = Global::new(SyscallF
 
 /// The traced processes (tgid -> 1), filled by userspace.
 #[map]
-static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+pub(crate) static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 
 /// Per thread (pid_tgid): the mapping call between its entry and exit.
 /// Preallocated (an LRU map): room for 4096 threads inside a mapping call at

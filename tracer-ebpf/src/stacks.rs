@@ -77,7 +77,7 @@ static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1
 
 /// Processes whose stacks are copied (`--unwind auto`), set by userspace.
 #[map]
-static COPY_STACKS_OF: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+pub(crate) static COPY_STACKS_OF: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
 /// The stack of a block made by the call returning now, for its LIVE
 /// entry: a STACKS id, a copied-stack reference, or `NO_STACK`.

@@ -59,6 +59,9 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 /// backed or not (JIT code, the vDSO); empty once it is gone.
 pub fn executable_ranges(pid: u32) -> Vec<(u64, u64)> {
     let text = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    if followed_and_gone(pid) {
+        return Vec::new();
+    }
     text.lines()
         .filter_map(|line| {
             let (range, rest) = line.split_once(' ')?;
@@ -78,6 +81,9 @@ pub fn executable_ranges(pid: u32) -> Vec<(u64, u64)> {
 pub fn read_maps(pid: u32) -> Result<Vec<Mapping>> {
     let path = format!("/proc/{pid}/maps");
     let text = fs::read_to_string(&path).with_context(|| format!("could not read {path}"))?;
+    if followed_and_gone(pid) {
+        anyhow::bail!("PID {pid} exited: {path} is not its own any more");
+    }
     Ok(parse_maps(&text))
 }
 
@@ -130,6 +136,9 @@ fn kernel_setting(name: &str) -> String {
 /// when the process is gone.
 pub fn state(pid: u32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    if followed_and_gone(pid) {
+        return None;
+    }
     // The command name is in parentheses and may contain spaces.
     let after_name = &stat[stat.rfind(')')? + 1..];
     after_name.trim_start().chars().next()
@@ -140,6 +149,9 @@ pub fn state(pid: u32) -> Option<char> {
 /// gone. The kernel counts it in clock ticks (10 ms at the usual 100 Hz).
 pub fn cpu_time_ns(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    if followed_and_gone(pid) {
+        return None;
+    }
     // After the command name: state is field 3, utime 14 and stime 15.
     let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
@@ -165,6 +177,9 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
 /// gone or has no memory.
 pub fn memory_status(pid: u32) -> Option<MemoryStatus> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    if followed_and_gone(pid) {
+        return None;
+    }
     let bytes = |name: &str| -> Option<u64> {
         let kib: u64 = status
             .lines()
@@ -215,6 +230,116 @@ pub fn tgid(task: u32) -> Option<u32> {
         .trim()
         .parse()
         .ok()
+}
+
+/// The processes tracer follows, each by a pidfd of its own and its start
+/// time: what is read of /proc/PID for one of them that has exited is
+/// dropped unless the PID still names it (a zombie), since it may name
+/// another process by then (read, then checked: the process the check
+/// finds was there for the read too). Filled by [`Identity::follow`].
+static FOLLOWED: std::sync::Mutex<Vec<(u32, std::sync::Weak<Followed>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+struct Followed {
+    pidfd: std::os::fd::OwnedFd,
+    /// Its start time (/proc/PID/stat field 22, clock ticks after boot).
+    start_ticks: Option<u64>,
+}
+
+/// A followed process's pidfd, for as long as its holder keeps it; its
+/// PID's reads are checked against it (see `FOLLOWED`).
+pub struct Identity {
+    pid: u32,
+    followed: Option<std::sync::Arc<Followed>>,
+}
+
+impl Identity {
+    /// Follows the process that is `pid` now.
+    pub fn follow(pid: u32) -> Identity {
+        let followed = pidfd(pid).map(|pidfd| {
+            std::sync::Arc::new(Followed {
+                pidfd,
+                start_ticks: start_ticks(pid),
+            })
+        });
+        if let Some(followed) = &followed {
+            let mut all = FOLLOWED.lock().unwrap_or_else(|poison| poison.into_inner());
+            all.retain(|(known, weak)| *known != pid && weak.strong_count() > 0);
+            all.push((pid, std::sync::Arc::downgrade(followed)));
+        }
+        Identity { pid, followed }
+    }
+
+    /// Whether the process has exited (a zombie included), even where its
+    /// PID names another process now; None without a pidfd.
+    pub fn exited(&self) -> Option<bool> {
+        self.followed
+            .as_deref()
+            .map(|followed| pidfd_exited(&followed.pidfd))
+    }
+}
+
+impl Drop for Identity {
+    fn drop(&mut self) {
+        if let Some(followed) = self.followed.take() {
+            let mut all = FOLLOWED.lock().unwrap_or_else(|poison| poison.into_inner());
+            all.retain(|(known, weak)| {
+                !(*known == self.pid
+                    && std::ptr::eq(weak.as_ptr(), std::sync::Arc::as_ptr(&followed)))
+            });
+        }
+    }
+}
+
+/// Whether `pid` is a followed process that has exited and whose PID no
+/// longer names it: what was just read of /proc/PID is another process's.
+fn followed_and_gone(pid: u32) -> bool {
+    let followed = {
+        let all = FOLLOWED.lock().unwrap_or_else(|poison| poison.into_inner());
+        all.iter()
+            .find(|(known, _)| *known == pid)
+            .and_then(|(_, weak)| weak.upgrade())
+    };
+    followed.is_some_and(|followed| {
+        pidfd_exited(&followed.pidfd) && start_ticks(pid) != followed.start_ticks
+    })
+}
+
+/// When the process `pid` started (/proc/PID/stat field 22), in clock
+/// ticks after boot.
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name: state is field 3, starttime 22.
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// A pidfd of the process `pid` (pidfd_open): it names that process, not
+/// whichever later takes its PID. None when the process is gone or the
+/// kernel has no pidfds (before 5.3).
+pub fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: pidfd_open takes a PID and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative result is a new fd that nothing else owns.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether the process behind `pidfd` has exited (a zombie included):
+/// its pidfd turns readable then, even once its PID names another process.
+pub fn pidfd_exited(pidfd: &std::os::fd::OwnedFd) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let mut poll = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, no wait.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    ready > 0 && poll.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// True while the process exists and is not a zombie.

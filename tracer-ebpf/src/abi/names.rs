@@ -102,6 +102,7 @@ pub mod program {
         MREMAP_ENTER = "mremap_enter",
         MPROTECT_ENTER = "mprotect_enter",
         MAPPING_EXIT = "mapping_exit",
+        PROCESS_EXIT = "process_exit",
     }
 }
 
@@ -123,6 +124,7 @@ pub mod global {
         OPENAT_RET_OFFSET = "OPENAT_RET_OFFSET",
         SYSCALL_FIELD_OFFSETS = "SYSCALL_FIELD_OFFSETS",
         FORK_CHILD_PID_OFFSET = "FORK_CHILD_PID_OFFSET",
+        EXIT_GROUP_DEAD_OFFSET = "EXIT_GROUP_DEAD_OFFSET",
         GO_STACK_SEARCH = "GO_STACK_SEARCH",
         UNWIND_TABLES_ON = "UNWIND_TABLES_ON",
     }

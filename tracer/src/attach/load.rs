@@ -119,6 +119,10 @@ impl Probes {
             .unwrap_or(tracer_ebpf::openat_format::RET_OFFSET);
         let fork_child_offset =
             tracefs::event_field_offset("sched", "sched_process_fork", "child_pid");
+        // 0: no `group_dead` in this kernel's record (the program then
+        // does nothing, and a target's exit is seen at the next tick).
+        let exit_group_dead_offset =
+            tracefs::event_field_offset("sched", "sched_process_exit", "group_dead").unwrap_or(0);
         let field_offsets = mappings::read_field_offsets().map_err(|error| {
             fatal(
                 ExitCode::KernelUnsupported,
@@ -212,6 +216,11 @@ impl Probes {
             .override_global(
                 tracer_ebpf::global::FORK_CHILD_PID_OFFSET,
                 &fork_child_offset.unwrap_or(0),
+                true,
+            )
+            .override_global(
+                tracer_ebpf::global::EXIT_GROUP_DEAD_OFFSET,
+                &exit_group_dead_offset,
                 true,
             )
             .override_global(

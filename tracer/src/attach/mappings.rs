@@ -88,6 +88,22 @@ pub(super) fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>>
         }
         links.push(attach_tracepoint(ebpf, program_name, "syscalls", event)?);
     }
+    let program: &mut TracePoint = ebpf
+        .program_mut(tracer_ebpf::program::PROCESS_EXIT)
+        .context("eBPF object lacks the process exit program")?
+        .try_into()
+        .context("the process exit program is not a tracepoint")?;
+    if program.fd().is_err() {
+        program
+            .load()
+            .context("could not load the process exit program")?;
+    }
+    links.push(attach_tracepoint(
+        ebpf,
+        tracer_ebpf::program::PROCESS_EXIT,
+        "sched",
+        "sched_process_exit",
+    )?);
     Ok(links)
 }
 
