@@ -2,8 +2,10 @@
 //!
 //! Addresses are resolved to (file, file offset) through the target's
 //! /proc/PID/maps, refreshed while it lives, and each mapped file is kept
-//! open. So stacks still resolve after the target exits, and files of
-//! targets in other mount namespaces are read through /proc/PID/root.
+//! open (the inode mapped, through `target_files`), at most
+//! [`MAX_OPEN_FILES`] at a time, the least recently used closed first. So
+//! stacks still resolve after the target exits, whatever mount namespace
+//! it runs in.
 //!
 //! Every frame also carries its module's build id and its file offset, so a
 //! recording can be symbolized again on another machine that has the same
@@ -26,17 +28,29 @@ use crate::{
     debug_files::{self, DebugLink},
     model::Frame,
     procfs::{self, Mapping},
+    target_files::{self, Root},
 };
+
+/// The most mapped files kept open at once (each with its debug file).
+pub const MAX_OPEN_FILES: usize = 2048;
 
 /// A mapped file, kept open, its build id and load segments.
 struct Module {
     file: File,
+    /// When it was last looked up (`Symbols::uses`), for closing the least
+    /// recently used first.
+    last_used: std::cell::Cell<u64>,
     build_id: Option<String>,
     /// (file offset, size in the file, virtual address) of each load
     /// segment: file offsets become ELF virtual addresses through them.
     segments: Vec<(u64, u64, u64)>,
     /// Its separate debug file (`debug_files`), when one is installed.
-    debug_file: Option<PathBuf>,
+    debug_file: Option<File>,
+}
+
+/// The path blazesym opens for a file tracer holds open.
+fn fd_path(file: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 impl Module {
@@ -63,6 +77,8 @@ pub struct Symbols {
     debug_dirs: Vec<PathBuf>,
     /// Processes forgotten so far.
     forgotten: u64,
+    /// Look-ups so far: the clock of `Module::last_used`.
+    uses: std::cell::Cell<u64>,
 }
 
 fn new_symbolizer() -> Symbolizer {
@@ -88,6 +104,7 @@ impl Symbols {
             perf_maps: Default::default(),
             debug_dirs: Vec::new(),
             forgotten: 0,
+            uses: std::cell::Cell::new(0),
         }
     }
 
@@ -122,15 +139,17 @@ impl Symbols {
         for mapping in mappings.iter().filter(|mapping| mapping.executable) {
             let key = (pid, mapping.path.clone());
             if !self.files.contains_key(&key)
-                && let Ok(file) = File::open(procfs::host_path(pid, &mapping.path))
+                && let Ok(file) = target_files::open_mapped(pid, mapping)
             {
                 let (link, segments) = read_identity(&file);
-                let root = PathBuf::from(format!("/proc/{pid}/root"));
-                let debug_file = debug_files::find(&link, &mapping.path, &root, &self.debug_dirs);
+                let debug_file =
+                    debug_files::find(&link, &mapping.path, Root::Target(pid), &self.debug_dirs);
+                self.make_room();
                 self.files.insert(
                     key,
                     Module {
                         file,
+                        last_used: std::cell::Cell::new(self.tick()),
                         build_id: link.build_id,
                         segments,
                         debug_file,
@@ -142,6 +161,33 @@ impl Symbols {
             self.mappings.insert(pid, mappings);
         }
         self.perf_maps.refresh(pid);
+    }
+
+    /// The next tick of the look-up clock.
+    fn tick(&self) -> u64 {
+        self.uses.set(self.uses.get() + 1);
+        self.uses.get()
+    }
+
+    /// Closes the least recently used files while `MAX_OPEN_FILES` are
+    /// open. blazesym caches files by the path it was given
+    /// (`/proc/self/fd/N`), and a descriptor number closed is given again
+    /// to the next file: the symbolizer starts afresh.
+    fn make_room(&mut self) {
+        if self.files.len() < MAX_OPEN_FILES {
+            return;
+        }
+        let mut by_age: Vec<(u64, (u32, PathBuf))> = self
+            .files
+            .iter()
+            .map(|(key, module)| (module.last_used.get(), key.clone()))
+            .collect();
+        by_age.sort_unstable();
+        for (_, key) in by_age.into_iter().take(MAX_OPEN_FILES / 8) {
+            self.files.remove(&key);
+            self.cache.retain(|(pid, _), _| *pid != key.0);
+        }
+        self.symbolizer = new_symbolizer();
     }
 
     /// Frames of a user stack, innermost first. Every address of a stack
@@ -211,15 +257,16 @@ impl Symbols {
         let Some(opened) = opened else {
             return unresolved;
         };
+        opened.last_used.set(self.tick());
         // The debug file first: the object itself may be stripped.
         let from_debug_file = opened
             .debug_file
-            .as_deref()
+            .as_ref()
             .zip(opened.virtual_address(file_offset))
             .and_then(|(debug_file, virtual_address)| {
                 symbolize_in(
                     &self.symbolizer,
-                    debug_file,
+                    &fd_path(debug_file),
                     virtual_address,
                     &unresolved[0],
                 )
@@ -227,10 +274,7 @@ impl Symbols {
         if let Some(frames) = from_debug_file {
             return frames;
         }
-        let source = Source::Elf(Elf::new(format!(
-            "/proc/self/fd/{}",
-            opened.file.as_raw_fd()
-        )));
+        let source = Source::Elf(Elf::new(fd_path(&opened.file)));
         let Ok(Symbolized::Sym(symbol)) = self
             .symbolizer
             .symbolize_single(&source, Input::FileOffset(file_offset))
@@ -286,7 +330,7 @@ pub struct OfflineSymbols {
     symbolizer: Symbolizer,
     debug_dirs: Vec<PathBuf>,
     /// The debug file of each build id, once looked up.
-    debug_files: HashMap<String, Option<PathBuf>>,
+    debug_files: HashMap<String, Option<File>>,
 }
 
 impl OfflineSymbols {
@@ -325,12 +369,12 @@ impl OfflineSymbols {
                 build_id: Some(build_id.clone()),
                 link_name: None,
             };
-            debug_files::find(&link, Path::new(module), Path::new("/"), debug_dirs)
+            debug_files::find(&link, Path::new(module), Root::Host, debug_dirs)
         });
         // A return address: look inside the call instruction.
         symbolize_in(
             &self.symbolizer,
-            debug_file.as_deref()?,
+            &fd_path(debug_file.as_ref()?),
             offset.saturating_sub(1),
             frame,
         )
