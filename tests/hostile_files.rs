@@ -99,9 +99,10 @@ fn leaked_from(report: &Report, function: &str) -> Live {
     report.heap_live_with(function)
 }
 
-/// A `hostile` fixture chrooted into a tmpfs that only its own mount
-/// namespace sees (the host's /usr bound in): a root of its own, as in a
-/// container. `/proc/PID/root/...` reaches its files from the host.
+/// A `hostile` fixture whose root is a tmpfs that only its own mount
+/// namespace sees (the host's /usr bound in; `pivot_root`, as a container
+/// runtime does): a root of its own. `/proc/PID/root/...` reaches its
+/// files from the host.
 fn start_chrooted(name: &str, library: bool) -> (Fixture, PathBuf) {
     let root = scratch(name);
     let mut unshare = Command::new("unshare");
@@ -109,10 +110,12 @@ fn start_chrooted(name: &str, library: bool) -> (Fixture, PathBuf) {
         .args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(
             r#"set -e; mount -t tmpfs none "$1"; cd "$1"
-               mkdir usr tmp etc; mount --rbind /usr usr
+               mkdir usr tmp etc old proc; mount --rbind /usr usr
                ln -s usr/lib lib; ln -s usr/lib64 lib64; ln -s usr/bin bin
                cp "$2" hostile; [ "$3" = none ] || cp "$3" libt.so
-               exec chroot "$1" /hostile"#,
+               pivot_root . old; cd /; mount -t proc proc /proc
+               umount -l /old; rmdir /old; umount /proc
+               exec /hostile"#,
         )
         .arg("sh")
         .arg(&root)
@@ -212,15 +215,29 @@ fn a_debuglink_naming_a_host_path_is_never_opened() {
     mkfifo(&fifo);
     let section = dir.join("debuglink.bin");
     std::fs::write(&section, debuglink_section(&fifo)).unwrap();
+    let added = dir.join("added.so");
     let library = dir.join("libt.so");
-    let status = Command::new("objcopy")
-        .arg("--add-section")
-        .arg(format!(".gnu_debuglink={}", section.display()))
-        .arg(harness::fixture("hostile_lib"))
-        .arg(&library)
-        .status()
-        .expect("objcopy runs");
-    assert!(status.success());
+    // Added, then 4-byte aligned (its CRC is read as an aligned word).
+    for args in [
+        vec![
+            "--add-section".to_owned(),
+            format!(".gnu_debuglink={}", section.display()),
+            harness::fixture("hostile_lib").display().to_string(),
+            added.display().to_string(),
+        ],
+        vec![
+            "--set-section-alignment".to_owned(),
+            ".gnu_debuglink=4".to_owned(),
+            added.display().to_string(),
+            library.display().to_string(),
+        ],
+    ] {
+        let status = Command::new("objcopy")
+            .args(&args)
+            .status()
+            .expect("objcopy runs");
+        assert!(status.success(), "objcopy {args:?}");
+    }
     let mut hostile = Fixture::start("hostile", &[]);
     assert_eq!(
         hostile.cmd(&format!("load {}", library.display())),
@@ -320,15 +337,18 @@ fn a_library_truncated_while_traced_does_not_kill_tracer() {
         "loaded"
     );
     let recording = harness::json_path("truncated").with_extension("trace");
+    // Stacks copied and unwound in tracer from the library's .eh_frame,
+    // which tracer maps for as long as the library is mapped.
     let mut trace = Record::pid(hostile.pid)
         .args([std::ffi::OsStr::new("-o"), recording.as_os_str()])
+        .args(["--unwind", "copy"])
         .attach();
-    // A stack in the library, symbolized while tracing (the recording
-    // stores symbolized stacks): tracer's symbolizer now maps the file.
+    // A stack in the library, unwound while tracing: tracer's map of the
+    // file is in use.
     assert_eq!(field(&hostile.cmd("lib_a 4"), "count"), 4);
     trace.wait_next_snapshot(&recording);
     trace.wait_next_snapshot(&recording);
-    // Another stack in it, then the file cut to nothing: symbolizing it
+    // Another stack in it, then the file cut to nothing: unwinding it
     // reads pages of the map that no longer have a file behind them.
     let cut = format!("lib_b_cut 5 {}", library.display());
     assert_eq!(field(&hostile.cmd(&cut), "count"), 5);
@@ -340,6 +360,11 @@ fn a_library_truncated_while_traced_does_not_kill_tracer() {
     assert_eq!(
         leaked_from(&report, "lib_leak_a"),
         Live::blocks(4, BLOCK_BYTES),
+        "\n{report}"
+    );
+    assert_eq!(
+        report.total("heap"),
+        Live::blocks(7 + 4 + 5, BLOCK_BYTES),
         "\n{report}"
     );
     assert!(refused(&report, "truncated_while_read") >= 1, "\n{report}");

@@ -46,6 +46,70 @@ struct Module {
     segments: Vec<(u64, u64, u64)>,
     /// Its separate debug file (`debug_files`), when one is installed.
     debug_file: Option<File>,
+    /// Whether blazesym may read the DWARF of the object, and of its debug
+    /// file (`dwarf_is_safe`).
+    dwarf: bool,
+    debug_file_dwarf: bool,
+}
+
+/// Whether blazesym may read the DWARF of `file`. It follows the links a
+/// file names to other debug files (`.gnu_debuglink`,
+/// `.gnu_debugaltlink`, `.debug_sup`) by itself, by host path, with a
+/// blocking open: a FIFO would hang it, an absolute name would reach a
+/// host file. So it may only when the file names no such link, or names
+/// a `.gnu_debugaltlink` (dwz's common file of a distribution's debug
+/// files) that is a regular file at the same absolute path in `root` and
+/// on the host, `root` being the host's own. tracer looks up debug links
+/// itself (`debug_files`); without DWARF, blazesym still reads the ELF
+/// symbols.
+fn dwarf_is_safe(file: &File, root: Root) -> bool {
+    // SAFETY: only read; a truncated file reads as zeros (`target_files`).
+    let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
+        return false;
+    };
+    let Ok(elf) = object::File::parse(&*map) else {
+        return false;
+    };
+    use object::ObjectSection as _;
+    if elf.section_by_name(".gnu_debuglink").is_some()
+        || elf.section_by_name(".debug_sup").is_some()
+    {
+        return false;
+    }
+    let Some(altlink) = elf.section_by_name(".gnu_debugaltlink") else {
+        return true;
+    };
+    let Some(name) = altlink.data().ok().and_then(|data| {
+        let length = data.iter().position(|&byte| byte == 0)?;
+        std::str::from_utf8(&data[..length]).ok()
+    }) else {
+        return false;
+    };
+    let path = Path::new(name);
+    let plain = path.is_absolute()
+        && path.components().all(|component| {
+            matches!(
+                component,
+                std::path::Component::RootDir | std::path::Component::Normal(_)
+            )
+        });
+    let shares_host_root = match root {
+        Root::Host => true,
+        Root::Target(pid) => {
+            std::fs::read_link(format!("/proc/{pid}/root")).is_ok_and(|root| root == Path::new("/"))
+        }
+    };
+    plain
+        && shares_host_root
+        && target_files::open_following_links(root, path).is_ok()
+        && target_files::open_following_links(Root::Host, path).is_ok()
+}
+
+/// An ELF source for blazesym, with its DWARF read only when `dwarf`.
+fn elf_source(path: PathBuf, dwarf: bool) -> Source<'static> {
+    let mut elf = Elf::new(path);
+    elf.debug_syms = dwarf;
+    Source::Elf(elf)
 }
 
 /// The path blazesym opens for a file tracer holds open.
@@ -142,8 +206,12 @@ impl Symbols {
                 && let Ok(file) = target_files::open_mapped(pid, mapping)
             {
                 let (link, segments) = read_identity(&file);
-                let debug_file =
-                    debug_files::find(&link, &mapping.path, Root::Target(pid), &self.debug_dirs);
+                let root = Root::Target(pid);
+                let debug_file = debug_files::find(&link, &mapping.path, root, &self.debug_dirs);
+                let dwarf = dwarf_is_safe(&file, root);
+                let debug_file_dwarf = debug_file
+                    .as_ref()
+                    .is_some_and(|debug_file| dwarf_is_safe(debug_file, root));
                 self.make_room();
                 self.files.insert(
                     key,
@@ -153,6 +221,8 @@ impl Symbols {
                         build_id: link.build_id,
                         segments,
                         debug_file,
+                        dwarf,
+                        debug_file_dwarf,
                     },
                 );
             }
@@ -266,7 +336,7 @@ impl Symbols {
             .and_then(|(debug_file, virtual_address)| {
                 symbolize_in(
                     &self.symbolizer,
-                    &fd_path(debug_file),
+                    elf_source(fd_path(debug_file), opened.debug_file_dwarf),
                     virtual_address,
                     &unresolved[0],
                 )
@@ -274,7 +344,7 @@ impl Symbols {
         if let Some(frames) = from_debug_file {
             return frames;
         }
-        let source = Source::Elf(Elf::new(fd_path(&opened.file)));
+        let source = elf_source(fd_path(&opened.file), opened.dwarf);
         let Ok(Symbolized::Sym(symbol)) = self
             .symbolizer
             .symbolize_single(&source, Input::FileOffset(file_offset))
@@ -291,11 +361,10 @@ impl Symbols {
 /// `path` has no symbol there.
 fn symbolize_in(
     symbolizer: &Symbolizer,
-    path: &Path,
+    source: Source<'_>,
     virtual_address: u64,
     unresolved: &Frame,
 ) -> Option<Vec<Frame>> {
-    let source = Source::Elf(Elf::new(path));
     match symbolizer.symbolize_single(&source, Input::VirtOffset(virtual_address)) {
         Ok(Symbolized::Sym(symbol)) => Some(frames_of(&symbol, unresolved)),
         _ => None,
@@ -329,8 +398,9 @@ fn frames_of(symbol: &blazesym::symbolize::Sym<'_>, unresolved: &Frame) -> Vec<F
 pub struct OfflineSymbols {
     symbolizer: Symbolizer,
     debug_dirs: Vec<PathBuf>,
-    /// The debug file of each build id, once looked up.
-    debug_files: HashMap<String, Option<File>>,
+    /// The debug file of each build id, once looked up, and whether
+    /// blazesym may read its DWARF.
+    debug_files: HashMap<String, Option<(File, bool)>>,
 }
 
 impl OfflineSymbols {
@@ -369,12 +439,16 @@ impl OfflineSymbols {
                 build_id: Some(build_id.clone()),
                 link_name: None,
             };
-            debug_files::find(&link, Path::new(module), Root::Host, debug_dirs)
+            debug_files::find(&link, Path::new(module), Root::Host, debug_dirs).map(|file| {
+                let dwarf = dwarf_is_safe(&file, Root::Host);
+                (file, dwarf)
+            })
         });
         // A return address: look inside the call instruction.
+        let (debug_file, dwarf) = debug_file.as_ref()?;
         symbolize_in(
             &self.symbolizer,
-            &fd_path(debug_file.as_ref()?),
+            elf_source(fd_path(debug_file), *dwarf),
             offset.saturating_sub(1),
             frame,
         )

@@ -377,7 +377,9 @@ pub(super) fn running_loader_gate(pid: u32) -> Option<Gate> {
     let executable = fs::File::open(format!("/proc/{pid}/exe")).ok()?;
     // SAFETY: only read; a truncated file reads as zeros (`target_files`).
     let data = unsafe { memmap2::Mmap::map(&executable) }.ok()?;
-    let loader = interpreter(&data)?;
+    // PT_INTERP names a link (/lib64/ld-linux-x86-64.so.2): resolved
+    // inside the target's root, then opened there.
+    let loader = crate::target_files::resolve_in_root(pid, &interpreter(&data)?)?;
     let loader_file = crate::target_files::open_in_root(pid, &loader).ok()?;
     // SAFETY: as above.
     let loader_data = unsafe { memmap2::Mmap::map(&loader_file) }.ok()?;

@@ -523,7 +523,7 @@ mod tests {
         std::io::BufReader::new(child.stdout.take().expect("piped"))
             .read_line(&mut ready)
             .expect("rust_leak answers");
-        let maps = procfs::read_maps(child.id()).expect("its maps");
+        let maps = crate::procfs::read_maps(child.id()).expect("its maps");
         child.kill().expect("rust_leak stops");
         child.wait().expect("rust_leak is reaped");
 
