@@ -200,7 +200,7 @@ fn an_absolute_link_swapped_in_after_mapping_never_reaches_the_host() {
 fn debuglink_section(name: &Path) -> Vec<u8> {
     let mut section = name.as_os_str().as_bytes().to_vec();
     section.push(0);
-    while section.len() % 4 != 0 {
+    while !section.len().is_multiple_of(4) {
         section.push(0);
     }
     section.extend([0u8; 4]);
