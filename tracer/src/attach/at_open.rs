@@ -2,7 +2,8 @@
 //! that no rule of `ahead` found, is hooked while the loader is still
 //! reading it. The `openat` tracepoints send the path of every shared
 //! object a traced process opens (tracer-ebpf/src/libraries.rs) and wake
-//! this module's thread, which reads the file through /proc/PID/root,
+//! this module's thread, which reads the file inside the target's root
+//! (`target_files`),
 //! looks up its allocator and CUDA functions and attaches them by file,
 //! scoped to the process. Uprobes are keyed by file, so probes attached
 //! before the loader maps the file, or after but before the first call,

@@ -370,7 +370,7 @@ fn interpreter(data: &[u8]) -> Option<PathBuf> {
 /// The gate on a glibc loader: `_dl_debug_state`, with the distance to
 /// `_r_debug.r_state` as cookie. None when the loader lacks either symbol.
 /// The loader gate of a running process: its dynamic loader's
-/// `_dl_debug_state` (the loader read through /proc/PID/root); None for a
+/// `_dl_debug_state` (the loader read inside its root); None for a
 /// static executable.
 pub(super) fn running_loader_gate(pid: u32) -> Option<Gate> {
     // The image it runs, whatever its path names now.

@@ -34,7 +34,9 @@ pub struct HookSite {
     pub function: HookedFunction,
     /// The file as the target sees it.
     pub path: PathBuf,
-    /// The same file, opened from the host (through /proc/PID/root).
+    /// The same file as the kernel reaches it from the host, through
+    /// /proc/PID/root: the path its probes are attached by. tracer itself
+    /// reads the file inside the target's root (`target_files`).
     pub host_path: PathBuf,
     /// File offset of the function's first instruction.
     pub function_offset: u64,

@@ -32,8 +32,8 @@ pub fn lines(report: &Report) -> Vec<String> {
             .map(|(reason, count)| format!("{reason}={count}"))
             .collect();
         lines.push(format!(
-            "WARNING: refused_files: {} files a target named were not read ({}): \
-             FIFOs, devices, links or names outside its root; see docs/troubleshooting.md#limits",
+            "WARNING: refused_files: {} files a target named were refused or cut short ({}): \
+             see docs/troubleshooting.md#limits",
             report.refused_files.values().sum::<u64>(),
             reasons.join(", ")
         ));
