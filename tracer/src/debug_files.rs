@@ -11,12 +11,20 @@
 //! `/proc/PID/root` so that a container's own debug files are found. A file
 //! found is used only when its build id is the object's (or, for an object
 //! without one, when it has symbols at all).
+//!
+//! The names come from the object, which the target controls: a
+//! `.gnu_debuglink` name with `/` (an absolute host path) or `..`, or a
+//! build id that is not hex, is refused (counted, `target_files`), and
+//! every candidate is opened inside the root it belongs to (the target's,
+//! or the host's for `--debug-dir`), never waiting on a FIFO.
 use std::{
     fs::File,
     path::{Path, PathBuf},
 };
 
 use object::Object as _;
+
+use crate::target_files::{self, Refusal, Root};
 
 /// Where debug files are installed on most distributions.
 pub const SYSTEM_DEBUG_DIR: &str = "/usr/lib/debug";
@@ -46,54 +54,78 @@ pub fn read_debug_link(elf: &object::File<'_>) -> DebugLink {
     }
 }
 
-/// The debug file of the object at `object_path` (a path as the target
-/// sees it) with `link`, looked up under `root` (`/proc/PID/root`, or `/`
-/// for a recording symbolized later) and in `debug_dirs` (already host
+/// The debug file, opened, of the object at `object_path` (a path as the
+/// target sees it) with `link`, looked up in `root` (the target's, or the
+/// host's for a recording symbolized later) and in `debug_dirs` (host
 /// paths: `--debug-dir`), then `root`'s /usr/lib/debug.
 pub fn find(
     link: &DebugLink,
     object_path: &Path,
-    root: &Path,
+    root: Root,
     debug_dirs: &[PathBuf],
-) -> Option<PathBuf> {
-    let under_root = |path: &Path| root.join(path.strip_prefix("/").unwrap_or(path));
-    let dirs: Vec<PathBuf> = debug_dirs
+) -> Option<File> {
+    let dirs: Vec<(Root, PathBuf)> = debug_dirs
         .iter()
-        .cloned()
-        .chain([under_root(Path::new(SYSTEM_DEBUG_DIR))])
+        .map(|dir| (Root::Host, dir.clone()))
+        .chain([(root, PathBuf::from(SYSTEM_DEBUG_DIR))])
         .collect();
-    let mut candidates: Vec<PathBuf> = Vec::new();
+    let mut candidates: Vec<(Root, PathBuf)> = Vec::new();
     if let Some(build_id) = link.build_id.as_deref().filter(|id| id.len() > 2) {
+        if !is_hex(build_id) {
+            target_files::refuse(Refusal::BadName);
+            return None;
+        }
         let (head, tail) = build_id.split_at(2);
-        candidates.extend(dirs.iter().map(|dir| {
-            dir.join(".build-id")
-                .join(head)
-                .join(format!("{tail}.debug"))
+        candidates.extend(dirs.iter().map(|(dir_root, dir)| {
+            (
+                *dir_root,
+                dir.join(".build-id")
+                    .join(head)
+                    .join(format!("{tail}.debug")),
+            )
         }));
     }
-    if let Some(name) = &link.link_name
+    if let Some(name) = link
+        .link_name
+        .as_deref()
+        .filter(|name| target_files::plain_file_name(name))
         && let Some(object_dir) = object_path.parent()
     {
-        let host_dir = under_root(object_dir);
-        candidates.push(host_dir.join(name));
-        candidates.push(host_dir.join(".debug").join(name));
+        candidates.push((root, object_dir.join(name)));
+        candidates.push((root, object_dir.join(".debug").join(name)));
         let relative_dir = object_dir.strip_prefix("/").unwrap_or(object_dir);
-        candidates.extend(dirs.iter().map(|dir| dir.join(relative_dir).join(name)));
-        candidates.extend(dirs.iter().map(|dir| dir.join(name)));
+        candidates.extend(
+            dirs.iter()
+                .map(|(dir_root, dir)| (*dir_root, dir.join(relative_dir).join(name))),
+        );
+        candidates.extend(
+            dirs.iter()
+                .map(|(dir_root, dir)| (*dir_root, dir.join(name))),
+        );
     }
-    candidates.into_iter().find(|candidate| {
-        candidate.as_path() != under_root(object_path) && matches(candidate, link)
-    })
+    candidates
+        .into_iter()
+        .filter(|(candidate_root, candidate)| {
+            (*candidate_root, candidate.as_path()) != (root, object_path)
+        })
+        .filter_map(|(candidate_root, candidate)| {
+            target_files::open_following_links(candidate_root, &candidate).ok()
+        })
+        .find(|file| matches(file, link))
 }
 
-/// Whether `path` is a debug file for an object with `link`: the same build
+/// Lowercase or uppercase hex digits only (a build id as `read_debug_link`
+/// writes it).
+fn is_hex(text: &str) -> bool {
+    text.bytes().all(|byte| byte.is_ascii_hexdigit())
+}
+
+/// Whether `file` is a debug file for an object with `link`: the same build
 /// id, or symbols at all when the object has no build id.
-fn matches(path: &Path, link: &DebugLink) -> bool {
-    let Ok(file) = File::open(path) else {
-        return false;
-    };
-    // SAFETY: the map is only read; debug files are not rewritten in place.
-    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
+fn matches(file: &File, link: &DebugLink) -> bool {
+    // SAFETY: the map is only read; a file truncated underneath reads as
+    // zeros (`target_files::sigbus`).
+    let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
         return false;
     };
     let Ok(elf) = object::File::parse(&*map) else {
@@ -112,10 +144,7 @@ mod tests {
     #[test]
     fn nothing_is_found_for_an_object_that_names_no_debug_file() {
         let link = DebugLink::default();
-        assert_eq!(
-            find(&link, Path::new("/usr/bin/true"), Path::new("/"), &[]),
-            None
-        );
+        assert!(find(&link, Path::new("/usr/bin/true"), Root::Host, &[]).is_none());
     }
 
     #[test]
@@ -125,9 +154,33 @@ mod tests {
             link_name: Some("true.debug".to_owned()),
         };
         let dirs = [std::env::temp_dir()];
-        assert_eq!(
-            find(&link, Path::new("/usr/bin/true"), Path::new("/"), &dirs),
-            None
-        );
+        assert!(find(&link, Path::new("/usr/bin/true"), Root::Host, &dirs).is_none());
+    }
+
+    /// A build id that is not hex (a crafted recording or object) is
+    /// refused, without a panic on a character boundary.
+    #[test]
+    fn a_build_id_that_is_not_hex_is_refused() {
+        let link = DebugLink {
+            build_id: Some("éé/../../etc".to_owned()),
+            link_name: None,
+        };
+        assert!(find(&link, Path::new("/usr/bin/true"), Root::Host, &[]).is_none());
+    }
+
+    /// A debug link that names a path is never opened.
+    #[test]
+    fn a_debug_link_with_a_slash_is_refused() {
+        let dir = std::env::temp_dir().join(format!("tracer-debuglink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = dir.join("real.debug");
+        std::fs::copy("/proc/self/exe", &target).unwrap();
+        let link = DebugLink {
+            build_id: None,
+            link_name: Some(target.display().to_string()),
+        };
+        let found = find(&link, Path::new("/usr/bin/true"), Root::Host, &[]);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(found.is_none());
     }
 }

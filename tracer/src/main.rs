@@ -16,6 +16,9 @@ fn main() -> std::process::ExitCode {
     if std::env::var_os(attach::watchdog::WATCHDOG_ENV).is_some() {
         attach::watchdog::run();
     }
+    // Before any file a target controls is mapped or opened.
+    tracer::target_files::sigbus::install();
+    tracer::target_files::raise_open_file_limit();
     let result = cli::parse(std::env::args_os()).and_then(|parsed| match parsed {
         Parsed::Print(text) => {
             print!("{text}");

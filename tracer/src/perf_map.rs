@@ -4,55 +4,81 @@
 //! `--perf-basic-prof`, Java with perf-map-agent, Python 3.12+ with
 //! `-X perf`. Without it, frames in JIT code are bare addresses.
 //!
-//! The file is read through /proc/PID/root (the target's /tmp), under the
-//! PID the target has in its own namespace, and only what was appended
-//! since the last read is parsed. When code moves (V8 replaces optimized
-//! code), a later line for the same start address wins.
+//! The file is opened inside the target's root (`target_files`: a FIFO, a
+//! link or a device is refused), under the PID the target has in its own
+//! namespace, and only what was appended since the last read is parsed,
+//! within caps: [`MAX_READ_BYTES`] per read, [`MAX_TOTAL_BYTES`] per file,
+//! [`MAX_LINE_BYTES`] per line (longer lines are skipped) and
+//! [`MAX_ENTRIES`] names. When code moves (V8 replaces optimized code), a
+//! later line for the same start address wins.
 use std::{
     collections::{BTreeMap, HashMap},
-    fs::File,
-    io::{BufRead as _, BufReader, Seek as _, SeekFrom},
+    io::{Seek as _, SeekFrom},
     path::PathBuf,
 };
 
-use crate::procfs;
+use crate::{procfs, target_files};
+
+/// The most read from a perf map per refresh.
+pub const MAX_READ_BYTES: u64 = 16 << 20;
+/// The most read from one perf map over a run.
+pub const MAX_TOTAL_BYTES: u64 = 256 << 20;
+/// The longest line kept (a longer one is skipped).
+pub const MAX_LINE_BYTES: usize = 4096;
+/// The most JIT names kept per process.
+pub const MAX_ENTRIES: usize = 1 << 20;
 
 /// The perf map of one process, as read so far.
 #[derive(Debug, Default)]
 struct PerfMap {
+    pid: u32,
+    /// The path as the target sees it.
     path: PathBuf,
-    /// Bytes of whole lines read so far.
+    /// Bytes of whole lines read (or skipped) so far.
     read_bytes: u64,
+    /// Inside a line longer than `MAX_LINE_BYTES`: skipped to its end.
+    skipping: bool,
     /// Start address -> (end address, name).
     code: BTreeMap<u64, (u64, String)>,
 }
 
 impl PerfMap {
     /// Reads the lines appended since the last call (none if the file is
-    /// absent or not readable).
+    /// absent, refused or not readable).
     fn read_new(&mut self) {
-        let Ok(mut file) = File::open(&self.path) else {
+        let budget = MAX_TOTAL_BYTES.saturating_sub(self.read_bytes);
+        if budget == 0 {
+            return;
+        }
+        let Ok(mut file) = target_files::open_in_root(self.pid, &self.path) else {
             return;
         };
         if file.seek(SeekFrom::Start(self.read_bytes)).is_err() {
             return;
         }
-        let mut reader = BufReader::new(file);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => break,
-                // A line still being written: read it whole next time.
-                Ok(_) if !line.ends_with('\n') => break,
-                Ok(length) => {
-                    self.read_bytes += length as u64;
-                    if let Some((start, size, name)) = parse_line(&line) {
-                        self.code
-                            .insert(start, (start.saturating_add(size), name.to_owned()));
-                    }
-                }
+        let Ok(data) = target_files::read_bounded(&mut file, budget.min(MAX_READ_BYTES)) else {
+            return;
+        };
+        let mut rest = data.as_slice();
+        while let Some(end) = rest.iter().position(|&byte| byte == b'\n') {
+            let line = &rest[..end];
+            self.read_bytes += end as u64 + 1;
+            rest = &rest[end + 1..];
+            if std::mem::take(&mut self.skipping) || line.len() > MAX_LINE_BYTES {
+                continue;
             }
+            if let Some((start, size, name)) = std::str::from_utf8(line).ok().and_then(parse_line)
+                && (self.code.len() < MAX_ENTRIES || self.code.contains_key(&start))
+            {
+                self.code
+                    .insert(start, (start.saturating_add(size), name.to_owned()));
+            }
+        }
+        // A line still being written is read whole next time, unless it
+        // is already too long to keep: then it is skipped to its end.
+        if rest.len() > MAX_LINE_BYTES {
+            self.read_bytes += rest.len() as u64;
+            self.skipping = true;
         }
     }
 
@@ -91,6 +117,7 @@ impl PerfMaps {
     /// the first time).
     pub fn refresh(&mut self, pid: u32) {
         let map = self.maps.entry(pid).or_insert_with(|| PerfMap {
+            pid,
             path: map_path(pid),
             ..PerfMap::default()
         });
@@ -103,11 +130,11 @@ impl PerfMaps {
     }
 }
 
-/// `/tmp/perf-NSPID.map` in the target's root, NSPID being its PID in its
+/// `/tmp/perf-NSPID.map` as the target sees it, NSPID being its PID in its
 /// own PID namespace (the one its runtime writes into the name).
 fn map_path(pid: u32) -> PathBuf {
     let own_pid = procfs::namespace_pid(pid).unwrap_or(pid);
-    procfs::host_path(pid, &PathBuf::from(format!("/tmp/perf-{own_pid}.map")))
+    PathBuf::from(format!("/tmp/perf-{own_pid}.map"))
 }
 
 #[cfg(test)]
@@ -136,6 +163,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("tracer-perf-map-{}", std::process::id()));
         std::fs::write(&path, "1000 100 first\n2000 10 second\n").unwrap();
         let mut map = PerfMap {
+            pid: std::process::id(),
             path: path.clone(),
             ..PerfMap::default()
         };
@@ -158,5 +186,26 @@ mod tests {
         map.read_new();
         let _ = std::fs::remove_file(&path);
         assert_eq!(map.name(0x3001), Some("halfway"));
+    }
+
+    /// A line longer than the cap is skipped, even read in pieces; the
+    /// lines after it are kept.
+    #[test]
+    fn overlong_lines_are_skipped() {
+        let path = std::env::temp_dir().join(format!("tracer-perf-long-{}", std::process::id()));
+        let long = format!("1000 10 {}", "x".repeat(MAX_LINE_BYTES + 10));
+        std::fs::write(&path, &long).unwrap();
+        let mut map = PerfMap {
+            pid: std::process::id(),
+            path: path.clone(),
+            ..PerfMap::default()
+        };
+        map.read_new();
+        assert_eq!(map.name(0x1001), None);
+        std::fs::write(&path, format!("{long}yyy\n2000 10 after\n")).unwrap();
+        map.read_new();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(map.name(0x1001), None);
+        assert_eq!(map.name(0x2001), Some("after"));
     }
 }

@@ -254,6 +254,7 @@ pub fn build_report(
         at_s: None,
     });
     report.cost = cost;
+    report.refused_files = crate::target_files::refused();
     report
 }
 

@@ -2,8 +2,10 @@
 //!
 //! Addresses are resolved to (file, file offset) through the target's
 //! /proc/PID/maps, refreshed while it lives, and each mapped file is kept
-//! open. So stacks still resolve after the target exits, and files of
-//! targets in other mount namespaces are read through /proc/PID/root.
+//! open (the inode mapped, through `target_files`), at most
+//! [`MAX_OPEN_FILES`] at a time, the least recently used closed first. So
+//! stacks still resolve after the target exits, whatever mount namespace
+//! it runs in.
 //!
 //! Every frame also carries its module's build id and its file offset, so a
 //! recording can be symbolized again on another machine that has the same
@@ -26,17 +28,93 @@ use crate::{
     debug_files::{self, DebugLink},
     model::Frame,
     procfs::{self, Mapping},
+    target_files::{self, Root},
 };
+
+/// The most mapped files kept open at once (each with its debug file).
+pub const MAX_OPEN_FILES: usize = 2048;
 
 /// A mapped file, kept open, its build id and load segments.
 struct Module {
     file: File,
+    /// When it was last looked up (`Symbols::uses`), for closing the least
+    /// recently used first.
+    last_used: std::cell::Cell<u64>,
     build_id: Option<String>,
     /// (file offset, size in the file, virtual address) of each load
     /// segment: file offsets become ELF virtual addresses through them.
     segments: Vec<(u64, u64, u64)>,
     /// Its separate debug file (`debug_files`), when one is installed.
-    debug_file: Option<PathBuf>,
+    debug_file: Option<File>,
+    /// Whether blazesym may read the DWARF of the object, and of its debug
+    /// file (`dwarf_is_safe`).
+    dwarf: bool,
+    debug_file_dwarf: bool,
+}
+
+/// Whether blazesym may read the DWARF of `file`. It follows the links a
+/// file names to other debug files (`.gnu_debuglink`,
+/// `.gnu_debugaltlink`, `.debug_sup`) by itself, by host path, with a
+/// blocking open: a FIFO would hang it, an absolute name would reach a
+/// host file. So it may only when the file names no such link, or names
+/// a `.gnu_debugaltlink` (dwz's common file of a distribution's debug
+/// files) that is a regular file at the same absolute path in `root` and
+/// on the host, `root` being the host's own. tracer looks up debug links
+/// itself (`debug_files`); without DWARF, blazesym still reads the ELF
+/// symbols.
+fn dwarf_is_safe(file: &File, root: Root) -> bool {
+    // SAFETY: only read; a truncated file reads as zeros (`target_files`).
+    let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
+        return false;
+    };
+    let Ok(elf) = object::File::parse(&*map) else {
+        return false;
+    };
+    use object::ObjectSection as _;
+    if elf.section_by_name(".gnu_debuglink").is_some()
+        || elf.section_by_name(".debug_sup").is_some()
+    {
+        return false;
+    }
+    let Some(altlink) = elf.section_by_name(".gnu_debugaltlink") else {
+        return true;
+    };
+    let Some(name) = altlink.data().ok().and_then(|data| {
+        let length = data.iter().position(|&byte| byte == 0)?;
+        std::str::from_utf8(&data[..length]).ok()
+    }) else {
+        return false;
+    };
+    let path = Path::new(name);
+    let plain = path.is_absolute()
+        && path.components().all(|component| {
+            matches!(
+                component,
+                std::path::Component::RootDir | std::path::Component::Normal(_)
+            )
+        });
+    let shares_host_root = match root {
+        Root::Host => true,
+        Root::Target(pid) => {
+            std::fs::read_link(format!("/proc/{pid}/root")).is_ok_and(|root| root == Path::new("/"))
+        }
+    };
+    plain
+        && shares_host_root
+        && target_files::open_following_links(root, path).is_ok()
+        && target_files::open_following_links(Root::Host, path).is_ok()
+}
+
+/// An ELF source for blazesym, with its DWARF read only when `dwarf`.
+fn elf_source(path: PathBuf, dwarf: bool) -> Source<'static> {
+    let mut elf = Elf::new(path);
+    elf.debug_syms = dwarf;
+    Source::Elf(elf)
+}
+
+/// The path blazesym opens for a file tracer holds open.
+fn fd_path(file: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 impl Module {
@@ -63,6 +141,8 @@ pub struct Symbols {
     debug_dirs: Vec<PathBuf>,
     /// Processes forgotten so far.
     forgotten: u64,
+    /// Look-ups so far: the clock of `Module::last_used`.
+    uses: std::cell::Cell<u64>,
 }
 
 fn new_symbolizer() -> Symbolizer {
@@ -88,6 +168,7 @@ impl Symbols {
             perf_maps: Default::default(),
             debug_dirs: Vec::new(),
             forgotten: 0,
+            uses: std::cell::Cell::new(0),
         }
     }
 
@@ -122,18 +203,26 @@ impl Symbols {
         for mapping in mappings.iter().filter(|mapping| mapping.executable) {
             let key = (pid, mapping.path.clone());
             if !self.files.contains_key(&key)
-                && let Ok(file) = File::open(procfs::host_path(pid, &mapping.path))
+                && let Ok(file) = target_files::open_mapped(pid, mapping)
             {
                 let (link, segments) = read_identity(&file);
-                let root = PathBuf::from(format!("/proc/{pid}/root"));
-                let debug_file = debug_files::find(&link, &mapping.path, &root, &self.debug_dirs);
+                let root = Root::Target(pid);
+                let debug_file = debug_files::find(&link, &mapping.path, root, &self.debug_dirs);
+                let dwarf = dwarf_is_safe(&file, root);
+                let debug_file_dwarf = debug_file
+                    .as_ref()
+                    .is_some_and(|debug_file| dwarf_is_safe(debug_file, root));
+                self.make_room();
                 self.files.insert(
                     key,
                     Module {
                         file,
+                        last_used: std::cell::Cell::new(self.tick()),
                         build_id: link.build_id,
                         segments,
                         debug_file,
+                        dwarf,
+                        debug_file_dwarf,
                     },
                 );
             }
@@ -142,6 +231,33 @@ impl Symbols {
             self.mappings.insert(pid, mappings);
         }
         self.perf_maps.refresh(pid);
+    }
+
+    /// The next tick of the look-up clock.
+    fn tick(&self) -> u64 {
+        self.uses.set(self.uses.get() + 1);
+        self.uses.get()
+    }
+
+    /// Closes the least recently used files while `MAX_OPEN_FILES` are
+    /// open. blazesym caches files by the path it was given
+    /// (`/proc/self/fd/N`), and a descriptor number closed is given again
+    /// to the next file: the symbolizer starts afresh.
+    fn make_room(&mut self) {
+        if self.files.len() < MAX_OPEN_FILES {
+            return;
+        }
+        let mut by_age: Vec<(u64, (u32, PathBuf))> = self
+            .files
+            .iter()
+            .map(|(key, module)| (module.last_used.get(), key.clone()))
+            .collect();
+        by_age.sort_unstable();
+        for (_, key) in by_age.into_iter().take(MAX_OPEN_FILES / 8) {
+            self.files.remove(&key);
+            self.cache.retain(|(pid, _), _| *pid != key.0);
+        }
+        self.symbolizer = new_symbolizer();
     }
 
     /// Frames of a user stack, innermost first. Every address of a stack
@@ -211,15 +327,16 @@ impl Symbols {
         let Some(opened) = opened else {
             return unresolved;
         };
+        opened.last_used.set(self.tick());
         // The debug file first: the object itself may be stripped.
         let from_debug_file = opened
             .debug_file
-            .as_deref()
+            .as_ref()
             .zip(opened.virtual_address(file_offset))
             .and_then(|(debug_file, virtual_address)| {
                 symbolize_in(
                     &self.symbolizer,
-                    debug_file,
+                    elf_source(fd_path(debug_file), opened.debug_file_dwarf),
                     virtual_address,
                     &unresolved[0],
                 )
@@ -227,10 +344,7 @@ impl Symbols {
         if let Some(frames) = from_debug_file {
             return frames;
         }
-        let source = Source::Elf(Elf::new(format!(
-            "/proc/self/fd/{}",
-            opened.file.as_raw_fd()
-        )));
+        let source = elf_source(fd_path(&opened.file), opened.dwarf);
         let Ok(Symbolized::Sym(symbol)) = self
             .symbolizer
             .symbolize_single(&source, Input::FileOffset(file_offset))
@@ -247,11 +361,10 @@ impl Symbols {
 /// `path` has no symbol there.
 fn symbolize_in(
     symbolizer: &Symbolizer,
-    path: &Path,
+    source: Source<'_>,
     virtual_address: u64,
     unresolved: &Frame,
 ) -> Option<Vec<Frame>> {
-    let source = Source::Elf(Elf::new(path));
     match symbolizer.symbolize_single(&source, Input::VirtOffset(virtual_address)) {
         Ok(Symbolized::Sym(symbol)) => Some(frames_of(&symbol, unresolved)),
         _ => None,
@@ -285,8 +398,9 @@ fn frames_of(symbol: &blazesym::symbolize::Sym<'_>, unresolved: &Frame) -> Vec<F
 pub struct OfflineSymbols {
     symbolizer: Symbolizer,
     debug_dirs: Vec<PathBuf>,
-    /// The debug file of each build id, once looked up.
-    debug_files: HashMap<String, Option<PathBuf>>,
+    /// The debug file of each build id, once looked up, and whether
+    /// blazesym may read its DWARF.
+    debug_files: HashMap<String, Option<(File, bool)>>,
 }
 
 impl OfflineSymbols {
@@ -325,12 +439,16 @@ impl OfflineSymbols {
                 build_id: Some(build_id.clone()),
                 link_name: None,
             };
-            debug_files::find(&link, Path::new(module), Path::new("/"), debug_dirs)
+            debug_files::find(&link, Path::new(module), Root::Host, debug_dirs).map(|file| {
+                let dwarf = dwarf_is_safe(&file, Root::Host);
+                (file, dwarf)
+            })
         });
         // A return address: look inside the call instruction.
+        let (debug_file, dwarf) = debug_file.as_ref()?;
         symbolize_in(
             &self.symbolizer,
-            debug_file.as_deref()?,
+            elf_source(fd_path(debug_file), *dwarf),
             offset.saturating_sub(1),
             frame,
         )

@@ -53,6 +53,8 @@ const EXTRA_FLAGS: &[(&str, &[&str])] = &[
     ("burst", NO_FRAME_POINTERS),
     // A library (dlopen()ed by plugin_host by path), without frame pointers.
     ("nofp_plugin", &["-fomit-frame-pointer", "-shared", "-fPIC"]),
+    // A library hostile loads by path (tests/hostile_files.rs).
+    ("hostile_lib", &["-shared", "-fPIC"]),
 ];
 
 /// More binaries built from one fixture source: (output name, source file

@@ -15,17 +15,24 @@
 //! (`site-packages/nvidia/*/lib` of the interpreter's prefix), and the CUDA
 //! libraries of the loader cache (allocators installed system-wide are
 //! linked or preloaded, hence mapped before attach, and hooking every one
-//! installed would cost every target their probes). Paths are read through
-//! /proc/PID/root, so a container's own files are found.
+//! installed would cost every target their probes). Paths are opened
+//! inside the target's root (`target_files`), so a container's own files
+//! are found and no host file is; the loader cache is read by tracer
+//! (`target_files::ld_cache`), not by the host's `ldconfig`. An object
+//! gives at most [`MAX_RUN_PATH_DIRS`] directories.
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use object::read::elf::{Dyn as _, FileHeader as _};
 
-use crate::procfs::{self, Mapping};
+use crate::{procfs::Mapping, target_files};
+
+/// The most RUNPATH/RPATH directories taken from one object.
+pub const MAX_RUN_PATH_DIRS: usize = 64;
+/// The longest RUNPATH/RPATH directory kept (the kernel's PATH_MAX).
+const MAX_DIR_BYTES: usize = 4096;
 
 /// File names (up to the first dot of the version) of the libraries worth
 /// hooking ahead: the CUDA runtime and driver, and the allocators.
@@ -94,27 +101,21 @@ pub fn candidates(pid: u32, maps: &[Mapping]) -> Vec<PathBuf> {
 }
 
 /// The target's path with its symbolic links resolved inside its root.
+/// A plain `canonicalize` of `/proc/PID/root/...` would not do: the kernel
+/// resolves an absolute link met on the way from tracer's root, so a
+/// container's `ln -s /dev/watchdog x.so` would name a host file.
+/// `openat2(RESOLVE_IN_ROOT)` resolves every link inside the target's
+/// root.
 pub(super) fn resolve(pid: u32, path: &Path) -> Option<PathBuf> {
-    let root = PathBuf::from(format!("/proc/{pid}/root"));
-    let host = fs::canonicalize(procfs::host_path(pid, path)).ok()?;
-    // Through /proc/PID/root the kernel resolves within the target's root;
-    // a target that shares tracer's root gives the path itself.
-    let resolved = match host.strip_prefix(&root) {
-        Ok(inside) => Path::new("/").join(inside),
-        Err(_) => host,
-    };
-    resolved.is_absolute().then_some(resolved)
+    target_files::resolve_in_root(pid, path)
 }
 
 /// The candidate libraries in `dir` (a path as the target sees it).
 fn files_in(pid: u32, dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = fs::read_dir(procfs::host_path(pid, dir)) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|entry| entry.file_name().to_str().is_some_and(is_candidate_name))
-        .map(|entry| dir.join(entry.file_name()))
+    target_files::list_dir(pid, dir)
+        .into_iter()
+        .filter(|name| name.to_str().is_some_and(is_candidate_name))
+        .map(|name| dir.join(name))
         .collect()
 }
 
@@ -124,11 +125,11 @@ fn files_in(pid: u32, dir: &Path) -> Vec<PathBuf> {
 /// (reading every object whole put libtorch_cpu's 115 MiB in tracer's
 /// resident memory at attach).
 fn run_paths(pid: u32, object: &Path) -> Vec<PathBuf> {
-    let Ok(file) = fs::File::open(procfs::host_path(pid, object)) else {
+    let Ok(file) = target_files::open_in_root(pid, object) else {
         return Vec::new();
     };
-    // SAFETY: the map is only read; a file truncated underneath would
-    // fault, as it would for the process that maps it.
+    // SAFETY: the map is only read; a file truncated underneath reads as
+    // zeros past its end (`target_files::sigbus`).
     let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
         return Vec::new();
     };
@@ -137,7 +138,8 @@ fn run_paths(pid: u32, object: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
         .iter()
         .flat_map(|paths| paths.split(':'))
-        .filter(|dir| !dir.is_empty())
+        .filter(|dir| !dir.is_empty() && dir.len() <= MAX_DIR_BYTES)
+        .take(MAX_RUN_PATH_DIRS)
         .map(|dir| PathBuf::from(expand_tokens(dir, origin)))
         .filter(|dir| dir.is_absolute())
         .collect()
@@ -201,26 +203,19 @@ fn library_path(pid: u32) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The candidate libraries the target's loader cache knows
-/// (`ldconfig -p` on its /etc/ld.so.cache).
+/// The candidate libraries the target's loader cache knows (its
+/// /etc/ld.so.cache).
 fn loader_cache(pid: u32) -> Vec<PathBuf> {
-    let cache = procfs::host_path(pid, Path::new("/etc/ld.so.cache"));
-    let Ok(output) = Command::new("ldconfig")
-        .arg("-p")
-        .arg("-C")
-        .arg(&cache)
-        .output()
-    else {
-        return Vec::new();
-    };
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| {
-            let (name, path) = line.trim().split_once(" => ")?;
-            let name = name.split_whitespace().next()?;
-            let is_cuda = CUDA_PREFIXES.iter().any(|prefix| name.starts_with(prefix));
-            (is_cuda && is_candidate_name(name)).then(|| PathBuf::from(path))
+    target_files::ld_cache::read(pid)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|library| {
+            let is_cuda = CUDA_PREFIXES
+                .iter()
+                .any(|prefix| library.name.starts_with(prefix));
+            is_cuda && is_candidate_name(&library.name)
         })
+        .map(|library| library.path)
         .collect()
 }
 
@@ -243,25 +238,16 @@ fn python_wheel_dirs(pid: u32, executable: &Path) -> Vec<PathBuf> {
     lib_dirs.extend(["/usr/lib", "/usr/local/lib"].map(PathBuf::from));
     let mut dirs = Vec::new();
     for lib_dir in lib_dirs {
-        let Ok(versions) = fs::read_dir(procfs::host_path(pid, &lib_dir)) else {
-            continue;
-        };
-        for version in versions.filter_map(Result::ok) {
-            if !version.file_name().to_string_lossy().starts_with("python") {
+        for version in target_files::list_dir(pid, &lib_dir) {
+            if !version.to_string_lossy().starts_with("python") {
                 continue;
             }
             for packages in ["site-packages", "dist-packages"] {
-                let nvidia = lib_dir
-                    .join(version.file_name())
-                    .join(packages)
-                    .join("nvidia");
-                let Ok(wheels) = fs::read_dir(procfs::host_path(pid, &nvidia)) else {
-                    continue;
-                };
+                let nvidia = lib_dir.join(&version).join(packages).join("nvidia");
                 dirs.extend(
-                    wheels
-                        .filter_map(Result::ok)
-                        .map(|wheel| nvidia.join(wheel.file_name()).join("lib")),
+                    target_files::list_dir(pid, &nvidia)
+                        .into_iter()
+                        .map(|wheel| nvidia.join(wheel).join("lib")),
                 );
             }
         }

@@ -2,7 +2,8 @@
 //! that no rule of `ahead` found, is hooked while the loader is still
 //! reading it. The `openat` tracepoints send the path of every shared
 //! object a traced process opens (tracer-ebpf/src/libraries.rs) and wake
-//! this module's thread, which reads the file through /proc/PID/root,
+//! this module's thread, which reads the file inside the target's root
+//! (`target_files`),
 //! looks up its allocator and CUDA functions and attaches them by file,
 //! scoped to the process. Uprobes are keyed by file, so probes attached
 //! before the loader maps the file, or after but before the first call,
@@ -23,7 +24,12 @@
 //! kernel's `loader_gate` stops a process whose dlopen completes while
 //! this thread has not looked at every shared object it opened, and the
 //! thread lets it go on (SIGCONT) as soon as it has, or after
-//! `PAUSE_BOUND` at the most. Each pause is reported. The late hook leaves
+//! `PAUSE_BOUND` at the most: a keeper thread of its own enforces the
+//! bound, so a hooking thread that is slow, stuck or gone (a panic) never
+//! holds a process longer, and lets every held process go when tracer
+//! stops (the watchdog does when tracer is killed). Every file is opened
+//! without waiting (`target_files`: a FIFO named `x.so` is refused, not
+//! read). Each pause is reported. The late hook leaves
 //! a process's files to this thread while it is behind on what the
 //! process opened (`LookedAt`): had it claimed one first, this thread
 //! would pass over the file and let the process go on before the late
@@ -61,6 +67,8 @@ use crate::procfs;
 const STOP_CHECK: Duration = Duration::from_millis(100);
 /// How long the last report waits for a hook in progress.
 const SETTLE_AT_MOST: Duration = Duration::from_millis(200);
+/// How long tracer's end waits for the hooking thread before leaving it.
+const JOIN_AT_MOST: Duration = Duration::from_millis(300);
 /// The longest a process is held at the loader gate.
 pub const PAUSE_BOUND: Duration = Duration::from_millis(200);
 /// How often a held process is checked against the bound.
@@ -263,6 +271,26 @@ impl LoaderGate {
     }
 }
 
+/// The gate, shared by the hooking thread (which lets a process go once
+/// its files are looked at) and the keeper (which enforces the bound).
+type SharedGate = Arc<Mutex<LoaderGate>>;
+
+fn lock_gate(gate: &SharedGate) -> std::sync::MutexGuard<'_, LoaderGate> {
+    // A panic of the hooking thread leaves the gate usable: the keeper
+    // must still let every process go.
+    gate.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The keeper: every `BOUND_CHECK`, lets go on the processes held longer
+/// than `PAUSE_BOUND`; at the stop, every process held.
+fn keep(gate: &SharedGate, stop: &AtomicBool, news: &mpsc::Sender<AtOpenNews>) {
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(BOUND_CHECK);
+        lock_gate(gate).release_overdue(news);
+    }
+    lock_gate(gate).release_all(news);
+}
+
 /// The at-open thread, and what it sends.
 pub struct AtOpen {
     news: mpsc::Receiver<AtOpenNews>,
@@ -270,6 +298,8 @@ pub struct AtOpen {
     /// Set while the thread hooks what it was woken for.
     busy: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// The gate's keeper, when the gate is on.
+    keeper: Option<JoinHandle<()>>,
 }
 
 impl AtOpen {
@@ -285,6 +315,19 @@ impl AtOpen {
     ) -> Result<AtOpen> {
         let (sender, news) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
+        let gate = gate.map(|gate| Arc::new(Mutex::new(gate)));
+        let keeper = match &gate {
+            Some(gate) => {
+                let (gate, stop, news) = (Arc::clone(gate), Arc::clone(&stop), sender.clone());
+                Some(
+                    std::thread::Builder::new()
+                        .name("tracer-gate-keeper".to_owned())
+                        .spawn(move || keep(&gate, &stop, &news))
+                        .context("could not start the loader gate's keeper")?,
+                )
+            }
+            None => None,
+        };
         let hooker = Hooker {
             multi,
             session,
@@ -303,6 +346,7 @@ impl AtOpen {
             stop,
             busy,
             thread: Some(thread),
+            keeper,
         })
     }
 
@@ -322,10 +366,22 @@ impl AtOpen {
 }
 
 impl Drop for AtOpen {
+    /// Stops both threads: the keeper lets every held process go first.
+    /// A hooking thread still inside the kernel after `JOIN_AT_MOST` is
+    /// left to end with tracer's process: tracer's exit never waits on it.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(keeper) = self.keeper.take() {
+            let _ = keeper.join();
+        }
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            let deadline = Instant::now() + JOIN_AT_MOST;
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -344,7 +400,7 @@ impl Hooker {
     fn run(
         self,
         mut opened: RingBuf<MapData>,
-        mut gate: Option<LoaderGate>,
+        gate: Option<SharedGate>,
         stop: &AtomicBool,
         busy: &AtomicBool,
     ) {
@@ -355,11 +411,7 @@ impl Hooker {
             )));
         }
         let fd = opened.as_fd().as_raw_fd();
-        let timeout_ms = if gate.is_some() {
-            BOUND_CHECK.as_millis() as i32
-        } else {
-            STOP_CHECK.as_millis() as i32
-        };
+        let timeout_ms = STOP_CHECK.as_millis() as i32;
         while !stop.load(Ordering::Relaxed) {
             let mut ready = libc::pollfd {
                 fd,
@@ -377,17 +429,11 @@ impl Hooker {
                 let file: OpenedFile = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                 drop(item);
                 self.hook(&file);
-                if let Some(gate) = gate.as_mut() {
-                    gate.looked_at(file.tgid, &self.news);
+                if let Some(gate) = &gate {
+                    lock_gate(gate).looked_at(file.tgid, &self.news);
                 }
             }
-            if let Some(gate) = gate.as_mut() {
-                gate.release_overdue(&self.news);
-            }
             busy.store(false, Ordering::Release);
-        }
-        if let Some(gate) = gate.as_mut() {
-            gate.release_all(&self.news);
         }
     }
 

@@ -43,7 +43,7 @@ impl Probes {
         else {
             anyhow::bail!("{} defines no PyObject_Malloc", object.display());
         };
-        let inlined_bytes = function_size(&malloc.host_path, "PyObject_Malloc")
+        let inlined_bytes = function_size(pid, &malloc.path, "PyObject_Malloc")
             .filter(|&size| size > THIN_WRAPPER_BYTES);
         self.attach_sites(pid, &sites, noticed_by)?;
         Ok(PythonObjectHooks {
@@ -130,8 +130,12 @@ mod tests {
     #[test]
     fn debian_lto_python_is_told_from_its_shared_library() {
         let size = |path: &str| {
-            function_size(std::path::Path::new(path), "PyObject_Malloc")
-                .unwrap_or_else(|| panic!("{path}: no PyObject_Malloc (cargo xtask setup)"))
+            function_size(
+                std::process::id(),
+                std::path::Path::new(path),
+                "PyObject_Malloc",
+            )
+            .unwrap_or_else(|| panic!("{path}: no PyObject_Malloc (cargo xtask setup)"))
         };
         let shared = size("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0");
         let lto = size("/usr/bin/python3.11");

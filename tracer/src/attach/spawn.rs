@@ -269,7 +269,8 @@ fn gate_for(program: &Path) -> Result<Gate> {
         )
     })?;
     if let Some(loader) = interpreter(&data)
-        && let Some(gate) = loader_gate(&loader)
+        && let Ok(loader_data) = read(&loader)
+        && let Some(gate) = loader_gate(&loader, &loader_data)
     {
         return Ok(gate);
     }
@@ -289,13 +290,27 @@ fn gate_for(program: &Path) -> Result<Gate> {
     })
 }
 
-fn read(path: &Path) -> Result<Vec<u8>> {
-    fs::read(path).map_err(|error| {
+/// The file at `path`, mapped (only its headers are read: a program is
+/// never read whole into memory), opened without waiting on a FIFO.
+fn read(path: &Path) -> Result<memmap2::Mmap> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let failed = |error: std::io::Error| {
         fatal(
             ExitCode::SpawnFailed,
             format!("could not read {}: {error}", path.display()),
         )
-    })
+    };
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(failed)?;
+    if !file.metadata().map_err(failed)?.is_file() {
+        return Err(failed(std::io::Error::other("not a regular file")));
+    }
+    // SAFETY: only read; a truncated file reads as zeros past its end
+    // (`target_files::sigbus`).
+    unsafe { memmap2::Mmap::map(&file) }.map_err(failed)
 }
 
 /// The ELF file the kernel runs for `program`: itself, or the interpreter
@@ -355,19 +370,27 @@ fn interpreter(data: &[u8]) -> Option<PathBuf> {
 /// The gate on a glibc loader: `_dl_debug_state`, with the distance to
 /// `_r_debug.r_state` as cookie. None when the loader lacks either symbol.
 /// The loader gate of a running process: its dynamic loader's
-/// `_dl_debug_state` (the loader read through /proc/PID/root); None for a
+/// `_dl_debug_state` (the loader read inside its root); None for a
 /// static executable.
 pub(super) fn running_loader_gate(pid: u32) -> Option<Gate> {
-    let executable = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-    let data = fs::read(crate::procfs::host_path(pid, &executable)).ok()?;
-    let loader = interpreter(&data)?;
-    loader_gate(&crate::procfs::host_path(pid, &loader))
+    // The image it runs, whatever its path names now.
+    let executable = fs::File::open(format!("/proc/{pid}/exe")).ok()?;
+    // SAFETY: only read; a truncated file reads as zeros (`target_files`).
+    let data = unsafe { memmap2::Mmap::map(&executable) }.ok()?;
+    // PT_INTERP names a link (/lib64/ld-linux-x86-64.so.2): resolved
+    // inside the target's root, then opened there.
+    let loader = crate::target_files::resolve_in_root(pid, &interpreter(&data)?)?;
+    let loader_file = crate::target_files::open_in_root(pid, &loader).ok()?;
+    // SAFETY: as above.
+    let loader_data = unsafe { memmap2::Mmap::map(&loader_file) }.ok()?;
+    loader_gate(&crate::procfs::host_path(pid, &loader), &loader_data)
 }
 
-fn loader_gate(loader: &Path) -> Option<Gate> {
+/// The gate in the loader at `loader` (the path its probe is attached
+/// by), whose bytes are `data`.
+fn loader_gate(loader: &Path, data: &[u8]) -> Option<Gate> {
     use object::ObjectSymbol as _;
-    let data = fs::read(loader).ok()?;
-    let file = object::File::parse(&*data).ok()?;
+    let file = object::File::parse(data).ok()?;
     let address = |name: &str| {
         file.dynamic_symbols()
             .chain(file.symbols())

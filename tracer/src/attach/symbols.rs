@@ -16,6 +16,7 @@ use super::{
 use crate::{
     model::allocators::{PYTHON_OBJECT_ALLOCATORS, all_allocators},
     procfs::{self, Mapping},
+    target_files,
 };
 
 /// Every function looked up in a mapped object: the allocators, the CUDA
@@ -33,7 +34,9 @@ pub struct HookSite {
     pub function: HookedFunction,
     /// The file as the target sees it.
     pub path: PathBuf,
-    /// The same file, opened from the host (through /proc/PID/root).
+    /// The same file as the kernel reaches it from the host, through
+    /// /proc/PID/root: the path its probes are attached by. tracer itself
+    /// reads the file inside the target's root (`target_files`).
     pub host_path: PathBuf,
     /// File offset of the function's first instruction.
     pub function_offset: u64,
@@ -150,7 +153,7 @@ fn free_behind_wrapper(pid: u32, site: &HookSite, maps: &[Mapping]) -> Option<Ho
                 .contains(&site.function_offset)
     })?;
     let runtime = mapping.start + (site.function_offset - mapping.file_offset);
-    let file = fs::File::open(&site.host_path).ok()?;
+    let file = target_files::open_mapped(pid, mapping).ok()?;
     // SAFETY: read only, as in `sites_in`.
     let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let code = data.get(usize::try_from(site.function_offset).ok()?..)?;
@@ -242,9 +245,9 @@ fn read_target_u64(pid: u32, address: u64) -> Option<u64> {
 }
 
 /// The size in bytes of the function `name` defined in the ELF file at
-/// `host_path`, from its dynamic or full symbol table.
-pub fn function_size(host_path: &std::path::Path, name: &str) -> Option<u64> {
-    let file = fs::File::open(host_path).ok()?;
+/// `path` in `pid`'s root, from its dynamic or full symbol table.
+pub fn function_size(pid: u32, path: &std::path::Path, name: &str) -> Option<u64> {
+    let file = target_files::open_in_root(pid, path).ok()?;
     // SAFETY: read only, as in `sites_in`.
     let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let elf = object::File::parse(&*data).ok()?;
@@ -265,12 +268,13 @@ fn sites_in(
     let mut found_sites = FoundSites::default();
     for path in paths {
         let host_path = procfs::host_path(pid, path);
-        // A file that vanished or cannot be read holds no hook we can use.
-        let Ok(file) = fs::File::open(&host_path) else {
+        // A file that vanished, cannot be read or is refused (a FIFO, a
+        // link: `target_files`) holds no hook we can use.
+        let Ok(file) = target_files::open_in_root(pid, path) else {
             continue;
         };
         // SAFETY: the mapping is only read; a file truncated meanwhile
-        // could fault, which mapped libraries are not (the target uses them).
+        // reads as zeros past its end (`target_files::sigbus`).
         let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
             continue;
         };

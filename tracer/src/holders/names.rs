@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
 use super::memory::Region;
-use crate::procfs;
 
 /// A mapped ELF object: where it was loaded and its data symbols.
 pub struct Module {
@@ -167,10 +166,14 @@ fn first_mappings(regions: &[Region]) -> Vec<(&str, &Region)> {
 }
 
 fn load_module(pid: u32, path: &str, first: &Region) -> Option<Module> {
-    let host = procfs::host_path(pid, std::path::Path::new(path));
-    let file = std::fs::File::open(&host).ok()?;
+    let file = crate::target_files::open_mapped_at(
+        pid,
+        first.start..first.end,
+        std::path::Path::new(path),
+    )
+    .ok()?;
     // SAFETY: the map is read-only and only parsed; a file changed under
-    // it gives wrong names, not unsafety beyond what `object` checks.
+    // it gives wrong names (a truncated one zeros: `target_files::sigbus`).
     let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let elf = object::File::parse(&*data).ok()?;
     let loads: Vec<(u64, u64, u64)> = elf

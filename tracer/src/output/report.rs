@@ -59,6 +59,10 @@ pub struct Report {
     /// Stack copies whose unwinding stopped before the thread's start, by
     /// reason (their stacks end in a marker frame).
     pub unwinding_stopped: BTreeMap<String, u64>,
+    /// Files a target named that tracer refused to open or read past a
+    /// truncation, by reason (`target_files`); empty when none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub refused_files: BTreeMap<String, u64>,
     /// The top stacks by live bytes, rank 1 first.
     pub stacks: Vec<StackReport>,
     /// The stacks holding memory that `--top` left out of `stacks`, summed
@@ -327,6 +331,7 @@ impl Report {
                 })
                 .collect(),
             unwinding_stopped: input.unwinding_stopped,
+            refused_files: BTreeMap::new(),
             stacks: listed.stacks,
             unlisted,
             suspected_leaks: listed.suspected_leaks,

@@ -347,6 +347,7 @@ mod tests {
             loader_pauses: Default::default(),
             libraries: Vec::new(),
             unwinding_stopped: BTreeMap::new(),
+            refused_files: BTreeMap::new(),
             stacks: Vec::new(),
             unlisted: Vec::new(),
             suspected_leaks: Vec::new(),

@@ -99,8 +99,8 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
         // every library's symbols would cost attach time.
         return None;
     }
-    let file = std::fs::File::open(procfs::host_path(pid, path)).ok()?;
-    // SAFETY: read only; mapped objects are not rewritten in place.
+    let file = crate::target_files::open_named(pid, path, maps).ok()?;
+    // SAFETY: read only; a truncated file reads as zeros (`target_files`).
     let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let elf = object::File::parse(&*data).ok()?;
     let symbol = |wanted: &str| {
@@ -179,8 +179,8 @@ fn pthread_tid_offset(pid: u32, maps: &[Mapping]) -> u64 {
     });
     let from_libc = || {
         let path = libc?;
-        let file = std::fs::File::open(procfs::host_path(pid, path)).ok()?;
-        // SAFETY: read only; mapped objects are not rewritten in place.
+        let file = crate::target_files::open_named(pid, path, maps).ok()?;
+        // SAFETY: read only; a truncated file reads as zeros (`target_files`).
         let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
         let elf = object::File::parse(&*data).ok()?;
         let address = elf

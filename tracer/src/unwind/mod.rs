@@ -3,8 +3,8 @@
 //! return addresses with framehop, from the `.eh_frame` (and
 //! `.debug_frame`) of each mapped object.
 //!
-//! Objects are read from the target's own files (through /proc/PID/root, so
-//! containers work, or /proc/PID/map_files), mapped, not copied, and shared
+//! Objects are read from the target's own files (the inodes it maps,
+//! through /proc/PID/map_files: `target_files`), mapped, not copied, and shared
 //! between processes that map the same file or the same build (build id).
 //! `frame_pointers` decides, for `--unwind auto`, which processes need
 //! copies at all; `stops` where a stack must end rather than show a

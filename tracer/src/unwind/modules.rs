@@ -14,7 +14,7 @@ use memmap2::Mmap;
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, ObjectSymbol as _};
 
 use super::stops;
-use crate::procfs::{self, Mapping};
+use crate::procfs::Mapping;
 
 /// Bytes of one section of a mapped file.
 #[derive(Clone)]
@@ -105,8 +105,8 @@ pub struct ObjectInfo {
 
 impl ObjectInfo {
     pub(super) fn read(file: &File) -> Option<ObjectInfo> {
-        // SAFETY: the map is only read; a file truncated underneath would
-        // fault, as it would for the process that maps it.
+        // SAFETY: the map is only read; a file truncated underneath reads
+        // as zeros past its new end (`target_files::sigbus`).
         let map = Arc::new(unsafe { Mmap::map(file) }.ok()?);
         let elf = object::File::parse(&map[..]).ok()?;
         let segments = elf
@@ -493,18 +493,9 @@ fn go_text(elf: &object::File<'_>) -> Option<Range<u64>> {
     (start < end).then_some(start..end)
 }
 
-/// Opens a file the target maps: by its path through /proc/PID/root, or,
-/// when that fails (deleted, or a path the host cannot reach), through
-/// /proc/PID/map_files.
+/// Opens a file the target maps: the inode mapped (`target_files`).
 pub fn open_mapped(pid: u32, mapping: &Mapping) -> Option<File> {
-    File::open(procfs::host_path(pid, &mapping.path))
-        .or_else(|_| {
-            File::open(format!(
-                "/proc/{pid}/map_files/{:x}-{:x}",
-                mapping.start, mapping.end
-            ))
-        })
-        .ok()
+    crate::target_files::open_mapped(pid, mapping).ok()
 }
 
 #[cfg(test)]
@@ -532,7 +523,7 @@ mod tests {
         std::io::BufReader::new(child.stdout.take().expect("piped"))
             .read_line(&mut ready)
             .expect("rust_leak answers");
-        let maps = procfs::read_maps(child.id()).expect("its maps");
+        let maps = crate::procfs::read_maps(child.id()).expect("its maps");
         child.kill().expect("rust_leak stops");
         child.wait().expect("rust_leak is reaped");
 

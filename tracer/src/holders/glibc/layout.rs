@@ -98,8 +98,7 @@ pub fn layout(version: (u32, u32)) -> Result<(u64, bool), String> {
 /// Finds `main_arena` in `libc` (mapped in `pid`, `regions`): by symbol
 /// in its debug file, else by shape in its writable data; checked.
 pub fn locate(pid: u32, libc: &Module, regions: &[Region]) -> Result<Glibc, String> {
-    let host = crate::procfs::host_path(pid, Path::new(&libc.path));
-    let file = std::fs::File::open(&host)
+    let file = crate::target_files::open_in_root(pid, Path::new(&libc.path))
         .map_err(|error| format!("could not read {}: {error}", libc.path))?;
     // SAFETY: the map is read-only and only parsed.
     let data = unsafe { memmap2::Mmap::map(&file) }
@@ -141,9 +140,12 @@ pub fn locate(pid: u32, libc: &Module, regions: &[Region]) -> Result<Glibc, Stri
 fn debug_symbols(pid: u32, libc: &Module, data: &[u8]) -> Option<(u64, Option<u64>)> {
     let elf = object::File::parse(data).ok()?;
     let link = debug_files::read_debug_link(&elf);
-    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
-    let path = debug_files::find(&link, Path::new(&libc.path), &root, &[])?;
-    let file = std::fs::File::open(path).ok()?;
+    let file = debug_files::find(
+        &link,
+        Path::new(&libc.path),
+        crate::target_files::Root::Target(pid),
+        &[],
+    )?;
     // SAFETY: as above, read-only.
     let debug = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let debug = object::File::parse(&*debug).ok()?;

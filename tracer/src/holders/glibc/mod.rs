@@ -207,8 +207,8 @@ fn other_allocator(pid: u32, globals: &Globals) -> Option<&'static str> {
 }
 
 fn exports_malloc(pid: u32, module: &Module) -> bool {
-    let host = crate::procfs::host_path(pid, std::path::Path::new(&module.path));
-    let Ok(file) = std::fs::File::open(host) else {
+    let Ok(file) = crate::target_files::open_in_root(pid, std::path::Path::new(&module.path))
+    else {
         return false;
     };
     // SAFETY: read-only, only parsed.

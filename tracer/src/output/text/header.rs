@@ -25,6 +25,19 @@ pub fn lines(report: &Report) -> Vec<String> {
         lines.push(format!("WARNING: {}", super::cost::cost_line(cost)));
         lines.push(format!("  {advice}"));
     }
+    if !report.refused_files.is_empty() {
+        let reasons: Vec<String> = report
+            .refused_files
+            .iter()
+            .map(|(reason, count)| format!("{reason}={count}"))
+            .collect();
+        lines.push(format!(
+            "WARNING: refused_files: {} files a target named were refused or cut short ({}): \
+             see docs/troubleshooting.md#limits",
+            report.refused_files.values().sum::<u64>(),
+            reasons.join(", ")
+        ));
+    }
     lines.extend(super::evidence::judged_at_lines(report));
     for target in &report.targets {
         if let Some(quality) = target.stack_quality.filter(StackQuality::is_poor) {
