@@ -26,6 +26,7 @@ pub mod recording;
 pub mod serve;
 pub mod session;
 pub mod symbolize;
+pub mod target_memory;
 pub mod top;
 pub mod tracefs;
 pub mod unwind;
