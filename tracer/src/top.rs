@@ -164,6 +164,9 @@ fn draw(
                 .collect()
         },
     );
+    // The rows' names come from the target: escaped, so only the table's
+    // own sequences reach the terminal.
+    let table = output::terminal::lines(&table);
     let mut stdout = std::io::stdout().lock();
     if interactive {
         // Raw mode: lines need a carriage return.
