@@ -3,8 +3,9 @@
 //! that scrape pprof endpoints (`/debug/pprof/heap`, `/debug/pprof/growth`),
 //! plus `/healthz`, and, for `record --holders` only, `/holders` on
 //! request: the report as JSON with each listed stack's reachability (the
-//! scan made for this request by the collection loop at its next
-//! snapshot, at most one every MIN_HOLDERS_INTERVAL).
+//! live blocks read by the collection loop at its next snapshot, the scan
+//! made off the loop on a thread of its own, at most one every
+//! MIN_HOLDERS_INTERVAL).
 //!
 //! Anyone who can reach the address is a client: each has its own base
 //! for `/debug/pprof/growth` (no client resets another's) and at most
@@ -54,8 +55,8 @@ const MAX_CONNECTIONS_PER_CLIENT: usize = 16;
 /// Client addresses whose growth base is kept; past it, the oldest is
 /// forgotten (its next fetch is since attach).
 const MAX_GROWTH_CLIENTS: usize = 64;
-/// The shortest time between two `/holders` scans: each reads the
-/// targets' memory on the collection loop.
+/// The shortest time between two `/holders` scans: each reads all of the
+/// targets' memory.
 const MIN_HOLDERS_INTERVAL: Duration = Duration::from_secs(10);
 /// How long a client may take to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -172,8 +173,9 @@ impl Server {
     }
 
     /// Answers a waiting `/holders` request, if any: the report of
-    /// `model` with the holders of its listed stacks, scanned now (the
-    /// collection waits meanwhile; the target is not stopped).
+    /// `model` with the holders of its listed stacks. The collection reads
+    /// the live blocks and the stacks' labels; the scan runs on a thread
+    /// of its own (the collection goes on; the target is not stopped).
     pub fn answer_holders(&mut self, collector: &mut Collector, model: &Model, config: &Config) {
         // A request is answered at the snapshot after the one it came
         // with, so that the stacks are those of a snapshot taken after it.
@@ -185,9 +187,15 @@ impl Server {
             return;
         };
         let mut report = session::build_report(collector, model, Default::default(), config);
-        crate::session::add_holders(collector, &mut report, config);
-        // The client may have gone meanwhile: nothing to answer then.
-        let _ = request.send(crate::output::json::to_json(&report));
+        let pending = session::prepare_holders(collector, &mut report, config);
+        // Not started: the request is dropped, the client told 503.
+        let _ = std::thread::Builder::new()
+            .name("tracer-holders".to_owned())
+            .spawn(move || {
+                session::finish_holders(&mut report, pending);
+                // The client may have gone meanwhile: nothing to answer then.
+                let _ = request.send(crate::output::json::to_json(&report));
+            });
     }
 }
 
