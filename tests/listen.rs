@@ -513,6 +513,63 @@ fn holders_are_served_on_request_by_record_holders() {
     );
 }
 
+/// `tracer_window_seconds` of /metrics (0 before the first snapshot).
+fn window_seconds(address: &str) -> f64 {
+    let (status, body) = http_get(address, "/metrics");
+    assert_eq!(status, 200);
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|line| line.strip_prefix("tracer_window_seconds "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn snapshots_go_on_while_holders_are_scanned() {
+    require_root();
+    let mut fixture = Fixture::start("holders", &[]);
+    let mut trace = Record::pid(fixture.pid)
+        .interval("200ms")
+        .args(["--holders", "--listen", "0"])
+        .attach();
+    let address = listen_address(&mut trace.tracer);
+    fixture.cmd("cache 3");
+    // 1.5 GiB to scan, twice (the scan and its check): seconds.
+    fixture.cmd("fill 1536");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut before = window_seconds(&address);
+    while before == 0.0 {
+        assert!(Instant::now() < deadline, "no snapshot");
+        std::thread::sleep(Duration::from_millis(50));
+        before = window_seconds(&address);
+    }
+    let scanned = {
+        let address = address.clone();
+        std::thread::spawn(move || get_holders(&address))
+    };
+    // Snapshots go on while the scan runs (the collection does not wait
+    // for it): the window grows by a second before the answer comes.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut grew_while_scanning = false;
+    while !scanned.is_finished() && Instant::now() < deadline {
+        if window_seconds(&address) >= before + 1.0 {
+            grew_while_scanning = !scanned.is_finished();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = scanned.join().expect("the /holders request");
+    let seconds = report["holders_scans"][0]["seconds"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(
+        grew_while_scanning,
+        "no snapshot while /holders scanned for {seconds:.1} s"
+    );
+    trace.stop();
+    fixture.cmd("quit");
+}
+
 #[test]
 fn holders_are_not_served_without_holders() {
     require_root();
