@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 use harness::*;
 use serde_json::Value;
 
+/// A client on this machine other than 127.0.0.1.
+const OTHER_CLIENT: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 2);
+
 /// How long Prometheus may take to start, and to scrape a new value.
 const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -289,6 +292,24 @@ fn growth_profile_holds_what_grew_since_the_previous_fetch() {
         Some(3 * LEAK_SIZE_BYTES),
         "the second fetch: growth since the first"
     );
+    // Another client's first fetch is its own (since attach), and leaves
+    // this client's base where it was.
+    fixture.cmd("leak 2");
+    leaked_in_a_snapshot(9);
+    let (status, other) = http_get_from(OTHER_CLIENT, &address, "/debug/pprof/growth");
+    assert_eq!(status, 200);
+    assert_eq!(
+        pprof_flat_bytes(&other, "leak_here"),
+        Some(9 * LEAK_SIZE_BYTES),
+        "another client's first fetch: growth since attach"
+    );
+    let (status, third) = http_get(&address, "/debug/pprof/growth");
+    assert_eq!(status, 200);
+    assert_eq!(
+        pprof_flat_bytes(&third, "leak_here"),
+        Some(2 * LEAK_SIZE_BYTES),
+        "the third fetch: growth since this client's second, not the other's"
+    );
     assert_eq!(http_get(&address, "/debug/pprof/growth?seconds=0").0, 400);
     assert_eq!(http_get(&address, "/debug/pprof/growth?seconds=x").0, 400);
     assert_eq!(http_get(&address, "/healthz"), (200, b"ok\n".to_vec()));
@@ -349,8 +370,9 @@ fn clients_that_never_read_do_not_stall_snapshots() {
     }
     // The greedy client's requests are all sent, or the tracer stopped
     // reading them (the write timed out): either way the clients are stuck.
+    // A scraper (another address than theirs) is answered beside them.
     let asked_at = Instant::now();
-    let (status, metrics) = http_get(&address, "/metrics");
+    let (status, metrics) = http_get_from(OTHER_CLIENT, &address, "/metrics");
     let answered_in = asked_at.elapsed();
     assert_eq!(status, 200);
     assert!(
@@ -425,11 +447,29 @@ fn get_holders(address: &str) -> Value {
     serde_json::from_str(&body).unwrap_or_else(|error| panic!("/holders: {error}: {body}"))
 }
 
+/// GET /holders until it is not refused for the rate (429).
+fn get_holders_when_allowed(address: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = http_get(address, "/holders");
+        if status != 429 {
+            let body = String::from_utf8_lossy(&body).into_owned();
+            assert_eq!(status, 200, "/holders: {body}");
+            return serde_json::from_str(&body)
+                .unwrap_or_else(|error| panic!("/holders: {error}: {body}"));
+        }
+        assert!(Instant::now() < deadline, "/holders refused for a minute");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 #[test]
-fn holders_are_served_on_request_by_record_and_top() {
+fn holders_are_served_on_request_by_record_holders() {
     require_root();
     let mut fixture = Fixture::start("holders", &[]);
-    let mut trace = Record::pid(fixture.pid).args(["--listen", "0"]).attach();
+    let mut trace = Record::pid(fixture.pid)
+        .args(["--holders", "--listen", "0"])
+        .attach();
     let address = listen_address(&mut trace.tracer);
     let first = fixture.cmd("cache 30");
     let report = get_holders(&address);
@@ -447,9 +487,12 @@ fn holders_are_served_on_request_by_record_and_top() {
             .any(|holder| holder["name"] == "g_newest in holders"),
         "{cached}"
     );
-    // A second request scans again: the figures follow the target.
+    // A request right after is refused: one scan every 10 s.
+    let (status, body) = http_get(&address, "/holders");
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    // The next scans again: the figures follow the target.
     let second = fixture.cmd("cache 20");
-    let report = get_holders(&address);
+    let report = get_holders_when_allowed(&address);
     let cached = reachability_at(&report, "cache_put");
     assert_eq!(
         cached["unreachable_bytes"].as_i64(),
@@ -462,26 +505,119 @@ fn holders_are_served_on_request_by_record_and_top() {
         "the scan is named on stderr: {}",
         traced.output
     );
+    assert_eq!(
+        traced.report.json["holders_scans"].as_array().map(Vec::len),
+        Some(1),
+        "--holders: the final report has its own scan: {}",
+        traced.report.json["holders_scans"]
+    );
+}
+
+/// `tracer_window_seconds` of /metrics (0 before the first snapshot).
+fn window_seconds(address: &str) -> f64 {
+    let (status, body) = http_get(address, "/metrics");
+    assert_eq!(status, 200);
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|line| line.strip_prefix("tracer_window_seconds "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn snapshots_go_on_while_holders_are_scanned() {
+    require_root();
+    let mut fixture = Fixture::start("holders", &[]);
+    let mut trace = Record::pid(fixture.pid)
+        .interval("200ms")
+        .args(["--holders", "--listen", "0"])
+        .attach();
+    let address = listen_address(&mut trace.tracer);
+    fixture.cmd("cache 3");
+    // 1.5 GiB to scan, twice (the scan and its check): seconds.
+    fixture.cmd("fill 1536");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut before = window_seconds(&address);
+    while before == 0.0 {
+        assert!(Instant::now() < deadline, "no snapshot");
+        std::thread::sleep(Duration::from_millis(50));
+        before = window_seconds(&address);
+    }
+    let scanned = {
+        let address = address.clone();
+        std::thread::spawn(move || get_holders(&address))
+    };
+    // Snapshots go on while the scan runs (the collection does not wait
+    // for it): the window grows by a second before the answer comes.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut grew_while_scanning = false;
+    while !scanned.is_finished() && Instant::now() < deadline {
+        if window_seconds(&address) >= before + 1.0 {
+            grew_while_scanning = !scanned.is_finished();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = scanned.join().expect("the /holders request");
+    let seconds = report["holders_scans"][0]["seconds"]
+        .as_f64()
+        .unwrap_or(0.0);
     assert!(
-        traced.report.json["holders_scans"]
-            .as_array()
-            .is_none_or(Vec::is_empty),
-        "without --holders the final report has no scan: {}",
-        traced.report.json["holders_scans"]
+        grew_while_scanning,
+        "no snapshot while /holders scanned for {seconds:.1} s"
+    );
+    trace.stop();
+    fixture.cmd("quit");
+}
+
+#[test]
+fn holders_are_not_served_without_holders() {
+    require_root();
+    let mut fixture = Fixture::start("holders", &[]);
+    let mut trace = Record::pid(fixture.pid).args(["--listen", "0"]).attach();
+    let address = listen_address(&mut trace.tracer);
+    fixture.cmd("cache 3");
+    let (status, body) = http_get(&address, "/holders");
+    assert_eq!(status, 404, "{}", String::from_utf8_lossy(&body));
+    let traced = trace.stop();
+    assert!(
+        !traced.output.stderr.contains("scanned "),
+        "{}",
+        traced.output
     );
 
     let pid = fixture.pid.to_string();
     let mut tracer = Tracer::start(["top", "--pid", &pid, "--interval", "200ms", "--listen", "0"]);
     let address = listen_address(&mut tracer);
     tracer.wait_attached(ATTACH_TIMEOUT);
-    let listed = fixture.cmd("list 5");
-    let report = get_holders(&address);
-    let list = reachability_at(&report, "list_push");
-    assert_eq!(list["unreachable_bytes"].as_i64(), Some(0), "{list}");
-    assert_eq!(
-        list["reachable_bytes"].as_i64(),
-        Some(field(&listed, "list_bytes")),
-        "{list}"
-    );
+    assert_eq!(http_get(&address, "/holders").0, 404);
     tracer.stop().assert_success();
+}
+
+#[test]
+fn a_client_holds_at_most_its_share_of_connections() {
+    let (_fixture, trace, address) = serve_leaky(&[], "200ms", &[]);
+    // 16 connections from 127.0.0.1 that send nothing: its share.
+    let held: Vec<TcpStream> = (0..16)
+        .map(|_| TcpStream::connect(&address).expect("connect"))
+        .collect();
+    // Its next is closed unanswered (accepted after the 16, in order).
+    let mut over = TcpStream::connect(&address).expect("connect");
+    over.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    let _ = over.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut over, &mut answer);
+    assert!(
+        answer.is_empty(),
+        "a 17th connection was served: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    // Another client is served meanwhile.
+    assert_eq!(
+        http_get_from(OTHER_CLIENT, &address, "/healthz"),
+        (200, b"ok\n".to_vec())
+    );
+    drop(held);
+    trace.stop();
 }

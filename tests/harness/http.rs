@@ -40,8 +40,52 @@ pub fn serve_leaky(
 
 /// GET `target` (path and query) from `address`: the status and body.
 pub fn http_get(address: &str, target: &str) -> (u16, Vec<u8>) {
-    let mut stream = TcpStream::connect(address)
+    let stream = TcpStream::connect(address)
         .unwrap_or_else(|error| panic!("could not connect to {address}: {error}"));
+    http_get_on(stream, address, target)
+}
+
+/// [`http_get`] from the loopback address `source` (127.0.0.2: another
+/// client than 127.0.0.1, on the same machine).
+pub fn http_get_from(source: std::net::Ipv4Addr, address: &str, target: &str) -> (u16, Vec<u8>) {
+    http_get_on(connect_from(source, address), address, target)
+}
+
+/// A connection to `address` (IPv4) from the local address `source`.
+pub fn connect_from(source: std::net::Ipv4Addr, address: &str) -> TcpStream {
+    use std::os::fd::FromRawFd as _;
+    let to: std::net::SocketAddrV4 = address.parse().expect("an IPv4 address:port");
+    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let length = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket, bound and connected with sockaddr_in values
+    // that live through the calls, then owned by the TcpStream.
+    unsafe {
+        let socket = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(socket >= 0, "socket");
+        let from = sockaddr(source, 0);
+        assert_eq!(
+            libc::bind(socket, (&raw const from).cast(), length),
+            0,
+            "bind {source}"
+        );
+        let to = sockaddr(*to.ip(), to.port());
+        assert_eq!(
+            libc::connect(socket, (&raw const to).cast(), length),
+            0,
+            "connect {address} from {source}"
+        );
+        TcpStream::from_raw_fd(socket)
+    }
+}
+
+fn http_get_on(mut stream: TcpStream, address: &str, target: &str) -> (u16, Vec<u8>) {
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .expect("read timeout");

@@ -26,7 +26,10 @@ pub use cuda::*;
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use fixture::{Fixture, KillOnDrop, field};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
-pub use http::{http_get, listen_address, serve_leaky, stack_samples, wait_for_samples};
+pub use http::{
+    connect_from, http_get, http_get_from, listen_address, serve_leaky, stack_samples,
+    wait_for_samples,
+};
 #[allow(unused_imports, reason = "each test file uses some of the harness")]
 pub use python::*;
 #[allow(unused_imports, reason = "each test file uses some of the harness")]

@@ -61,7 +61,9 @@ static STACK_FREE_IDS: Queue<u32> = Queue::with_max_entries(1 << 17, 0);
 /// The id of each distinct stack, by a 64-bit hash of its frames. Unlike
 /// the kernel's stack-trace map, which refuses a stack whose bucket holds
 /// another, distinct stacks never collide below capacity (a 64-bit hash
-/// collision is ~1e-10 likely with 10^5 stacks). Entries are made on use:
+/// collision is ~1e-10 likely with 10^5 stacks). The hash is no secret,
+/// and a target chooses its return addresses: a hit is checked against
+/// the frames in STACKS (`same_stack`), so no stack is counted as another. Entries are made on use:
 /// a new stack is rare beside the lookups, and preallocating them cost
 /// 10-20 ms of every attach.
 #[map]
@@ -289,9 +291,34 @@ pub extern "C" fn tracer_store_stack(python: i64) -> u32 {
     }
     let hash = stack.hash();
     if let Some(&id) = unsafe { STACK_IDS.get(&hash) } {
-        return id;
+        return same_stack(id, stack);
     }
     store_stack(hash, stack)
+}
+
+/// `id` if its stored frames are `stack`'s; else NO_STACK, counted: the
+/// hash is unkeyed, so a target could forge return addresses whose hash
+/// is another stack's and have its blocks counted there.
+#[inline(always)]
+fn same_stack(id: u32, stack: &StackFrames) -> u32 {
+    let Some(stored) = (unsafe { STACKS.get(&id) }) else {
+        count(stat::DROP_STACK_COLLISION);
+        return NO_STACK;
+    };
+    if stored.count != stack.count {
+        count(stat::DROP_STACK_COLLISION);
+        return NO_STACK;
+    }
+    for index in 0..MAX_STACK_FRAMES {
+        if index as u64 >= stack.count {
+            break;
+        }
+        if stored.frames[index] != stack.frames[index] {
+            count(stat::DROP_STACK_COLLISION);
+            return NO_STACK;
+        }
+    }
+    id
 }
 
 /// The per-CPU stack scratch (`walk_stack`'s).
@@ -321,7 +348,7 @@ fn store_stack(hash: u64, stack: &StackFrames) -> u32 {
     let _ = STACKS.remove(&id);
     give_back(id);
     match unsafe { STACK_IDS.get(&hash) } {
-        Some(&first) => first,
+        Some(&first) => same_stack(first, stack),
         None => {
             count(stat::DROP_STACK_TABLE_FULL);
             NO_STACK

@@ -27,6 +27,7 @@ pub mod serve;
 pub mod session;
 pub mod symbolize;
 pub mod target_files;
+pub mod target_memory;
 pub mod top;
 pub mod tracefs;
 pub mod unwind;

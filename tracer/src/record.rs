@@ -35,7 +35,7 @@ pub fn run(config: &RecordConfig) -> Result<()> {
     {
         check_output_path(path)?;
     }
-    let mut server = serve::start_if_asked(&config.trace)?;
+    let mut server = serve::start_if_asked(&config.trace, config.holders)?;
     let mut collector = session::attach(&config.trace)?;
     let mut recording = match start_recording(config, &collector) {
         Ok(recording) => recording,

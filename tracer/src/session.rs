@@ -3,7 +3,7 @@
 //! the verbs that trace (`record`, `top`).
 mod holders;
 
-pub use holders::add_holders;
+pub use holders::{PendingHolders, add_holders, finish_holders, prepare_holders};
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -33,7 +33,7 @@ use crate::{
 
 /// Runs `tracer top` until q, Ctrl-C, --duration or the targets' exit.
 pub fn run(config: &Config) -> Result<()> {
-    let mut server = crate::serve::start_if_asked(config)?;
+    let mut server = crate::serve::start_if_asked(config, false)?;
     let mut collector = session::attach(config)?;
     let interactive = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
     let screen = if interactive {
@@ -164,6 +164,9 @@ fn draw(
                 .collect()
         },
     );
+    // The rows' names come from the target: escaped, so only the table's
+    // own sequences reach the terminal.
+    let table = output::terminal::lines(&table);
     let mut stdout = std::io::stdout().lock();
     if interactive {
         // Raw mode: lines need a carriage return.

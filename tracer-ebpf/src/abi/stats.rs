@@ -146,6 +146,11 @@ pub mod stat {
             /// Python stacks evicted from PYTHON_STACKS: no stack held
             /// named them any more. Counted by userspace, as above.
             PYTHON_STACKS_EVICTED => ("python_stacks_evicted", Event),
+            /// Stacks whose hash was another stack's (forged return
+            /// addresses, or a 64-bit collision): their frames differ from
+            /// the stored stack's, so the block counts as NO_STACK rather
+            /// than as the other stack.
+            DROP_STACK_COLLISION => ("stack_collision_lost", Drop),
         }
     }
 }
@@ -170,11 +175,12 @@ mod tests {
             (FREES_OF_REPLACED_IMAGE, "frees_of_replaced_image"),
             (DROP_EXEC_MARK_LOST, "exec_mark_lost"),
             (PYTHON_STACKS_EVICTED, "python_stacks_evicted"),
+            (DROP_STACK_COLLISION, "stack_collision_lost"),
         ] {
             assert_eq!(STAT_NAMES[id as usize].0, name);
         }
         // Ids are appended: a recording keeps its counters by index.
-        assert_eq!(PYTHON_STACKS_EVICTED, COUNT - 1, "the last id");
+        assert_eq!(DROP_STACK_COLLISION, COUNT - 1, "the last id");
     }
 
     #[test]

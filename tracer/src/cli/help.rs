@@ -102,10 +102,11 @@ tracer_stack_suspected_leak, labelled pid, comm, kind, site and stack (a \
 short hash of the frames): --top bounds the label cardinality), \
 /debug/pprof/heap (live memory now, a gzipped pprof profile like Go's: \
 `go tool pprof http://ADDR/debug/pprof/heap`), /debug/pprof/growth (what \
-grew since the previous fetch, or over ?seconds=N, N <= 300), /holders \
-(on request: the report as JSON with each listed stack's reachability, the \
-scan of `record --holders` made at the next snapshot; collection waits \
-meanwhile, the target is never stopped) and /healthz. Values are those of the latest snapshot; exited processes are left out. \
+grew since this client's previous fetch, or over ?seconds=N, N <= 300), \
+/holders (record --holders only, on request, one scan every 10 s: the report \
+as JSON with each listed stack's reachability, scanned off the collection \
+from the next snapshot's live blocks; the target is never stopped) and \
+/healthz; at most 16 connections per client address. Values are those of the latest snapshot; exited processes are left out. \
 ADDR is PORT (binds 127.0.0.1), IP:PORT or [IPv6]:PORT. WARNING: anyone who \
 can reach the address reads the traced processes' function names, source \
 files and memory sizes; bind another address than loopback only on a \

@@ -164,6 +164,159 @@ pub fn read(pid: u32, address: u64, buffer: &mut [u8]) -> usize {
     read.max(0) as usize
 }
 
+/// `PAGEMAP_SCAN` (Linux 6.7+): `_IOWR('f', 16, struct pm_scan_arg)`.
+const PAGEMAP_SCAN: libc::c_ulong = 0xc060_6610;
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
+/// Ranges asked for per PAGEMAP_SCAN call.
+const SCAN_RANGES: usize = 512;
+const PAGE_BYTES: u64 = 4096;
+
+/// `struct pm_scan_arg` (include/uapi/linux/fs.h).
+#[repr(C)]
+#[derive(Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+/// `struct page_region`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+/// The target's pages that hold data, for the scan: what is neither
+/// resident nor swapped out was never written (or was given back) and
+/// reads as zeros, so a reservation of a terabyte costs nothing to scan.
+pub struct Populated {
+    pagemap: Option<std::fs::File>,
+}
+
+impl Populated {
+    pub fn open(pid: u32) -> Populated {
+        Populated {
+            pagemap: std::fs::File::open(format!("/proc/{pid}/pagemap")).ok(),
+        }
+    }
+
+    /// The ranges of `start..end` (page-aligned) whose pages are resident
+    /// or swapped, joined, in order; the whole range where the kernel
+    /// cannot tell (no pagemap), at most one range per page.
+    pub fn ranges(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let Some(pagemap) = &self.pagemap else {
+            return vec![(start, end)];
+        };
+        match scan_ranges(pagemap, start, end) {
+            Some(ranges) => ranges,
+            None => pagemap_ranges(pagemap, start, end).unwrap_or_else(|| vec![(start, end)]),
+        }
+    }
+}
+
+/// A region's populated ranges (`Populated::ranges`), for walks that skip
+/// what holds no data.
+pub struct Resident {
+    ranges: Vec<(u64, u64)>,
+}
+
+impl Resident {
+    pub fn of(populated: &Populated, region: &Region) -> Resident {
+        Resident {
+            ranges: populated.ranges(region.start & !(PAGE_BYTES - 1), region.end),
+        }
+    }
+
+    /// The first populated address at or after `address`; None past the
+    /// last populated range.
+    pub fn next(&self, address: u64) -> Option<u64> {
+        let index = self.ranges.partition_point(|&(_, end)| end <= address);
+        self.ranges.get(index).map(|&(start, _)| start.max(address))
+    }
+}
+
+/// The populated ranges by PAGEMAP_SCAN; None where the kernel has no
+/// such ioctl.
+fn scan_ranges(pagemap: &std::fs::File, start: u64, end: u64) -> Option<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd as _;
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    let mut found = [PageRegion::default(); SCAN_RANGES];
+    let mut from = start;
+    while from < end {
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            start: from,
+            end,
+            vec: found.as_mut_ptr() as u64,
+            vec_len: SCAN_RANGES as u64,
+            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            ..PmScanArg::default()
+        };
+        // SAFETY: `arg` and the `found` array it points at live through
+        // the call; the kernel writes at most `vec_len` regions.
+        let count = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg) };
+        if count < 0 {
+            return None;
+        }
+        for region in &found[..(count as usize).min(SCAN_RANGES)] {
+            match ranges.last_mut() {
+                Some(last) if last.1 == region.start => last.1 = region.end,
+                _ => ranges.push((region.start, region.end)),
+            }
+        }
+        if arg.walk_end <= from {
+            break;
+        }
+        from = arg.walk_end;
+    }
+    Some(ranges)
+}
+
+/// The populated ranges from /proc/PID/pagemap's entry per page (bit 63
+/// present, bit 62 swapped), for kernels before 6.7.
+fn pagemap_ranges(pagemap: &std::fs::File, start: u64, end: u64) -> Option<Vec<(u64, u64)>> {
+    use std::os::unix::fs::FileExt as _;
+    const ENTRIES: usize = 1 << 16;
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    let mut entries = vec![0u8; ENTRIES * 8];
+    let mut page = start / PAGE_BYTES;
+    let last = end.div_ceil(PAGE_BYTES);
+    while page < last {
+        let count = ((last - page) as usize).min(ENTRIES);
+        let read = pagemap.read_at(&mut entries[..count * 8], page * 8).ok()?;
+        if read < 8 {
+            return None;
+        }
+        for (index, entry) in entries[..read / 8 * 8].chunks_exact(8).enumerate() {
+            let entry = u64::from_ne_bytes(entry.try_into().expect("8 bytes"));
+            if entry & (3 << 62) == 0 {
+                continue;
+            }
+            let at = (page + index as u64) * PAGE_BYTES;
+            match ranges.last_mut() {
+                Some(last) if last.1 == at => last.1 = at + PAGE_BYTES,
+                _ => ranges.push((at, at + PAGE_BYTES)),
+            }
+        }
+        page += (read / 8) as u64;
+    }
+    Some(ranges)
+}
+
 /// iovecs per process_vm_readv (the kernel's UIO_MAXIOV).
 pub const IOVECS: usize = 1024;
 
@@ -280,6 +433,49 @@ mod tests {
             (Some(0x7ffd0001f000), vec![])
         );
         assert_eq!(parse_syscall("running\n"), (None, vec![]));
+    }
+
+    #[test]
+    fn only_the_touched_pages_of_a_reservation_are_populated() {
+        let bytes = 1usize << 40;
+        // SAFETY: a fresh private reservation, unmapped below; only its
+        // pages 0 and 3 are written.
+        let start = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(start, libc::MAP_FAILED);
+        let page = PAGE_BYTES as usize;
+        // SAFETY: inside the reservation.
+        unsafe {
+            start.cast::<u8>().write_volatile(1);
+            start.cast::<u8>().add(3 * page).write_volatile(1);
+            start.cast::<u8>().add(4 * page).write_volatile(1);
+        }
+        let start_address = start as u64;
+        let populated = Populated::open(std::process::id());
+        let began = std::time::Instant::now();
+        let ranges = populated.ranges(start_address, start_address + bytes as u64);
+        let seconds = began.elapsed().as_secs_f64();
+        // SAFETY: the reservation mapped above, no longer used.
+        unsafe { libc::munmap(start, bytes) };
+        assert_eq!(
+            ranges,
+            [
+                (start_address, start_address + PAGE_BYTES),
+                (
+                    start_address + 3 * PAGE_BYTES,
+                    start_address + 5 * PAGE_BYTES
+                )
+            ]
+        );
+        assert!(seconds < 5.0, "{seconds} s for a terabyte");
     }
 
     #[test]

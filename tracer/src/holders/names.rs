@@ -191,7 +191,7 @@ fn load_module(pid: u32, path: &str, first: &Region) -> Option<Module> {
         .wrapping_add(first_offset);
     let end = loads
         .iter()
-        .map(|(address, size, _)| address + size)
+        .map(|(address, size, _)| address.saturating_add(*size))
         .max()?;
     let mut symbols: Vec<(u64, u64, String)> = elf
         .symbols()
@@ -199,7 +199,11 @@ fn load_module(pid: u32, path: &str, first: &Region) -> Option<Module> {
         .filter(|symbol| symbol.kind() == SymbolKind::Data && symbol.size() > 0)
         .filter_map(|symbol| {
             let start = symbol.address().wrapping_add(bias);
-            Some((start, start + symbol.size(), demangle(symbol.name().ok()?)))
+            Some((
+                start,
+                start.saturating_add(symbol.size()),
+                demangle(symbol.name().ok()?),
+            ))
         })
         .collect();
     symbols.sort();

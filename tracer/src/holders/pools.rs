@@ -229,11 +229,22 @@ fn find_pools(
         }
         pages.clear();
     };
+    let populated = memory::Populated::open(pid);
     for region in regions.iter().filter(|region| {
         region.scanned() && region.name.is_empty() && globals.module_name(region.start).is_none()
     }) {
+        // Only pages that hold data can start a pool.
+        let resident = memory::Resident::of(&populated, region);
         let mut page = region.start.next_multiple_of(PAGE_BYTES);
         while page + POOL_OVERHEAD <= region.end {
+            match resident.next(page) {
+                Some(at) if at == page => {}
+                Some(at) => {
+                    page = at.next_multiple_of(PAGE_BYTES);
+                    continue;
+                }
+                None => break,
+            }
             // Past the traced blocks and skipped ranges that cover this
             // page.
             let index = traced.first_ending_after(page);

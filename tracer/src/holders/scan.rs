@@ -17,6 +17,9 @@ use crate::model::reachability::{HolderKind, HoldersScan};
 /// Bytes read per process_vm_readv.
 const CHUNK_BYTES: usize = 1 << 20;
 const PAGE_BYTES: u64 = 4096;
+/// Most edges one scan keeps (8 bytes each: 256 MiB); past it, pointers
+/// are counted, left out.
+pub const MAX_EDGES: usize = 1 << 25;
 /// The x86-64 red zone: a function may keep data this far below its
 /// stack pointer.
 const RED_ZONE_BYTES: u64 = 128;
@@ -101,6 +104,8 @@ pub fn scan(
     let mut roots = Roots::default();
     let root_base = blocks.len() as u32;
     let mut buffer = vec![0u8; CHUNK_BYTES];
+    let populated = memory::Populated::open(pid);
+    let mut last_edge = None;
     for region in regions.iter().filter(|region| region.scanned()) {
         cost.mappings += 1;
         let owner = owner_of(pid, region, &threads, globals);
@@ -115,11 +120,28 @@ pub fn scan(
         let mut last_global: Option<(u64, u64, u32)> = None;
         let mut cursor = blocks.first_ending_after(address);
         let mut parsed_cursor = parsed.partition_point(|&(_, end)| end <= address);
+        // Only the pages that hold data: the rest reads as zeros.
+        let mut resident = populated.ranges(address & !(PAGE_BYTES - 1), region.end);
+        resident.reverse();
+        let mut resident_end = address;
         while address < region.end {
-            let want = ((region.end - address) as usize).min(CHUNK_BYTES);
+            if address >= resident_end {
+                let Some((start, end)) = resident.pop() else {
+                    cost.bytes_not_resident += region.end - address;
+                    break;
+                };
+                let start = start.max(address);
+                cost.bytes_not_resident += start - address;
+                address = start;
+                resident_end = end;
+                if address >= resident_end {
+                    continue;
+                }
+            }
+            let want = ((resident_end - address) as usize).min(CHUNK_BYTES);
             let read = memory::read(pid, address, &mut buffer[..want]) & !7;
             if read == 0 {
-                let skip = (PAGE_BYTES - address % PAGE_BYTES).min(region.end - address);
+                let skip = (PAGE_BYTES - address % PAGE_BYTES).min(resident_end - address);
                 cost.bytes_unreadable += skip;
                 address += skip;
                 continue;
@@ -202,6 +224,15 @@ pub fn scan(
                             }),
                         }
                 };
+                // A run of words to one block from one source is one edge.
+                if last_edge == Some((source, hit.block)) {
+                    continue;
+                }
+                if graph.edge_count() >= MAX_EDGES {
+                    cost.edges_left_out += 1;
+                    continue;
+                }
+                last_edge = Some((source, hit.block));
                 graph.add(source, hit.block, hit.interior);
             }
             address += read as u64;

@@ -121,6 +121,11 @@ pub struct HoldersScan {
     /// those mappings that could not be read (guard pages).
     pub bytes_read: u64,
     pub bytes_unreadable: u64,
+    /// Bytes of the writable mappings neither resident nor swapped out
+    /// (never written: zeros), not read.
+    pub bytes_not_resident: u64,
+    /// Pointers left out past the scan's cap on edges (holders::scan::MAX_EDGES).
+    pub edges_left_out: u64,
     /// Thread stack bytes below a blocked thread's stack pointer: dead
     /// frames, not scanned.
     pub bytes_below_stack_pointers: u64,

@@ -16,6 +16,7 @@ pub mod layout;
 pub mod pprof;
 mod report;
 pub mod svg;
+pub mod terminal;
 pub mod text;
 mod units;
 

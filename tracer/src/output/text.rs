@@ -75,7 +75,9 @@ pub fn render(report: &Report) -> String {
     }
     let mut text = lines.join("\n");
     text.push('\n');
-    text
+    // As a terminal shows it: control characters in names from the target
+    // escaped.
+    super::terminal::lines(&text)
 }
 
 /// `; too early to tell for 2 (#1, #4 below)`, when ranked entries are.

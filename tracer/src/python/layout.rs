@@ -227,12 +227,22 @@ pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
 /// Bytes of 3.13's `_Py_DebugOffsets` (73 words, from the v3.13.0
 /// Include/internal/pycore_runtime.h).
 pub const DEBUG_OFFSETS_3_13_BYTES: usize = 73 * 8;
+/// The largest size or field offset of a runtime, interpreter, thread
+/// state, frame or code object a `_Py_DebugOffsets` may give (3.13's
+/// largest is under 300 KiB).
+pub const MAX_STRUCT_OFFSET: u64 = 1 << 20;
+/// The largest offset in a string or bytes object's header (3.13: 40).
+pub const MAX_OBJECT_HEADER_BYTES: u64 = 256;
 
 /// 3.13's layout, every offset read from the `_Py_DebugOffsets` that
 /// starts `_PyRuntime` (`bytes`, at least `DEBUG_OFFSETS_3_13_BYTES`):
 /// the words of its runtime, interpreter, thread, frame, code, bytes and
-/// unicode sections. None without the cookie or with a frame field beyond
-/// the kernel's window.
+/// unicode sections. None without the cookie, with a frame field beyond
+/// the kernel's window, or with a word past its cap: MAX_STRUCT_OFFSET for
+/// the sizes and field offsets of the runtime, interpreters, thread
+/// states, frames and code objects, and MAX_OBJECT_HEADER_BYTES for the
+/// string and bytes objects' headers, whose offsets size the read of
+/// every name.
 pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<Layout> {
     if bytes.len() < DEBUG_OFFSETS_3_13_BYTES || &bytes[..8] != DEBUG_COOKIE {
         return None;
@@ -240,6 +250,14 @@ pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<Layout> {
     let word = |index: usize| {
         u64::from_ne_bytes(bytes[index * 8..index * 8 + 8].try_into().expect("8 bytes"))
     };
+    // Word 1 is the version; every other is a size or an offset.
+    if (2..DEBUG_OFFSETS_3_13_BYTES / 8).any(|index| word(index) > MAX_STRUCT_OFFSET)
+        || [66, 68, 70]
+            .iter()
+            .any(|&index| word(index) > MAX_OBJECT_HEADER_BYTES)
+    {
+        return None;
+    }
     let small = |index: usize| u32::try_from(word(index)).ok();
     let frames = PythonOffsets {
         // PyThreadState.current_frame, read directly.
@@ -441,6 +459,23 @@ pub(crate) mod tests {
         let mut damaged = bytes.clone();
         damaged[0] = b'X';
         assert_eq!(from_debug_offsets_3_13(&damaged), None, "no cookie");
+    }
+
+    #[test]
+    fn debug_offsets_past_their_caps_are_refused() {
+        // The string header (it sizes every name's read), an interpreter's
+        // thread list, a thread state's id: each a terabyte.
+        for index in [70, 68, 66, 9, 25] {
+            let mut words = DEBUG_OFFSETS_3_13_0;
+            words[index] = 1 << 40;
+            let bytes: Vec<u8> = words.iter().flat_map(|word| word.to_ne_bytes()).collect();
+            assert_eq!(from_debug_offsets_3_13(&bytes), None, "word {index}");
+        }
+        // A string header of 4 KiB is no CPython's either.
+        let mut words = DEBUG_OFFSETS_3_13_0;
+        words[70] = 4096;
+        let bytes: Vec<u8> = words.iter().flat_map(|word| word.to_ne_bytes()).collect();
+        assert_eq!(from_debug_offsets_3_13(&bytes), None);
     }
 
     #[test]

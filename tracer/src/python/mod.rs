@@ -26,6 +26,7 @@ pub use merge::merge;
 use crate::{
     model::{Frame, Language},
     procfs::{self, Mapping},
+    target_memory::{Process, TargetMemory},
 };
 
 /// `--python`.
@@ -263,11 +264,63 @@ fn field_i32(bytes: &[u8], offset: u64) -> i32 {
     })
 }
 
+/// Every thread state of every (sub-)interpreter in `memory`, from
+/// `_PyRuntime` at `runtime`: (thread id, address). Bounded whatever the
+/// lists hold: each interpreter and thread state is visited once (a
+/// `next` back to one seen ends its list), at most MAX_INTERPRETERS and
+/// MAX_THREADS of them, thread states of threads not started counted too.
+pub fn thread_states(
+    memory: &impl TargetMemory,
+    layout: &Layout,
+    runtime: u64,
+    pthread_tid: u64,
+) -> Vec<(u32, u64)> {
+    let mut threads = Vec::new();
+    let mut seen_interpreters = HashSet::new();
+    let mut seen_threads = HashSet::new();
+    let mut interpreter = memory
+        .read_u64(runtime + layout.runtime_interpreters)
+        .unwrap_or(0);
+    while interpreter != 0
+        && seen_interpreters.len() < MAX_INTERPRETERS
+        && seen_interpreters.insert(interpreter)
+    {
+        let mut thread = memory
+            .read_u64(interpreter.wrapping_add(layout.interpreter_threads))
+            .unwrap_or(0);
+        while thread != 0 && seen_threads.len() < MAX_THREADS && seen_threads.insert(thread) {
+            let Some(mut native_id) = memory.read_u64(thread.wrapping_add(layout.thread_native_id))
+            else {
+                break;
+            };
+            if layout.thread_id_is_pthread && native_id != 0 {
+                // pthread_self(): the thread's struct pthread.
+                native_id = memory
+                    .read_u32(native_id.wrapping_add(pthread_tid))
+                    .map_or(0, u64::from);
+            }
+            // 0: a thread state whose thread has not started yet.
+            if native_id != 0 {
+                threads.push((native_id as u32, thread));
+            }
+            thread = memory
+                .read_u64(thread.wrapping_add(layout.thread_next))
+                .unwrap_or(0);
+        }
+        interpreter = memory
+            .read_u64(interpreter.wrapping_add(layout.interpreter_next))
+            .unwrap_or(0);
+    }
+    threads
+}
+
 /// `PyObject.ob_type`.
 const OB_TYPE: u64 = 8;
 
-/// Most thread states read per interpreter (a guard against a cycle).
-const MAX_THREADS: usize = 1 << 14;
+/// Most thread states read, of all interpreters together.
+pub const MAX_THREADS: usize = 1 << 14;
+/// Most (sub-)interpreters read.
+pub const MAX_INTERPRETERS: usize = 256;
 
 impl Interpreter {
     /// "3.11.2", or "3.10" where the micro version is not known.
@@ -299,35 +352,12 @@ impl Interpreter {
 
     /// Every thread state of every (sub-)interpreter: (thread id, address).
     pub fn threads(&self) -> Vec<(u32, u64)> {
-        let layout = &self.layout;
-        let mut threads = Vec::new();
-        let mut interpreter =
-            read_u64(self.pid, self.runtime + layout.runtime_interpreters).unwrap_or(0);
-        let mut interpreters = 0;
-        while interpreter != 0 && interpreters < 256 {
-            interpreters += 1;
-            let mut thread =
-                read_u64(self.pid, interpreter + layout.interpreter_threads).unwrap_or(0);
-            while thread != 0 && threads.len() < MAX_THREADS {
-                let Some(mut native_id) = read_u64(self.pid, thread + layout.thread_native_id)
-                else {
-                    break;
-                };
-                if layout.thread_id_is_pthread && native_id != 0 {
-                    // pthread_self(): the thread's struct pthread.
-                    native_id = read(self.pid, native_id + self.pthread_tid, 4).map_or(0, |id| {
-                        u64::from(u32::from_ne_bytes(id.try_into().expect("4 bytes")))
-                    });
-                }
-                // 0: a thread state whose thread has not started yet.
-                if native_id != 0 {
-                    threads.push((native_id as u32, thread));
-                }
-                thread = read_u64(self.pid, thread + layout.thread_next).unwrap_or(0);
-            }
-            interpreter = read_u64(self.pid, interpreter + layout.interpreter_next).unwrap_or(0);
-        }
-        threads
+        thread_states(
+            &Process(self.pid),
+            &self.layout,
+            self.runtime,
+            self.pthread_tid,
+        )
     }
 
     /// Checks the layout against the process: some thread state's
@@ -596,6 +626,67 @@ fn read_bytes(pid: u32, object: u64, layout: &Layout) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target_memory::Image;
+
+    const RUNTIME: u64 = 0x1000;
+    const INTERPRETER: u64 = 0x2000;
+    const THREADS: [u64; 3] = [0x3000, 0x4000, 0x5000];
+
+    /// A runtime with one interpreter and three thread states whose
+    /// `native_thread_id`s are `ids`, the last one's `next` = `last_next`.
+    fn image(ids: [u64; 3], last_next: u64) -> Image {
+        let layout = layout::PYTHON_3_12;
+        let mut image = Image::new();
+        image
+            .place(RUNTIME, vec![0; 0x100])
+            .place(INTERPRETER, vec![0; 0x100])
+            .write_u64(RUNTIME + layout.runtime_interpreters, INTERPRETER)
+            .write_u64(INTERPRETER + layout.interpreter_threads, THREADS[0]);
+        for (index, (&thread, id)) in THREADS.iter().zip(ids).enumerate() {
+            let next = THREADS.get(index + 1).copied().unwrap_or(last_next);
+            image
+                .place(thread, vec![0; 0x100])
+                .write_u64(thread + layout.thread_next, next)
+                .write_u64(thread + layout.thread_native_id, id);
+        }
+        image
+    }
+
+    #[test]
+    fn thread_states_are_listed_in_order() {
+        let threads = thread_states(&image([11, 0, 13], 0), &layout::PYTHON_3_12, RUNTIME, 0);
+        assert_eq!(threads, [(11, THREADS[0]), (13, THREADS[2])]);
+    }
+
+    #[test]
+    fn a_cycle_of_thread_states_not_started_ends() {
+        // No thread started (ids 0): such states were never counted
+        // toward the cap, and a cycle among them spun for ever.
+        let threads = thread_states(
+            &image([0, 0, 0], THREADS[1]),
+            &layout::PYTHON_3_12,
+            RUNTIME,
+            0,
+        );
+        assert_eq!(threads, []);
+        // A cycle back to the first, with ids: each listed once.
+        let threads = thread_states(
+            &image([11, 12, 13], THREADS[0]),
+            &layout::PYTHON_3_12,
+            RUNTIME,
+            0,
+        );
+        assert_eq!(threads.len(), 3);
+    }
+
+    #[test]
+    fn an_interpreter_list_that_loops_ends() {
+        let layout = layout::PYTHON_3_12;
+        let mut image = image([11, 0, 0], 0);
+        image.write_u64(INTERPRETER + layout.interpreter_next, INTERPRETER);
+        let threads = thread_states(&image, &layout, RUNTIME, 0);
+        assert_eq!(threads, [(11, THREADS[0])]);
+    }
 
     #[test]
     fn versions_from_file_names() {

@@ -4,9 +4,16 @@
 //! A file cut short (tracer killed, copy interrupted) is read up to its last
 //! complete record and says so in [`Recording::warning`]; a missing, damaged
 //! or newer-version file is an error whose one line names the problem.
+//!
+//! Recordings come from other machines: the file is read record by record
+//! (never whole), each kind of record has a size cap checked before it is
+//! decoded, and what the decoded records hold is counted against
+//! MAX_HELD_BYTES, so that no file makes `tracer report` hold more than
+//! about 256 MiB.
 
 use std::{
     collections::{BTreeMap, HashMap},
+    io::Read,
     path::Path,
 };
 
@@ -77,21 +84,64 @@ pub struct Filter {
     pub to_s: Option<f64>,
 }
 
-/// Reads the recording at `path`.
+/// The largest stack record decoded (a stack's frames: thousands of
+/// frames fit), and the largest of any other kind (a snapshot's changed
+/// counters: some 500 000 stacks fit); the decoded records take at most
+/// about 25 and 8 times their encoded bytes.
+pub const MAX_STACK_RECORD_BYTES: usize = 1 << 20;
+pub const MAX_OTHER_RECORD_BYTES: usize = 8 << 20;
+/// The most memory the decoded records of one recording may take
+/// (estimated from what they hold).
+pub const MAX_HELD_BYTES: usize = 160 << 20;
+
+/// `Record::Stack`'s variant index, the first byte of its payload.
+const STACK_VARIANT: u8 = 1;
+
+/// Reads the recording at `path`, record by record.
 pub fn read(path: &Path) -> Result<Recording> {
     let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|error| {
+    let file = std::fs::File::open(path).map_err(|error| {
         fatal(
             ExitCode::BadRecording,
             format!("cannot read {name}: {error}"),
         )
     })?;
-    parse(&bytes, &name)
+    parse_from(std::io::BufReader::new(file), &name)
 }
 
 /// Parses the bytes of a recording; `name` is what messages call it.
 pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
+    parse_from(bytes, name)
+}
+
+/// Reads up to `buffer.len()` bytes: how many came (fewer at the end).
+fn read_up_to(source: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buffer.len() {
+        match source.read(&mut buffer[done..]) {
+            Ok(0) => break,
+            Ok(count) => done += count,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(done)
+}
+
+/// Parses a recording read from `source`; `name` is what messages call it.
+pub fn parse_from(mut source: impl Read, name: &str) -> Result<Recording> {
     let bad = |problem: String| fatal(ExitCode::BadRecording, format!("{name} {problem}"));
+    let too_large = |offset: usize, bytes: usize, cap: usize| {
+        bad(format!(
+            "is too large to report: the record at byte {offset} holds {bytes} bytes (at most \
+             {} MiB)",
+            cap >> 20
+        ))
+    };
+    let read_error = |error: std::io::Error| bad(format!("could not be read: {error}"));
+    let mut preamble = [0u8; PREAMBLE_BYTES];
+    let got = read_up_to(&mut source, &mut preamble).map_err(read_error)?;
+    let bytes = &preamble[..got];
     if bytes.is_empty() {
         return Err(bad(
             "is empty: not a tracer recording, or one killed before it began".to_owned(),
@@ -119,8 +169,11 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
 
     let mut builder = Builder::default();
     let mut offset = PREAMBLE_BYTES;
+    let mut payload = Vec::new();
     let ending = loop {
-        if offset == bytes.len() {
+        let mut header = [0u8; RECORD_HEADER_BYTES];
+        let got = read_up_to(&mut source, &mut header).map_err(read_error)?;
+        if got == 0 {
             break Ending::Unfinished;
         }
         if builder.ended {
@@ -128,9 +181,9 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
                 "is corrupt: data follows its end mark at byte {offset}"
             )));
         }
-        let Some(header) = bytes.get(offset..offset + RECORD_HEADER_BYTES) else {
+        if got < RECORD_HEADER_BYTES {
             break Ending::CutAt(offset);
-        };
+        }
         let length_bytes: [u8; 4] = header[..4].try_into().expect("4 bytes");
         let length = u32::from_le_bytes(length_bytes);
         let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
@@ -139,20 +192,40 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<Recording> {
                 "is corrupt: the record at byte {offset} claims {length} bytes"
             )));
         }
+        if length as usize > MAX_OTHER_RECORD_BYTES {
+            return Err(too_large(offset, length as usize, MAX_OTHER_RECORD_BYTES));
+        }
         let start = offset + RECORD_HEADER_BYTES;
-        let Some(payload) = bytes.get(start..start + length as usize) else {
+        // Read in steps, so that a length the file does not hold costs
+        // no more than the file.
+        payload.clear();
+        let got = (&mut source)
+            .take(u64::from(length))
+            .read_to_end(&mut payload)
+            .map_err(read_error)?;
+        if got < length as usize {
             break Ending::CutAt(offset);
-        };
-        if record_crc(length_bytes, payload) != crc {
+        }
+        if record_crc(length_bytes, &payload) != crc {
             return Err(bad(format!(
                 "is corrupt: the record at byte {offset} fails its checksum"
             )));
         }
-        let record = decode(payload, version).map_err(|error| {
+        if payload.first() == Some(&STACK_VARIANT) && payload.len() > MAX_STACK_RECORD_BYTES {
+            return Err(too_large(offset, payload.len(), MAX_STACK_RECORD_BYTES));
+        }
+        let record = decode(&payload, version).map_err(|error| {
             bad(format!(
                 "is corrupt: the record at byte {offset} does not decode ({error})"
             ))
         })?;
+        builder.held_bytes += held_bytes(&record);
+        if builder.held_bytes > MAX_HELD_BYTES {
+            return Err(bad(format!(
+                "is too large to report: its records up to byte {offset} hold more than {} MiB",
+                MAX_HELD_BYTES >> 20
+            )));
+        }
         builder
             .add(record)
             .map_err(|problem| bad(format!("is corrupt: the record at byte {offset} {problem}")))?;
@@ -196,6 +269,42 @@ struct Builder {
     /// The CPU times read with the next snapshot.
     pending_cpu_s: Vec<(u32, f64)>,
     ended: bool,
+    /// What the records decoded so far take, estimated.
+    held_bytes: usize,
+}
+
+/// The memory a decoded record takes, and what the model built from it
+/// will take again, estimated from what it holds.
+fn held_bytes(record: &Record) -> usize {
+    use std::mem::size_of;
+    let text = |text: &Option<String>| text.as_ref().map_or(0, String::len);
+    match record {
+        Record::Stack(stack) => {
+            size_of::<RecordedStack>()
+                + stack.kind.len()
+                + text(&stack.api)
+                + stack
+                    .frames
+                    .iter()
+                    .map(|frame| {
+                        size_of::<Frame>()
+                            + text(&frame.function)
+                            + text(&frame.file)
+                            + text(&frame.module)
+                            + text(&frame.build_id)
+                    })
+                    .sum::<usize>()
+        }
+        // Each changed counter again in the model.
+        Record::Snapshot(snapshot) => {
+            size_of::<SnapshotRecord>()
+                + snapshot.changed.len() * size_of::<(u32, Counters)>() * 2
+                + snapshot.stats.len() * 8 * 2
+                + snapshot.rss_bytes.len() * 16 * 2
+        }
+        Record::CpuTime(cpu_s) => cpu_s.len() * 16 * 2,
+        _ => size_of::<Record>(),
+    }
 }
 
 impl Builder {
@@ -355,6 +464,9 @@ impl Recording {
         let mut base_s = 0.0;
         let mut current = vec![Counters::default(); self.stacks.len()];
         let mut baseline: Option<(Vec<Counters>, Vec<u64>)> = None;
+        // The last snapshot at or before --from: its counters are copied
+        // once, when the first snapshot after it comes.
+        let mut base_snapshot: Option<&SnapshotRecord> = None;
         // CPU seconds of each process at time zero.
         let mut base_cpu_s: BTreeMap<u32, f64> = BTreeMap::new();
         let mut model = Model::new();
@@ -362,17 +474,23 @@ impl Recording {
             if filter.to_s.is_some_and(|to_s| snapshot.elapsed_s > to_s) {
                 break;
             }
-            for &(number, counters) in &snapshot.changed {
-                current[number as usize] = counters;
-            }
             if filter
                 .from_s
                 .is_some_and(|from_s| snapshot.elapsed_s <= from_s)
             {
-                baseline = Some((current.clone(), snapshot.stats.clone()));
+                for &(number, counters) in &snapshot.changed {
+                    current[number as usize] = counters;
+                }
+                base_snapshot = Some(snapshot);
                 base_s = snapshot.elapsed_s;
                 base_cpu_s.extend(snapshot.cpu_s.iter().copied());
                 continue;
+            }
+            if let Some(base) = base_snapshot.take() {
+                baseline = Some((current.clone(), base.stats.clone()));
+            }
+            for &(number, counters) in &snapshot.changed {
+                current[number as usize] = counters;
             }
             let stacks = snapshot
                 .changed

@@ -1,9 +1,15 @@
 //! `--listen ADDR`: a read-only HTTP server for the systems that gather
 //! from many hosts, Prometheus (`/metrics`) and the continuous profilers
 //! that scrape pprof endpoints (`/debug/pprof/heap`, `/debug/pprof/growth`),
-//! plus `/healthz`, and `/holders` on request: the report as JSON with
-//! each listed stack's reachability (`record --holders`' scan, made for
-//! this request by the collection loop at its next snapshot).
+//! plus `/healthz`, and, for `record --holders` only, `/holders` on
+//! request: the report as JSON with each listed stack's reachability (the
+//! live blocks read by the collection loop at its next snapshot, the scan
+//! made off the loop on a thread of its own, at most one every
+//! MIN_HOLDERS_INTERVAL).
+//!
+//! Anyone who can reach the address is a client: each has its own base
+//! for `/debug/pprof/growth` (no client resets another's) and at most
+//! MAX_CONNECTIONS_PER_CLIENT connections at once.
 //!
 //! The server runs on a thread and a tokio runtime of its own. The
 //! collection loop publishes a `View` of each snapshot into a watch
@@ -14,7 +20,7 @@ mod view;
 
 use std::{
     collections::HashMap,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -43,6 +49,15 @@ pub use view::{StackView, TargetView, View, site_label, stack_hash};
 /// backlog. Clients that connect and send nothing are closed after
 /// `HEADER_TIMEOUT`, so it takes this many at once to delay a scrape.
 const MAX_CONNECTIONS: usize = 256;
+/// Connections one client address may hold at once; more are closed
+/// as they come.
+const MAX_CONNECTIONS_PER_CLIENT: usize = 16;
+/// Client addresses whose growth base is kept; past it, the oldest is
+/// forgotten (its next fetch is since attach).
+const MAX_GROWTH_CLIENTS: usize = 64;
+/// The shortest time between two `/holders` scans: each reads all of the
+/// targets' memory.
+const MIN_HOLDERS_INTERVAL: Duration = Duration::from_secs(10);
 /// How long a client may take to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one connection may stay open beyond a growth profile's
@@ -60,14 +75,16 @@ const HOLDERS_TIMEOUT: Duration = Duration::from_secs(120);
 /// goes back through it.
 type HoldersRequest = oneshot::Sender<String>;
 
-/// The server `--listen` asks for, started and announced on stderr.
-pub fn start_if_asked(config: &Config) -> Result<Option<Server>> {
+/// The server `--listen` asks for, started and announced on stderr;
+/// `/holders` served where `holders` (`record --holders`).
+pub fn start_if_asked(config: &Config, holders: bool) -> Result<Option<Server>> {
     let Some(address) = config.listen else {
         return Ok(None);
     };
-    let server = Server::start(address)?;
+    let server = Server::start(address, holders)?;
     eprintln!(
-        "tracer: serving /metrics, /debug/pprof/heap, /debug/pprof/growth, /holders on http://{}",
+        "tracer: serving /metrics, /debug/pprof/heap, /debug/pprof/growth{} on http://{}",
+        if holders { ", /holders" } else { "" },
         server.address()
     );
     Ok(Some(server))
@@ -88,8 +105,9 @@ pub struct Server {
 
 impl Server {
     /// Binds `address` (before attaching, so a taken port fails fast with
-    /// exit code 8) and starts serving on a thread of its own.
-    pub fn start(address: SocketAddr) -> Result<Server> {
+    /// exit code 8) and starts serving on a thread of its own; `/holders`
+    /// only where `holders`.
+    pub fn start(address: SocketAddr, holders: bool) -> Result<Server> {
         let listener = std::net::TcpListener::bind(address).map_err(|error| {
             fatal(
                 ExitCode::Output,
@@ -104,7 +122,7 @@ impl Server {
         let (holders_sender, holders_requests) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("tracer-listen".to_owned())
-            .spawn(move || serve(listener, receiver, holders_sender))
+            .spawn(move || serve(listener, receiver, holders.then_some(holders_sender)))
             .context("could not start the --listen thread")?;
         Ok(Server {
             address,
@@ -155,8 +173,9 @@ impl Server {
     }
 
     /// Answers a waiting `/holders` request, if any: the report of
-    /// `model` with the holders of its listed stacks, scanned now (the
-    /// collection waits meanwhile; the target is not stopped).
+    /// `model` with the holders of its listed stacks. The collection reads
+    /// the live blocks and the stacks' labels; the scan runs on a thread
+    /// of its own (the collection goes on; the target is not stopped).
     pub fn answer_holders(&mut self, collector: &mut Collector, model: &Model, config: &Config) {
         // A request is answered at the snapshot after the one it came
         // with, so that the stacks are those of a snapshot taken after it.
@@ -168,9 +187,15 @@ impl Server {
             return;
         };
         let mut report = session::build_report(collector, model, Default::default(), config);
-        crate::session::add_holders(collector, &mut report, config);
-        // The client may have gone meanwhile: nothing to answer then.
-        let _ = request.send(crate::output::json::to_json(&report));
+        let pending = session::prepare_holders(collector, &mut report, config);
+        // Not started: the request is dropped, the client told 503.
+        let _ = std::thread::Builder::new()
+            .name("tracer-holders".to_owned())
+            .spawn(move || {
+                session::finish_holders(&mut report, pending);
+                // The client may have gone meanwhile: nothing to answer then.
+                let _ = request.send(crate::output::json::to_json(&report));
+            });
     }
 }
 
@@ -189,7 +214,7 @@ fn comm_of(pid: u32, command: &str) -> String {
 fn serve(
     listener: std::net::TcpListener,
     views: watch::Receiver<Arc<View>>,
-    holders: std::sync::mpsc::SyncSender<HoldersRequest>,
+    holders: Option<std::sync::mpsc::SyncSender<HoldersRequest>>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -211,22 +236,33 @@ fn serve(
         };
         let state = Arc::new(State {
             views,
-            growth_base: Mutex::new(None),
+            growth_bases: Mutex::new(HashMap::new()),
             holders,
+            holders_at: Mutex::new(None),
+            connections: Mutex::new(HashMap::new()),
         });
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         loop {
             let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
                 return;
             };
-            let Ok((stream, _)) = listener.accept().await else {
+            let Ok((stream, peer)) = listener.accept().await else {
+                continue;
+            };
+            let client = peer.ip();
+            let Some(counted) = Connection::count(&state, client) else {
+                // Over its share: closed now, the slot free again.
+                drop(stream);
                 continue;
             };
             let state = Arc::clone(&state);
             tokio::spawn(async move {
+                let _counted = counted;
                 let service = service_fn(move |request| {
                     let state = Arc::clone(&state);
-                    async move { Ok::<_, std::convert::Infallible>(respond(&state, request).await) }
+                    async move {
+                        Ok::<_, std::convert::Infallible>(respond(&state, client, request).await)
+                    }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -243,21 +279,78 @@ fn serve(
 /// What the handlers share.
 struct State {
     views: watch::Receiver<Arc<View>>,
-    /// The view of the previous `/debug/pprof/growth` fetch.
-    growth_base: Mutex<Option<Arc<View>>>,
-    /// Where `/holders` requests go to the collection loop.
-    holders: std::sync::mpsc::SyncSender<HoldersRequest>,
+    /// Each client's view of its previous `/debug/pprof/growth` fetch, and
+    /// when it fetched.
+    growth_bases: Mutex<HashMap<IpAddr, (Instant, Arc<View>)>>,
+    /// Where `/holders` requests go to the collection loop (`--holders`
+    /// only), and when the last was taken.
+    holders: Option<std::sync::mpsc::SyncSender<HoldersRequest>>,
+    holders_at: Mutex<Option<Instant>>,
+    /// Connections open per client.
+    connections: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl State {
     fn view(&self) -> Arc<View> {
         Arc::clone(&self.views.borrow())
     }
+
+    /// `client`'s growth base, replaced by `now`.
+    fn replace_growth_base(&self, client: IpAddr, now: &Arc<View>) -> Arc<View> {
+        let mut bases = self.growth_bases.lock().expect("growth bases lock");
+        if !bases.contains_key(&client)
+            && bases.len() >= MAX_GROWTH_CLIENTS
+            && let Some(oldest) = bases
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(client, _)| *client)
+        {
+            bases.remove(&oldest);
+        }
+        bases
+            .insert(client, (Instant::now(), Arc::clone(now)))
+            .map(|(_, base)| base)
+            .unwrap_or_default()
+    }
+}
+
+/// One open connection of a client, counted while it lives.
+struct Connection {
+    state: Arc<State>,
+    client: IpAddr,
+}
+
+impl Connection {
+    /// Counts a connection of `client`; None past its share.
+    fn count(state: &Arc<State>, client: IpAddr) -> Option<Connection> {
+        let mut connections = state.connections.lock().expect("connections lock");
+        let open = connections.entry(client).or_default();
+        if *open >= MAX_CONNECTIONS_PER_CLIENT {
+            return None;
+        }
+        *open += 1;
+        Some(Connection {
+            state: Arc::clone(state),
+            client,
+        })
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let mut connections = self.state.connections.lock().expect("connections lock");
+        if let Some(open) = connections.get_mut(&self.client) {
+            *open -= 1;
+            if *open == 0 {
+                connections.remove(&self.client);
+            }
+        }
+    }
 }
 
 type Body = Full<Bytes>;
 
-async fn respond(state: &State, request: Request<Incoming>) -> Response<Body> {
+async fn respond(state: &State, client: IpAddr, request: Request<Incoming>) -> Response<Body> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "read-only: GET only\n");
     }
@@ -272,19 +365,23 @@ async fn respond(state: &State, request: Request<Incoming>) -> Response<Body> {
             .body(Full::new(Bytes::from(state.view().metrics())))
             .expect("a valid response"),
         "/debug/pprof/heap" => profile(state.view().heap_profile(), "heap"),
-        "/debug/pprof/growth" => growth(state, query).await,
+        "/debug/pprof/growth" => growth(state, client, query).await,
         "/holders" => holders(state).await,
         "/" => text(
             StatusCode::OK,
-            "tracer: /metrics /debug/pprof/heap /debug/pprof/growth[?seconds=N] /holders /healthz\n",
+            if state.holders.is_some() {
+                "tracer: /metrics /debug/pprof/heap /debug/pprof/growth[?seconds=N] /holders /healthz\n"
+            } else {
+                "tracer: /metrics /debug/pprof/heap /debug/pprof/growth[?seconds=N] /healthz\n"
+            },
         ),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
 
-/// `/debug/pprof/growth`: what grew since the previous fetch (since attach
-/// for the first), or over the next `?seconds=N`.
-async fn growth(state: &State, query: &str) -> Response<Body> {
+/// `/debug/pprof/growth`: what grew since this client's previous fetch
+/// (since attach for its first), or over the next `?seconds=N`.
+async fn growth(state: &State, client: IpAddr, query: &str) -> Response<Body> {
     let seconds = query
         .split('&')
         .find_map(|pair| pair.strip_prefix("seconds="));
@@ -306,12 +403,7 @@ async fn growth(state: &State, query: &str) -> Response<Body> {
         }
         None => {
             let now = state.view();
-            let base = state
-                .growth_base
-                .lock()
-                .expect("growth base lock")
-                .replace(Arc::clone(&now))
-                .unwrap_or_default();
+            let base = state.replace_growth_base(client, &now);
             (base, now)
         }
     };
@@ -321,8 +413,33 @@ async fn growth(state: &State, query: &str) -> Response<Body> {
 /// `/holders`: the report as JSON, each listed stack with its
 /// reachability, from a scan the collection loop makes for this request.
 async fn holders(state: &State) -> Response<Body> {
+    let Some(requests) = &state.holders else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "/holders is served by `tracer record --holders` only\n",
+        );
+    };
+    {
+        let mut last = state.holders_at.lock().expect("holders lock");
+        if let Some(wait) = last
+            .map(|at| MIN_HOLDERS_INTERVAL.saturating_sub(at.elapsed()))
+            .filter(|wait| !wait.is_zero())
+        {
+            return Response::builder()
+                .status(StatusCode::TOO_MANY_REQUESTS)
+                .header(header::RETRY_AFTER, wait.as_secs().max(1).to_string())
+                .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                .body(Full::new(Bytes::from(format!(
+                    "one holders scan every {} s: try again in {} s\n",
+                    MIN_HOLDERS_INTERVAL.as_secs(),
+                    wait.as_secs().max(1)
+                ))))
+                .expect("a valid response");
+        }
+        *last = Some(Instant::now());
+    }
     let (answer, answered) = oneshot::channel();
-    if state.holders.try_send(answer).is_err() {
+    if requests.try_send(answer).is_err() {
         return text(
             StatusCode::SERVICE_UNAVAILABLE,
             "a holders scan is already waiting: try again after it\n",

@@ -73,6 +73,9 @@ pub fn stack_switch(pid: u32, mappings: &[Mapping]) -> Option<GoStackSwitch> {
 /// The symbols asmcgocall's code has: the assembly function itself
 /// (`.abi0`, Go 1.17+, behind an ABI wrapper), or the function (older).
 const ASMCGOCALL: [&str; 2] = ["runtime.asmcgocall.abi0", "runtime.asmcgocall"];
+/// Most bytes of asmcgocall's code decoded (each byte may be one decoded
+/// instruction kept).
+pub const MAX_ASMCGOCALL_BYTES: usize = 4096;
 
 /// What a Go object's asmcgocall does, read from its code; None for an
 /// object that is not Go or has no asmcgocall (no cgo).
@@ -82,7 +85,11 @@ pub fn go_runtime(object: &ObjectInfo) -> Option<GoRuntime> {
         .iter()
         .find_map(|name| object.function_named(name))?;
     let offset = object.offset_of_address(function.address)?;
-    let code = object.bytes_at(offset, function.size as usize)?;
+    // The symbol's size is the file's word: asmcgocall is ~150 bytes.
+    let size = usize::try_from(function.size)
+        .unwrap_or(usize::MAX)
+        .min(MAX_ASMCGOCALL_BYTES);
+    let code = object.bytes_at(offset, size)?;
     let (switched, on_system_stack) = read_asmcgocall(code, function.address);
     Some(GoRuntime {
         text,

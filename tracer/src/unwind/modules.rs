@@ -104,6 +104,33 @@ pub struct ObjectInfo {
 }
 
 impl ObjectInfo {
+    /// A keyed digest of what unwinding reads of it: the bytes of its
+    /// unwind sections and where its code lies.
+    fn unwind_digest(&self, key: &impl std::hash::BuildHasher) -> u64 {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut hasher = key.build_hasher();
+        let bytes = |range: Option<&Range<usize>>| {
+            range
+                .and_then(|range| self.map.get(range.clone()))
+                .unwrap_or(&[])
+        };
+        bytes(self.eh_frame.as_ref().map(|(_, bytes)| bytes)).hash(&mut hasher);
+        bytes(self.eh_frame_hdr.as_ref().map(|(_, bytes)| bytes)).hash(&mut hasher);
+        bytes(self.debug_frame.as_ref()).hash(&mut hasher);
+        self.eh_frame
+            .as_ref()
+            .map(|(svma, _)| svma)
+            .hash(&mut hasher);
+        self.eh_frame_hdr
+            .as_ref()
+            .map(|(svma, _)| svma)
+            .hash(&mut hasher);
+        self.text.hash(&mut hasher);
+        self.go_text.hash(&mut hasher);
+        self.is_go.hash(&mut hasher);
+        hasher.finish()
+    }
+
     pub(super) fn read(file: &File) -> Option<ObjectInfo> {
         // SAFETY: the map is only read; a file truncated underneath reads
         // as zeros past its new end (`target_files::sigbus`).
@@ -306,11 +333,17 @@ impl ObjectInfo {
 }
 
 /// Objects by file identity (device, inode, size, modification time), and
-/// by build id: the same build in two containers is read and indexed once.
+/// by build id and the digest of their unwind information: the same build
+/// in two containers is read and indexed once, but a file that claims
+/// another's build id (a container's own, forged) shares nothing with it
+/// unless its unwind sections are the same bytes. The digest is keyed per
+/// run (SipHash with random keys), so no file can be made to match
+/// another's without being it.
 #[derive(Default)]
 pub struct ModuleFiles {
     objects: HashMap<(u64, u64, u64, i64), Option<Arc<ObjectInfo>>>,
-    by_build_id: HashMap<Vec<u8>, Arc<ObjectInfo>>,
+    by_build_id: HashMap<(Vec<u8>, u64), Arc<ObjectInfo>>,
+    digest_key: std::collections::hash_map::RandomState,
 }
 
 impl ModuleFiles {
@@ -328,11 +361,13 @@ impl ModuleFiles {
             return known.clone();
         }
         let object = ObjectInfo::read(&file).map(|object| match &object.build_id {
-            Some(build_id) => self
-                .by_build_id
-                .entry(build_id.clone())
-                .or_insert_with(|| Arc::new(object))
-                .clone(),
+            Some(build_id) => {
+                let digest = object.unwind_digest(&self.digest_key);
+                self.by_build_id
+                    .entry((build_id.clone(), digest))
+                    .or_insert_with(|| Arc::new(object))
+                    .clone()
+            }
             None => Arc::new(object),
         });
         self.objects.insert(identity, object.clone());
@@ -504,6 +539,33 @@ mod tests {
     use std::process::{Command, Stdio};
 
     use super::*;
+
+    #[test]
+    fn a_build_id_is_shared_only_with_the_same_unwind_bytes() {
+        // leaky (built by `cargo xtask setup`) and a copy of it with one
+        // byte of its .eh_frame changed: the same build id, other rows.
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/fixtures/leaky");
+        let bytes = std::fs::read(&path).expect("target/fixtures/leaky: run `cargo xtask setup`");
+        let object = ObjectInfo::read(&File::open(&path).expect("readable")).expect("an ELF");
+        let (_, eh_frame) = object.eh_frame.clone().expect("an .eh_frame");
+        let mut forged = bytes.clone();
+        forged[eh_frame.start + 40] ^= 0xff;
+        let copy = |name: &str, bytes: &[u8]| {
+            let path =
+                std::env::temp_dir().join(format!("tracer-unwind-{name}-{}", std::process::id()));
+            std::fs::write(&path, bytes).expect("a copy");
+            let object = ObjectInfo::read(&File::open(&path).expect("readable")).expect("an ELF");
+            let _ = std::fs::remove_file(&path);
+            object
+        };
+        let same = copy("same", &bytes);
+        let forged = copy("forged", &forged);
+        assert_eq!(forged.build_id, object.build_id);
+        let key = std::collections::hash_map::RandomState::new();
+        assert_eq!(same.unwind_digest(&key), object.unwind_digest(&key));
+        assert_ne!(forged.unwind_digest(&key), object.unwind_digest(&key));
+    }
 
     #[test]
     fn lld_executable_is_placed_where_the_loader_mapped_it() {

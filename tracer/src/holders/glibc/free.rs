@@ -23,6 +23,10 @@ use super::{
 /// The longest list walked (tcache counts are 16-bit; a fastbin could be
 /// longer, its rest stays "in use").
 const MAX_LIST: usize = 1 << 20;
+/// Most tcache entries read by one scan, over every tcache and try: a
+/// target with many 640-byte blocks of looping lists cannot make the read
+/// long (past it, tcaches count as unreadable).
+pub const MAX_TCACHE_STEPS: usize = 1 << 22;
 const TRIES: usize = 3;
 
 /// The chunks found free, and the tcaches themselves (allocator data).
@@ -66,6 +70,7 @@ pub fn find(pid: u32, glibc: &Glibc, arenas: &[Arena], in_use: &[(u64, u64)]) ->
         let mut bytes = [0u8; 8];
         (memory::read(pid, address, &mut bytes) == 8).then(|| u64::from_ne_bytes(bytes))
     });
+    let mut budget = MAX_TCACHE_STEPS;
     for &(chunk, size) in in_use {
         // malloc hands out a free chunk whole when what is left would be
         // under a chunk's minimum (32 bytes): a tcache made from one is one
@@ -78,7 +83,7 @@ pub fn find(pid: u32, glibc: &Glibc, arenas: &[Arena], in_use: &[(u64, u64)]) ->
         let mut found = None;
         let mut disagreed = false;
         for _ in 0..TRIES {
-            match read_tcache(pid, glibc, tcache, in_use, &mut key) {
+            match read_tcache(pid, glibc, tcache, in_use, &mut key, &mut budget) {
                 Read::Tcache(chunks) if chunks.is_empty() && !firsts.contains(&chunk) => break,
                 Read::Tcache(chunks) => {
                     found = Some(chunks);
@@ -130,13 +135,15 @@ enum Read {
     NotOne,
 }
 
-/// Reads the tcache that may be at `tcache` (its user memory).
+/// Reads the tcache that may be at `tcache` (its user memory), each entry
+/// once, spending `budget`.
 fn read_tcache(
     pid: u32,
     glibc: &Glibc,
     tcache: u64,
     in_use: &[(u64, u64)],
     key: &mut Option<u64>,
+    budget: &mut usize,
 ) -> Read {
     let mut bytes = [0u8; TCACHE_BYTES];
     if memory::read(pid, tcache, &mut bytes) < TCACHE_BYTES {
@@ -149,12 +156,22 @@ fn read_tcache(
     if (0..TCACHE_BINS).any(|bin| (count(bin) == 0) != (head(bin) == 0)) {
         return Read::NotOne;
     }
-    let mut chunks = Vec::with_capacity((0..TCACHE_BINS).map(count).sum());
+    // The counts are the target's word: room grows with what is read.
+    let mut chunks = Vec::new();
+    let mut seen = HashSet::new();
     for bin in 0..TCACHE_BINS {
         let bin_size = MIN_CHUNK_BYTES + 16 * bin as u64;
         let mut entry = head(bin);
         for _ in 0..count(bin) {
+            if *budget == 0 {
+                return Read::Changed;
+            }
+            *budget -= 1;
             let chunk = entry.wrapping_sub(CHUNK_HEADER_BYTES);
+            if !seen.insert(chunk) {
+                // A list that loops: no tcache's.
+                return Read::Changed;
+            }
             if size_of(in_use, chunk).map(|size| size & !FLAGS) != Some(bin_size) {
                 return if chunks.is_empty() && bin_is_first(&bytes, bin) {
                     Read::NotOne

@@ -23,7 +23,10 @@ use super::super::{
     memory::{self, Region},
     names::Module,
 };
-use crate::debug_files;
+use crate::{
+    debug_files,
+    target_memory::{Process, TargetMemory},
+};
 
 pub const STATE_FASTBINS: u64 = 16;
 pub const FASTBINS: usize = 10;
@@ -115,7 +118,7 @@ pub fn locate(pid: u32, libc: &Module, regions: &[Region]) -> Result<Glibc, Stri
         tcache_key_address,
     };
     if let Some((arena, key)) = debug_symbols(pid, libc, &data) {
-        let state = read_state(pid, arena);
+        let state = read_state(&Process(pid), arena);
         if state.as_deref().is_some_and(|state| is_arena(state, arena)) {
             return Ok(glibc(arena, "debug symbols", key));
         }
@@ -158,14 +161,23 @@ fn debug_symbols(pid: u32, libc: &Module, data: &[u8]) -> Option<(u64, Option<u6
     Some((address("main_arena")?, address("tcache_key")))
 }
 
-/// The places in `libc`'s writable data shaped like a main arena.
+/// Most bytes of a libc's writable data searched for main_arena: glibc's
+/// is under 64 KiB, but the span comes from the file's `p_memsz`, which a
+/// fake libc sets as it likes.
+pub const MAX_DATA_BYTES: u64 = 4 << 20;
+
+/// The places in `libc`'s writable data shaped like a main arena (its
+/// first MAX_DATA_BYTES).
 pub(super) fn by_shape(pid: u32, libc: &Module, regions: &[Region]) -> Vec<u64> {
     let mut found = Vec::new();
+    let mut budget = MAX_DATA_BYTES;
     for region in regions
         .iter()
         .filter(|region| region.writable && region.start >= libc.start && region.end <= libc.end)
     {
-        let mut bytes = vec![0u8; region.bytes() as usize];
+        let length = region.bytes().min(budget);
+        budget -= length;
+        let mut bytes = vec![0u8; length as usize];
         let read = memory::read(pid, region.start, &mut bytes);
         bytes.truncate(read);
         let mut offset = 0;
@@ -181,9 +193,9 @@ pub(super) fn by_shape(pid: u32, libc: &Module, regions: &[Region]) -> Vec<u64> 
 }
 
 /// A malloc_state's bytes at `address`, read whole.
-pub fn read_state(pid: u32, address: u64) -> Option<Vec<u8>> {
+pub fn read_state(memory: &impl TargetMemory, address: u64) -> Option<Vec<u8>> {
     let mut state = vec![0u8; STATE_BYTES as usize];
-    (memory::read(pid, address, &mut state) == state.len()).then_some(state)
+    memory.read_exact(address, &mut state).then_some(state)
 }
 
 pub fn word(bytes: &[u8], offset: u64) -> u64 {

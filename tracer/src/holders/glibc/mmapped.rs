@@ -51,9 +51,12 @@ pub fn find(
     let slot = CHUNK_HEADER_BYTES as usize;
     let mut buffer = vec![0u8; memory::IOVECS * slot];
     let mut lengths = Vec::new();
+    let populated = memory::Populated::open(pid);
     for region in regions.iter().filter(|region| {
         region.scanned() && region.name.is_empty() && globals.module_name(region.start).is_none()
     }) {
+        // Only pages that hold data can hold a header.
+        let resident = memory::Resident::of(&populated, region);
         let mut page = region.start.next_multiple_of(PAGE_BYTES);
         let mut pages: Vec<(u64, usize)> = Vec::with_capacity(memory::IOVECS);
         while page < region.end {
@@ -64,6 +67,14 @@ pub fn find(
                 if let Some(end) = covered_until(next, known, skip) {
                     next = end.next_multiple_of(PAGE_BYTES);
                     continue;
+                }
+                match resident.next(next) {
+                    Some(at) if at == next => {}
+                    Some(at) => {
+                        next = at.next_multiple_of(PAGE_BYTES);
+                        continue;
+                    }
+                    None => break,
                 }
                 pages.push((next, slot));
                 next += PAGE_BYTES;

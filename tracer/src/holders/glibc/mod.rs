@@ -31,7 +31,7 @@ use super::{
     memory::{self, Region},
     names::{Globals, Module},
 };
-use crate::model::reachability::HeapParse;
+use crate::{model::reachability::HeapParse, target_memory::Process};
 use layout::CHUNK_HEADER_BYTES;
 
 /// The untraced blocks found in the heap, the ranges whose memory outside
@@ -94,7 +94,7 @@ pub fn find(
         .iter()
         .find(|region| region.name == "[heap]")
         .map(|region| (region.start, region.end));
-    let arenas = match walk::arenas(pid, &glibc, brk_heap) {
+    let arenas = match walk::arenas(&Process(pid), &glibc, brk_heap) {
         Ok(arenas) => arenas,
         Err(reason) => {
             heap.parse.not_parsed = Some(format!("heap before attach not parsed: {reason}"));
@@ -103,7 +103,7 @@ pub fn find(
     };
     let mut chunks = walk::Chunks::default();
     for arena_heap in arenas.iter().flat_map(|arena| &arena.heaps) {
-        walk::walk(pid, arena_heap, traced, &mut chunks);
+        walk::walk(&Process(pid), arena_heap, traced, &mut chunks);
     }
     chunks.in_use.sort_unstable();
     let free = free::find(pid, &glibc, &arenas, &chunks.in_use);

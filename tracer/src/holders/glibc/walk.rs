@@ -9,13 +9,21 @@
 //! a header that makes no sense (a chunk being split or merged right now)
 //! ends the walk there, and it goes on from the next traced block's chunk,
 //! the range between left unparsed (counted).
+//!
+//! Bounded whatever the target wrote: each arena and each heap is walked
+//! once (a `next` or `prev` that points back ends that list), a heap's
+//! `prev` must be aligned as glibc aligns heaps (so no two heaps overlap),
+//! and all the walks together take at most MAX_CHUNK_STEPS chunk headers.
+use std::collections::HashSet;
+
 use super::{
-    super::{blocks::Blocks, memory},
+    super::blocks::Blocks,
     layout::{
         self, ALIGNMENT, CHUNK_HEADER_BYTES, FLAGS, Glibc, HEAP_MAX_BYTES, IS_MMAPPED,
         MIN_CHUNK_BYTES, NON_MAIN_ARENA, PREV_INUSE, STATE_BYTES, STATE_NEXT, STATE_TOP, word,
     },
 };
+use crate::target_memory::TargetMemory;
 
 /// Bytes read at once.
 const WINDOW_BYTES: usize = 1 << 20;
@@ -23,6 +31,10 @@ const WINDOW_BYTES: usize = 1 << 20;
 /// core).
 const MAX_ARENAS: usize = 4096;
 const MAX_HEAPS: usize = 1 << 16;
+/// Most chunk headers read by all the walks of one scan: 16 Mi, a heap
+/// of 512 MiB of the smallest chunks (the rest is left unparsed,
+/// counted), and at most 256 MiB of chunk entries.
+pub const MAX_CHUNK_STEPS: u64 = 1 << 24;
 
 /// One arena: its state as read, and its heaps.
 pub struct Arena {
@@ -43,8 +55,12 @@ pub struct Heap {
 
 /// The arenas of a process: the main one (its heap: `[heap]`, where its
 /// top chunk lies) and the thread arenas on its `next` list.
-pub fn arenas(pid: u32, glibc: &Glibc, brk_heap: Option<(u64, u64)>) -> Result<Vec<Arena>, String> {
-    let main = layout::read_state(pid, glibc.main_arena)
+pub fn arenas(
+    memory: &impl TargetMemory,
+    glibc: &Glibc,
+    brk_heap: Option<(u64, u64)>,
+) -> Result<Vec<Arena>, String> {
+    let main = layout::read_state(memory, glibc.main_arena)
         .filter(|state| layout::is_arena(state, glibc.main_arena))
         .ok_or("main_arena could not be read as an arena")?;
     let top = word(&main, STATE_TOP);
@@ -60,27 +76,45 @@ pub fn arenas(pid: u32, glibc: &Glibc, brk_heap: Option<(u64, u64)>) -> Result<V
     }
     let mut next = word(&main, STATE_NEXT);
     let mut arenas = vec![Arena { state: main, heaps }];
-    while next != glibc.main_arena && arenas.len() < MAX_ARENAS {
+    let mut seen_arenas = HashSet::from([glibc.main_arena]);
+    let mut seen_heaps = HashSet::new();
+    while arenas.len() < MAX_ARENAS && seen_arenas.insert(next) {
         let address = next;
-        let state = layout::read_state(pid, address)
+        let state = layout::read_state(memory, address)
             .filter(|state| layout::is_arena(state, address))
             .ok_or_else(|| format!("thread arena {address:#x} could not be read as an arena"))?;
         next = word(&state, STATE_NEXT);
-        let heaps = thread_heaps(pid, glibc, address, word(&state, STATE_TOP));
+        let heaps = thread_heaps(
+            memory,
+            glibc,
+            address,
+            word(&state, STATE_TOP),
+            &mut seen_heaps,
+        );
         arenas.push(Arena { state, heaps });
     }
     Ok(arenas)
 }
 
 /// A thread arena's heaps: the one its top chunk is in, then back through
-/// each `heap_info`'s `prev`.
-fn thread_heaps(pid: u32, glibc: &Glibc, arena: u64, top: u64) -> Vec<Heap> {
+/// each `heap_info`'s `prev`, each heap once (`seen`: of every arena).
+fn thread_heaps(
+    memory: &impl TargetMemory,
+    glibc: &Glibc,
+    arena: u64,
+    top: u64,
+    seen: &mut HashSet<u64>,
+) -> Vec<Heap> {
     let mut heaps = Vec::new();
     let mut start = top & !(HEAP_MAX_BYTES - 1);
-    while start != 0 && heaps.len() < MAX_HEAPS {
+    while start != 0
+        && start.is_multiple_of(HEAP_MAX_BYTES)
+        && heaps.len() < MAX_HEAPS
+        && seen.insert(start)
+    {
         // heap_info: ar_ptr, prev, size, ...
         let mut info = [0u8; 24];
-        if memory::read(pid, start, &mut info) < info.len() || word(&info, 0) != arena {
+        if !memory.read_exact(start, &mut info) || word(&info, 0) != arena {
             break;
         }
         let size = word(&info, 16);
@@ -123,6 +157,8 @@ pub struct Chunks {
     pub resyncs: u64,
     pub unparsed_bytes: u64,
     pub bytes_read: u64,
+    /// Chunk headers read, toward MAX_CHUNK_STEPS.
+    pub steps: u64,
 }
 
 /// A window of the target's memory.
@@ -134,7 +170,13 @@ struct Window {
 impl Window {
     /// The two words at `address` (prev_size, size), read from the target
     /// when outside the window; None past `end` or where unreadable.
-    fn header(&mut self, pid: u32, address: u64, end: u64, read: &mut u64) -> Option<(u64, u64)> {
+    fn header(
+        &mut self,
+        memory: &impl TargetMemory,
+        address: u64,
+        end: u64,
+        read: &mut u64,
+    ) -> Option<(u64, u64)> {
         if address + CHUNK_HEADER_BYTES > end {
             return None;
         }
@@ -143,7 +185,7 @@ impl Window {
         if !inside {
             let want = ((end - address) as usize).min(WINDOW_BYTES);
             self.bytes.resize(want, 0);
-            let got = memory::read(pid, address, &mut self.bytes);
+            let got = memory.read(address, &mut self.bytes);
             *read += got as u64;
             self.bytes.truncate(got);
             self.start = address;
@@ -158,7 +200,7 @@ impl Window {
 
 /// Walks `heap`'s chunks into `chunks`; `traced` gives the chunks to go on
 /// from after a header that makes no sense.
-pub fn walk(pid: u32, heap: &Heap, traced: &Blocks, chunks: &mut Chunks) {
+pub fn walk(memory: &impl TargetMemory, heap: &Heap, traced: &Blocks, chunks: &mut Chunks) {
     let mut window = Window {
         start: 0,
         bytes: Vec::new(),
@@ -169,11 +211,14 @@ pub fn walk(pid: u32, heap: &Heap, traced: &Blocks, chunks: &mut Chunks) {
     let mut parsed_from = heap.start;
     let mut address = heap.first;
     loop {
-        let header = window.header(pid, address, heap.end, &mut chunks.bytes_read);
+        chunks.steps += 1;
+        let header = (chunks.steps <= MAX_CHUNK_STEPS)
+            .then(|| window.header(memory, address, heap.end, &mut chunks.bytes_read))
+            .flatten();
         let Some((_, size_field)) = header else {
-            // The end of the heap without its top chunk (it moved), or
-            // memory that cannot be read: the last chunk's state is
-            // unknown.
+            // The end of the heap without its top chunk (it moved), memory
+            // that cannot be read, or the step budget spent: the last
+            // chunk's state is unknown.
             let from = pending.map_or(address, |(chunk, _)| chunk).min(heap.end);
             chunks.parsed.push((parsed_from, from));
             chunks.unparsed_bytes += heap.end - from;
@@ -210,7 +255,7 @@ pub fn walk(pid: u32, heap: &Heap, traced: &Blocks, chunks: &mut Chunks) {
         // Go on from the next traced block whose chunk header is sane.
         chunks.resyncs += 1;
         chunks.parsed.push((parsed_from, address));
-        let Some(resume) = resume_after(pid, address, heap, traced, &mut window, chunks) else {
+        let Some(resume) = resume_after(memory, address, heap, traced, &mut window, chunks) else {
             chunks.unparsed_bytes += heap.end - address;
             return;
         };
@@ -230,7 +275,7 @@ fn flags_fit(size_field: u64, heap: &Heap) -> bool {
 /// The chunk of the first traced block past `address` in `heap` whose
 /// header is sane.
 fn resume_after(
-    pid: u32,
+    memory: &impl TargetMemory,
     address: u64,
     heap: &Heap,
     traced: &Blocks,
@@ -248,7 +293,11 @@ fn resume_after(
         if chunk <= address || !block.address.is_multiple_of(ALIGNMENT) {
             continue;
         }
-        let Some((_, size_field)) = window.header(pid, chunk, heap.end, &mut chunks.bytes_read)
+        chunks.steps += 1;
+        if chunks.steps > MAX_CHUNK_STEPS {
+            return None;
+        }
+        let Some((_, size_field)) = window.header(memory, chunk, heap.end, &mut chunks.bytes_read)
         else {
             continue;
         };
@@ -267,6 +316,86 @@ fn resume_after(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        holders::glibc::layout::{BINS, STATE_BINS},
+        target_memory::Image,
+    };
+
+    const MAIN: u64 = 0x5555_0000_1000;
+    const THREAD: u64 = 0x7f00_0000_0000 + 48;
+    const HEAP: u64 = 0x7f00_0000_0000;
+
+    /// An arena's state at `address` whose bins are all empty.
+    fn state(address: u64, top: u64, next: u64) -> Vec<u8> {
+        let mut image = Image::new();
+        image.place(address, vec![0; STATE_BYTES as usize]);
+        for bin in 0..BINS as u64 {
+            let head = address + STATE_BINS + 16 * bin - 16;
+            image.write_u64(address + STATE_BINS + 16 * bin, head);
+            image.write_u64(address + STATE_BINS + 16 * bin + 8, head);
+        }
+        image.write_u64(address + STATE_TOP, top);
+        image.write_u64(address + STATE_NEXT, next);
+        layout::read_state(&image, address).unwrap()
+    }
+
+    fn glibc() -> Glibc {
+        Glibc {
+            version: (2, 36),
+            heap_info_bytes: 48,
+            safe_linking: true,
+            main_arena: MAIN,
+            found_by: "its shape",
+            tcache_key_address: None,
+        }
+    }
+
+    /// A main arena, and a thread arena at the start of its one heap
+    /// (after `heap_info`), whose `next` and whose heap's `prev` are given.
+    fn image(thread_next: u64, heap_prev: u64) -> Image {
+        let top = HEAP + 0x1000;
+        let mut heap = vec![0u8; 0x2000];
+        let thread = state(THREAD, top, thread_next);
+        heap[48..48 + thread.len()].copy_from_slice(&thread);
+        let mut image = Image::new();
+        image
+            .place(MAIN, state(MAIN, MAIN + 0x4000, THREAD))
+            .place(HEAP, heap)
+            .write_u64(HEAP, THREAD)
+            .write_u64(HEAP + 8, heap_prev)
+            .write_u64(HEAP + 16, 0x2000)
+            // One chunk in use, then the top chunk.
+            .write_u64(HEAP + 0x8d0 + 8, 0x730 | PREV_INUSE)
+            .write_u64(top + 8, 0x1000 | PREV_INUSE);
+        image
+    }
+
+    #[test]
+    fn a_heap_whose_prev_is_itself_is_walked_once() {
+        let arenas = arenas(&image(MAIN, HEAP), &glibc(), None).unwrap();
+        assert_eq!(arenas.len(), 2);
+        assert_eq!(arenas[1].heaps.len(), 1, "prev = self: one heap");
+        // A prev that is no heap's alignment ends the list too.
+        let arenas = arenas_of(&image(MAIN, HEAP + 0x1000));
+        assert_eq!(arenas[1].heaps.len(), 1);
+    }
+
+    fn arenas_of(image: &Image) -> Vec<Arena> {
+        arenas(image, &glibc(), None).unwrap()
+    }
+
+    #[test]
+    fn an_arena_list_that_loops_back_on_a_thread_arena_is_read_once() {
+        let arenas = arenas_of(&image(THREAD, 0));
+        assert_eq!(arenas.len(), 2, "thread arena's next = itself");
+        let mut chunks = Chunks::default();
+        let traced = Blocks::new(Vec::new());
+        for heap in arenas.iter().flat_map(|arena| &arena.heaps) {
+            walk(&image(THREAD, 0), heap, &traced, &mut chunks);
+        }
+        assert_eq!(chunks.in_use, [(HEAP + 0x8d0, 0x730)]);
+        assert_eq!(chunks.steps, 2);
+    }
 
     #[test]
     fn chunks_after_the_arena_start_aligned() {

@@ -299,6 +299,9 @@ fn drop_hint(name: &str) -> Option<&'static str> {
             "more distinct stacks than the table holds: raise --max-stacks"
         }
         "stack_error" => "the kernel could not walk some stacks (their blocks count as NO_STACK)",
+        "stack_collision_lost" => {
+            "stacks whose hash was another stack's (forged return addresses?): counted as NO_STACK"
+        }
         "pending_map_full" => "more threads were inside an allocator at once than tracked (16384)",
         "mapping_events_lost" => {
             "mapping calls came faster than tracer drained them: raise --ring-buffer-kib"
