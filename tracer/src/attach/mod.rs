@@ -14,6 +14,7 @@
 pub mod ahead;
 pub mod at_open;
 pub mod cuda;
+pub mod exceptions;
 pub mod forwarding;
 pub mod function;
 pub mod libraries;
@@ -24,6 +25,7 @@ pub mod spawn;
 pub mod symbols;
 pub mod watchdog;
 
+mod btf;
 mod cost;
 mod forks;
 mod links;
@@ -236,6 +238,9 @@ pub struct Probes {
     run_stats: cost::RunStats,
     /// What a trap costs here (`measure_traps`).
     trap_measurement: trap_cost::TrapMeasurement,
+    /// Puts back the return addresses of frames an exception unwinds
+    /// through (`exceptions`); none where the kernel's layout is unknown.
+    pub exceptions: Option<exceptions::ExceptionFixer>,
     /// Outlives tracer (`watchdog.rs`): dropped last.
     _watchdog: Option<watchdog::Watchdog>,
 }

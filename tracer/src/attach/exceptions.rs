@@ -1,0 +1,285 @@
+//! C++ exceptions through return-probed frames: the one write tracer
+//! makes into a target.
+//!
+//! A return probe (uretprobe or uprobe session) makes the kernel replace
+//! the probed call's return address, on the target's stack, with the
+//! address of its uprobe trampoline. An exception that unwinds through
+//! that frame makes the unwinder look the trampoline up, find no unwind
+//! information, and call `std::terminate`: a C++ program that catches
+//! `std::bad_alloc` (or PyTorch's `c10::OutOfMemoryError`) is killed.
+//!
+//! The unwinder's entry points (`UNWINDER_START`) get an entry probe of
+//! their own (tracer-ebpf's `exceptions.rs`): when a thread starts an
+//! unwind while return probes of its frames are pending, the kernel side
+//! stops the process before the unwinder's first instruction and sends
+//! the stack words that hold the trampoline, with the return addresses
+//! they held. This module's thread writes each original address back
+//! through /proc/PID/mem (only into a word that still holds the
+//! trampoline) and lets the process go on (SIGCONT): the unwinder then
+//! sees the stack as the program made it. The kernel drops the return
+//! instances left behind at the next trampoline hit, as after a longjmp:
+//! those calls are not counted (they never returned).
+//!
+//! What the target could notice: it is stopped for the time of the
+//! write (well under a millisecond; `HOLD_BOUND` at the most, then it
+//! goes on unrepaired and the loss is counted); its parent may see the
+//! stop in `waitpid(WUNTRACED)`. Its memory holds exactly what it held
+//! before the probe fired. A call still in progress below the frame that
+//! catches the exception returns to its caller directly, without its
+//! return probe: that call is not counted (`calls_left_by_exception`).
+//!
+//! Where the walk is impossible (a kernel whose BTF lacks the fields) or
+//! the unwinder cannot be probed for a process, the functions that can
+//! throw get no return probe at all (`THROWING`), with a warning.
+use std::{
+    collections::HashSet,
+    fs::OpenOptions,
+    os::{
+        fd::{AsFd as _, AsRawFd as _},
+        unix::fs::FileExt as _,
+    },
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{HashMap as KernelHashMap, MapData, RingBuf};
+use tracer_ebpf::{ExceptionUnwind, program};
+
+use super::function::HookedFunction;
+use crate::procfs;
+
+/// The longest a process is held for an unwind: then it goes on, its
+/// return addresses perhaps not all put back (counted as lost).
+pub const HOLD_BOUND: Duration = Duration::from_millis(300);
+/// How often held processes are checked against the bound.
+const BOUND_CHECK: Duration = Duration::from_millis(10);
+
+/// The unwinder's entry points (libgcc_s, or any object that carries its
+/// own unwinder): every C++ throw, rethrow and forced unwind (thread
+/// cancellation) starts in one of them.
+pub const UNWINDER_START: [HookedFunction; 3] = [
+    unwinder("_Unwind_RaiseException"),
+    unwinder("_Unwind_Resume_or_Rethrow"),
+    unwinder("_Unwind_ForcedUnwind"),
+];
+
+const fn unwinder(name: &'static str) -> HookedFunction {
+    HookedFunction {
+        name,
+        entry_program: Some(program::UNWIND_START),
+        return_program: None,
+        cookie: 0,
+    }
+}
+
+/// Whether `name` is one of the unwinder's entry points.
+pub fn is_unwinder_start(name: &str) -> bool {
+    UNWINDER_START.iter().any(|function| function.name == name)
+}
+
+/// The return-probed functions that can throw: they keep their return
+/// probe only in a process whose unwinder is probed.
+pub const THROWING: &[&str] = &[
+    "_Znwm",
+    "_Znam",
+    "_ZnwmSt11align_val_t",
+    "_ZnamSt11align_val_t",
+    "tc_new",
+    "tc_newarray",
+    tracer_ebpf::caching_allocator::MALLOC,
+];
+
+/// What the thread did, for the report's counters.
+#[derive(Default)]
+struct FixCounts {
+    restored: AtomicU64,
+    lost: AtomicU64,
+    holds: AtomicU64,
+    held_ns_max: AtomicU64,
+}
+
+/// The thread that puts return addresses back.
+pub struct ExceptionFixer {
+    stop: Arc<AtomicBool>,
+    counts: Arc<FixCounts>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ExceptionFixer {
+    /// Starts the thread on EXCEPTION_UNWINDS and EXCEPTION_HELD.
+    pub fn start(
+        unwinds: RingBuf<MapData>,
+        held: KernelHashMap<MapData, u64, u64>,
+    ) -> Result<ExceptionFixer> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let counts = Arc::new(FixCounts::default());
+        let fixer = Fixer {
+            held,
+            counts: Arc::clone(&counts),
+        };
+        let thread_stop = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("tracer-unwinds".to_owned())
+            .spawn(move || fixer.run(unwinds, &thread_stop))
+            .context("could not start the exception thread")?;
+        Ok(ExceptionFixer {
+            stop,
+            counts,
+            thread: Some(thread),
+        })
+    }
+
+    /// Return addresses put back, and unwinds not (fully) repaired.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.counts.restored.load(Ordering::Relaxed),
+            self.counts.lost.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Holds made, and the longest.
+    pub fn holds(&self) -> (u64, Duration) {
+        (
+            self.counts.holds.load(Ordering::Relaxed),
+            Duration::from_nanos(self.counts.held_ns_max.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+impl Drop for ExceptionFixer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct Fixer {
+    held: KernelHashMap<MapData, u64, u64>,
+    counts: Arc<FixCounts>,
+}
+
+impl Fixer {
+    fn run(mut self, mut unwinds: RingBuf<MapData>, stop: &AtomicBool) {
+        let fd = unwinds.as_fd().as_raw_fd();
+        while !stop.load(Ordering::Relaxed) {
+            let mut ready = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; an error or a timeout only loops.
+            unsafe { libc::poll(&mut ready, 1, BOUND_CHECK.as_millis() as i32) };
+            while let Some(item) = unwinds.next() {
+                if item.len() < size_of::<ExceptionUnwind>() {
+                    continue;
+                }
+                // SAFETY: the kernel wrote an `ExceptionUnwind` (plain data).
+                let unwind: ExceptionUnwind =
+                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                drop(item);
+                self.repair(&unwind);
+            }
+            self.release_overdue();
+        }
+        // Tracer stops: nothing stays held.
+        let held: Vec<(u64, u64)> = self.held.iter().filter_map(Result::ok).collect();
+        for (thread, since_ns) in held {
+            self.counts.lost.fetch_add(1, Ordering::Relaxed);
+            self.release(thread, since_ns);
+        }
+    }
+
+    /// Puts back the return addresses of one unwind, then lets its process
+    /// go on. A process no longer held (let go by the bound) is not
+    /// written to: it runs.
+    fn repair(&mut self, unwind: &ExceptionUnwind) {
+        let Ok(since_ns) = self.held.get(&unwind.thread, 0) else {
+            self.counts.lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let tgid = (unwind.thread >> 32) as u32;
+        let mut complete = unwind.cut == 0;
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{tgid}/mem"))
+        {
+            Ok(memory) => {
+                for slot in unwind.slots.iter().take(unwind.count as usize) {
+                    if slot.stack == 0 {
+                        continue;
+                    }
+                    let mut word = [0u8; 8];
+                    let holds_trampoline = memory.read_exact_at(&mut word, slot.stack).is_ok()
+                        && tracer_ebpf::is_uprobe_trampoline(u64::from_ne_bytes(word));
+                    if !holds_trampoline {
+                        // Put back already (a chained instance shares it).
+                        continue;
+                    }
+                    if memory
+                        .write_all_at(&slot.original.to_ne_bytes(), slot.stack)
+                        .is_ok()
+                    {
+                        self.counts.restored.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        complete = false;
+                    }
+                }
+            }
+            Err(_) => complete = false,
+        }
+        if !complete {
+            self.counts.lost.fetch_add(1, Ordering::Relaxed);
+        }
+        self.release(unwind.thread, since_ns);
+    }
+
+    /// Lets go on every process held longer than the bound.
+    fn release_overdue(&mut self) {
+        let now_ns = procfs::monotonic_ns();
+        let overdue: Vec<(u64, u64)> = self
+            .held
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|&(_, since_ns)| {
+                now_ns.saturating_sub(since_ns) >= HOLD_BOUND.as_nanos() as u64
+            })
+            .collect();
+        for (thread, since_ns) in overdue {
+            self.counts.lost.fetch_add(1, Ordering::Relaxed);
+            self.release(thread, since_ns);
+        }
+    }
+
+    /// Takes `thread` out of EXCEPTION_HELD and resumes its process unless
+    /// another of its threads is still held. Only a process this file's
+    /// eBPF side stopped is resumed.
+    fn release(&mut self, thread: u64, since_ns: u64) {
+        if self.held.remove(&thread).is_err() {
+            return;
+        }
+        let tgid = (thread >> 32) as u32;
+        let still_held: HashSet<u32> = self
+            .held
+            .keys()
+            .filter_map(Result::ok)
+            .map(|other| (other >> 32) as u32)
+            .collect();
+        if !still_held.contains(&tgid) {
+            // SAFETY: a plain signal; a process that is gone gets nothing.
+            unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
+        }
+        let held_ns = procfs::monotonic_ns().saturating_sub(since_ns);
+        self.counts.holds.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .held_ns_max
+            .fetch_max(held_ns, Ordering::Relaxed);
+    }
+}
