@@ -50,7 +50,7 @@ use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as KernelHashMap, MapData, RingBuf};
 use tracer_ebpf::{ExceptionUnwind, program};
 
-use super::function::HookedFunction;
+use super::{HookSite, Unprobed, function::HookedFunction};
 use crate::procfs;
 
 /// The longest a process is held for an unwind: then it goes on, its
@@ -93,6 +93,65 @@ pub const THROWING: &[&str] = &[
     "tc_newarray",
     tracer_ebpf::caching_allocator::MALLOC,
 ];
+
+/// `sites` and `ahead_sites` of `pid`, less the return-probed functions
+/// that can throw when no unwinder entry of `pid` is among them or the
+/// kernel's return instances cannot be walked (`walkable` false): an
+/// exception through their return probe would terminate `pid`. What that
+/// costs is said once; the functions left out are returned as unprobed.
+pub fn without_throwing_returns(
+    pid: u32,
+    walkable: bool,
+    sites: Vec<HookSite>,
+    ahead_sites: Vec<HookSite>,
+) -> (Vec<HookSite>, Vec<HookSite>, Vec<(u32, Unprobed)>) {
+    let unwinder_probed = walkable
+        && sites
+            .iter()
+            .chain(&ahead_sites)
+            .any(|site| is_unwinder_start(site.function.name));
+    if unwinder_probed {
+        return (sites, ahead_sites, Vec::new());
+    }
+    let throwing = |site: &HookSite| {
+        site.function.return_program.is_some() && THROWING.contains(&site.function.name)
+    };
+    let mut dropped = Vec::new();
+    let mut keep = |sites: Vec<HookSite>| -> Vec<HookSite> {
+        let (left_out, kept): (Vec<HookSite>, Vec<HookSite>) =
+            sites.into_iter().partition(|site| throwing(site));
+        dropped.extend(left_out);
+        kept
+    };
+    let (sites, ahead_sites) = (keep(sites), keep(ahead_sites));
+    if !dropped.is_empty() {
+        let mut names: Vec<&str> = dropped.iter().map(|site| site.function.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        eprintln!(
+            "tracer: warning: PID {pid}: {} can throw and the C++ unwinder is not probed \
+             (no _Unwind_RaiseException found, or this kernel's return probes cannot be \
+             walked): left without a probe, so that an exception through them cannot \
+             terminate the process; their blocks are counted by the malloc they call, with \
+             stacks that start there (PyTorch's tensor blocks: not at all)",
+            names.join(", ")
+        );
+    }
+    let unprobed = dropped
+        .into_iter()
+        .map(|site| {
+            (
+                pid,
+                Unprobed {
+                    name: site.function.name,
+                    path: site.path,
+                    why: "can throw, and the unwinder is not probed".to_owned(),
+                },
+            )
+        })
+        .collect();
+    (sites, ahead_sites, unprobed)
+}
 
 /// What the thread did, for the report's counters.
 #[derive(Default)]

@@ -265,8 +265,13 @@ impl Probes {
         } else {
             symbols::hook_sites_in(pid, &ahead, forwarding)?
         };
-        let sites = found.sites;
-        let ahead_sites = ahead_found.sites;
+        let (sites, ahead_sites, left_out) = exceptions::without_throwing_returns(
+            pid,
+            self.exceptions.is_some(),
+            found.sites,
+            ahead_found.sites,
+        );
+        self.unprobed.extend(left_out);
         self.unprobed.extend(
             found
                 .unprobed
