@@ -23,6 +23,7 @@ const KEPT_BYTES: i64 = 1000;
 struct Run {
     answers: Vec<String>,
     report: Report,
+    stderr: String,
 }
 
 /// The exceptions fixture (with `env`), traced with `extra_args` while it
@@ -56,6 +57,7 @@ fn traced(env: &[(&str, &str)], extra_args: &[&str], commands: &[&str]) -> Run {
     Run {
         answers,
         report: traced.report,
+        stderr: traced.output.stderr,
     }
 }
 
@@ -82,6 +84,14 @@ fn survives_exact(env: &[(&str, &str)], extra_args: &[&str], operator_new_probed
         "a request that threw is counted live:\n{report}"
     );
     check_restores(report, operator_new_probed);
+    if operator_new_probed {
+        assert!(
+            run.stderr
+                .contains("C++ unwinds through return-probed frames held their process"),
+            "tracer says what the holds cost:\n{}",
+            run.stderr
+        );
+    }
 }
 
 /// The unwinds were seen, and where operator new is return-probed, each

@@ -39,7 +39,7 @@ use std::{
         unix::fs::FileExt as _,
     },
     sync::{
-        Arc,
+        Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::JoinHandle,
@@ -58,6 +58,10 @@ use crate::procfs;
 pub const HOLD_BOUND: Duration = Duration::from_millis(300);
 /// How often held processes are checked against the bound.
 const BOUND_CHECK: Duration = Duration::from_millis(10);
+/// How often the repairing thread looks whether tracer stops.
+const STOP_CHECK: Duration = Duration::from_millis(100);
+/// How long tracer's end waits for these threads.
+const JOIN_AT_MOST: Duration = Duration::from_millis(200);
 
 /// The unwinder's entry points (libgcc_s, or any object that carries its
 /// own unwinder): every C++ throw, rethrow and forced unwind (thread
@@ -153,7 +157,7 @@ pub fn without_throwing_returns(
     (sites, ahead_sites, unprobed)
 }
 
-/// What the thread did, for the report's counters.
+/// What the threads did, for the report's counters.
 #[derive(Default)]
 struct FixCounts {
     restored: AtomicU64,
@@ -162,178 +166,47 @@ struct FixCounts {
     held_ns_max: AtomicU64,
 }
 
-/// The thread that puts return addresses back.
-pub struct ExceptionFixer {
-    stop: Arc<AtomicBool>,
-    counts: Arc<FixCounts>,
-    thread: Option<JoinHandle<()>>,
+/// EXCEPTION_HELD and the counters, shared by the thread that repairs
+/// and the one that keeps the bound. The map is locked only around map
+/// operations, never across a write into a target: a write that blocks
+/// (a hostile target's stack behind userfaultfd) cannot keep the bound
+/// from letting its process go.
+struct Holds {
+    held: Mutex<KernelHashMap<MapData, u64, u64>>,
+    counts: FixCounts,
 }
 
-impl ExceptionFixer {
-    /// Starts the thread on EXCEPTION_UNWINDS and EXCEPTION_HELD.
-    pub fn start(
-        unwinds: RingBuf<MapData>,
-        held: KernelHashMap<MapData, u64, u64>,
-    ) -> Result<ExceptionFixer> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let counts = Arc::new(FixCounts::default());
-        let fixer = Fixer {
-            held,
-            counts: Arc::clone(&counts),
-        };
-        let thread_stop = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("tracer-unwinds".to_owned())
-            .spawn(move || fixer.run(unwinds, &thread_stop))
-            .context("could not start the exception thread")?;
-        Ok(ExceptionFixer {
-            stop,
-            counts,
-            thread: Some(thread),
-        })
+impl Holds {
+    fn held(&self) -> MutexGuard<'_, KernelHashMap<MapData, u64, u64>> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Return addresses put back, and unwinds not (fully) repaired.
-    pub fn counts(&self) -> (u64, u64) {
-        (
-            self.counts.restored.load(Ordering::Relaxed),
-            self.counts.lost.load(Ordering::Relaxed),
-        )
-    }
-
-    /// Holds made, and the longest.
-    pub fn holds(&self) -> (u64, Duration) {
-        (
-            self.counts.holds.load(Ordering::Relaxed),
-            Duration::from_nanos(self.counts.held_ns_max.load(Ordering::Relaxed)),
-        )
-    }
-}
-
-impl Drop for ExceptionFixer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-struct Fixer {
-    held: KernelHashMap<MapData, u64, u64>,
-    counts: Arc<FixCounts>,
-}
-
-impl Fixer {
-    fn run(mut self, mut unwinds: RingBuf<MapData>, stop: &AtomicBool) {
-        let fd = unwinds.as_fd().as_raw_fd();
-        while !stop.load(Ordering::Relaxed) {
-            let mut ready = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd; an error or a timeout only loops.
-            unsafe { libc::poll(&mut ready, 1, BOUND_CHECK.as_millis() as i32) };
-            while let Some(item) = unwinds.next() {
-                if item.len() < size_of::<ExceptionUnwind>() {
-                    continue;
-                }
-                // SAFETY: the kernel wrote an `ExceptionUnwind` (plain data).
-                let unwind: ExceptionUnwind =
-                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                drop(item);
-                self.repair(&unwind);
-            }
-            self.release_overdue();
-        }
-        // Tracer stops: nothing stays held.
-        let held: Vec<(u64, u64)> = self.held.iter().filter_map(Result::ok).collect();
-        for (thread, since_ns) in held {
-            self.counts.lost.fetch_add(1, Ordering::Relaxed);
-            self.release(thread, since_ns);
-        }
-    }
-
-    /// Puts back the return addresses of one unwind, then lets its process
-    /// go on. A process no longer held (let go by the bound) is not
-    /// written to: it runs.
-    fn repair(&mut self, unwind: &ExceptionUnwind) {
-        let Ok(since_ns) = self.held.get(&unwind.thread, 0) else {
-            self.counts.lost.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let tgid = (unwind.thread >> 32) as u32;
-        let mut complete = unwind.cut == 0;
-        match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{tgid}/mem"))
-        {
-            Ok(memory) => {
-                for slot in unwind.slots.iter().take(unwind.count as usize) {
-                    if slot.stack == 0 {
-                        continue;
-                    }
-                    let mut word = [0u8; 8];
-                    let holds_trampoline = memory.read_exact_at(&mut word, slot.stack).is_ok()
-                        && tracer_ebpf::is_uprobe_trampoline(u64::from_ne_bytes(word));
-                    if !holds_trampoline {
-                        // Put back already (a chained instance shares it).
-                        continue;
-                    }
-                    if memory
-                        .write_all_at(&slot.original.to_ne_bytes(), slot.stack)
-                        .is_ok()
-                    {
-                        self.counts.restored.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        complete = false;
-                    }
-                }
-            }
-            Err(_) => complete = false,
-        }
-        if !complete {
-            self.counts.lost.fetch_add(1, Ordering::Relaxed);
-        }
-        self.release(unwind.thread, since_ns);
-    }
-
-    /// Lets go on every process held longer than the bound.
-    fn release_overdue(&mut self) {
-        let now_ns = procfs::monotonic_ns();
-        let overdue: Vec<(u64, u64)> = self
-            .held
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|&(_, since_ns)| {
-                now_ns.saturating_sub(since_ns) >= HOLD_BOUND.as_nanos() as u64
-            })
-            .collect();
-        for (thread, since_ns) in overdue {
-            self.counts.lost.fetch_add(1, Ordering::Relaxed);
-            self.release(thread, since_ns);
-        }
+    /// When `thread` was held; None when it is not (let go already).
+    fn since_ns(&self, thread: u64) -> Option<u64> {
+        self.held().get(&thread, 0).ok()
     }
 
     /// Takes `thread` out of EXCEPTION_HELD and resumes its process unless
-    /// another of its threads is still held. Only a process this file's
-    /// eBPF side stopped is resumed.
-    fn release(&mut self, thread: u64, since_ns: u64) {
-        if self.held.remove(&thread).is_err() {
-            return;
-        }
+    /// another of its threads is still held. Only a process the eBPF side
+    /// stopped is resumed, and only by whoever takes it out.
+    fn release(&self, thread: u64, since_ns: u64) {
         let tgid = (thread >> 32) as u32;
-        let still_held: HashSet<u32> = self
-            .held
-            .keys()
-            .filter_map(Result::ok)
-            .map(|other| (other >> 32) as u32)
-            .collect();
-        if !still_held.contains(&tgid) {
-            // SAFETY: a plain signal; a process that is gone gets nothing.
-            unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
+        {
+            let mut held = self.held();
+            if held.remove(&thread).is_err() {
+                return;
+            }
+            let still_held: HashSet<u32> = held
+                .keys()
+                .filter_map(Result::ok)
+                .map(|other| (other >> 32) as u32)
+                .collect();
+            if !still_held.contains(&tgid) {
+                // SAFETY: a plain signal; a process that is gone gets nothing.
+                unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
+            }
         }
         let held_ns = procfs::monotonic_ns().saturating_sub(since_ns);
         self.counts.holds.fetch_add(1, Ordering::Relaxed);
@@ -341,4 +214,169 @@ impl Fixer {
             .held_ns_max
             .fetch_max(held_ns, Ordering::Relaxed);
     }
+
+    /// Lets go on every process held longer than `bound` (all with a zero
+    /// bound), each counted as lost.
+    fn release_overdue(&self, bound: Duration) {
+        let now_ns = procfs::monotonic_ns();
+        let overdue: Vec<(u64, u64)> = self
+            .held()
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|&(_, since_ns)| now_ns.saturating_sub(since_ns) >= bound.as_nanos() as u64)
+            .collect();
+        for (thread, since_ns) in overdue {
+            if self.since_ns(thread).is_some() {
+                self.counts.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            self.release(thread, since_ns);
+        }
+    }
+}
+
+/// The threads that put return addresses back and keep the bound.
+pub struct ExceptionFixer {
+    stop: Arc<AtomicBool>,
+    holds: Arc<Holds>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ExceptionFixer {
+    /// Starts the threads on EXCEPTION_UNWINDS and EXCEPTION_HELD.
+    pub fn start(
+        unwinds: RingBuf<MapData>,
+        held: KernelHashMap<MapData, u64, u64>,
+    ) -> Result<ExceptionFixer> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let holds = Arc::new(Holds {
+            held: Mutex::new(held),
+            counts: FixCounts::default(),
+        });
+        let (repair_stop, repair_holds) = (Arc::clone(&stop), Arc::clone(&holds));
+        let repairer = std::thread::Builder::new()
+            .name("tracer-unwinds".to_owned())
+            .spawn(move || repair_unwinds(unwinds, &repair_holds, &repair_stop))
+            .context("could not start the exception thread")?;
+        let (bound_stop, bound_holds) = (Arc::clone(&stop), Arc::clone(&holds));
+        let bound = std::thread::Builder::new()
+            .name("tracer-unwind-bound".to_owned())
+            .spawn(move || {
+                while !bound_stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(BOUND_CHECK);
+                    bound_holds.release_overdue(HOLD_BOUND);
+                }
+            })
+            .context("could not start the exception bound thread")?;
+        Ok(ExceptionFixer {
+            stop,
+            holds,
+            threads: vec![repairer, bound],
+        })
+    }
+
+    /// Return addresses put back, and unwinds not (fully) repaired.
+    pub fn counts(&self) -> (u64, u64) {
+        let counts = &self.holds.counts;
+        (
+            counts.restored.load(Ordering::Relaxed),
+            counts.lost.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Holds made, and the longest.
+    pub fn holds(&self) -> (u64, Duration) {
+        let counts = &self.holds.counts;
+        (
+            counts.holds.load(Ordering::Relaxed),
+            Duration::from_nanos(counts.held_ns_max.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+impl Drop for ExceptionFixer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Tracer stops: nothing stays held. A thread stuck in a write into
+        // a target is not waited for past `JOIN_AT_MOST` (it ends with
+        // tracer's process).
+        self.holds.release_overdue(Duration::ZERO);
+        let deadline = std::time::Instant::now() + JOIN_AT_MOST;
+        for thread in self.threads.drain(..) {
+            while !thread.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
+        }
+        self.holds.release_overdue(Duration::ZERO);
+    }
+}
+
+/// The repairing thread: every unwind sent, its return addresses put back.
+fn repair_unwinds(mut unwinds: RingBuf<MapData>, holds: &Holds, stop: &AtomicBool) {
+    let fd = unwinds.as_fd().as_raw_fd();
+    while !stop.load(Ordering::Relaxed) {
+        let mut ready = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; an error or a timeout only loops.
+        unsafe { libc::poll(&mut ready, 1, STOP_CHECK.as_millis() as i32) };
+        while let Some(item) = unwinds.next() {
+            if item.len() < size_of::<ExceptionUnwind>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote an `ExceptionUnwind` (plain data).
+            let unwind: ExceptionUnwind = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            drop(item);
+            repair(holds, &unwind);
+        }
+    }
+}
+
+/// Puts back the return addresses of one unwind, then lets its process go
+/// on. A process no longer held (let go by the bound) is not written to:
+/// it runs.
+fn repair(holds: &Holds, unwind: &ExceptionUnwind) {
+    let Some(since_ns) = holds.since_ns(unwind.thread) else {
+        return;
+    };
+    let tgid = (unwind.thread >> 32) as u32;
+    let mut complete = unwind.cut == 0;
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{tgid}/mem"))
+    {
+        Ok(memory) => {
+            for slot in unwind.slots.iter().take(unwind.count as usize) {
+                if slot.stack == 0 {
+                    continue;
+                }
+                let mut word = [0u8; 8];
+                let holds_trampoline = memory.read_exact_at(&mut word, slot.stack).is_ok()
+                    && tracer_ebpf::is_uprobe_trampoline(u64::from_ne_bytes(word));
+                // Put back already when not (a chained instance shares
+                // its word with the one before).
+                if !holds_trampoline {
+                    continue;
+                }
+                if memory
+                    .write_all_at(&slot.original.to_ne_bytes(), slot.stack)
+                    .is_ok()
+                {
+                    holds.counts.restored.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    complete = false;
+                }
+            }
+        }
+        Err(_) => complete = false,
+    }
+    if !complete {
+        holds.counts.lost.fetch_add(1, Ordering::Relaxed);
+    }
+    holds.release(unwind.thread, since_ns);
 }
