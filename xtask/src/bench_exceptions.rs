@@ -80,7 +80,10 @@ fn function_offsets(fixture: &Path) -> Result<(u64, Vec<u64>)> {
         .context("could not run objdump (binutils)")?;
     let text = String::from_utf8_lossy(&output.stdout);
     let header = format!("<{FUNCTION}> (File Offset: 0x");
-    let mut lines = text.lines().skip_while(|line| !line.contains(&header));
+    // The function's own header line (calls to it name it too).
+    let mut lines = text
+        .lines()
+        .skip_while(|line| !(line.contains(&header) && line.ends_with("):")));
     let first = lines
         .next()
         .with_context(|| format!("{} has no {FUNCTION}", fixture.display()))?;
