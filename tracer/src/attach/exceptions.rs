@@ -380,3 +380,74 @@ fn repair(holds: &Holds, unwind: &ExceptionUnwind) {
     }
     holds.release(unwind.thread, since_ns);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::{attach::cuda::CACHING_ALLOCATOR, model::allocators::ALLOCATORS};
+
+    fn site(function: HookedFunction) -> HookSite {
+        HookSite {
+            function,
+            path: PathBuf::from("/lib/libx.so"),
+            host_path: PathBuf::from("/lib/libx.so"),
+            function_offset: 0x1000,
+            offset: 0x1000,
+            emulated: true,
+            reason: String::new(),
+        }
+    }
+
+    fn allocator(name: &str) -> HookSite {
+        let allocator = ALLOCATORS
+            .iter()
+            .find(|allocator| allocator.name == name)
+            .expect("a hooked allocator");
+        site(HookedFunction::allocator(allocator))
+    }
+
+    fn names(sites: &[HookSite]) -> Vec<&str> {
+        sites.iter().map(|site| site.function.name).collect()
+    }
+
+    #[test]
+    fn throwing_functions_keep_their_return_probe_only_with_the_unwinder_probed() {
+        let sites = vec![
+            allocator("malloc"),
+            allocator("_Znwm"),
+            allocator("_ZnwmRKSt9nothrow_t"),
+            site(CACHING_ALLOCATOR[0]),
+        ];
+        let with_unwinder = || {
+            let mut sites = sites.clone();
+            sites.push(site(UNWINDER_START[0]));
+            sites
+        };
+
+        let (kept, _, unprobed) = without_throwing_returns(1, true, with_unwinder(), Vec::new());
+        assert_eq!(kept.len(), 5);
+        assert!(unprobed.is_empty());
+
+        // No unwinder in the process, or one whose kernel cannot be walked:
+        // operator new (the throwing one) and the caching allocator's
+        // malloc lose their probes; malloc and the nothrow new keep theirs.
+        for (walkable, sites) in [(true, sites.clone()), (false, with_unwinder())] {
+            let (kept, ahead, unprobed) =
+                without_throwing_returns(1, walkable, sites, vec![allocator("_Znam")]);
+            let kept = names(&kept);
+            assert!(kept.contains(&"malloc") && kept.contains(&"_ZnwmRKSt9nothrow_t"));
+            assert!(
+                !kept.contains(&"_Znwm") && !kept.contains(&tracer_ebpf::caching_allocator::MALLOC)
+            );
+            assert!(ahead.is_empty(), "{ahead:?}");
+            let mut left_out: Vec<&str> =
+                unprobed.iter().map(|(_, unprobed)| unprobed.name).collect();
+            left_out.sort_unstable();
+            let mut expected = vec!["_Znam", "_Znwm", tracer_ebpf::caching_allocator::MALLOC];
+            expected.sort_unstable();
+            assert_eq!(left_out, expected);
+        }
+    }
+}
