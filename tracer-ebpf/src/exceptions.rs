@@ -139,8 +139,11 @@ pub fn unwind_start(_ctx: ProbeContext) -> u32 {
     }
     // Stopped before the message is sent: userspace's SIGCONT, which
     // follows the message, always comes after the stop.
-    unsafe {
-        bpf_send_signal(SIGSTOP);
+    if unsafe { bpf_send_signal(SIGSTOP) } != 0 {
+        let _ = EXCEPTION_HELD.remove(&thread);
+        entry.discard(0);
+        count(stat::DROP_EXCEPTION_RESTORE_LOST);
+        return 0;
     }
     entry.submit(0);
     0

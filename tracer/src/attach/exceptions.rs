@@ -60,6 +60,9 @@ pub const HOLD_BOUND: Duration = Duration::from_millis(300);
 const BOUND_CHECK: Duration = Duration::from_millis(10);
 /// How often the repairing thread looks whether tracer stops.
 const STOP_CHECK: Duration = Duration::from_millis(100);
+/// How long a process's threads are waited for to stop before it is
+/// resumed (see `repair_unwinds`).
+const QUIESCE_AT_MOST: Duration = Duration::from_millis(50);
 /// How long tracer's end waits for these threads.
 const JOIN_AT_MOST: Duration = Duration::from_millis(200);
 
@@ -215,6 +218,32 @@ impl Holds {
             .fetch_max(held_ns, Ordering::Relaxed);
     }
 
+    /// Takes `thread` out of EXCEPTION_HELD once its unwind is repaired;
+    /// its process goes on later (`resume_if_free`).
+    fn finish(&self, thread: u64, since_ns: u64) {
+        if self.held().remove(&thread).is_err() {
+            return;
+        }
+        let held_ns = procfs::monotonic_ns().saturating_sub(since_ns);
+        self.counts.holds.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .held_ns_max
+            .fetch_max(held_ns, Ordering::Relaxed);
+    }
+
+    /// Resumes `tgid` unless one of its threads is still held.
+    fn resume_if_free(&self, tgid: u32) {
+        let held = self.held();
+        if held
+            .keys()
+            .filter_map(Result::ok)
+            .all(|thread| (thread >> 32) as u32 != tgid)
+        {
+            // SAFETY: a plain signal; a process that is gone gets nothing.
+            unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
+        }
+    }
+
     /// Lets go on every process held longer than `bound` (all with a zero
     /// bound), each counted as lost.
     fn release_overdue(&self, bound: Duration) {
@@ -324,14 +353,39 @@ fn repair_unwinds(mut unwinds: RingBuf<MapData>, holds: &Holds, stop: &AtomicBoo
         };
         // SAFETY: one valid pollfd; an error or a timeout only loops.
         unsafe { libc::poll(&mut ready, 1, STOP_CHECK.as_millis() as i32) };
-        while let Some(item) = unwinds.next() {
-            if item.len() < size_of::<ExceptionUnwind>() {
-                continue;
+        // SIGSTOP stops the whole process, and a SIGCONT cancels every
+        // stop still pending: another thread's, sent by `unwind_start`
+        // after the last look at EXCEPTION_HELD, would be lost, and that
+        // thread would unwind unrepaired. So a process goes on only once
+        // none of its threads runs (none can be inside `unwind_start`),
+        // every unwind sent until then is repaired, and none is held.
+        let mut touched: HashSet<u32> = HashSet::new();
+        loop {
+            let mut repaired = false;
+            while let Some(item) = unwinds.next() {
+                if item.len() < size_of::<ExceptionUnwind>() {
+                    continue;
+                }
+                // SAFETY: the kernel wrote an `ExceptionUnwind` (plain data).
+                let unwind: ExceptionUnwind =
+                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                drop(item);
+                repair(holds, &unwind);
+                touched.insert((unwind.thread >> 32) as u32);
+                repaired = true;
             }
-            // SAFETY: the kernel wrote an `ExceptionUnwind` (plain data).
-            let unwind: ExceptionUnwind = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            drop(item);
-            repair(holds, &unwind);
+            if touched.is_empty() {
+                break;
+            }
+            if !repaired {
+                for tgid in touched.drain() {
+                    holds.resume_if_free(tgid);
+                }
+                break;
+            }
+            for &tgid in &touched {
+                wait_quiescent(tgid);
+            }
         }
     }
 }
@@ -378,7 +432,36 @@ fn repair(holds: &Holds, unwind: &ExceptionUnwind) {
     if !complete {
         holds.counts.lost.fetch_add(1, Ordering::Relaxed);
     }
-    holds.release(unwind.thread, since_ns);
+    holds.finish(unwind.thread, since_ns);
+}
+
+/// Whether no thread of `tgid` is running (state R): every thread is
+/// stopped, asleep or gone, so none is inside `unwind_start` (an eBPF
+/// program runs in its thread, which is running meanwhile) about to hold
+/// the process. Waits up to `QUIESCE_AT_MOST` for it.
+fn wait_quiescent(tgid: u32) -> bool {
+    let deadline = std::time::Instant::now() + QUIESCE_AT_MOST;
+    loop {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
+            return true;
+        };
+        let running = tasks.filter_map(Result::ok).any(|task| {
+            std::fs::read_to_string(task.path().join("stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after_name = &stat[stat.rfind(')')? + 1..];
+                    after_name.trim_start().chars().next()
+                })
+                == Some('R')
+        });
+        if !running {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
 }
 
 #[cfg(test)]
