@@ -20,6 +20,7 @@ const FOREIGN: &[(&str, &[&str])] = &[
     ("--pause-ms", &["torch_models.py"]),
     ("--bug", &["s1_export_loop.py"]),
     ("--ml", &["xtask"]),
+    ("--exceptions", &["xtask"]),
     ("--only-keep-debug", &["objcopy"]),
     ("--lib", &["cargo test"]),
     ("--test", &["xtask"]),

@@ -156,3 +156,44 @@ fn a_stripped_caching_allocator_gets_a_note_and_its_segments() {
         "{answer}\n{report}"
     );
 }
+
+/// The caching allocator throws `c10::OutOfMemoryError` above its cap and
+/// its caller catches it, as serving code does: the traced process
+/// survives every throw (the return probe on `DeviceCachingAllocator::
+/// malloc` is in the unwound frame), and the gpu-tensor bytes stay what the
+/// allocator holds. On main before the fix, the first throw terminated
+/// the process.
+#[test]
+fn out_of_memory_errors_caught_by_the_caller_leave_the_target_running() {
+    const OOMS: i64 = 50;
+    let mut fixture = start_python(SCRIPT, &[]);
+    let trace = Record::pid(fixture.pid).attach();
+    let leaked = fixture.cmd("leak 2");
+    let oom = fixture.cmd(&format!("oom {OOMS}"));
+    let leaked_after = fixture.cmd("leak 1");
+    let traced = trace.stop();
+    let report = &traced.report;
+    assert_eq!(harness::field(&oom, "oom_caught"), OOMS);
+    assert_eq!(
+        harness::field(&oom, "allocated"),
+        harness::field(&leaked, "allocated"),
+        "a request that threw holds nothing"
+    );
+    assert_eq!(
+        report.total("gpu-tensor").bytes,
+        harness::field(&leaked_after, "allocated"),
+        "gpu-tensor is torch.cuda.memory_allocated(): {leaked_after}\n{report}"
+    );
+    assert!(
+        report.int("/events/exception_returns_restored") >= OOMS,
+        "{}",
+        report.json["events"]
+    );
+    assert_eq!(
+        report
+            .int_if_present("/drops/exception_restore_lost")
+            .unwrap_or(0),
+        0
+    );
+    assert_eq!(fixture.cmd("quit"), "bye");
+}

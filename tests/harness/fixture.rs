@@ -81,6 +81,23 @@ impl Fixture {
         self.read_answer(line)
     }
 
+    /// Sends `quit`, expects `bye`, and returns how the fixture exited
+    /// (within [`super::EXIT_TIMEOUT`]).
+    pub fn quit(mut self) -> std::process::ExitStatus {
+        assert_eq!(self.cmd("quit"), "bye");
+        let deadline = std::time::Instant::now() + super::EXIT_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("the fixture's status") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the fixture did not exit after quit"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// Waits for the fixture's next line, one it prints by itself (`what`
     /// it says, for the failure message), not as an answer.
     pub fn next_line(&mut self, what: &str) -> String {

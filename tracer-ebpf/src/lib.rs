@@ -32,6 +32,7 @@ macro_rules! id_table {
 
 mod abi {
     pub mod events;
+    pub mod exceptions;
     pub mod gpu;
     pub mod live;
     pub mod malloc;
@@ -46,8 +47,8 @@ mod abi {
 }
 
 pub use abi::{
-    events::*, gpu::*, live::*, malloc::*, mappings::*, names::*, python::*, sampling, stacks::*,
-    stats::*, unwind::*, unwind_walk,
+    events::*, exceptions::*, gpu::*, live::*, malloc::*, mappings::*, names::*, python::*,
+    sampling, stacks::*, stats::*, unwind::*, unwind_walk,
 };
 
 #[cfg(feature = "user")]
@@ -77,4 +78,7 @@ mod pod {
     unsafe impl aya::Pod for PythonStack {}
     unsafe impl aya::Pod for PythonOffsets {}
     unsafe impl aya::Pod for PythonThreadMiss {}
+    unsafe impl aya::Pod for ReturnSlot {}
+    unsafe impl aya::Pod for ExceptionUnwind {}
+    unsafe impl aya::Pod for ReturnInstanceOffsets {}
 }

@@ -2,7 +2,8 @@
 //! malloc family), `gpu.rs` (CUDA), `tensors.rs` (PyTorch's CUDA caching
 //! allocator), `mappings.rs` (the mapping system
 //! calls), `libraries.rs` (libraries loaded later, exec), `forks.rs`,
-//! `signals.rs`, `spawn.rs` and the benchmark's `floor.rs`. What they
+//! `signals.rs`, `exceptions.rs` (unwinds through return-probed
+//! frames), `spawn.rs` and the benchmark's `floor.rs`. What they
 //! share, below them: the live set and its per-stack totals (`live.rs`),
 //! where a block's stack comes from (`stacks.rs`) and the walk
 //! through unwind tables (`unwind.rs`), which allocations are
@@ -25,6 +26,8 @@ mod args;
 mod counters;
 #[cfg(target_arch = "bpf")]
 mod events;
+#[cfg(target_arch = "bpf")]
+mod exceptions;
 #[cfg(target_arch = "bpf")]
 mod exits;
 #[cfg(target_arch = "bpf")]

@@ -60,6 +60,9 @@ pub fn run(config: &RecordConfig) -> Result<()> {
             model.window_s()
         );
     }
+    if let Some(line) = session::exception_holds(&collector) {
+        eprintln!("tracer: {line}");
+    }
     let memory_status = session::memory_status(&collector.targets());
     if let Some(mut writer) = recording {
         for (&pid, &status) in &memory_status {

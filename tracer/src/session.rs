@@ -205,6 +205,20 @@ pub fn loader_pauses(collector: &Collector) -> crate::model::run::LoaderPauses {
     }
 }
 
+/// What the holds for unwinds through return-probed frames (`attach::
+/// exceptions`) cost the targets, when there were any.
+pub fn exception_holds(collector: &Collector) -> Option<String> {
+    let (holds, longest) = collector.probes().exceptions.as_ref()?.holds();
+    (holds > 0).then(|| {
+        format!(
+            "{holds} C++ unwinds through return-probed frames held their process while \
+             return addresses were put back (longest {:.2} ms, bound {} ms)",
+            longest.as_secs_f64() * 1e3,
+            crate::attach::exceptions::HOLD_BOUND.as_millis()
+        )
+    })
+}
+
 pub fn build_report(
     collector: &mut Collector,
     model: &Model,

@@ -228,6 +228,8 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
     table.push_str(&attach.table);
     let holders = crate::bench_holders::bench_holders(root, short)?;
     table.push_str(&holders.table);
+    let exceptions = crate::bench_exceptions::bench_exceptions(root, reps)?;
+    table.push_str(&exceptions.table);
     let real = if short {
         Value::Null
     } else {
@@ -273,6 +275,7 @@ pub fn bench(root: &Path, short: bool) -> Result<()> {
         "runs_per_mode": reps,
         "attach": attach.json,
         "holders": holders.json,
+        "exceptions": exceptions.json,
         "results": results,
         "tracer_cpu": cpu,
         "python": python.json,
@@ -332,6 +335,17 @@ pub fn bench_ml_only(root: &Path) -> Result<()> {
     std::fs::write(&path, serde_json::to_string_pretty(&document)? + "\n")
         .with_context(|| format!("could not write {}", path.display()))?;
     eprintln!("bench: wrote {}", path.display());
+    Ok(())
+}
+
+/// `cargo xtask bench --exceptions`: the exceptions row alone
+/// (`bench_exceptions`), printed.
+pub fn bench_exceptions_only(root: &Path) -> Result<()> {
+    if !is_root() {
+        bail!("the benchmark attaches uprobes: run it as root");
+    }
+    let exceptions = crate::bench_exceptions::bench_exceptions(root, 5)?;
+    print!("{}", exceptions.table);
     Ok(())
 }
 

@@ -94,7 +94,9 @@ const CUDA_BUILDS: &[(&str, &str, &[&str])] = &[
             "-shared",
             "-fPIC",
             "-fvisibility=hidden",
-            "-fno-exceptions",
+            // It throws c10::OutOfMemoryError, as torch's does (gcc
+            // links no C++ runtime by itself).
+            "-lstdc++",
             "cuda/libcudart.so.12",
             "-Wl,-rpath,$ORIGIN",
         ],

@@ -7,6 +7,7 @@
 
 mod bench;
 mod bench_attach;
+mod bench_exceptions;
 mod bench_holders;
 mod bench_ml;
 mod bench_python;
@@ -93,6 +94,10 @@ enum Task {
         /// loop), in the venvs of `cargo xtask setup --ml`
         #[arg(long, conflicts_with = "short")]
         ml: bool,
+        /// Only the exceptions row: a probe on each `ret` of a function
+        /// against a uretprobe
+        #[arg(long, conflicts_with_all = ["short", "ml"])]
+        exceptions: bool,
     },
     /// Build, then trace a fixture at a steady allocation rate with a steady
     /// leak for a long time (not in CI); print the tracer's RSS and CPU over
@@ -177,10 +182,16 @@ fn run(task: Task) -> Result<()> {
                 soak::soak(&root, seconds)
             }
         }
-        Task::Bench { short, ml } => {
+        Task::Bench {
+            short,
+            ml,
+            exceptions,
+        } => {
             let shell = setup_shell(&root)?;
             build(&shell)?;
-            if ml {
+            if exceptions {
+                bench::bench_exceptions_only(&root)
+            } else if ml {
                 bench::bench_ml_only(&root)
             } else {
                 bench::bench(&root, short)

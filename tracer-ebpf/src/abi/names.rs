@@ -55,6 +55,8 @@ pub mod map {
         LOADS_OPENED = "LOADS_OPENED",
         LOADS_DONE = "LOADS_DONE",
         LOADER_HELD = "LOADER_HELD",
+        EXCEPTION_UNWINDS = "EXCEPTION_UNWINDS",
+        EXCEPTION_HELD = "EXCEPTION_HELD",
     }
 }
 
@@ -78,6 +80,7 @@ pub mod program {
         FLOOR_RETURN = "floor_return",
         SPAWN_GATE = "spawn_gate",
         LOADER_GATE = "loader_gate",
+        UNWIND_START = "unwind_start",
         GPU_ALLOC_ENTER = "gpu_alloc_enter",
         GPU_PITCH_ENTER = "gpu_pitch_enter",
         GPU_CREATE_ENTER = "gpu_create_enter",
@@ -127,5 +130,6 @@ pub mod global {
         EXIT_GROUP_DEAD_OFFSET = "EXIT_GROUP_DEAD_OFFSET",
         GO_STACK_SEARCH = "GO_STACK_SEARCH",
         UNWIND_TABLES_ON = "UNWIND_TABLES_ON",
+        RETURN_INSTANCE_OFFSETS = "RETURN_INSTANCE_OFFSETS",
     }
 }

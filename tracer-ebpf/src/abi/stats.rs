@@ -151,6 +151,22 @@ pub mod stat {
             /// the stored stack's, so the block counts as NO_STACK rather
             /// than as the other stack.
             DROP_STACK_COLLISION => ("stack_collision_lost", Drop),
+            /// Exceptions (and forced unwinds) that started in a traced
+            /// process: entries of `_Unwind_RaiseException`,
+            /// `_Unwind_Resume_or_Rethrow` and `_Unwind_ForcedUnwind`.
+            EXCEPTION_UNWINDS => ("exception_unwinds", Event),
+            /// Return addresses put back over the uprobe trampoline before
+            /// an unwinder read them (`exceptions.rs`). Counted by
+            /// userspace, which writes them.
+            EXCEPTION_RETURNS_RESTORED => ("exception_returns_restored", Event),
+            /// Unwinds through return-probed frames whose return addresses
+            /// could not all be put back (no room to tell userspace, a walk
+            /// cut, a write refused, a hold over its bound): the target may
+            /// have been terminated by its unwinder.
+            DROP_EXCEPTION_RESTORE_LOST => ("exception_restore_lost", Drop),
+            /// Allocator calls in progress when an unwind started: their
+            /// return never comes; nothing of them is counted.
+            CALLS_LEFT_BY_EXCEPTION => ("calls_left_by_exception", Event),
         }
     }
 }
@@ -180,7 +196,7 @@ mod tests {
             assert_eq!(STAT_NAMES[id as usize].0, name);
         }
         // Ids are appended: a recording keeps its counters by index.
-        assert_eq!(DROP_STACK_COLLISION, COUNT - 1, "the last id");
+        assert_eq!(CALLS_LEFT_BY_EXCEPTION, COUNT - 1, "the last id");
     }
 
     #[test]

@@ -132,6 +132,20 @@ impl Probes {
         // The kernel's walk needs bpf_loop; without it, stacks go by frame
         // pointers.
         let uses_tables = unwinding.uses_tables() && has_bpf_loop();
+        // Where the kernel keeps a thread's pending return probes: without
+        // it, functions that can throw get no return probe (`exceptions`).
+        let return_instances = match super::btf::return_instance_offsets() {
+            Ok(offsets) => Some(offsets),
+            Err(error) => {
+                eprintln!(
+                    "tracer: warning: {error:#}: operator new and PyTorch's caching allocator \
+                     are traced without a return probe (an exception through one would \
+                     terminate the target): their blocks are counted by the malloc they \
+                     call, or not at all"
+                );
+                None
+            }
+        };
         // Never written without tables: the smallest map there is.
         let table_rows = if uses_tables {
             unwinding.table_rows()
@@ -233,6 +247,11 @@ impl Probes {
                 &u32::from(uses_tables),
                 true,
             )
+            .override_global(
+                tracer_ebpf::global::RETURN_INSTANCE_OFFSETS,
+                &return_instances.unwrap_or_default(),
+                true,
+            )
             .map_max_entries(tracer_ebpf::map::UNWIND_ROWS, table_rows)
             .load(object)
             .map_err(|error| load_error(error.into()))?;
@@ -307,13 +326,36 @@ impl Probes {
             .map_err(|error| load_error(error.context("could not follow mapping calls")))?;
         let mapping_tracepoints = mapping_links.len();
         tracepoint_links.extend(mapping_links);
+        let exception_held: aya::maps::HashMap<MapData, u64, u64> = aya::maps::HashMap::try_from(
+            ebpf.take_map(tracer_ebpf::map::EXCEPTION_HELD)
+                .context("eBPF object lacks EXCEPTION_HELD")?,
+        )?;
+        let exception_held_fd = {
+            use aya::maps::IterableMap as _;
+            use std::os::fd::AsFd as _;
+            exception_held.map().fd().as_fd().try_clone_to_owned()?
+        };
+        let exceptions = match return_instances {
+            Some(_) => Some(super::exceptions::ExceptionFixer::start(
+                RingBuf::try_from(
+                    ebpf.take_map(tracer_ebpf::map::EXCEPTION_UNWINDS)
+                        .context("eBPF object lacks EXCEPTION_UNWINDS")?,
+                )?,
+                exception_held,
+            )?),
+            None => None,
+        };
         let watchdog = match watch.loader_held.take() {
             Some(held) => {
                 let events: Vec<u64> = tracepoint_links
                     .iter()
                     .filter_map(|link| link.event_id)
                     .collect();
-                Some(super::watchdog::Watchdog::start(held, &events)?)
+                Some(super::watchdog::Watchdog::start(
+                    held,
+                    exception_held_fd,
+                    &events,
+                )?)
             }
             None => None,
         };
@@ -375,6 +417,7 @@ impl Probes {
             trap_measurement: super::trap_cost::TrapMeasurement::unavailable(
                 "not measured (tracer floor)".to_owned(),
             ),
+            exceptions,
             _watchdog: watchdog,
         };
         Ok((probes, rings))

@@ -14,6 +14,7 @@
 pub mod ahead;
 pub mod at_open;
 pub mod cuda;
+pub mod exceptions;
 pub mod forwarding;
 pub mod function;
 pub mod libraries;
@@ -24,6 +25,7 @@ pub mod spawn;
 pub mod symbols;
 pub mod watchdog;
 
+mod btf;
 mod cost;
 mod forks;
 mod links;
@@ -236,6 +238,9 @@ pub struct Probes {
     run_stats: cost::RunStats,
     /// What a trap costs here (`measure_traps`).
     trap_measurement: trap_cost::TrapMeasurement,
+    /// Puts back the return addresses of frames an exception unwinds
+    /// through (`exceptions`); none where the kernel's layout is unknown.
+    pub exceptions: Option<exceptions::ExceptionFixer>,
     /// Outlives tracer (`watchdog.rs`): dropped last.
     _watchdog: Option<watchdog::Watchdog>,
 }
@@ -260,8 +265,13 @@ impl Probes {
         } else {
             symbols::hook_sites_in(pid, &ahead, forwarding)?
         };
-        let sites = found.sites;
-        let ahead_sites = ahead_found.sites;
+        let (sites, ahead_sites, left_out) = exceptions::without_throwing_returns(
+            pid,
+            self.exceptions.is_some(),
+            found.sites,
+            ahead_found.sites,
+        );
+        self.unprobed.extend(left_out);
         self.unprobed.extend(
             found
                 .unprobed

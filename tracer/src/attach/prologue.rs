@@ -80,6 +80,10 @@ pub const SIGNATURES: &[(&str, usize)] = &[
     ("memalign", 2),
     ("valloc", 1),
     ("pvalloc", 1),
+    // The unwinder's entry points (`exceptions`): their arguments are not read.
+    ("_Unwind_RaiseException", 1),
+    ("_Unwind_Resume_or_Rethrow", 1),
+    ("_Unwind_ForcedUnwind", 3),
     // operator new(size_t), new[](size_t), nothrow (+ const nothrow_t&),
     // aligned (+ align_val_t).
     ("_Znwm", 1),

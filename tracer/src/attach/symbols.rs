@@ -9,6 +9,7 @@ use object::{Object as _, ObjectSymbol as _, SymbolKind};
 
 use super::{
     cuda::{self, CACHING_ALLOCATOR, CUDA_FUNCTIONS},
+    exceptions::UNWINDER_START,
     forwarding::{Callees, Forwarding, PassesOn},
     function::HookedFunction,
     prologue,
@@ -20,12 +21,14 @@ use crate::{
 };
 
 /// Every function looked up in a mapped object: the allocators, the CUDA
-/// entry points, then PyTorch's caching allocator.
+/// entry points, PyTorch's caching allocator, then the unwinder's entry
+/// points (`exceptions`).
 fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
     all_allocators()
         .map(HookedFunction::allocator)
         .chain(CUDA_FUNCTIONS)
         .chain(CACHING_ALLOCATOR)
+        .chain(UNWINDER_START)
 }
 
 /// One place to attach: an allocator function in one mapped file.

@@ -1,9 +1,10 @@
 //! The watchdog: a process that outlives tracer to do two things tracer
 //! cannot do once it is gone.
 //!
-//! - The loader gate: it lets go on (SIGCONT) the processes the gate holds
-//!   (LOADER_HELD) once tracer is gone, so that a tracer killed with
-//!   SIGKILL while it holds a process at `dlopen` does not leave it
+//! - The loader gate and exception holds: it lets go on (SIGCONT) the
+//!   processes the gate holds (LOADER_HELD) or an unwind holds
+//!   (EXCEPTION_HELD, `exceptions.rs`) once tracer is gone, so that a
+//!   tracer killed with SIGKILL while it holds a process does not leave it
 //!   stopped.
 //! - Tracepoint teardown: the kernel, when the last perf event of a
 //!   tracepoint closes, waits for two grace periods under a lock every
@@ -17,10 +18,11 @@
 //! It is tracer's own executable, started with `WATCHDOG_ENV` set to the
 //! number of those perf events: it holds the read end of a pipe (its
 //! stdin; tracer keeps the write end until it exits, however it exits),
-//! LOADER_HELD (fd 3) and the perf events (fd 4 on), and no program and no
-//! link, so it keeps no probe in place. At the pipe's end it resumes every
-//! process in LOADER_HELD, and again for a while (the gate's links go with
-//! the rest of tracer's descriptors, a moment after the pipe), then exits.
+//! LOADER_HELD (fd 3), EXCEPTION_HELD (fd 4) and the perf events (fd 5
+//! on), and no program and no link, so it keeps no probe in place. At the
+//! pipe's end it resumes every process in either map, and again for a
+//! while (the links go with the rest of tracer's descriptors, a moment
+//! after the pipe), then exits.
 use std::{
     os::fd::{AsRawFd, BorrowedFd, FromRawFd as _, OwnedFd},
     process::{Child, ChildStdin, Command, Stdio},
@@ -32,8 +34,10 @@ use anyhow::{Context as _, Result};
 /// Set (to anything) in the watchdog's environment.
 pub const WATCHDOG_ENV: &str = "TRACER_LOADER_WATCHDOG";
 
-/// LOADER_HELD's descriptor in the watchdog.
+/// LOADER_HELD's descriptor in the watchdog (u32 keys: a tgid).
 const HELD_FD: i32 = 3;
+/// EXCEPTION_HELD's (u64 keys: a pid_tgid).
+const EXCEPTION_HELD_FD: i32 = 4;
 
 /// How long after tracer's end the watchdog keeps resuming held
 /// processes, and how often it looks.
@@ -48,12 +52,13 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts the watchdog on `held` (LOADER_HELD), with a perf event on
-    /// each tracepoint of `events` (tracefs ids).
-    pub fn start(held: OwnedFd, events: &[u64]) -> Result<Watchdog> {
+    /// Starts the watchdog on `held` (LOADER_HELD) and `exception_held`
+    /// (EXCEPTION_HELD), with a perf event on each tracepoint of `events`
+    /// (tracefs ids).
+    pub fn start(held: OwnedFd, exception_held: OwnedFd, events: &[u64]) -> Result<Watchdog> {
         let perf_events: Vec<OwnedFd> =
             events.iter().filter_map(|&id| disabled_event(id)).collect();
-        let mut fds: Vec<i32> = vec![held.as_raw_fd()];
+        let mut fds: Vec<i32> = vec![held.as_raw_fd(), exception_held.as_raw_fd()];
         fds.extend(perf_events.iter().map(AsRawFd::as_raw_fd));
         let mut command = Command::new("/proc/self/exe");
         command
@@ -173,14 +178,24 @@ pub fn run() -> ! {
     std::process::exit(0)
 }
 
-/// Resumes every process in LOADER_HELD, and takes it out.
+/// Resumes every process in LOADER_HELD and EXCEPTION_HELD, and takes it
+/// out.
 fn resume_held() {
     // SAFETY: HELD_FD is LOADER_HELD (u32 keys), inherited from tracer.
     let held = unsafe { BorrowedFd::borrow_raw(HELD_FD) };
-    while let Some(pid) = first_key(held) {
+    while let Some(pid) = first_key::<u32>(held) {
         // SAFETY: a plain signal; a process that is gone gets nothing.
         unsafe { libc::kill(pid as i32, libc::SIGCONT) };
         if !delete(held, pid) {
+            break;
+        }
+    }
+    // SAFETY: EXCEPTION_HELD (u64 keys), inherited from tracer.
+    let held = unsafe { BorrowedFd::borrow_raw(EXCEPTION_HELD_FD) };
+    while let Some(thread) = first_key::<u64>(held) {
+        // SAFETY: as above, to the thread's process.
+        unsafe { libc::kill((thread >> 32) as i32, libc::SIGCONT) };
+        if !delete(held, thread) {
             break;
         }
     }
@@ -210,8 +225,8 @@ fn map_command(command: libc::c_long, attr: &MapElemAttr) -> bool {
 }
 
 /// BPF_MAP_GET_NEXT_KEY from no key: the map's first key.
-fn first_key(map: BorrowedFd<'_>) -> Option<u32> {
-    let mut next = 0u32;
+fn first_key<K: Default>(map: BorrowedFd<'_>) -> Option<K> {
+    let mut next = K::default();
     let attr = MapElemAttr {
         map_fd: map.as_raw_fd() as u32,
         pad: 0,
@@ -223,11 +238,11 @@ fn first_key(map: BorrowedFd<'_>) -> Option<u32> {
 }
 
 /// BPF_MAP_DELETE_ELEM.
-fn delete(map: BorrowedFd<'_>, pid: u32) -> bool {
+fn delete<K>(map: BorrowedFd<'_>, key: K) -> bool {
     let attr = MapElemAttr {
         map_fd: map.as_raw_fd() as u32,
         pad: 0,
-        key: (&raw const pid) as u64,
+        key: (&raw const key) as u64,
         next_key: 0,
         flags: 0,
     };

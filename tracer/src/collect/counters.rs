@@ -112,9 +112,16 @@ impl Collector {
         let mut stats = self.probes.maps().stats()?;
         let by_stack = std::mem::take(&mut self.by_stack);
         let retired = self.evict_stacks(&by_stack, &held_by_calls)?;
+        let (returns_restored, restores_lost) = self
+            .probes
+            .exceptions
+            .as_ref()
+            .map_or((0, 0), |exceptions| exceptions.counts());
         for (index, count) in [
             (stat::STACKS_EVICTED, self.stack_table.evicted),
             (stat::PYTHON_STACKS_EVICTED, self.stack_table.python_evicted),
+            (stat::EXCEPTION_RETURNS_RESTORED, returns_restored),
+            (stat::DROP_EXCEPTION_RESTORE_LOST, restores_lost),
         ] {
             if let Some(counter) = stats.get_mut(index as usize) {
                 *counter += count;

@@ -1,0 +1,206 @@
+//! C++ exceptions through return-probed frames: a program that catches
+//! `std::bad_alloc` survives tracer under every allocator and mode where
+//! operator new keeps a return probe, and what it keeps is counted as
+//! untraced runs would show it, the requests that threw never live.
+//!
+//! On main before the fix, the tcmalloc, jemalloc, `--unwind fp` and
+//! sampled runs were terminated (exit 134): the unwinder met the uprobe
+//! trampoline where operator new's return address had been.
+
+#[allow(dead_code, reason = "other test files use the rest of the harness")]
+mod harness;
+
+use harness::{Fixture, Live, Record, Report, field, require_root};
+
+const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+const TCMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4";
+
+const THROWS: i64 = 200;
+const KEPT: i64 = 200;
+const KEPT_BYTES: i64 = 1000;
+
+/// The fixture's answers and tracer's report.
+struct Run {
+    answers: Vec<String>,
+    report: Report,
+    stderr: String,
+}
+
+/// The exceptions fixture (with `env`), traced with `extra_args` while it
+/// runs `commands`; the tracer is stopped while the fixture lives, then
+/// the fixture must quit and exit 0.
+fn traced(env: &[(&str, &str)], extra_args: &[&str], commands: &[&str]) -> Run {
+    require_root();
+    for (name, library) in env {
+        assert!(
+            *name != "LD_PRELOAD" || std::path::Path::new(library).is_file(),
+            "{library} is missing: run `cargo xtask setup`"
+        );
+    }
+    let mut fixture = Fixture::start_with_env("exceptions", &[], env);
+    let mut trace = Record::pid(fixture.pid)
+        .args(["-v"])
+        .args(extra_args)
+        .attach();
+    // libstdc++ has no frame pointers: a stack walked from the malloc of
+    // an operator new before its table is in loses operator new's caller.
+    if !extra_args.contains(&"fp") {
+        trace.wait_tables_ready();
+    }
+    let answers: Vec<String> = commands
+        .iter()
+        .map(|command| fixture.cmd(command))
+        .collect();
+    let traced = trace.stop();
+    let status = fixture.quit();
+    assert!(status.success(), "the traced fixture exited with {status}");
+    Run {
+        answers,
+        report: traced.report,
+        stderr: traced.output.stderr,
+    }
+}
+
+/// Throws 200 times and keeps 200 x 1000 B: every throw caught, the kept
+/// blocks exact, nothing under the function that threw, and the restores
+/// counted (at least one per throw where operator new is return-probed).
+fn survives_exact(env: &[(&str, &str)], extra_args: &[&str], operator_new_probed: bool) {
+    let run = traced(
+        env,
+        extra_args,
+        &[&format!("throw {THROWS}"), &format!("keep {KEPT}")],
+    );
+    let report = &run.report;
+    assert_eq!(field(&run.answers[0], "caught"), THROWS);
+    assert_eq!(field(&run.answers[1], "kept_bytes"), KEPT * KEPT_BYTES);
+    assert_eq!(
+        report.heap_live_with("keep_here"),
+        Live::blocks(KEPT, KEPT_BYTES),
+        "\n{report}"
+    );
+    assert_eq!(
+        report.heap_live_with("throw_here"),
+        Live::default(),
+        "a request that threw is counted live:\n{report}"
+    );
+    check_restores(report, operator_new_probed);
+    if operator_new_probed {
+        assert!(
+            run.stderr
+                .contains("C++ unwinds through return-probed frames held their process"),
+            "tracer says what the holds cost:\n{}",
+            run.stderr
+        );
+    }
+}
+
+/// The unwinds were seen, and where operator new is return-probed, each
+/// throw's return address was put back and none was lost.
+fn check_restores(report: &Report, operator_new_probed: bool) {
+    assert!(
+        report.int("/events/exception_unwinds") >= THROWS,
+        "{}",
+        report.json["events"]
+    );
+    assert_eq!(
+        report
+            .int_if_present("/drops/exception_restore_lost")
+            .unwrap_or(0),
+        0,
+        "{}",
+        report.json
+    );
+    if operator_new_probed {
+        assert!(
+            report.int("/events/exception_returns_restored") >= THROWS,
+            "{}",
+            report.json["events"]
+        );
+        assert!(
+            report.int("/events/calls_left_by_exception") >= THROWS,
+            "{}",
+            report.json["events"]
+        );
+    }
+}
+
+#[test]
+fn glibc_survives_bad_alloc_exact() {
+    // operator new passes its call on to malloc: it has no probe.
+    survives_exact(&[], &[], false);
+}
+
+#[test]
+fn glibc_with_frame_pointer_walks_survives_bad_alloc_exact() {
+    survives_exact(&[], &["--unwind", "fp"], true);
+}
+
+#[test]
+fn tcmalloc_survives_bad_alloc_exact() {
+    survives_exact(&[("LD_PRELOAD", TCMALLOC)], &[], true);
+}
+
+#[test]
+fn jemalloc_survives_bad_alloc_exact() {
+    survives_exact(&[("LD_PRELOAD", JEMALLOC)], &[], true);
+}
+
+/// Sampled (uprobe sessions skip the return of calls not recorded; a
+/// 2^47-byte request is always recorded, so its return probe stays): the
+/// kept bytes are estimated within three standard deviations.
+#[test]
+fn sampled_jemalloc_survives_bad_alloc() {
+    const SAMPLE_BYTES: f64 = 4096.0;
+    let run = traced(
+        &[("LD_PRELOAD", JEMALLOC)],
+        &["--sample-bytes", "4096", "--sample-seed", "1"],
+        &[&format!("throw {THROWS}"), &format!("keep {KEPT}")],
+    );
+    let report = &run.report;
+    assert_eq!(field(&run.answers[0], "caught"), THROWS);
+    let truth = (KEPT * KEPT_BYTES) as f64;
+    let estimate = report.heap_live_with("keep_here").bytes as f64;
+    let bound = 3.0 * (SAMPLE_BYTES * truth).sqrt();
+    assert!(
+        (estimate - truth).abs() <= bound,
+        "estimate {estimate} truth {truth} bound ±{bound:.0}:\n{report}"
+    );
+    assert_eq!(
+        report.heap_live_with("throw_here"),
+        Live::default(),
+        "\n{report}"
+    );
+    check_restores(report, true);
+}
+
+/// A tail call into operator new (its caller's frame is the one the
+/// probe's return address is in) and a longjmp out of operator new (its
+/// new_handler jumps: the kernel drops the return instance by itself)
+/// both leave the target running, and the blocks kept before stay exact.
+#[test]
+fn tail_calls_and_longjmp_out_of_operator_new_still_work() {
+    let run = traced(
+        &[("LD_PRELOAD", JEMALLOC)],
+        &[],
+        &[
+            &format!("keep {KEPT}"),
+            &format!("throw_tail {THROWS}"),
+            "jump 50",
+            &format!("throw {THROWS}"),
+        ],
+    );
+    let report = &run.report;
+    assert_eq!(field(&run.answers[1], "caught"), THROWS);
+    assert_eq!(field(&run.answers[2], "jumped"), 50);
+    assert_eq!(field(&run.answers[3], "caught"), THROWS);
+    assert_eq!(
+        report.heap_live_with("keep_here"),
+        Live::blocks(KEPT, KEPT_BYTES),
+        "\n{report}"
+    );
+    assert_eq!(
+        report.heap_live_with("throw_here"),
+        Live::default(),
+        "\n{report}"
+    );
+}

@@ -1,0 +1,536 @@
+//! C++ exceptions through return-probed frames: the one write tracer
+//! makes into a target.
+//!
+//! A return probe (uretprobe or uprobe session) makes the kernel replace
+//! the probed call's return address, on the target's stack, with the
+//! address of its uprobe trampoline. An exception that unwinds through
+//! that frame makes the unwinder look the trampoline up, find no unwind
+//! information, and call `std::terminate`: a C++ program that catches
+//! `std::bad_alloc` (or PyTorch's `c10::OutOfMemoryError`) is killed.
+//!
+//! The unwinder's entry points (`UNWINDER_START`) get an entry probe of
+//! their own (tracer-ebpf's `exceptions.rs`): when a thread starts an
+//! unwind while return probes of its frames are pending, the kernel side
+//! stops the process before the unwinder's first instruction and sends
+//! the stack words that hold the trampoline, with the return addresses
+//! they held. This module's thread writes each original address back
+//! through /proc/PID/mem (only into a word that still holds the
+//! trampoline) and lets the process go on (SIGCONT): the unwinder then
+//! sees the stack as the program made it. The kernel drops the return
+//! instances left behind at the next trampoline hit, as after a longjmp:
+//! those calls are not counted (they never returned).
+//!
+//! What the target could notice: it is stopped for the time of the
+//! write (well under a millisecond; `HOLD_BOUND` at the most, then it
+//! goes on unrepaired and the loss is counted); its parent may see the
+//! stop in `waitpid(WUNTRACED)`. Its memory holds exactly what it held
+//! before the probe fired. A call still in progress below the frame that
+//! catches the exception returns to its caller directly, without its
+//! return probe: that call is not counted (`calls_left_by_exception`).
+//!
+//! Where the walk is impossible (a kernel whose BTF lacks the fields) or
+//! the unwinder cannot be probed for a process, the functions that can
+//! throw get no return probe at all (`THROWING`), with a warning.
+use std::{
+    collections::HashSet,
+    fs::OpenOptions,
+    os::{
+        fd::{AsFd as _, AsRawFd as _},
+        unix::fs::FileExt as _,
+    },
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{HashMap as KernelHashMap, MapData, RingBuf};
+use tracer_ebpf::{ExceptionUnwind, program};
+
+use super::{HookSite, Unprobed, function::HookedFunction};
+use crate::procfs;
+
+/// The longest a process is held for an unwind: then it goes on, its
+/// return addresses perhaps not all put back (counted as lost).
+pub const HOLD_BOUND: Duration = Duration::from_millis(300);
+/// How often held processes are checked against the bound.
+const BOUND_CHECK: Duration = Duration::from_millis(10);
+/// How often the repairing thread looks whether tracer stops.
+const STOP_CHECK: Duration = Duration::from_millis(100);
+/// How long a process's threads are waited for to stop before it is
+/// resumed (see `repair_unwinds`).
+const QUIESCE_AT_MOST: Duration = Duration::from_millis(50);
+/// How long tracer's end waits for these threads.
+const JOIN_AT_MOST: Duration = Duration::from_millis(200);
+
+/// The unwinder's entry points (libgcc_s, or any object that carries its
+/// own unwinder): every C++ throw, rethrow and forced unwind (thread
+/// cancellation) starts in one of them.
+pub const UNWINDER_START: [HookedFunction; 3] = [
+    unwinder("_Unwind_RaiseException"),
+    unwinder("_Unwind_Resume_or_Rethrow"),
+    unwinder("_Unwind_ForcedUnwind"),
+];
+
+const fn unwinder(name: &'static str) -> HookedFunction {
+    HookedFunction {
+        name,
+        entry_program: Some(program::UNWIND_START),
+        return_program: None,
+        cookie: 0,
+    }
+}
+
+/// Whether `name` is one of the unwinder's entry points.
+pub fn is_unwinder_start(name: &str) -> bool {
+    UNWINDER_START.iter().any(|function| function.name == name)
+}
+
+/// The return-probed functions that can throw: they keep their return
+/// probe only in a process whose unwinder is probed.
+pub const THROWING: &[&str] = &[
+    "_Znwm",
+    "_Znam",
+    "_ZnwmSt11align_val_t",
+    "_ZnamSt11align_val_t",
+    "tc_new",
+    "tc_newarray",
+    tracer_ebpf::caching_allocator::MALLOC,
+];
+
+/// `sites` and `ahead_sites` of `pid`, less the return-probed functions
+/// that can throw when no unwinder entry of `pid` is among them or the
+/// kernel's return instances cannot be walked (`walkable` false): an
+/// exception through their return probe would terminate `pid`. What that
+/// costs is said once; the functions left out are returned as unprobed.
+pub fn without_throwing_returns(
+    pid: u32,
+    walkable: bool,
+    sites: Vec<HookSite>,
+    ahead_sites: Vec<HookSite>,
+) -> (Vec<HookSite>, Vec<HookSite>, Vec<(u32, Unprobed)>) {
+    let unwinder_probed = walkable
+        && sites
+            .iter()
+            .chain(&ahead_sites)
+            .any(|site| is_unwinder_start(site.function.name));
+    if unwinder_probed {
+        return (sites, ahead_sites, Vec::new());
+    }
+    let throwing = |site: &HookSite| {
+        site.function.return_program.is_some() && THROWING.contains(&site.function.name)
+    };
+    let mut dropped = Vec::new();
+    let mut keep = |sites: Vec<HookSite>| -> Vec<HookSite> {
+        let (left_out, kept): (Vec<HookSite>, Vec<HookSite>) =
+            sites.into_iter().partition(|site| throwing(site));
+        dropped.extend(left_out);
+        kept
+    };
+    let (sites, ahead_sites) = (keep(sites), keep(ahead_sites));
+    if !dropped.is_empty() {
+        let mut names: Vec<&str> = dropped.iter().map(|site| site.function.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        eprintln!(
+            "tracer: warning: PID {pid}: {} can throw and the C++ unwinder is not probed \
+             (no _Unwind_RaiseException found, or this kernel's return probes cannot be \
+             walked): left without a probe, so that an exception through them cannot \
+             terminate the process; their blocks are counted by the malloc they call, with \
+             stacks that start there (PyTorch's tensor blocks: not at all)",
+            names.join(", ")
+        );
+    }
+    let unprobed = dropped
+        .into_iter()
+        .map(|site| {
+            (
+                pid,
+                Unprobed {
+                    name: site.function.name,
+                    path: site.path,
+                    why: "can throw, and the unwinder is not probed".to_owned(),
+                },
+            )
+        })
+        .collect();
+    (sites, ahead_sites, unprobed)
+}
+
+/// What the threads did, for the report's counters.
+#[derive(Default)]
+struct FixCounts {
+    restored: AtomicU64,
+    lost: AtomicU64,
+    holds: AtomicU64,
+    held_ns_max: AtomicU64,
+}
+
+/// EXCEPTION_HELD and the counters, shared by the thread that repairs
+/// and the one that keeps the bound. The map is locked only around map
+/// operations, never across a write into a target: a write that blocks
+/// (a hostile target's stack behind userfaultfd) cannot keep the bound
+/// from letting its process go.
+struct Holds {
+    held: Mutex<KernelHashMap<MapData, u64, u64>>,
+    counts: FixCounts,
+}
+
+impl Holds {
+    fn held(&self) -> MutexGuard<'_, KernelHashMap<MapData, u64, u64>> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// When `thread` was held; None when it is not (let go already).
+    fn since_ns(&self, thread: u64) -> Option<u64> {
+        self.held().get(&thread, 0).ok()
+    }
+
+    /// Takes `thread` out of EXCEPTION_HELD and resumes its process unless
+    /// another of its threads is still held. Only a process the eBPF side
+    /// stopped is resumed, and only by whoever takes it out.
+    fn release(&self, thread: u64, since_ns: u64) {
+        let tgid = (thread >> 32) as u32;
+        {
+            let mut held = self.held();
+            if held.remove(&thread).is_err() {
+                return;
+            }
+            let still_held: HashSet<u32> = held
+                .keys()
+                .filter_map(Result::ok)
+                .map(|other| (other >> 32) as u32)
+                .collect();
+            if !still_held.contains(&tgid) {
+                // SAFETY: a plain signal; a process that is gone gets nothing.
+                unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
+            }
+        }
+        let held_ns = procfs::monotonic_ns().saturating_sub(since_ns);
+        self.counts.holds.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .held_ns_max
+            .fetch_max(held_ns, Ordering::Relaxed);
+    }
+
+    /// Takes `thread` out of EXCEPTION_HELD once its unwind is repaired;
+    /// its process goes on later (`resume_if_free`).
+    fn finish(&self, thread: u64, since_ns: u64) {
+        if self.held().remove(&thread).is_err() {
+            return;
+        }
+        let held_ns = procfs::monotonic_ns().saturating_sub(since_ns);
+        self.counts.holds.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .held_ns_max
+            .fetch_max(held_ns, Ordering::Relaxed);
+    }
+
+    /// Resumes `tgid` unless one of its threads is still held.
+    fn resume_if_free(&self, tgid: u32) {
+        let held = self.held();
+        if held
+            .keys()
+            .filter_map(Result::ok)
+            .all(|thread| (thread >> 32) as u32 != tgid)
+        {
+            // SAFETY: a plain signal; a process that is gone gets nothing.
+            unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
+        }
+    }
+
+    /// Lets go on every process held longer than `bound` (all with a zero
+    /// bound), each counted as lost.
+    fn release_overdue(&self, bound: Duration) {
+        let now_ns = procfs::monotonic_ns();
+        let overdue: Vec<(u64, u64)> = self
+            .held()
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|&(_, since_ns)| now_ns.saturating_sub(since_ns) >= bound.as_nanos() as u64)
+            .collect();
+        for (thread, since_ns) in overdue {
+            if self.since_ns(thread).is_some() {
+                self.counts.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            self.release(thread, since_ns);
+        }
+    }
+}
+
+/// The threads that put return addresses back and keep the bound.
+pub struct ExceptionFixer {
+    stop: Arc<AtomicBool>,
+    holds: Arc<Holds>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ExceptionFixer {
+    /// Starts the threads on EXCEPTION_UNWINDS and EXCEPTION_HELD.
+    pub fn start(
+        unwinds: RingBuf<MapData>,
+        held: KernelHashMap<MapData, u64, u64>,
+    ) -> Result<ExceptionFixer> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let holds = Arc::new(Holds {
+            held: Mutex::new(held),
+            counts: FixCounts::default(),
+        });
+        let (repair_stop, repair_holds) = (Arc::clone(&stop), Arc::clone(&holds));
+        let repairer = std::thread::Builder::new()
+            .name("tracer-unwinds".to_owned())
+            .spawn(move || repair_unwinds(unwinds, &repair_holds, &repair_stop))
+            .context("could not start the exception thread")?;
+        let (bound_stop, bound_holds) = (Arc::clone(&stop), Arc::clone(&holds));
+        let bound = std::thread::Builder::new()
+            .name("tracer-unwind-bound".to_owned())
+            .spawn(move || {
+                while !bound_stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(BOUND_CHECK);
+                    bound_holds.release_overdue(HOLD_BOUND);
+                }
+            })
+            .context("could not start the exception bound thread")?;
+        Ok(ExceptionFixer {
+            stop,
+            holds,
+            threads: vec![repairer, bound],
+        })
+    }
+
+    /// Return addresses put back, and unwinds not (fully) repaired.
+    pub fn counts(&self) -> (u64, u64) {
+        let counts = &self.holds.counts;
+        (
+            counts.restored.load(Ordering::Relaxed),
+            counts.lost.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Holds made, and the longest.
+    pub fn holds(&self) -> (u64, Duration) {
+        let counts = &self.holds.counts;
+        (
+            counts.holds.load(Ordering::Relaxed),
+            Duration::from_nanos(counts.held_ns_max.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+impl Drop for ExceptionFixer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Tracer stops: nothing stays held. A thread stuck in a write into
+        // a target is not waited for past `JOIN_AT_MOST` (it ends with
+        // tracer's process).
+        self.holds.release_overdue(Duration::ZERO);
+        let deadline = std::time::Instant::now() + JOIN_AT_MOST;
+        for thread in self.threads.drain(..) {
+            while !thread.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
+        }
+        self.holds.release_overdue(Duration::ZERO);
+    }
+}
+
+/// The repairing thread: every unwind sent, its return addresses put back.
+fn repair_unwinds(mut unwinds: RingBuf<MapData>, holds: &Holds, stop: &AtomicBool) {
+    let fd = unwinds.as_fd().as_raw_fd();
+    while !stop.load(Ordering::Relaxed) {
+        let mut ready = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; an error or a timeout only loops.
+        unsafe { libc::poll(&mut ready, 1, STOP_CHECK.as_millis() as i32) };
+        // SIGSTOP stops the whole process, and a SIGCONT cancels every
+        // stop still pending: another thread's, sent by `unwind_start`
+        // after the last look at EXCEPTION_HELD, would be lost, and that
+        // thread would unwind unrepaired. So a process goes on only once
+        // none of its threads runs (none can be inside `unwind_start`),
+        // every unwind sent until then is repaired, and none is held.
+        let mut touched: HashSet<u32> = HashSet::new();
+        loop {
+            let mut repaired = false;
+            while let Some(item) = unwinds.next() {
+                if item.len() < size_of::<ExceptionUnwind>() {
+                    continue;
+                }
+                // SAFETY: the kernel wrote an `ExceptionUnwind` (plain data).
+                let unwind: ExceptionUnwind =
+                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                drop(item);
+                repair(holds, &unwind);
+                touched.insert((unwind.thread >> 32) as u32);
+                repaired = true;
+            }
+            if touched.is_empty() {
+                break;
+            }
+            if !repaired {
+                for tgid in touched.drain() {
+                    holds.resume_if_free(tgid);
+                }
+                break;
+            }
+            for &tgid in &touched {
+                wait_quiescent(tgid);
+            }
+        }
+    }
+}
+
+/// Puts back the return addresses of one unwind, then lets its process go
+/// on. A process no longer held (let go by the bound) is not written to:
+/// it runs.
+fn repair(holds: &Holds, unwind: &ExceptionUnwind) {
+    let Some(since_ns) = holds.since_ns(unwind.thread) else {
+        return;
+    };
+    let tgid = (unwind.thread >> 32) as u32;
+    let mut complete = unwind.cut == 0;
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{tgid}/mem"))
+    {
+        Ok(memory) => {
+            for slot in unwind.slots.iter().take(unwind.count as usize) {
+                if slot.stack == 0 {
+                    continue;
+                }
+                let mut word = [0u8; 8];
+                let holds_trampoline = memory.read_exact_at(&mut word, slot.stack).is_ok()
+                    && tracer_ebpf::is_uprobe_trampoline(u64::from_ne_bytes(word));
+                // Put back already when not (a chained instance shares
+                // its word with the one before).
+                if !holds_trampoline {
+                    continue;
+                }
+                if memory
+                    .write_all_at(&slot.original.to_ne_bytes(), slot.stack)
+                    .is_ok()
+                {
+                    holds.counts.restored.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    complete = false;
+                }
+            }
+        }
+        Err(_) => complete = false,
+    }
+    if !complete {
+        holds.counts.lost.fetch_add(1, Ordering::Relaxed);
+    }
+    holds.finish(unwind.thread, since_ns);
+}
+
+/// Whether no thread of `tgid` is running (state R): every thread is
+/// stopped, asleep or gone, so none is inside `unwind_start` (an eBPF
+/// program runs in its thread, which is running meanwhile) about to hold
+/// the process. Waits up to `QUIESCE_AT_MOST` for it.
+fn wait_quiescent(tgid: u32) -> bool {
+    let deadline = std::time::Instant::now() + QUIESCE_AT_MOST;
+    loop {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
+            return true;
+        };
+        let running = tasks.filter_map(Result::ok).any(|task| {
+            std::fs::read_to_string(task.path().join("stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after_name = &stat[stat.rfind(')')? + 1..];
+                    after_name.trim_start().chars().next()
+                })
+                == Some('R')
+        });
+        if !running {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::{attach::cuda::CACHING_ALLOCATOR, model::allocators::ALLOCATORS};
+
+    fn site(function: HookedFunction) -> HookSite {
+        HookSite {
+            function,
+            path: PathBuf::from("/lib/libx.so"),
+            host_path: PathBuf::from("/lib/libx.so"),
+            function_offset: 0x1000,
+            offset: 0x1000,
+            emulated: true,
+            reason: String::new(),
+        }
+    }
+
+    fn allocator(name: &str) -> HookSite {
+        let allocator = ALLOCATORS
+            .iter()
+            .find(|allocator| allocator.name == name)
+            .expect("a hooked allocator");
+        site(HookedFunction::allocator(allocator))
+    }
+
+    fn names(sites: &[HookSite]) -> Vec<&str> {
+        sites.iter().map(|site| site.function.name).collect()
+    }
+
+    #[test]
+    fn throwing_functions_keep_their_return_probe_only_with_the_unwinder_probed() {
+        let sites = vec![
+            allocator("malloc"),
+            allocator("_Znwm"),
+            allocator("_ZnwmRKSt9nothrow_t"),
+            site(CACHING_ALLOCATOR[0]),
+        ];
+        let with_unwinder = || {
+            let mut sites = sites.clone();
+            sites.push(site(UNWINDER_START[0]));
+            sites
+        };
+
+        let (kept, _, unprobed) = without_throwing_returns(1, true, with_unwinder(), Vec::new());
+        assert_eq!(kept.len(), 5);
+        assert!(unprobed.is_empty());
+
+        // No unwinder in the process, or one whose kernel cannot be walked:
+        // operator new (the throwing one) and the caching allocator's
+        // malloc lose their probes; malloc and the nothrow new keep theirs.
+        for (walkable, sites) in [(true, sites.clone()), (false, with_unwinder())] {
+            let (kept, ahead, unprobed) =
+                without_throwing_returns(1, walkable, sites, vec![allocator("_Znam")]);
+            let kept = names(&kept);
+            assert!(kept.contains(&"malloc") && kept.contains(&"_ZnwmRKSt9nothrow_t"));
+            assert!(
+                !kept.contains(&"_Znwm") && !kept.contains(&tracer_ebpf::caching_allocator::MALLOC)
+            );
+            assert!(ahead.is_empty(), "{ahead:?}");
+            let mut left_out: Vec<&str> =
+                unprobed.iter().map(|(_, unprobed)| unprobed.name).collect();
+            left_out.sort_unstable();
+            let mut expected = vec!["_Znam", "_Znwm", tracer_ebpf::caching_allocator::MALLOC];
+            expected.sort_unstable();
+            assert_eq!(left_out, expected);
+        }
+    }
+}
