@@ -17,8 +17,9 @@ use harness::{
 const EXIT_BOUND: Duration = Duration::from_secs(4);
 
 /// The mapping tracepoints every session has: enter and exit of mmap,
-/// munmap, mremap, brk and mprotect.
-const MAPPING_TRACEPOINTS: usize = 10;
+/// munmap, mremap, brk and mprotect, and sched_process_exit (a target's
+/// end drops its PID from their filters).
+const MAPPING_TRACEPOINTS: usize = 11;
 
 /// The number in tracer's "attached N probes" line.
 fn probes_attached(stderr: &str) -> usize {
@@ -100,8 +101,8 @@ fn exits_promptly_after_sigint_with_50_probes_in_place() {
     // each but free and the C++ unwinder's entry points (libgcc_s's
     // `_Unwind_*`, probed so that an exception through a return-probed
     // frame can be repaired), and the loader gate (`_dl_debug_state`, which holds a
-    // dlopen until its library is hooked); once for all: the 10 mapping
-    // tracepoints (enter and exit of mmap, munmap, mremap, brk, mprotect).
+    // dlopen until its library is hooked); once for all: the 11 mapping
+    // tracepoints (MAPPING_TRACEPOINTS).
     let hooked = report.json["probes"].as_array().expect("probes");
     let per_pid = |pid: u32| {
         let functions = hooked
