@@ -73,6 +73,20 @@ fn survives_exact(env: &[(&str, &str)], extra_args: &[&str], operator_new_probed
     let report = &run.report;
     assert_eq!(field(&run.answers[0], "caught"), THROWS);
     assert_eq!(field(&run.answers[1], "kept_bytes"), KEPT * KEPT_BYTES);
+    assert_kept_and_nothing_thrown_live(report);
+    check_restores(report, operator_new_probed);
+    if operator_new_probed {
+        assert!(
+            run.stderr
+                .contains("C++ unwinds through return-probed frames held their process"),
+            "tracer says what the holds cost:\n{}",
+            run.stderr
+        );
+    }
+}
+
+/// The kept blocks exact, and nothing of the requests that threw live.
+fn assert_kept_and_nothing_thrown_live(report: &Report) {
     assert_eq!(
         report.heap_live_with("keep_here"),
         Live::blocks(KEPT, KEPT_BYTES),
@@ -83,15 +97,6 @@ fn survives_exact(env: &[(&str, &str)], extra_args: &[&str], operator_new_probed
         Live::default(),
         "a request that threw is counted live:\n{report}"
     );
-    check_restores(report, operator_new_probed);
-    if operator_new_probed {
-        assert!(
-            run.stderr
-                .contains("C++ unwinds through return-probed frames held their process"),
-            "tracer says what the holds cost:\n{}",
-            run.stderr
-        );
-    }
 }
 
 /// The unwinds were seen, and where operator new is return-probed, each
@@ -193,14 +198,5 @@ fn tail_calls_and_longjmp_out_of_operator_new_still_work() {
     assert_eq!(field(&run.answers[1], "caught"), THROWS);
     assert_eq!(field(&run.answers[2], "jumped"), 50);
     assert_eq!(field(&run.answers[3], "caught"), THROWS);
-    assert_eq!(
-        report.heap_live_with("keep_here"),
-        Live::blocks(KEPT, KEPT_BYTES),
-        "\n{report}"
-    );
-    assert_eq!(
-        report.heap_live_with("throw_here"),
-        Live::default(),
-        "\n{report}"
-    );
+    assert_kept_and_nothing_thrown_live(report);
 }

@@ -88,6 +88,21 @@ fn copy_library(path: &Path) {
 }
 
 /// The count of `reason` in the report's `refused_files`.
+/// The hostile fixture with a copy of the test library (in a scratch
+/// directory named `name`) loaded: the directory, the library's path, the
+/// fixture.
+fn hostile_with_library(name: &str) -> (PathBuf, PathBuf, Fixture) {
+    let dir = scratch(name);
+    let library = dir.join("libt.so");
+    copy_library(&library);
+    let mut hostile = Fixture::start("hostile", &[]);
+    assert_eq!(
+        hostile.cmd(&format!("load {}", library.display())),
+        "loaded"
+    );
+    (dir, library, hostile)
+}
+
 fn refused(report: &Report, reason: &str) -> i64 {
     report
         .int_if_present(&format!("/refused_files/{reason}"))
@@ -154,14 +169,7 @@ fn assert_traced_exactly(fixture: &mut Fixture, trace: harness::Trace) -> Traced
 #[test]
 fn a_fifo_in_place_of_a_mapped_library_is_never_opened() {
     require_root();
-    let dir = scratch("fifo-library");
-    let library = dir.join("libt.so");
-    copy_library(&library);
-    let mut hostile = Fixture::start("hostile", &[]);
-    assert_eq!(
-        hostile.cmd(&format!("load {}", library.display())),
-        "loaded"
-    );
+    let (dir, library, mut hostile) = hostile_with_library("fifo-library");
     std::fs::remove_file(&library).unwrap();
     mkfifo(&library);
     let watch = ReaderWatch::start(&library);
@@ -328,14 +336,7 @@ fn a_fifo_as_the_targets_loader_cache_is_never_opened() {
 #[test]
 fn a_library_truncated_while_traced_does_not_kill_tracer() {
     require_root();
-    let dir = scratch("truncated");
-    let library = dir.join("libt.so");
-    copy_library(&library);
-    let mut hostile = Fixture::start("hostile", &[]);
-    assert_eq!(
-        hostile.cmd(&format!("load {}", library.display())),
-        "loaded"
-    );
+    let (dir, library, mut hostile) = hostile_with_library("truncated");
     let recording = harness::json_path("truncated").with_extension("trace");
     // Stacks copied and unwound in tracer from the library's .eh_frame,
     // which tracer maps for as long as the library is mapped.
