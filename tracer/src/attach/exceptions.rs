@@ -399,6 +399,14 @@ fn repair(holds: &Holds, unwind: &ExceptionUnwind) {
     };
     let tgid = (unwind.thread >> 32) as u32;
     let mut complete = unwind.cut == 0;
+    // Written only into a thread that is stopped: one that runs again (its
+    // stop cancelled by a SIGCONT for another thread's hold) has unwound
+    // already, and its stack words may belong to newer calls by now.
+    if !thread_stopped(tgid, unwind.thread as u32) {
+        holds.counts.lost.fetch_add(1, Ordering::Relaxed);
+        holds.finish(unwind.thread, since_ns);
+        return;
+    }
     match OpenOptions::new()
         .read(true)
         .write(true)
@@ -434,6 +442,31 @@ fn repair(holds: &Holds, unwind: &ExceptionUnwind) {
     }
     holds.finish(unwind.thread, since_ns);
 }
+
+/// Whether thread `tid` of `tgid` is stopped (T, or t under a debugger),
+/// waiting up to `STOP_AT_MOST` for the stop the eBPF side sent: the
+/// thread sends it from its probe, in the kernel, and stops on its way
+/// back to user space.
+fn thread_stopped(tgid: u32, tid: u32) -> bool {
+    let deadline = std::time::Instant::now() + STOP_AT_MOST;
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let after_name = &stat[stat.rfind(')')? + 1..];
+                after_name.trim_start().chars().next()
+            });
+        match state {
+            Some('T' | 't') => return true,
+            None => return false,
+            Some(_) if std::time::Instant::now() >= deadline => return false,
+            Some(_) => std::thread::sleep(Duration::from_micros(20)),
+        }
+    }
+}
+
+/// How long a held thread may take to stop after its hold was sent.
+const STOP_AT_MOST: Duration = Duration::from_millis(50);
 
 /// Whether no thread of `tgid` is running (state R): every thread is
 /// stopped, asleep or gone, so none is inside `unwind_start` (an eBPF
