@@ -338,9 +338,10 @@ struct TargetArgs {
     /// dlopen() whose libraries tracer has not hooked yet (they were not
     /// foreseen: none of the target's RUNPATH, LD_LIBRARY_PATH or loader
     /// cache holds them) returns only once they are, a pause of a few
-    /// milliseconds (200 ms at the most, enforced by a thread of its own
-    /// even if hooking stalls) counted in the report. Without it, their
-    /// first calls can be missed.
+    /// milliseconds (0.1-0.2 s for the first CUDA library: tracer's CUDA
+    /// programs are verified then; 1 s at the most, enforced by a thread
+    /// of its own even if hooking stalls) counted in the report. Without
+    /// it, their first calls can be missed.
     #[arg(long)]
     no_loader_pause: bool,
 
