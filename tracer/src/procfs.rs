@@ -58,10 +58,8 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 /// The address ranges of every executable mapping of a live process, file
 /// backed or not (JIT code, the vDSO); empty once it is gone.
 pub fn executable_ranges(pid: u32) -> Vec<(u64, u64)> {
-    let text = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    if followed_and_gone(pid) {
-        return Vec::new();
-    }
+    let text = read_confirmed(pid, || fs::read_to_string(format!("/proc/{pid}/maps")).ok())
+        .unwrap_or_default();
     text.lines()
         .filter_map(|line| {
             let (range, rest) = line.split_once(' ')?;
@@ -81,9 +79,9 @@ pub fn executable_ranges(pid: u32) -> Vec<(u64, u64)> {
 pub fn read_maps(pid: u32) -> Result<Vec<Mapping>> {
     let path = format!("/proc/{pid}/maps");
     let text = fs::read_to_string(&path).with_context(|| format!("could not read {path}"))?;
-    if followed_and_gone(pid) {
+    let Some(text) = confirmed(pid, text) else {
         anyhow::bail!("PID {pid} exited: {path} is not its own any more");
-    }
+    };
     Ok(parse_maps(&text))
 }
 
@@ -135,10 +133,7 @@ fn kernel_setting(name: &str) -> String {
 /// Process state letter from /proc/PID/stat ('R', 'S', 'Z', ...), or None
 /// when the process is gone.
 pub fn state(pid: u32) -> Option<char> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    if followed_and_gone(pid) {
-        return None;
-    }
+    let stat = read_confirmed(pid, || fs::read_to_string(format!("/proc/{pid}/stat")).ok())?;
     // The command name is in parentheses and may contain spaces.
     let after_name = &stat[stat.rfind(')')? + 1..];
     after_name.trim_start().chars().next()
@@ -148,10 +143,7 @@ pub fn state(pid: u32) -> Option<char> {
 /// /proc/PID/stat, its exited threads included), in ns; None when it is
 /// gone. The kernel counts it in clock ticks (10 ms at the usual 100 Hz).
 pub fn cpu_time_ns(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    if followed_and_gone(pid) {
-        return None;
-    }
+    let stat = read_confirmed(pid, || fs::read_to_string(format!("/proc/{pid}/stat")).ok())?;
     // After the command name: state is field 3, utime 14 and stime 15.
     let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
@@ -176,10 +168,9 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
 /// VmRSS and its parts from /proc/PID/status, None when the process is
 /// gone or has no memory.
 pub fn memory_status(pid: u32) -> Option<MemoryStatus> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    if followed_and_gone(pid) {
-        return None;
-    }
+    let status = read_confirmed(pid, || {
+        fs::read_to_string(format!("/proc/{pid}/status")).ok()
+    })?;
     let bytes = |name: &str| -> Option<u64> {
         let kib: u64 = status
             .lines()
@@ -289,6 +280,22 @@ impl Drop for Identity {
             });
         }
     }
+}
+
+/// What `read` read of process `pid` (its /proc files, its memory), or
+/// None when `pid` is a followed process that exited and whose PID names
+/// another process now: the read may have been that one's. Checked after
+/// the read: a PID is free for reuse only once its process is reaped, so
+/// a process the check still finds was there for the whole read.
+pub fn read_confirmed<T>(pid: u32, read: impl FnOnce() -> Option<T>) -> Option<T> {
+    let value = read()?;
+    confirmed(pid, value)
+}
+
+/// `value`, just read of process `pid`, unless `pid` no longer names the
+/// followed process (see [`read_confirmed`]).
+pub fn confirmed<T>(pid: u32, value: T) -> Option<T> {
+    (!followed_and_gone(pid)).then_some(value)
 }
 
 /// Whether `pid` is a followed process that has exited and whose PID no
@@ -435,5 +442,30 @@ mod tests {
     fn own_process_is_alive() {
         assert!(is_alive(std::process::id()));
         assert!(!is_alive(u32::MAX - 1));
+    }
+
+    #[test]
+    fn reads_of_a_followed_process_are_kept_only_while_its_pid_names_it() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep starts");
+        let pid = child.id();
+        let identity = Identity::follow(pid);
+        assert_eq!(read_confirmed(pid, || Some(7)), Some(7), "it lives");
+        assert!(state(pid).is_some());
+        child.kill().expect("kill");
+        // A zombie still holds its PID: what is read is still its own.
+        assert_eq!(confirmed(pid, 8), Some(8), "a zombie");
+        child.wait().expect("reaped");
+        // Reaped: the PID is free, and whatever reads it now (nothing,
+        // or a newcomer) is not the followed process.
+        assert_eq!(identity.exited(), Some(true));
+        assert_eq!(read_confirmed(pid, || Some(9)), None, "reaped");
+        assert_eq!(state(pid), None);
+        assert!(read_maps(pid).is_err());
+        drop(identity);
+        // No longer followed: reads are not checked.
+        assert_eq!(confirmed(pid, 10), Some(10));
     }
 }

@@ -31,13 +31,16 @@ pub trait TargetMemory {
     }
 }
 
-/// A live process, read with process_vm_readv without stopping it.
+/// A live process, read with process_vm_readv without stopping it. A
+/// read is kept only while the PID still names the process tracer
+/// follows (`procfs::confirmed`): after it exited, nothing reads.
 #[derive(Clone, Copy, Debug)]
 pub struct Process(pub u32);
 
 impl TargetMemory for Process {
     fn read(&self, address: u64, buffer: &mut [u8]) -> usize {
-        crate::holders::memory::read(self.0, address, buffer)
+        let read = crate::holders::memory::read(self.0, address, buffer);
+        crate::procfs::confirmed(self.0, read).unwrap_or(0)
     }
 }
 

@@ -41,7 +41,7 @@ mod scan;
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 use crate::model::{
     StackKey,
@@ -171,7 +171,10 @@ pub fn scan(
         .count() as u64;
     cost.rescan_seconds = rescan_started.elapsed().as_secs_f64();
     cost.cpu_seconds = thread_cpu_seconds() - cpu_started;
-    Ok((found, cost))
+    // Everything above was read while the PID named the target, or the
+    // scan is another process's (it exited and its PID was taken).
+    crate::procfs::confirmed(pid, (found, cost))
+        .with_context(|| format!("PID {pid} exited while it was scanned: no holders"))
 }
 
 /// Untraced memory is a weak root: freed memory keeps stale pointers.

@@ -243,7 +243,8 @@ pub fn read(pid: u32, address: u64, length: usize) -> Option<Vec<u8>> {
     // SAFETY: the local buffer is `length` bytes; the remote side is only
     // read by the kernel on the target's behalf.
     let read = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
-    (read == length as isize).then_some(buffer)
+    // Kept only while `pid` still names the process followed.
+    (read == length as isize).then(|| crate::procfs::confirmed(pid, buffer))?
 }
 
 fn read_u64(pid: u32, address: u64) -> Option<u64> {
