@@ -246,6 +246,12 @@ impl Resident {
         let index = self.ranges.partition_point(|&(_, end)| end <= address);
         self.ranges.get(index).map(|&(start, _)| start.max(address))
     }
+
+    /// The first populated page at or after `page` (page-aligned); None
+    /// past the last populated range.
+    pub fn next_page(&self, page: u64) -> Option<u64> {
+        self.next(page).map(|at| at.next_multiple_of(PAGE_BYTES))
+    }
 }
 
 /// The populated ranges by PAGEMAP_SCAN; None where the kernel has no

@@ -237,13 +237,12 @@ fn find_pools(
         let resident = memory::Resident::of(&populated, region);
         let mut page = region.start.next_multiple_of(PAGE_BYTES);
         while page + POOL_OVERHEAD <= region.end {
-            match resident.next(page) {
-                Some(at) if at == page => {}
-                Some(at) => {
-                    page = at.next_multiple_of(PAGE_BYTES);
-                    continue;
-                }
-                None => break,
+            let Some(at) = resident.next_page(page) else {
+                break;
+            };
+            if at != page {
+                page = at;
+                continue;
             }
             // Past the traced blocks and skipped ranges that cover this
             // page.

@@ -68,13 +68,12 @@ pub fn find(
                     next = end.next_multiple_of(PAGE_BYTES);
                     continue;
                 }
-                match resident.next(next) {
-                    Some(at) if at == next => {}
-                    Some(at) => {
-                        next = at.next_multiple_of(PAGE_BYTES);
-                        continue;
-                    }
-                    None => break,
+                let Some(at) = resident.next_page(next) else {
+                    break;
+                };
+                if at != next {
+                    next = at;
+                    continue;
                 }
                 pages.push((next, slot));
                 next += PAGE_BYTES;
