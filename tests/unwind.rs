@@ -331,14 +331,19 @@ fn auto_walks_a_library_without_frame_pointers_loaded_later_through_its_table() 
     // plugin_host keeps frame pointers; its plugin, loaded after attach,
     // does not: its table is built when it is mapped, and each stack is
     // one walk, by frame pointers in the host and by the table in the
-    // plugin.
+    // plugin. The table is built off the loop (walked by frame pointers
+    // while pending: on a busy machine, past the 100 ms the hook waits),
+    // so the leak waits for `-v`'s line that it is ready and in place.
     let mut host = Fixture::start("plugin_host", &[]);
-    let mut trace = Record::pid(host.pid).attach();
+    let mut trace = Record::pid(host.pid).args(["-v"]).attach();
     assert_eq!(host.cmd("load"), "loaded");
     trace.tracer.wait_stderr(
         "mapped nofp_plugin without frame pointers",
         harness::ATTACH_TIMEOUT,
     );
+    trace
+        .tracer
+        .wait_stderr("unwind table nofp_plugin: ", harness::ATTACH_TIMEOUT);
     let answer = host.cmd("leak 30");
     let Traced { report, .. } = trace.stop();
     assert_eq!(field(&answer, "bytes"), 30 * PLUGIN_LEAK_BYTES);
