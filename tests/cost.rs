@@ -5,12 +5,17 @@
 //! cost; the report's estimate (probe hits times the trap cost measured at
 //! start, plus the programs' run time by the kernel's accounting) must be
 //! within a factor of 1.5 of it, and tracer must warn, naming
-//! `--sample-bytes`, exactly when the cost is over 20 %.
+//! `--sample-bytes`, exactly when the cost is over 20 %. Counting that
+//! cost changes nothing for the host's other eBPF programs.
 
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
-use std::time::Duration;
+use std::{
+    net::UdpSocket,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    time::{Duration, Instant},
+};
 
 use harness::{Fixture, Record, Traced, field};
 
@@ -172,4 +177,204 @@ fn a_cheap_trace_says_so_without_a_warning() {
             .contains(&format!("cost: tracer costs PID {pid} about ")),
         "{context}"
     );
+}
+
+#[test]
+fn counting_the_cost_leaves_other_programs_stats_off() {
+    // While the kernel's run-time stats are on, every eBPF program on the
+    // host counts its runs and their time: another tool's socket filter
+    // here. They are on while some process holds a BPF_ENABLE_STATS
+    // descriptor, or while the sysctl says so.
+    let other = OtherProgram::load();
+    let mut fixture = Fixture::start("cost_work", &[]);
+    let steps = 2_000;
+    let mut trace = Record::pid(fixture.pid).interval("200ms").attach();
+    let tracer_pid = trace.tracer.pid();
+    assert!(
+        !stats_holders().contains(&tracer_pid),
+        "tracer {tracer_pid} holds a BPF_ENABLE_STATS descriptor"
+    );
+    work(&mut fixture, steps, 100);
+    // Other processes on a shared machine (another tracer, a benchmark)
+    // may turn the stats on for a while: only a run of the filter with
+    // none of them on either side of it tells.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (before, after) = loop {
+        let quiet_before = stats_off_but_for(tracer_pid);
+        let before = other.kernel_stats();
+        other.run(100);
+        let after = other.kernel_stats();
+        if quiet_before && stats_off_but_for(tracer_pid) {
+            break (before, after);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "other processes kept the kernel's run-time stats on for 60 s: {:?}",
+            stats_holders()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The status line, with its rate, is due 5 s after attach: the cost
+    // line is then made of at least two readings.
+    trace
+        .tracer
+        .wait_stderr("probe hits/s", Duration::from_secs(30));
+    let Traced { output, report } = trace.stop();
+    let cost = &report.json["cost"];
+    assert_eq!(
+        after, before,
+        "another program's runs and run time (run_cnt, run_time_ns) were counted \
+         while tracer ran: {cost}\n{output}"
+    );
+    // tracer's own figures are still real: the exact hits of the work (a
+    // malloc's entry and return, a free's entry a step) and the programs'
+    // time.
+    assert_eq!(cost["probe_hits"], 3 * steps, "{cost}\n{output}");
+    assert!(
+        cost["program_ns"].as_u64().is_some_and(|ns| ns > 0),
+        "{cost}\n{output}"
+    );
+}
+
+/// The processes holding a BPF_ENABLE_STATS descriptor.
+fn stats_holders() -> Vec<u32> {
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    processes
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+                fds.filter_map(Result::ok).any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-stats")
+                })
+            })
+        })
+        .collect()
+}
+
+/// Whether the kernel's run-time stats are off but for what `pid` does.
+fn stats_off_but_for(pid: u32) -> bool {
+    let sysctl = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+        .expect("kernel.bpf_stats_enabled");
+    sysctl.trim() == "0" && stats_holders().iter().all(|holder| *holder == pid)
+}
+
+/// An eBPF program that is not tracer's: a socket filter on a UDP socket
+/// bound on loopback, which drops every datagram but the 1-byte ones.
+struct OtherProgram {
+    program: OwnedFd,
+    receiver: UdpSocket,
+    sender: UdpSocket,
+}
+
+impl OtherProgram {
+    fn load() -> OtherProgram {
+        // r0 = skb->len; if r0 != 8 + 1 goto drop; r0 = 0xffff; exit;
+        // drop: r0 = 0; exit.
+        let instructions: [u64; 6] = [
+            0x0000_0000_0000_1061,
+            0x0000_0009_0002_0055,
+            0x0000_ffff_0000_00b7,
+            0x0000_0000_0000_0095,
+            0x0000_0000_0000_00b7,
+            0x0000_0000_0000_0095,
+        ];
+        let license = c"GPL";
+        #[repr(C)]
+        struct ProgLoadAttr {
+            prog_type: u32,
+            insn_cnt: u32,
+            insns: u64,
+            license: u64,
+        }
+        let attr = ProgLoadAttr {
+            // BPF_PROG_TYPE_SOCKET_FILTER
+            prog_type: 1,
+            insn_cnt: instructions.len() as u32,
+            insns: instructions.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+        };
+        // BPF_PROG_LOAD
+        let program = bpf(5, &attr).expect("load a socket filter");
+        // SAFETY: bpf(2) returned a new fd that nothing else owns.
+        let program = unsafe { OwnedFd::from_raw_fd(program as i32) };
+        let receiver = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let program_fd = program.as_raw_fd();
+        // SAFETY: SO_ATTACH_BPF reads one int, the program's fd.
+        let attached = unsafe {
+            libc::setsockopt(
+                receiver.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_BPF,
+                (&raw const program_fd).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(attached, 0, "{}", std::io::Error::last_os_error());
+        receiver
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let sender = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        sender
+            .connect(receiver.local_addr().expect("address"))
+            .expect("connect");
+        OtherProgram {
+            program,
+            receiver,
+            sender,
+        }
+    }
+
+    /// Sends `dropped` 2-byte datagrams, then a 1-byte one: the filter
+    /// ran on each when the 1-byte one is the first to arrive.
+    fn run(&self, dropped: usize) {
+        for _ in 0..dropped {
+            self.sender.send(b"no").expect("send");
+        }
+        self.sender.send(b"y").expect("send");
+        let mut buffer = [0; 8];
+        let received = self.receiver.recv(&mut buffer).expect("receive");
+        assert_eq!(&buffer[..received], b"y", "the filter let a datagram by");
+    }
+
+    /// Its runs and run time, as the kernel counts them while its
+    /// run-time stats are on.
+    fn kernel_stats(&self) -> (u64, u64) {
+        // SAFETY: bpf_prog_info is plain integers; zeros ask for no arrays.
+        let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+        #[repr(C)]
+        struct InfoByFdAttr {
+            bpf_fd: u32,
+            info_len: u32,
+            info: u64,
+        }
+        let attr = InfoByFdAttr {
+            bpf_fd: self.program.as_raw_fd() as u32,
+            info_len: size_of_val(&info) as u32,
+            info: (&raw mut info) as u64,
+        };
+        // BPF_OBJ_GET_INFO_BY_FD
+        bpf(15, &attr).expect("program info");
+        (info.run_cnt, info.run_time_ns)
+    }
+}
+
+/// `bpf(command, attr, sizeof attr)`.
+fn bpf<T>(command: libc::c_long, attr: &T) -> std::io::Result<libc::c_long> {
+    // SAFETY: `attr` is a live #[repr(C)] prefix of union bpf_attr; every
+    // pointer in it outlives the call.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            std::ptr::from_ref(attr),
+            size_of::<T>() as libc::c_uint,
+        )
+    };
+    if result < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(result)
 }

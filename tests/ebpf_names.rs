@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use aya_obj::Object;
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
-use tracer_ebpf::{global, map, program};
+use tracer_ebpf::{counted, global, map, program};
 
 /// The object tracer embeds (`tracer/build.rs` builds it).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
@@ -79,6 +79,23 @@ fn every_session_program_has_its_entry_program() {
             "{session} has no entry program {entry} in tracer_ebpf::program"
         );
     }
+}
+
+/// The cost line's hits and program time come from each program's own
+/// count (`tracer_ebpf::counted`): a program left out of it would run
+/// uncounted. The floor programs are empty on purpose.
+#[test]
+fn every_program_but_the_floors_counts_its_runs() {
+    let programs: BTreeSet<String> = parsed().programs.into_keys().collect();
+    let counted: BTreeSet<String> = counted::COUNTED_NAMES
+        .iter()
+        .map(|name| (*name).to_owned())
+        .collect();
+    let floors: BTreeSet<String> = [program::FLOOR_ENTER, program::FLOOR_RETURN]
+        .map(str::to_owned)
+        .into();
+    let expected: BTreeSet<String> = programs.difference(&floors).cloned().collect();
+    assert_eq!(counted, expected, "counted programs vs the object's");
 }
 
 /// aya's `override_global` patches a symbol in the object's data sections.

@@ -34,9 +34,11 @@ use aya_ebpf::{
     maps::{HashMap, RingBuf},
     programs::ProbeContext,
 };
-use tracer_ebpf::{ExceptionUnwind, RETURN_SLOTS, ReturnInstanceOffsets, ReturnSlot, stat};
+use tracer_ebpf::{
+    ExceptionUnwind, RETURN_SLOTS, ReturnInstanceOffsets, ReturnSlot, counted, stat,
+};
 
-use crate::{counters::count, pending::PENDING};
+use crate::{counters::count, pending::PENDING, runs::counted_run};
 
 const SIGSTOP: u32 = 19;
 
@@ -71,80 +73,82 @@ fn kernel_word(address: u64) -> u64 {
 
 #[uprobe]
 pub fn unwind_start(_ctx: ProbeContext) -> u32 {
-    let thread = bpf_get_current_pid_tgid();
-    count(stat::EXCEPTION_UNWINDS);
-    if let Some(pending) = PENDING.get_ptr_mut(&thread) {
-        let pending = unsafe { &mut *pending };
-        if pending.depth > 0 {
-            count(stat::CALLS_LEFT_BY_EXCEPTION);
-            pending.depth = 0;
+    counted_run(counted::UNWIND_START, || {
+        let thread = bpf_get_current_pid_tgid();
+        count(stat::EXCEPTION_UNWINDS);
+        if let Some(pending) = PENDING.get_ptr_mut(&thread) {
+            let pending = unsafe { &mut *pending };
+            if pending.depth > 0 {
+                count(stat::CALLS_LEFT_BY_EXCEPTION);
+                pending.depth = 0;
+            }
         }
-    }
-    let offsets = RETURN_INSTANCE_OFFSETS.load();
-    if !offsets.known() {
-        return 0;
-    }
-    let task = unsafe { bpf_get_current_task() };
-    let utask = kernel_word(task + offsets.task_utask as u64);
-    if utask == 0 {
-        return 0;
-    }
-    let mut instance = kernel_word(utask + offsets.utask_return_instances as u64);
-    if instance == 0 {
-        return 0;
-    }
-    let Some(mut entry) = EXCEPTION_UNWINDS.reserve::<ExceptionUnwind>(0) else {
-        count(stat::DROP_EXCEPTION_RESTORE_LOST);
-        return 0;
-    };
-    let message = entry.as_mut_ptr();
-    let mut filled = 0usize;
-    for index in 0..RETURN_SLOTS {
+        let offsets = RETURN_INSTANCE_OFFSETS.load();
+        if !offsets.known() {
+            return 0;
+        }
+        let task = unsafe { bpf_get_current_task() };
+        let utask = kernel_word(task + offsets.task_utask as u64);
+        if utask == 0 {
+            return 0;
+        }
+        let mut instance = kernel_word(utask + offsets.utask_return_instances as u64);
         if instance == 0 {
-            break;
+            return 0;
         }
-        let stack = kernel_word(instance + offsets.instance_stack as u64);
-        let original = kernel_word(instance + offsets.instance_original as u64);
-        let function = kernel_word(instance + offsets.instance_func as u64);
-        instance = kernel_word(instance + offsets.instance_next as u64);
-        // Only a word that still holds the trampoline needs its return
-        // address back (a chained instance shares its word).
-        let holds_trampoline = unsafe { bpf_probe_read_user(stack as *const u64) }
-            .is_ok_and(tracer_ebpf::is_uprobe_trampoline);
-        let slot = ReturnSlot {
-            stack: if holds_trampoline { stack } else { 0 },
-            original,
-            function,
+        let Some(mut entry) = EXCEPTION_UNWINDS.reserve::<ExceptionUnwind>(0) else {
+            count(stat::DROP_EXCEPTION_RESTORE_LOST);
+            return 0;
         };
-        unsafe { (*message).slots[index] = slot };
-        if holds_trampoline {
-            filled = index + 1;
+        let message = entry.as_mut_ptr();
+        let mut filled = 0usize;
+        for index in 0..RETURN_SLOTS {
+            if instance == 0 {
+                break;
+            }
+            let stack = kernel_word(instance + offsets.instance_stack as u64);
+            let original = kernel_word(instance + offsets.instance_original as u64);
+            let function = kernel_word(instance + offsets.instance_func as u64);
+            instance = kernel_word(instance + offsets.instance_next as u64);
+            // Only a word that still holds the trampoline needs its return
+            // address back (a chained instance shares its word).
+            let holds_trampoline = unsafe { bpf_probe_read_user(stack as *const u64) }
+                .is_ok_and(tracer_ebpf::is_uprobe_trampoline);
+            let slot = ReturnSlot {
+                stack: if holds_trampoline { stack } else { 0 },
+                original,
+                function,
+            };
+            unsafe { (*message).slots[index] = slot };
+            if holds_trampoline {
+                filled = index + 1;
+            }
         }
-    }
-    if filled == 0 {
-        entry.discard(0);
-        return 0;
-    }
-    let now = unsafe { bpf_ktime_get_ns() };
-    unsafe {
-        (*message).thread = thread;
-        (*message).held_since_ns = now;
-        (*message).count = filled as u32;
-        (*message).cut = u32::from(instance != 0);
-    }
-    if EXCEPTION_HELD.insert(&thread, &now, 0).is_err() {
-        entry.discard(0);
-        count(stat::DROP_EXCEPTION_RESTORE_LOST);
-        return 0;
-    }
-    // Stopped before the message is sent: userspace's SIGCONT, which
-    // follows the message, always comes after the stop.
-    if unsafe { bpf_send_signal(SIGSTOP) } != 0 {
-        let _ = EXCEPTION_HELD.remove(&thread);
-        entry.discard(0);
-        count(stat::DROP_EXCEPTION_RESTORE_LOST);
-        return 0;
-    }
-    entry.submit(0);
-    0
+        if filled == 0 {
+            entry.discard(0);
+            return 0;
+        }
+        let now = unsafe { bpf_ktime_get_ns() };
+        unsafe {
+            (*message).thread = thread;
+            (*message).held_since_ns = now;
+            (*message).count = filled as u32;
+            (*message).cut = u32::from(instance != 0);
+        }
+        if EXCEPTION_HELD.insert(&thread, &now, 0).is_err() {
+            entry.discard(0);
+            count(stat::DROP_EXCEPTION_RESTORE_LOST);
+            return 0;
+        }
+        // Stopped before the message is sent: userspace's SIGCONT, which
+        // follows the message, always comes after the stop.
+        if unsafe { bpf_send_signal(SIGSTOP) } != 0 {
+            let _ = EXCEPTION_HELD.remove(&thread);
+            entry.discard(0);
+            count(stat::DROP_EXCEPTION_RESTORE_LOST);
+            return 0;
+        }
+        entry.submit(0);
+        0
+    })
 }

@@ -9,9 +9,9 @@ use aya_ebpf::{
     maps::{HashMap, Queue},
     programs::TracePointContext,
 };
-use tracer_ebpf::stat;
+use tracer_ebpf::{counted, stat};
 
-use crate::counters::count;
+use crate::{counters::count, runs::counted_run};
 
 /// Processes whose children are followed.
 #[map]
@@ -29,18 +29,21 @@ static FORK_CHILD_PID_OFFSET: Global<u32> = Global::new(20);
 
 #[tracepoint]
 pub fn process_fork(ctx: TracePointContext) -> u32 {
-    // The forking task is the current one.
-    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if FOLLOWED.get_ptr(&parent).is_none() {
-        return 0;
-    }
-    let Ok(child) = (unsafe { ctx.read_at::<u32>(FORK_CHILD_PID_OFFSET.load() as usize) }) else {
-        return 0;
-    };
-    if FORKS.push(child, 0).is_err() {
-        count(stat::DROP_FORK_QUEUE_FULL);
-    }
-    0
+    counted_run(counted::PROCESS_FORK, || {
+        // The forking task is the current one.
+        let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if FOLLOWED.get_ptr(&parent).is_none() {
+            return 0;
+        }
+        let Ok(child) = (unsafe { ctx.read_at::<u32>(FORK_CHILD_PID_OFFSET.load() as usize) })
+        else {
+            return 0;
+        };
+        if FORKS.push(child, 0).is_err() {
+            count(stat::DROP_FORK_QUEUE_FULL);
+        }
+        0
+    })
 }
 
 /// `--comm`: the command names (`comm`, NUL-padded) whose new processes are
@@ -59,17 +62,19 @@ static STARTED: Queue<u32> = Queue::with_max_entries(8192, 0);
 /// already bears the new image's name.
 #[tracepoint]
 pub fn comm_exec(_ctx: TracePointContext) -> u32 {
-    let Ok(comm) = bpf_get_current_comm() else {
-        return 0;
-    };
-    let watched = unsafe { COMM_NAMES.get(&comm) }.is_some()
-        || unsafe { COMM_NAMES.get(&[0u8; 16]) }.is_some();
-    if !watched {
-        return 0;
-    }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if STARTED.push(tgid, 0).is_err() {
-        count(stat::DROP_EXEC_QUEUE_FULL);
-    }
-    0
+    counted_run(counted::COMM_EXEC, || {
+        let Ok(comm) = bpf_get_current_comm() else {
+            return 0;
+        };
+        let watched = unsafe { COMM_NAMES.get(&comm) }.is_some()
+            || unsafe { COMM_NAMES.get(&[0u8; 16]) }.is_some();
+        if !watched {
+            return 0;
+        }
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if STARTED.push(tgid, 0).is_err() {
+            count(stat::DROP_EXEC_QUEUE_FULL);
+        }
+        0
+    })
 }

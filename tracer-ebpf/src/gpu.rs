@@ -38,7 +38,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_ebpf::{
-    Event, GpuPending, LiveAlloc, LiveKey, StackKey, VmmHandle, event, gpu_api, gpu_call, stat,
+    Event, GpuPending, LiveAlloc, LiveKey, StackKey, VmmHandle, counted, event, gpu_api, gpu_call,
+    stat,
 };
 
 use crate::{
@@ -49,6 +50,7 @@ use crate::{
         add_to_stack, context_epoch, end_context_epoch, put_live, remove_from_stack, stack_key,
         take_live,
     },
+    runs::counted_run,
 };
 
 /// Per thread (pid_tgid): the CUDA call in progress. LRU maps are always
@@ -118,140 +120,158 @@ fn call(call: u32, pointer: u64, size: u64) -> GpuPending {
 /// managed, pinned host and async variants.
 #[uprobe]
 pub fn gpu_alloc_enter(ctx: ProbeContext) -> u32 {
-    enter(&ctx, call(gpu_call::ALLOC, arg(&ctx, 0), arg(&ctx, 1)))
+    counted_run(counted::GPU_ALLOC_ENTER, || {
+        enter(&ctx, call(gpu_call::ALLOC, arg(&ctx, 0), arg(&ctx, 1)))
+    })
 }
 
 /// `(void **out, size_t *pitch, size_t width, size_t height, ...)`.
 #[uprobe]
 pub fn gpu_pitch_enter(ctx: ProbeContext) -> u32 {
-    let pitch_pointer = arg(&ctx, 1);
-    let rows = arg(&ctx, 3);
-    enter(
-        &ctx,
-        GpuPending {
-            pitch_pointer,
-            ..call(gpu_call::PITCH, arg(&ctx, 0), rows)
-        },
-    )
+    counted_run(counted::GPU_PITCH_ENTER, || {
+        let pitch_pointer = arg(&ctx, 1);
+        let rows = arg(&ctx, 3);
+        enter(
+            &ctx,
+            GpuPending {
+                pitch_pointer,
+                ..call(gpu_call::PITCH, arg(&ctx, 0), rows)
+            },
+        )
+    })
 }
 
 /// `cuMemCreate(handle *out, size_t size, const prop *, u64 flags)`.
 #[uprobe]
 pub fn gpu_create_enter(ctx: ProbeContext) -> u32 {
-    enter(&ctx, call(gpu_call::CREATE, arg(&ctx, 0), arg(&ctx, 1)))
+    counted_run(counted::GPU_CREATE_ENTER, || {
+        enter(&ctx, call(gpu_call::CREATE, arg(&ctx, 0), arg(&ctx, 1)))
+    })
 }
 
 /// `(void *address, ...)`: cudaFree, cuMemFree_v2, host and async frees.
 #[uprobe]
 pub fn gpu_free_enter(ctx: ProbeContext) -> u32 {
-    enter(&ctx, call(gpu_call::FREE, arg(&ctx, 0), 0))
+    counted_run(counted::GPU_FREE_ENTER, || {
+        enter(&ctx, call(gpu_call::FREE, arg(&ctx, 0), 0))
+    })
 }
 
 /// `cuMemRelease(handle)`.
 #[uprobe]
 pub fn gpu_release_enter(ctx: ProbeContext) -> u32 {
-    let handle = arg(&ctx, 0);
-    enter(
-        &ctx,
-        GpuPending {
-            handle,
-            ..call(gpu_call::RELEASE, 0, 0)
-        },
-    )
+    counted_run(counted::GPU_RELEASE_ENTER, || {
+        let handle = arg(&ctx, 0);
+        enter(
+            &ctx,
+            GpuPending {
+                handle,
+                ..call(gpu_call::RELEASE, 0, 0)
+            },
+        )
+    })
 }
 
 /// `cuMemMap(address, size, offset, handle, flags)`.
 #[uprobe]
 pub fn gpu_map_enter(ctx: ProbeContext) -> u32 {
-    let handle = arg(&ctx, 3);
-    enter(
-        &ctx,
-        GpuPending {
-            handle,
-            ..call(gpu_call::MAP, arg(&ctx, 0), 0)
-        },
-    )
+    counted_run(counted::GPU_MAP_ENTER, || {
+        let handle = arg(&ctx, 3);
+        enter(
+            &ctx,
+            GpuPending {
+                handle,
+                ..call(gpu_call::MAP, arg(&ctx, 0), 0)
+            },
+        )
+    })
 }
 
 /// `cuMemUnmap(address, size)`.
 #[uprobe]
 pub fn gpu_unmap_enter(ctx: ProbeContext) -> u32 {
-    enter(&ctx, call(gpu_call::UNMAP, arg(&ctx, 0), 0))
+    counted_run(counted::GPU_UNMAP_ENTER, || {
+        enter(&ctx, call(gpu_call::UNMAP, arg(&ctx, 0), 0))
+    })
 }
 
 /// `cuCtxDestroy_v2(context)`, `cuDevicePrimaryCtxReset_v2(device)`,
 /// `cudaDeviceReset()`: which context does not matter (see above).
 #[uprobe]
 pub fn gpu_context_enter(ctx: ProbeContext) -> u32 {
-    enter(&ctx, call(gpu_call::DESTROY_CONTEXT, 0, 0))
+    counted_run(counted::GPU_CONTEXT_ENTER, || {
+        enter(&ctx, call(gpu_call::DESTROY_CONTEXT, 0, 0))
+    })
 }
 
 /// One return probe for every CUDA function: what to do is in the pending
 /// call, and nothing happens unless the call returned 0.
 #[uretprobe]
 pub fn gpu_return(ctx: RetProbeContext) -> u32 {
-    let thread = bpf_get_current_pid_tgid();
-    let Some(pending) = GPU_PENDING.get_ptr_mut(&thread) else {
-        return 0;
-    };
-    let pending = unsafe { &mut *pending };
-    if pending.depth == 0 {
-        // The call started before the probes were attached.
-        return 0;
-    }
-    pending.depth -= 1;
-    if pending.depth > 0 {
-        return 0;
-    }
-    let result: u64 = ctx.ret();
-    if result as u32 != 0 {
-        count(stat::GPU_FAILED_CALLS);
-        return 0;
-    }
-    let tgid = (thread >> 32) as u32;
-    let pending = *pending;
-    // One stack capture for every call that makes memory: each inlined
-    // copy of it costs the verifier as much as the rest of the program.
-    let made = match pending.call {
-        gpu_call::ALLOC | gpu_call::CREATE => {
-            read_out(pending.pointer).map(|value| (value, pending.size))
+    counted_run(counted::GPU_RETURN, || {
+        let thread = bpf_get_current_pid_tgid();
+        let Some(pending) = GPU_PENDING.get_ptr_mut(&thread) else {
+            return 0;
+        };
+        let pending = unsafe { &mut *pending };
+        if pending.depth == 0 {
+            // The call started before the probes were attached.
+            return 0;
         }
-        gpu_call::PITCH => match (read_out(pending.pointer), read_out(pending.pitch_pointer)) {
-            (Some(address), Some(pitch)) => Some((address, pitch.wrapping_mul(pending.size))),
-            _ => None,
-        },
-        _ => None,
-    };
-    if let Some((value, size)) = made {
-        let block = new_block(&ctx, &pending, size);
-        if pending.call == gpu_call::CREATE {
-            created(tgid, &pending, value, block);
-        } else {
-            allocated(tgid, &pending, value, &block);
+        pending.depth -= 1;
+        if pending.depth > 0 {
+            return 0;
         }
-        return 0;
-    }
-    match pending.call {
-        gpu_call::FREE => freed(tgid, pending.pointer),
-        gpu_call::RELEASE => drop_holder(tgid, pending.handle),
-        gpu_call::MAP => mapped(tgid, pending.pointer, pending.handle),
-        gpu_call::UNMAP => unmapped(tgid, pending.pointer),
-        gpu_call::DESTROY_CONTEXT => {
-            count(stat::GPU_CONTEXT_DESTROYS);
-            let context_epoch = end_context_epoch(tgid);
-            if context_epoch != 0 {
-                send_event(&Event {
-                    what: event::GPU_CONTEXT_DESTROYED,
-                    tgid,
-                    timestamp_ns: unsafe { bpf_ktime_get_ns() },
-                    context_epoch,
-                    pad: 0,
-                });
+        let result: u64 = ctx.ret();
+        if result as u32 != 0 {
+            count(stat::GPU_FAILED_CALLS);
+            return 0;
+        }
+        let tgid = (thread >> 32) as u32;
+        let pending = *pending;
+        // One stack capture for every call that makes memory: each inlined
+        // copy of it costs the verifier as much as the rest of the program.
+        let made = match pending.call {
+            gpu_call::ALLOC | gpu_call::CREATE => {
+                read_out(pending.pointer).map(|value| (value, pending.size))
             }
+            gpu_call::PITCH => match (read_out(pending.pointer), read_out(pending.pitch_pointer)) {
+                (Some(address), Some(pitch)) => Some((address, pitch.wrapping_mul(pending.size))),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some((value, size)) = made {
+            let block = new_block(&ctx, &pending, size);
+            if pending.call == gpu_call::CREATE {
+                created(tgid, &pending, value, block);
+            } else {
+                allocated(tgid, &pending, value, &block);
+            }
+            return 0;
         }
-        _ => {}
-    }
-    0
+        match pending.call {
+            gpu_call::FREE => freed(tgid, pending.pointer),
+            gpu_call::RELEASE => drop_holder(tgid, pending.handle),
+            gpu_call::MAP => mapped(tgid, pending.pointer, pending.handle),
+            gpu_call::UNMAP => unmapped(tgid, pending.pointer),
+            gpu_call::DESTROY_CONTEXT => {
+                count(stat::GPU_CONTEXT_DESTROYS);
+                let context_epoch = end_context_epoch(tgid);
+                if context_epoch != 0 {
+                    send_event(&Event {
+                        what: event::GPU_CONTEXT_DESTROYED,
+                        tgid,
+                        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+                        context_epoch,
+                        pad: 0,
+                    });
+                }
+            }
+            _ => {}
+        }
+        0
+    })
 }
 
 #[inline(always)]

@@ -39,6 +39,7 @@ mod abi {
     pub mod mappings;
     pub mod names;
     pub mod python;
+    pub mod runs;
     pub mod sampling;
     pub mod stacks;
     pub mod stats;
@@ -48,7 +49,7 @@ mod abi {
 
 pub use abi::{
     events::*, exceptions::*, gpu::*, live::*, malloc::*, mappings::*, names::*, python::*,
-    sampling, stacks::*, stats::*, unwind::*, unwind_walk,
+    runs::*, sampling, stacks::*, stats::*, unwind::*, unwind_walk,
 };
 
 #[cfg(feature = "user")]
@@ -80,5 +81,6 @@ mod pod {
     unsafe impl aya::Pod for PythonThreadMiss {}
     unsafe impl aya::Pod for ReturnSlot {}
     unsafe impl aya::Pod for ExceptionUnwind {}
+    unsafe impl aya::Pod for ProgramRuns {}
     unsafe impl aya::Pod for ReturnInstanceOffsets {}
 }

@@ -30,12 +30,13 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, RingBuf},
     programs::{ProbeContext, TracePointContext},
 };
-use tracer_ebpf::{Event, OpenedFile, event, mmap_format, openat_format, stat};
+use tracer_ebpf::{Event, OpenedFile, counted, event, mmap_format, openat_format, stat};
 
 use crate::{
     counters::{atomic_add, count},
     events::send_event,
     live::{end_context_epoch, replace_image},
+    runs::counted_run,
 };
 
 const PROT_EXEC: u64 = 4;
@@ -97,30 +98,32 @@ fn loads_looked_at(tgid: u32) -> bool {
 /// (done, then held): one of the two sees the other's write.
 #[uprobe]
 pub fn loader_gate(ctx: ProbeContext) -> u32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    // SAFETY: `regs` is the probed task's saved registers.
-    let ip = unsafe { (*ctx.regs).rip };
-    let state_address = ip.wrapping_add(cookie) as *const i32;
-    match unsafe { bpf_probe_read_user(state_address) } {
-        Ok(RT_CONSISTENT) => {}
-        _ => return 0,
-    }
-    if loads_looked_at(tgid) {
-        return 0;
-    }
-    let now = unsafe { bpf_ktime_get_ns() };
-    if LOADER_HELD.insert(&tgid, &now, 0).is_err() {
-        return 0;
-    }
-    if loads_looked_at(tgid) {
-        let _ = LOADER_HELD.remove(&tgid);
-        return 0;
-    }
-    unsafe {
-        bpf_send_signal(SIGSTOP);
-    }
-    0
+    counted_run(counted::LOADER_GATE, || {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+        // SAFETY: `regs` is the probed task's saved registers.
+        let ip = unsafe { (*ctx.regs).rip };
+        let state_address = ip.wrapping_add(cookie) as *const i32;
+        match unsafe { bpf_probe_read_user(state_address) } {
+            Ok(RT_CONSISTENT) => {}
+            _ => return 0,
+        }
+        if loads_looked_at(tgid) {
+            return 0;
+        }
+        let now = unsafe { bpf_ktime_get_ns() };
+        if LOADER_HELD.insert(&tgid, &now, 0).is_err() {
+            return 0;
+        }
+        if loads_looked_at(tgid) {
+            let _ = LOADER_HELD.remove(&tgid);
+            return 0;
+        }
+        unsafe {
+            bpf_send_signal(SIGSTOP);
+        }
+        0
+    })
 }
 
 /// One more shared object opened by `tgid`, for the gate.
@@ -140,54 +143,61 @@ fn count_opened(tgid: u32) {
 /// Runs before the new image's first instruction.
 #[tracepoint]
 pub fn process_exec(_ctx: TracePointContext) -> u32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if unsafe { TRACED_TGIDS.get(&tgid) }.is_none() {
-        return 0;
-    }
-    let now_ns = unsafe { bpf_ktime_get_ns() };
-    replace_image(tgid, now_ns);
-    // The image's CUDA contexts are gone with it.
-    let context_epoch = end_context_epoch(tgid);
-    send_event(&Event {
-        what: event::EXEC,
-        tgid,
-        timestamp_ns: now_ns,
-        context_epoch,
-        pad: 0,
-    });
-    0
+    counted_run(counted::PROCESS_EXEC, || {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if unsafe { TRACED_TGIDS.get(&tgid) }.is_none() {
+            return 0;
+        }
+        let now_ns = unsafe { bpf_ktime_get_ns() };
+        replace_image(tgid, now_ns);
+        // The image's CUDA contexts are gone with it.
+        let context_epoch = end_context_epoch(tgid);
+        send_event(&Event {
+            what: event::EXEC,
+            tgid,
+            timestamp_ns: now_ns,
+            context_epoch,
+            pad: 0,
+        });
+        0
+    })
 }
 
 #[tracepoint]
 pub fn exec_mapped(ctx: TracePointContext) -> u32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if unsafe { TRACED_TGIDS.get(&tgid) }.is_none() {
-        return 0;
-    }
-    let prot: u64 = unsafe { ctx.read_at(MMAP_PROT_OFFSET.load() as usize) }.unwrap_or(0);
-    let fd: u64 = unsafe { ctx.read_at(MMAP_FD_OFFSET.load() as usize) }.unwrap_or(u64::MAX);
-    if prot & PROT_EXEC == 0 || (fd as i32) < 0 {
-        return 0;
-    }
-    send_event(&Event {
-        what: event::EXEC_MAPPED,
-        tgid,
-        timestamp_ns: unsafe { bpf_ktime_get_ns() },
-        ..Event::default()
-    });
-    0
+    counted_run(counted::EXEC_MAPPED, || {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if unsafe { TRACED_TGIDS.get(&tgid) }.is_none() {
+            return 0;
+        }
+        let prot: u64 = unsafe { ctx.read_at(MMAP_PROT_OFFSET.load() as usize) }.unwrap_or(0);
+        let fd: u64 = unsafe { ctx.read_at(MMAP_FD_OFFSET.load() as usize) }.unwrap_or(u64::MAX);
+        if prot & PROT_EXEC == 0 || (fd as i32) < 0 {
+            return 0;
+        }
+        send_event(&Event {
+            what: event::EXEC_MAPPED,
+            tgid,
+            timestamp_ns: unsafe { bpf_ktime_get_ns() },
+            ..Event::default()
+        });
+        0
+    })
 }
 
 #[tracepoint]
 pub fn open_enter(ctx: TracePointContext) -> u32 {
-    let thread = bpf_get_current_pid_tgid();
-    let tgid = (thread >> 32) as u32;
-    if unsafe { TRACED_TGIDS.get(&tgid) }.is_none() {
-        return 0;
-    }
-    let filename: u64 = unsafe { ctx.read_at(OPENAT_FILENAME_OFFSET.load() as usize) }.unwrap_or(0);
-    let _ = OPENING.insert(&thread, &filename, 0);
-    0
+    counted_run(counted::OPEN_ENTER, || {
+        let thread = bpf_get_current_pid_tgid();
+        let tgid = (thread >> 32) as u32;
+        if unsafe { TRACED_TGIDS.get(&tgid) }.is_none() {
+            return 0;
+        }
+        let filename: u64 =
+            unsafe { ctx.read_at(OPENAT_FILENAME_OFFSET.load() as usize) }.unwrap_or(0);
+        let _ = OPENING.insert(&thread, &filename, 0);
+        0
+    })
 }
 
 /// Sends the path a traced thread opened, if the open succeeded and names
@@ -195,35 +205,37 @@ pub fn open_enter(ctx: TracePointContext) -> u32 {
 /// its page is present.
 #[tracepoint]
 pub fn open_exit(ctx: TracePointContext) -> u32 {
-    let thread = bpf_get_current_pid_tgid();
-    let Some(&filename) = (unsafe { OPENING.get(&thread) }) else {
-        return 0;
-    };
-    let _ = OPENING.remove(&thread);
-    let fd: i64 = unsafe { ctx.read_at(OPENAT_RET_OFFSET.load() as usize) }.unwrap_or(-1);
-    if fd < 0 {
-        return 0;
-    }
-    let Some(mut entry) = OPENED.reserve::<OpenedFile>(0) else {
-        count(stat::DROP_OPENED_FULL);
-        return 0;
-    };
-    let opened = entry.as_mut_ptr();
-    // SAFETY: `opened` points at the reserved entry, written before use.
-    let path = unsafe { &mut (*opened).path };
-    let read = unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, path) }.is_ok();
-    if !read || !tracer_ebpf::names_shared_object(path) {
-        entry.discard(0);
-        return 0;
-    }
-    unsafe {
-        (*opened).tgid = (thread >> 32) as u32;
-        (*opened).fd = fd as u32;
-        (*opened).timestamp_ns = bpf_ktime_get_ns();
-    }
-    count(stat::LIBRARY_OPENS);
-    // Counted before it is sent: userspace's count never runs ahead.
-    count_opened((thread >> 32) as u32);
-    entry.submit(0);
-    0
+    counted_run(counted::OPEN_EXIT, || {
+        let thread = bpf_get_current_pid_tgid();
+        let Some(&filename) = (unsafe { OPENING.get(&thread) }) else {
+            return 0;
+        };
+        let _ = OPENING.remove(&thread);
+        let fd: i64 = unsafe { ctx.read_at(OPENAT_RET_OFFSET.load() as usize) }.unwrap_or(-1);
+        if fd < 0 {
+            return 0;
+        }
+        let Some(mut entry) = OPENED.reserve::<OpenedFile>(0) else {
+            count(stat::DROP_OPENED_FULL);
+            return 0;
+        };
+        let opened = entry.as_mut_ptr();
+        // SAFETY: `opened` points at the reserved entry, written before use.
+        let path = unsafe { &mut (*opened).path };
+        let read = unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, path) }.is_ok();
+        if !read || !tracer_ebpf::names_shared_object(path) {
+            entry.discard(0);
+            return 0;
+        }
+        unsafe {
+            (*opened).tgid = (thread >> 32) as u32;
+            (*opened).fd = fd as u32;
+            (*opened).timestamp_ns = bpf_ktime_get_ns();
+        }
+        count(stat::LIBRARY_OPENS);
+        // Counted before it is sent: userspace's count never runs ahead.
+        count_opened((thread >> 32) as u32);
+        entry.submit(0);
+        0
+    })
 }

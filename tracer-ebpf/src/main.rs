@@ -10,7 +10,8 @@
 //! recorded (`sampling.rs`), rare events for userspace (`events.rs`), the
 //! per-thread allocator call (`pending.rs`), Python frames (`python.rs`),
 //! call arguments (`args.rs`),
-//! and at the bottom the STATS counters and atomic adds (`counters.rs`).
+//! and at the bottom each program's own count of its runs (`runs.rs`), the
+//! STATS counters and atomic adds (`counters.rs`).
 //! No module imports a program module, and there are no cycles.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
@@ -48,6 +49,8 @@ mod mappings;
 mod pending;
 #[cfg(target_arch = "bpf")]
 mod python;
+#[cfg(target_arch = "bpf")]
+mod runs;
 #[cfg(target_arch = "bpf")]
 mod sampling;
 #[cfg(target_arch = "bpf")]

@@ -20,13 +20,14 @@ use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_ebpf::{LiveAlloc, Pending, call, kind, stat};
+use tracer_ebpf::{LiveAlloc, Pending, call, counted, kind, stat};
 
 use crate::{
     args::call_arg,
     counters::count,
     live::{find_live, free_live, live_key, put_live, take_live},
     pending::PENDING,
+    runs::counted_run,
 };
 
 const PAGE_SIZE: u64 = 4096;
@@ -204,9 +205,11 @@ macro_rules! entry_programs {
     ($entry:ident, $session:ident, |$ctx:ident, $in_session:ident| $body:expr) => {
         #[uprobe]
         pub fn $entry($ctx: ProbeContext) -> u32 {
-            let $in_session = false;
-            let _ = $body;
-            0
+            counted_run(const { counted::id_of(stringify!($entry)) }, || {
+                let $in_session = false;
+                let _ = $body;
+                0
+            })
         }
 
         // Entry and return are calls of their own: inlined together,
@@ -226,10 +229,12 @@ macro_rules! entry_programs {
                 let $in_session = true;
                 $body.session_verdict()
             }
-            if session_is_return() {
-                return session_return(ctx.as_ptr());
-            }
-            session_enter(ctx.as_ptr())
+            counted_run(const { counted::id_of(stringify!($session)) }, || {
+                if session_is_return() {
+                    return session_return(ctx.as_ptr());
+                }
+                session_enter(ctx.as_ptr())
+            })
         }
     };
 }
@@ -396,49 +401,51 @@ fn realloc_common(
 /// free) are known to be the allocator's.
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
-    let address = call_arg(&ctx, 0);
-    if address == 0 {
-        count(stat::FREES_NULL);
-        return 0;
-    }
-    let thread = bpf_get_current_pid_tgid();
-    let pending = pending_slot(thread).map(|pending| unsafe { &mut *pending });
-    let nested = pending.as_ref().is_some_and(|pending| pending.depth > 0);
-    let key = live_key((thread >> 32) as u32, address);
-    let Some(block) = find_live(&key) else {
-        // mimalloc's realloc frees the old block through `free`, after
-        // realloc's entry took it off; CPython's `PyObject_Free` frees
-        // a block over 512 bytes through `free`, after its own probe
-        // took it off: neither is a block from before attach.
-        let inside_free = !nested
-            && pending.as_ref().is_some_and(|pending| {
-                still_inside(pending.free_sp, pending.free_return, unsafe {
-                    (*ctx.regs).rsp
-                })
-            });
-        if !nested && !inside_free {
-            if let Some(pending) = pending {
-                mark_free_call(&ctx, pending);
-            }
+    counted_run(counted::FREE_ENTER, || {
+        let address = call_arg(&ctx, 0);
+        if address == 0 {
+            count(stat::FREES_NULL);
+            return 0;
         }
-        count(if nested || inside_free {
-            stat::NESTED_CALLS
-        } else {
-            stat::FREES_UNKNOWN
-        });
-        return 0;
-    };
-    if nested {
-        count(stat::NESTED_CALLS);
-        return 0;
-    }
-    if let Some(pending) = pending {
-        mark_free_call(&ctx, pending);
-    }
-    if free_live(&key, &block) {
-        count(stat::FREES);
-    }
-    0
+        let thread = bpf_get_current_pid_tgid();
+        let pending = pending_slot(thread).map(|pending| unsafe { &mut *pending });
+        let nested = pending.as_ref().is_some_and(|pending| pending.depth > 0);
+        let key = live_key((thread >> 32) as u32, address);
+        let Some(block) = find_live(&key) else {
+            // mimalloc's realloc frees the old block through `free`, after
+            // realloc's entry took it off; CPython's `PyObject_Free` frees
+            // a block over 512 bytes through `free`, after its own probe
+            // took it off: neither is a block from before attach.
+            let inside_free = !nested
+                && pending.as_ref().is_some_and(|pending| {
+                    still_inside(pending.free_sp, pending.free_return, unsafe {
+                        (*ctx.regs).rsp
+                    })
+                });
+            if !nested && !inside_free {
+                if let Some(pending) = pending {
+                    mark_free_call(&ctx, pending);
+                }
+            }
+            count(if nested || inside_free {
+                stat::NESTED_CALLS
+            } else {
+                stat::FREES_UNKNOWN
+            });
+            return 0;
+        };
+        if nested {
+            count(stat::NESTED_CALLS);
+            return 0;
+        }
+        if let Some(pending) = pending {
+            mark_free_call(&ctx, pending);
+        }
+        if free_live(&key, &block) {
+            count(stat::FREES);
+        }
+        0
+    })
 }
 
 /// Remembers the free entered now (see `Pending::free_sp`).
@@ -458,8 +465,10 @@ fn mark_free_call(ctx: &ProbeContext, pending: &mut Pending) {
 /// pending call.
 #[uretprobe]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
-    on_return(&ctx);
-    0
+    counted_run(counted::ALLOC_RETURN, || {
+        on_return(&ctx);
+        0
+    })
 }
 
 #[inline(always)]

@@ -20,9 +20,9 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, RingBuf},
     programs::TracePointContext,
 };
-use tracer_ebpf::{MappingEvent, NO_STACK, SyscallFieldOffsets, mapping_call, stat};
+use tracer_ebpf::{MappingEvent, NO_STACK, SyscallFieldOffsets, counted, mapping_call, stat};
 
-use crate::{counters::count, pending::PENDING};
+use crate::{counters::count, pending::PENDING, runs::counted_run};
 
 /// Where the tracepoint fields are, read from tracefs by userspace.
 #[unsafe(no_mangle)]
@@ -171,72 +171,83 @@ fn word_at_user_sp() -> u64 {
 /// done once instead of twice at every attach.
 #[tracepoint]
 pub fn mmap_enter(ctx: TracePointContext) -> u32 {
-    let offsets = SYSCALL_FIELD_OFFSETS.load();
-    let syscall = unsafe { ctx.read_at::<i32>(offsets.syscall_nr as usize) }.map_or(-1, i64::from);
-    let event = if syscall == offsets.brk_syscall as i64 {
-        MappingEvent {
-            call: mapping_call::BRK,
-            ..MappingEvent::default()
-        }
-    } else {
-        MappingEvent {
-            call: mapping_call::MMAP,
-            address: field(&ctx, offsets.mmap_addr),
-            length: field(&ctx, offsets.mmap_len),
-            prot: field(&ctx, offsets.mmap_prot),
-            flags: field(&ctx, offsets.mmap_flags),
-            fd: field(&ctx, offsets.mmap_fd),
-            ..MappingEvent::default()
-        }
-    };
-    enter(&ctx, event, true);
-    0
+    counted_run(counted::MMAP_ENTER, || {
+        let offsets = SYSCALL_FIELD_OFFSETS.load();
+        let syscall =
+            unsafe { ctx.read_at::<i32>(offsets.syscall_nr as usize) }.map_or(-1, i64::from);
+        let event = if syscall == offsets.brk_syscall as i64 {
+            MappingEvent {
+                call: mapping_call::BRK,
+                ..MappingEvent::default()
+            }
+        } else {
+            MappingEvent {
+                call: mapping_call::MMAP,
+                address: field(&ctx, offsets.mmap_addr),
+                length: field(&ctx, offsets.mmap_len),
+                prot: field(&ctx, offsets.mmap_prot),
+                flags: field(&ctx, offsets.mmap_flags),
+                fd: field(&ctx, offsets.mmap_fd),
+                ..MappingEvent::default()
+            }
+        };
+        enter(&ctx, event, true);
+        0
+    })
 }
 
 #[tracepoint]
 pub fn munmap_enter(ctx: TracePointContext) -> u32 {
-    let offsets = SYSCALL_FIELD_OFFSETS.load();
-    let event = MappingEvent {
-        call: mapping_call::MUNMAP,
-        address: field(&ctx, offsets.munmap_addr),
-        length: field(&ctx, offsets.munmap_len),
-        ..MappingEvent::default()
-    };
-    enter(&ctx, event, false);
-    0
+    counted_run(counted::MUNMAP_ENTER, || {
+        let offsets = SYSCALL_FIELD_OFFSETS.load();
+        let event = MappingEvent {
+            call: mapping_call::MUNMAP,
+            address: field(&ctx, offsets.munmap_addr),
+            length: field(&ctx, offsets.munmap_len),
+            ..MappingEvent::default()
+        };
+        enter(&ctx, event, false);
+        0
+    })
 }
 
 #[tracepoint]
 pub fn mremap_enter(ctx: TracePointContext) -> u32 {
-    let offsets = SYSCALL_FIELD_OFFSETS.load();
-    let event = MappingEvent {
-        call: mapping_call::MREMAP,
-        address: field(&ctx, offsets.mremap_addr),
-        length: field(&ctx, offsets.mremap_old_len),
-        new_length: field(&ctx, offsets.mremap_new_len),
-        ..MappingEvent::default()
-    };
-    enter(&ctx, event, false);
-    0
+    counted_run(counted::MREMAP_ENTER, || {
+        let offsets = SYSCALL_FIELD_OFFSETS.load();
+        let event = MappingEvent {
+            call: mapping_call::MREMAP,
+            address: field(&ctx, offsets.mremap_addr),
+            length: field(&ctx, offsets.mremap_old_len),
+            new_length: field(&ctx, offsets.mremap_new_len),
+            ..MappingEvent::default()
+        };
+        enter(&ctx, event, false);
+        0
+    })
 }
 
 #[tracepoint]
 pub fn mprotect_enter(ctx: TracePointContext) -> u32 {
-    let offsets = SYSCALL_FIELD_OFFSETS.load();
-    let event = MappingEvent {
-        call: mapping_call::MPROTECT,
-        address: field(&ctx, offsets.mprotect_start),
-        length: field(&ctx, offsets.mprotect_len),
-        prot: field(&ctx, offsets.mprotect_prot),
-        ..MappingEvent::default()
-    };
-    enter(&ctx, event, false);
-    0
+    counted_run(counted::MPROTECT_ENTER, || {
+        let offsets = SYSCALL_FIELD_OFFSETS.load();
+        let event = MappingEvent {
+            call: mapping_call::MPROTECT,
+            address: field(&ctx, offsets.mprotect_start),
+            length: field(&ctx, offsets.mprotect_len),
+            prot: field(&ctx, offsets.mprotect_prot),
+            ..MappingEvent::default()
+        };
+        enter(&ctx, event, false);
+        0
+    })
 }
 
 /// One exit program for every mapping call: what to send is pending.
 #[tracepoint]
 pub fn mapping_exit(ctx: TracePointContext) -> u32 {
-    exit(&ctx);
-    0
+    counted_run(counted::MAPPING_EXIT, || {
+        exit(&ctx);
+        0
+    })
 }

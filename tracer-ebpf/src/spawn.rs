@@ -14,6 +14,9 @@ use aya_ebpf::{
     macros::uprobe,
     programs::ProbeContext,
 };
+use tracer_ebpf::counted;
+
+use crate::runs::counted_run;
 
 const SIGSTOP: u32 = 19;
 /// `r_debug.r_state` when the list of objects is complete.
@@ -22,20 +25,22 @@ const RT_CONSISTENT: i32 = 0;
 /// Scoped to the child's PID.
 #[uprobe]
 pub fn spawn_gate(ctx: ProbeContext) -> u32 {
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    if cookie != 0 {
-        let regs = ctx.regs;
-        // SAFETY: `regs` is the probed task's saved registers.
-        let ip = unsafe { (*regs).rip };
-        let state_address = ip.wrapping_add(cookie) as *const i32;
-        // SAFETY: a user-space read the helper checks.
-        match unsafe { bpf_probe_read_user(state_address) } {
-            Ok(RT_CONSISTENT) => {}
-            _ => return 0,
+    counted_run(counted::SPAWN_GATE, || {
+        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+        if cookie != 0 {
+            let regs = ctx.regs;
+            // SAFETY: `regs` is the probed task's saved registers.
+            let ip = unsafe { (*regs).rip };
+            let state_address = ip.wrapping_add(cookie) as *const i32;
+            // SAFETY: a user-space read the helper checks.
+            match unsafe { bpf_probe_read_user(state_address) } {
+                Ok(RT_CONSISTENT) => {}
+                _ => return 0,
+            }
         }
-    }
-    unsafe {
-        bpf_send_signal(SIGSTOP);
-    }
-    0
+        unsafe {
+            bpf_send_signal(SIGSTOP);
+        }
+        0
+    })
 }

@@ -16,13 +16,14 @@ use aya_ebpf::{
 use tracer_ebpf::{
     LiveAlloc,
     caching_allocator::{self as layout, ADDRESS_TAG},
-    kind, stat,
+    counted, kind, stat,
 };
 
 use crate::{
     args::arg,
     counters::count,
     live::{context_epoch, put_live, take_live},
+    runs::counted_run,
 };
 
 /// Words of a `Block` read at once, from `Block::size` on.
@@ -56,40 +57,51 @@ fn handed_out(block: u64) -> Option<(u64, u64)> {
 /// `DeviceCachingAllocator::malloc` returned the `Block *` in %rax.
 #[uretprobe]
 pub fn tensor_malloc_return(ctx: RetProbeContext) -> u32 {
-    let block: u64 = ctx.ret();
-    if block == 0 {
-        return 0;
-    }
-    let Some((size, address)) = handed_out(block) else {
-        return 0;
-    };
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // Tensor memory goes with the CUDA context, as its segment does.
-    let context_epoch = context_epoch(tgid);
-    let live = LiveAlloc {
-        size,
-        stack_id: crate::stacks::capture(&ctx, 0, size, kind::GPU_TENSOR, u32::MAX, context_epoch),
-        kind: kind::GPU_TENSOR,
-        timestamp_ns: unsafe { bpf_ktime_get_ns() },
-        context_epoch,
-        pad: 0,
-    };
-    put_live(tgid, address | ADDRESS_TAG, &live, true);
-    count(stat::GPU_TENSOR_ALLOCS);
-    0
+    counted_run(counted::TENSOR_MALLOC_RETURN, || {
+        let block: u64 = ctx.ret();
+        if block == 0 {
+            return 0;
+        }
+        let Some((size, address)) = handed_out(block) else {
+            return 0;
+        };
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        // Tensor memory goes with the CUDA context, as its segment does.
+        let context_epoch = context_epoch(tgid);
+        let live = LiveAlloc {
+            size,
+            stack_id: crate::stacks::capture(
+                &ctx,
+                0,
+                size,
+                kind::GPU_TENSOR,
+                u32::MAX,
+                context_epoch,
+            ),
+            kind: kind::GPU_TENSOR,
+            timestamp_ns: unsafe { bpf_ktime_get_ns() },
+            context_epoch,
+            pad: 0,
+        };
+        put_live(tgid, address | ADDRESS_TAG, &live, true);
+        count(stat::GPU_TENSOR_ALLOCS);
+        0
+    })
 }
 
 /// `DeviceCachingAllocator::free(this, Block *)`.
 #[uprobe]
 pub fn tensor_free_enter(ctx: ProbeContext) -> u32 {
-    let Some((_, address)) = handed_out(arg(&ctx, 1)) else {
-        return 0;
-    };
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if take_live(tgid, address | ADDRESS_TAG).is_some() {
-        count(stat::GPU_TENSOR_FREES);
-    } else {
-        count(stat::GPU_TENSOR_FREES_UNKNOWN);
-    }
-    0
+    counted_run(counted::TENSOR_FREE_ENTER, || {
+        let Some((_, address)) = handed_out(arg(&ctx, 1)) else {
+            return 0;
+        };
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if take_live(tgid, address | ADDRESS_TAG).is_some() {
+            count(stat::GPU_TENSOR_FREES);
+        } else {
+            count(stat::GPU_TENSOR_FREES_UNKNOWN);
+        }
+        0
+    })
 }

@@ -21,6 +21,7 @@ pub mod map {
         STACK_IDS = "STACK_IDS",
         STACK_FREE_IDS = "STACK_FREE_IDS",
         STATS = "STATS",
+        PROGRAM_RUNS = "PROGRAM_RUNS",
         STACK_API = "STACK_API",
         CONTEXT_EPOCH = "CONTEXT_EPOCH",
         EXEC_TIME = "EXEC_TIME",

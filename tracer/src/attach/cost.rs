@@ -1,52 +1,59 @@
-//! What tracer's programs cost the targets, as the kernel counts it: each
-//! program's runs and run time, and what each run traps.
+//! What tracer's programs cost the targets: each program's runs and run
+//! time, as the programs count them themselves (PROGRAM_RUNS: every run,
+//! and the time of one in `TIMED_EVERY` on each CPU), and what each run
+//! traps.
 //!
-//! The kernel counts `run_cnt` and `run_time_ns` of every program only
-//! while run-time stats are on. Tracer turns them on with BPF_ENABLE_STATS,
-//! whose descriptor keeps them on while it is open: they go off again when
-//! tracer exits, even killed (unlike the global `kernel.bpf_stats_enabled`
-//! sysctl, which a killed tracer would leave on). Without CAP_SYS_ADMIN
-//! (CAP_BPF and CAP_PERFMON only) the kernel refuses, and the estimate says
-//! so (`model::cost::ProgramAccounting`).
+//! Not the kernel's run-time stats (BPF_ENABLE_STATS or the
+//! `kernel.bpf_stats_enabled` sysctl): those are on for every eBPF program
+//! on the host at once, and would cost other tools' and the network's
+//! programs two clock reads a run and move their counters while tracer
+//! runs. Tracer changes nothing there.
 //!
 //! Each run of an entry program is a breakpoint trap, emulated or
 //! single-stepped as its sites are (`prologue`); each run of a return
 //! program a return trap; a session program's both. What a trap costs is
 //! measured at start (`trap_cost`).
 
-use std::{collections::BTreeMap, os::fd::OwnedFd};
+use std::collections::BTreeMap;
 
-use aya::programs::{ProbeKind, Program};
+use anyhow::{Context as _, Result};
+use aya::{
+    maps::{MapData, PerCpuArray},
+    programs::{ProbeKind, Program},
+};
+use tracer_ebpf::{ProgramRuns, counted};
 
 use super::{Probes, raw::RawPrograms, trap_cost::TrapMeasurement};
 use crate::model::cost::{ProgramAccounting, ProgramTrap, Runs, Sites, TrapCosts};
 
-/// The kernel's run-time accounting of programs, on while this lives.
-pub(super) struct RunStats(Result<OwnedFd, String>);
-
-impl RunStats {
-    /// Turns run-time stats on (or says why the kernel would not).
-    pub(super) fn enable() -> RunStats {
-        RunStats(
-            aya::sys::enable_stats(aya::sys::Stats::RunTime)
-                .map_err(|error| format!("BPF_ENABLE_STATS refused: {error}")),
-        )
-    }
-}
-
-/// The programs that measure the traps, not the targets' cost.
-const FLOOR_PROGRAMS: [&str; 2] = [
-    tracer_ebpf::program::FLOOR_ENTER,
-    tracer_ebpf::program::FLOOR_RETURN,
-];
-
 impl Probes {
-    /// Whether the kernel counts the programs' runs and run time.
+    /// Whether the programs' own counts of their runs can be read.
     pub fn program_accounting(&self) -> ProgramAccounting {
-        match &self.run_stats.0 {
-            Ok(_) => ProgramAccounting::RunStats,
-            Err(why) => ProgramAccounting::Unavailable(why.clone()),
+        match self.program_runs() {
+            Ok(_) => ProgramAccounting::Counted,
+            Err(error) => ProgramAccounting::Unavailable(format!("{error:#}")),
         }
+    }
+
+    /// Each counted program's runs so far, by id, summed over CPUs.
+    fn program_runs(&self) -> Result<Vec<Runs>> {
+        let counters: PerCpuArray<&MapData, ProgramRuns> = PerCpuArray::try_from(
+            self.ebpf
+                .map(tracer_ebpf::map::PROGRAM_RUNS)
+                .context("eBPF object lacks PROGRAM_RUNS")?,
+        )?;
+        (0..counted::COUNT)
+            .map(|id| {
+                let per_cpu = counters
+                    .get(&id, 0)
+                    .context("could not read PROGRAM_RUNS")?;
+                Ok(per_cpu.iter().fold(Runs::default(), |sum, cpu| Runs {
+                    runs: sum.runs + cpu.runs,
+                    timed_runs: sum.timed_runs + cpu.timed_runs,
+                    timed_ns: sum.timed_ns + cpu.timed_ns,
+                }))
+            })
+            .collect()
     }
 
     /// What a trap costs here; unless `wait`, a measurement still under
@@ -73,7 +80,7 @@ impl Probes {
     }
 
     /// Each loaded program's runs so far, by its name, and what its runs
-    /// trap (the floor programs that measure traps left out).
+    /// trap (the floor programs, which are not counted, left out).
     pub fn program_counts(&self) -> BTreeMap<String, (ProgramTrap, Runs)> {
         let sites = |entry_program: &str| {
             let (emulated, single_stepped) = self
@@ -89,7 +96,7 @@ impl Probes {
                 });
             Sites::of(emulated, single_stepped)
         };
-        let mut counts = BTreeMap::new();
+        let mut traps = BTreeMap::new();
         for (name, program) in self.ebpf.programs() {
             let trap = match program {
                 Program::UProbe(uprobe) if matches!(uprobe.kind(), ProbeKind::Return) => {
@@ -99,29 +106,32 @@ impl Probes {
                 Program::TracePoint(_) => ProgramTrap::Tracepoint,
                 _ => continue,
             };
-            let Ok(info) = program.info() else {
-                continue;
-            };
-            let runs = Runs {
-                runs: info.run_count(),
-                run_time_ns: info.run_time().as_nanos() as u64,
-            };
-            counts.insert(name.to_owned(), (trap, runs));
+            if program.fd().is_ok() {
+                traps.insert(name.to_owned(), trap);
+            }
         }
         for (raw, in_session) in [(&self.multi, false), (&self.session, true)] {
             let Some(raw) = raw else { continue };
-            for program in raw.runs() {
+            for program in raw.loaded() {
                 let trap = match (in_session, program.is_return) {
                     (true, _) => ProgramTrap::Session(sites(program.key)),
                     (false, true) => ProgramTrap::Return,
                     (false, false) => ProgramTrap::Entry(sites(program.key)),
                 };
-                counts.insert(program.name.to_owned(), (trap, program.runs));
+                traps.insert(program.name.to_owned(), trap);
             }
         }
-        for floor in FLOOR_PROGRAMS {
-            counts.remove(floor);
-        }
-        counts
+        let Ok(runs) = self.program_runs() else {
+            return BTreeMap::new();
+        };
+        traps
+            .into_iter()
+            .filter_map(|(name, trap)| {
+                let id = counted::COUNTED_NAMES
+                    .iter()
+                    .position(|counted| *counted == name)?;
+                Some((name, (trap, runs[id])))
+            })
+            .collect()
     }
 }

@@ -413,7 +413,6 @@ impl Probes {
             times,
             pause_at_loader: true,
             loader_pauses: Vec::new(),
-            run_stats: super::cost::RunStats::enable(),
             trap_measurement: super::trap_cost::TrapMeasurement::unavailable(
                 "not measured (tracer floor)".to_owned(),
             ),

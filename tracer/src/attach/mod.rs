@@ -233,9 +233,6 @@ pub struct Probes {
     pub pause_at_loader: bool,
     /// Each time a process was held at the loader gate: which, how long.
     pub loader_pauses: Vec<(u32, std::time::Duration)>,
-    /// The kernel's count of each program's runs and run time, on while
-    /// this lives.
-    run_stats: cost::RunStats,
     /// What a trap costs here (`measure_traps`).
     trap_measurement: trap_cost::TrapMeasurement,
     /// Puts back the return addresses of frames an exception unwinds

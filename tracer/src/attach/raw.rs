@@ -49,10 +49,8 @@ pub(super) use bpf::block_signals;
 use bpf::{
     BPF_F_UPROBE_MULTI_RETURN, BPF_LINK_CREATE, BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION,
     SESSION_IS_RETURN_KFUNC, UprobeMultiLinkAttr, bpf, load_btf, load_program, map_fd,
-    patch_kfunc_calls, program_runs,
+    patch_kfunc_calls,
 };
-
-use crate::model::cost::Runs;
 
 /// Which programs of the object a `RawPrograms` holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,33 +263,29 @@ impl RawPrograms {
         self.probe_count
     }
 
-    /// Each loaded program's runs so far: the name links ask for, the
-    /// object's name, whether it is a return program, and its counts.
-    pub fn runs(&self) -> Vec<ProgramRuns<'_>> {
+    /// Each loaded program: the name links ask for, the object's name,
+    /// and whether it is a return program.
+    pub fn loaded(&self) -> Vec<LoadedProgram<'_>> {
         self.programs
             .table
             .iter()
-            .filter_map(|(key, lazy)| {
-                let fd = lazy.fd.get()?.as_ref().ok()?;
-                Some(ProgramRuns {
-                    key,
-                    name: &lazy.name,
-                    is_return: lazy.is_return,
-                    runs: program_runs(fd).ok()?,
-                })
+            .filter(|(_, lazy)| lazy.fd.get().is_some_and(Result::is_ok))
+            .map(|(key, lazy)| LoadedProgram {
+                key,
+                name: &lazy.name,
+                is_return: lazy.is_return,
             })
             .collect()
     }
 }
 
-/// What one loaded program ran so far (`RawPrograms::runs`).
-pub struct ProgramRuns<'a> {
+/// One loaded program (`RawPrograms::loaded`).
+pub struct LoadedProgram<'a> {
     /// The name links ask for (a session program's plain-uprobe twin's).
     pub key: &'a str,
     /// The object's name of the program.
     pub name: &'a str,
     pub is_return: bool,
-    pub runs: Runs,
 }
 
 /// Programs of one link kind, by name, that links are made of: those of
@@ -363,13 +357,6 @@ impl Linker {
     /// here.
     pub fn covers(&self, program: &str) -> bool {
         self.table.contains_key(program)
-    }
-
-    /// The runs of `program` so far (zeros while run-time stats are off);
-    /// `None` unless it is loaded.
-    pub fn runs_of(&self, program: &str) -> Option<Runs> {
-        let fd = self.table.get(program)?.fd.get()?.as_ref().ok()?;
-        program_runs(fd).ok()
     }
 
     /// `program`, loaded.

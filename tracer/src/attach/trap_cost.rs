@@ -8,8 +8,9 @@
 //! are attached to some of them, for tracer's own process only, and each
 //! is called a few thousand times a round. Thread CPU time, not wall time:
 //! the traps run in the calling thread, and a busy machine that preempts
-//! it does not count. The medians of the differences, less the floor
-//! programs' own run time (the kernel's accounting), are the costs. It
+//! it does not count. The medians of the differences are the costs: they
+//! hold the empty programs' dispatch too, which every hit of a real
+//! program pays and its own timing (`attach::cost`) does not see. It
 //! runs on a thread of its own while the targets are attached (~0.2 s of
 //! CPU).
 
@@ -22,10 +23,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::raw::Linker;
-use crate::{
-    model::cost::{Runs, TrapCosts},
-    procfs,
-};
+use crate::{model::cost::TrapCosts, procfs};
 
 std::arch::global_asm!(
     ".pushsection .text.tracer_trap_cost,\"ax\",@progbits",
@@ -183,17 +181,6 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-/// ns per run of a floor program over a span, by the kernel's accounting
-/// (0 while run-time stats are off: nothing to take off then).
-fn per_run_ns(before: Option<Runs>, after: Option<Runs>) -> f64 {
-    match (before, after) {
-        (Some(before), Some(after)) if after.runs > before.runs => {
-            (after.run_time_ns - before.run_time_ns) as f64 / (after.runs - before.runs) as f64
-        }
-        _ => 0.0,
-    }
-}
-
 fn measure(linker: &Linker) -> Result<TrapCosts> {
     let pid = std::process::id();
     let maps = procfs::read_maps(pid)?;
@@ -214,12 +201,6 @@ fn measure(linker: &Linker) -> Result<TrapCosts> {
         pid,
     )?;
     let _entry_link = linker.link(entry_program, executable, &entries, pid)?;
-    let runs = || {
-        (
-            linker.runs_of(entry_program),
-            linker.runs_of(return_program),
-        )
-    };
     // Every function once, so that first-hit work is not timed.
     for function in [
         tracer_trap_bare,
@@ -230,7 +211,6 @@ fn measure(linker: &Linker) -> Result<TrapCosts> {
     ] {
         time_calls(function, 10);
     }
-    let (entry_before, return_before) = runs();
     let mut rounds: [Vec<f64>; 5] = Default::default();
     for _ in 0..ROUNDS {
         rounds[0].push(time_calls(tracer_trap_bare, CALLS));
@@ -239,7 +219,6 @@ fn measure(linker: &Linker) -> Result<TrapCosts> {
         rounds[3].push(time_calls(tracer_trap_stepped_bare, STEPPED_CALLS));
         rounds[4].push(time_calls(tracer_trap_stepped, STEPPED_CALLS));
     }
-    let (entry_after, return_after) = runs();
     let [bare, entry, both, stepped_bare, stepped] = rounds.map(median);
     if entry - bare < MIN_TRAP_NS {
         bail!(
@@ -247,17 +226,14 @@ fn measure(linker: &Linker) -> Result<TrapCosts> {
             entry - bare
         );
     }
-    let entry_program_ns = per_run_ns(entry_before, entry_after);
-    let return_program_ns = per_run_ns(return_before, return_after);
     Ok(TrapCosts {
-        entry_ns: (entry - bare - entry_program_ns).max(0.0),
-        return_ns: (both - entry - return_program_ns).max(0.0),
-        single_stepped_ns: (stepped - stepped_bare - entry_program_ns).max(0.0),
+        entry_ns: (entry - bare).max(0.0),
+        return_ns: (both - entry).max(0.0),
+        single_stepped_ns: (stepped - stepped_bare).max(0.0),
         how: format!(
             "at start, on functions of tracer's own with empty programs attached as tracer \
              attaches its own: thread CPU time per call with the probe less without, median \
-             of {ROUNDS} rounds of {CALLS} calls ({STEPPED_CALLS} single-stepped), less the \
-             empty programs' run time"
+             of {ROUNDS} rounds of {CALLS} calls ({STEPPED_CALLS} single-stepped)"
         ),
     })
 }

@@ -10,7 +10,11 @@ tracer attaches uprobes to the allocator functions (malloc, calloc, realloc, \
 reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc, pvalloc) \
 of a process that is already running, keeps the outstanding bytes of every \
 call stack in the kernel, and reports the stacks that hold the most memory \
-and how fast it grows. A --pid target is never restarted, stopped or written to.
+and how fast it grows. A --pid target is never restarted, stopped or written to. \
+What the probes add to the targets' CPU (the report's cost line) is counted by \
+tracer's programs themselves: the kernel's eBPF run-time stats \
+(kernel.bpf_stats_enabled), which would cost every eBPF program on the host, \
+stay as they were.
 
 GPU memory is followed at the CUDA driver and runtime allocation functions \
 (libcuda, libcudart, also when loaded later with dlopen) in kinds \

@@ -3,9 +3,10 @@
 //! probes cost it, and be told when that is too much.
 //!
 //! Every probe hit runs in the target's own thread: a breakpoint trap (or
-//! a return trap), then one of tracer's programs. The programs' time comes
-//! from the kernel's own accounting (`run_time_ns` and `run_cnt` of each
-//! program, kept while tracer holds a BPF_ENABLE_STATS descriptor); the
+//! a return trap), then one of tracer's programs. The hits and the
+//! programs' time come from the programs themselves (each counts its runs
+//! and times one in `TIMED_EVERY` on each CPU: the kernel's run-time stats
+//! would be on for every program on the host, not only tracer's); the
 //! traps' from a measurement on this machine at start (`TrapCosts`). The
 //! targets' CPU time (utime + stime) includes both, so the share is
 //! `added / (target CPU - added)`: how much more CPU the same work takes
@@ -17,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use tracer_ebpf::stat;
+use tracer_ebpf::{TIMED_EVERY, stat};
 
 /// Above this share tracer warns, and names `--sample-bytes`.
 pub const HIGH_SHARE: f64 = 0.20;
@@ -67,11 +68,25 @@ impl Sites {
     }
 }
 
-/// One program's runs, as the kernel counts them.
+/// One program's runs, as it counts them itself (`tracer_ebpf::ProgramRuns`,
+/// summed over CPUs): every run, and the time of a sample of them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Runs {
     pub runs: u64,
-    pub run_time_ns: u64,
+    /// The runs that were timed, and their time.
+    pub timed_runs: u64,
+    pub timed_ns: u64,
+}
+
+impl Runs {
+    /// The time of all the runs, scaled from the timed ones (0 when none
+    /// was timed: fewer runs than one a CPU in `TIMED_EVERY`).
+    pub fn run_time_ns(&self) -> u64 {
+        if self.timed_runs == 0 {
+            return 0;
+        }
+        (u128::from(self.timed_ns) * u128::from(self.runs) / u128::from(self.timed_runs)) as u64
+    }
 }
 
 /// What a trap costs on this machine, measured at start.
@@ -112,7 +127,8 @@ impl Counts {
                     .unwrap_or_default();
                 let delta = Runs {
                     runs: runs.runs.saturating_sub(before.runs),
-                    run_time_ns: runs.run_time_ns.saturating_sub(before.run_time_ns),
+                    timed_runs: runs.timed_runs.saturating_sub(before.timed_runs),
+                    timed_ns: runs.timed_ns.saturating_sub(before.timed_ns),
                 };
                 (name.clone(), (trap, delta))
             })
@@ -183,10 +199,10 @@ impl CpuLedger {
 /// How the programs' time and the probe hits were known.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProgramAccounting {
-    /// The kernel counted each program's runs and run time.
-    RunStats,
-    /// It could not (why): hits are estimated from tracer's own event
-    /// counters, and the programs' time is unknown.
+    /// Each program counted its runs and timed a sample of them.
+    Counted,
+    /// Their counts could not be read (why): hits are estimated from
+    /// tracer's event counters, and the programs' time is unknown.
     Unavailable(String),
 }
 
@@ -221,8 +237,8 @@ pub struct Cost {
     pub probe_hits: u64,
     /// Added time per hit: trap and program.
     pub ns_per_hit: f64,
-    /// Run time of tracer's uprobe programs (the kernel's accounting);
-    /// null when the kernel could not count it.
+    /// Run time of tracer's uprobe programs (timed by the programs on a
+    /// sample of their runs); null when it could not be read.
     pub program_ns: Option<u64>,
     /// Time in traps: hits by kind times their measured cost.
     pub trap_ns: u64,
@@ -258,7 +274,7 @@ impl Cost {
         let counts = inputs.counts;
         let mut lower_bound = Vec::new();
         let (hits, program_ns, tracepoint_ns, accounting) = match inputs.accounting {
-            ProgramAccounting::RunStats => {
+            ProgramAccounting::Counted => {
                 let (hits, mixed) = Hits::from_runs(counts);
                 if mixed {
                     lower_bound.push(
@@ -271,16 +287,18 @@ impl Cost {
                         .programs
                         .values()
                         .filter(|(trap, _)| (*trap != ProgramTrap::Tracepoint) == traced)
-                        .map(|(_, runs)| runs.run_time_ns)
+                        .map(|(_, runs)| runs.run_time_ns())
                         .sum()
                 };
                 (
                     hits,
                     Some(run_time(true)),
                     Some(run_time(false)),
-                    "probe hits and program run time from the kernel's accounting \
-                     (BPF_ENABLE_STATS: run_cnt and run_time_ns of each program)"
-                        .to_owned(),
+                    format!(
+                        "probe hits counted by tracer's programs themselves, their run time \
+                         timed on one run in {TIMED_EVERY} on each CPU (no host-wide \
+                         run-time stats)"
+                    ),
                 )
             }
             ProgramAccounting::Unavailable(why) => {
@@ -290,8 +308,8 @@ impl Cost {
                     None,
                     None,
                     format!(
-                        "probe hits estimated from tracer's event counters; the kernel \
-                         did not count program runs ({why})"
+                        "probe hits estimated from tracer's event counters; the programs' \
+                         own counts could not be read ({why})"
                     ),
                 )
             }
@@ -342,7 +360,7 @@ impl Hits {
         self.emulated_entries + self.single_stepped_entries + self.returns
     }
 
-    /// The hits the kernel counted, and whether some were at programs
+    /// The hits the programs counted, and whether some were at programs
     /// with both emulated and single-stepped sites. A session program
     /// runs at the entry of every call and again at the return of each
     /// call it records (ALLOCS, FAILED_ALLOCS, less those a uretprobe
@@ -385,7 +403,7 @@ impl Hits {
             .round() as u64
     }
 
-    /// Without the kernel's run counts: every allocator and CUDA call
+    /// Without the programs' run counts: every allocator and CUDA call
     /// tracer counted had an entry hit, and a return hit unless it was a
     /// free or (with sessions) not recorded. Frees of a realloc count
     /// twice, calls the programs did not count (a full table) not at all.

@@ -19,7 +19,17 @@ fn counts(programs: &[(&str, ProgramTrap, u64, u64)], stats: &[(u32, u64)]) -> C
         programs: programs
             .iter()
             .map(|&(name, trap, runs, run_time_ns)| {
-                (name.to_owned(), (trap, Runs { runs, run_time_ns }))
+                (
+                    name.to_owned(),
+                    (
+                        trap,
+                        Runs {
+                            runs,
+                            timed_runs: runs,
+                            timed_ns: run_time_ns,
+                        },
+                    ),
+                )
             })
             .collect(),
         stats: all,
@@ -29,7 +39,7 @@ fn counts(programs: &[(&str, ProgramTrap, u64, u64)], stats: &[(u32, u64)]) -> C
 fn estimate(counts: &Counts, target_cpu_ns: u64) -> Cost {
     Cost::estimate(&CostInputs {
         counts,
-        accounting: &ProgramAccounting::RunStats,
+        accounting: &ProgramAccounting::Counted,
         traps: Ok(&traps()),
         sessions: false,
         target_cpu_ns,
@@ -73,7 +83,7 @@ fn added_time_is_traps_plus_programs_over_the_untraced_cpu() {
     // Twenty times the programs' time: over 20 %.
     let mut dear_counts = counts.clone();
     for (_, runs) in dear_counts.programs.values_mut() {
-        runs.run_time_ns *= 20;
+        runs.timed_ns *= 20;
     }
     let dear = estimate(&dear_counts, 160_000_000);
     assert_eq!(dear.added_ns, 51_400_000);
@@ -102,7 +112,7 @@ fn a_target_that_used_less_cpu_than_the_estimate_has_no_share() {
     // 200 ms added of 250 ms used: the targets' own work is lost in it.
     let mut dear = counts.clone();
     for (_, runs) in dear.programs.values_mut() {
-        runs.run_time_ns = 200_000_000;
+        runs.timed_ns = 200_000_000;
     }
     let dear = estimate(&dear, 250_000_000);
     assert_eq!(dear.share, None);
@@ -151,7 +161,7 @@ fn single_stepped_sites_cost_their_own_trap_and_mixed_ones_are_a_lower_bound() {
 }
 
 #[test]
-fn without_run_stats_hits_come_from_the_event_counters() {
+fn without_program_counts_hits_come_from_the_event_counters() {
     let counts = counts(
         &[],
         &[
@@ -195,7 +205,7 @@ fn without_trap_costs_only_program_time_counts() {
     );
     let cost = Cost::estimate(&CostInputs {
         counts: &counts,
-        accounting: &ProgramAccounting::RunStats,
+        accounting: &ProgramAccounting::Counted,
         traps: Err("no uprobe_multi links"),
         sessions: false,
         target_cpu_ns: 1_000_000,
@@ -229,7 +239,8 @@ fn counts_since_an_earlier_reading_are_per_program_differences() {
             ProgramTrap::Entry(Sites::Mixed),
             Runs {
                 runs: 15,
-                run_time_ns: 300
+                timed_runs: 15,
+                timed_ns: 300
             }
         )
     );
@@ -254,4 +265,29 @@ fn cpu_is_counted_from_each_process_first_reading_and_kept_after_exit() {
     let at_exit = ledger.clone();
     ledger.observe(2, 1100);
     assert_eq!(ledger.used_since(&at_exit), (60, vec![2]));
+}
+
+#[test]
+fn a_sampled_run_time_is_scaled_to_every_run() {
+    let runs = Runs {
+        runs: 1600,
+        timed_runs: 100,
+        timed_ns: 50_000,
+    };
+    assert_eq!(runs.run_time_ns(), 800_000);
+    // Nothing timed yet: no time rather than a guess.
+    let untimed = Runs {
+        runs: 3,
+        ..Runs::default()
+    };
+    assert_eq!(untimed.run_time_ns(), 0);
+    // Over a window, the timed runs and their time are differences too.
+    let earlier = counts(
+        &[("free_enter", ProgramTrap::Entry(Sites::Emulated), 0, 0)],
+        &[],
+    );
+    let mut later = earlier.clone();
+    later.programs.get_mut("free_enter").expect("free_enter").1 = runs;
+    let delta = later.since(&earlier);
+    assert_eq!(delta.programs["free_enter"].1.run_time_ns(), 800_000);
 }

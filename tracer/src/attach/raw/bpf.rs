@@ -1,7 +1,7 @@
 //! The raw `bpf(2)` calls of `raw.rs`: the `union bpf_attr` layouts it
 //! needs, loading the object's BTF and a program (with the verifier's last
 //! lines when the kernel refuses it), a session program's kfunc patch,
-//! creating a link, and reading a program's run counts.
+//! and creating a link.
 
 use std::{
     ffi::CString,
@@ -10,17 +10,12 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use aya::maps::Map;
-use aya_obj::{
-    Object,
-    generated::{bpf_insn, bpf_prog_info},
-};
+use aya_obj::{Object, generated::bpf_insn};
 
 use super::FuncInfo;
-use crate::model::cost::Runs;
 
 /// `bpf(2)` commands and constants (include/uapi/linux/bpf.h).
 const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_BTF_LOAD: libc::c_long = 18;
 pub(super) const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
@@ -86,14 +81,6 @@ pub(super) struct UprobeMultiLinkAttr {
     pub(super) uprobe_flags: u32,
     pub(super) pid: u32,
     pub(super) pad: u32,
-}
-
-/// `union bpf_attr` for BPF_OBJ_GET_INFO_BY_FD.
-#[repr(C)]
-struct InfoByFdAttr {
-    bpf_fd: u32,
-    info_len: u32,
-    info: u64,
 }
 
 /// Blocks every signal on the calling thread, a verifying one: the
@@ -255,24 +242,6 @@ fn is_stats_line(line: &str) -> bool {
         || line.starts_with("stack depth")
         || line.starts_with("processed ")
         || line.ends_with("is global and assumed valid.")
-}
-
-/// How often `program` ran and for how long, as the kernel counts while
-/// run-time stats are on (`attach::cost`); zeros while they are off.
-pub(super) fn program_runs(program: &OwnedFd) -> std::io::Result<Runs> {
-    // SAFETY: bpf_prog_info is plain integers and pointers; all zeros is
-    // the state the kernel expects (no arrays asked for).
-    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
-    let attr = InfoByFdAttr {
-        bpf_fd: program.as_raw_fd() as u32,
-        info_len: size_of::<bpf_prog_info>() as u32,
-        info: &mut info as *mut bpf_prog_info as u64,
-    };
-    bpf_call(BPF_OBJ_GET_INFO_BY_FD, &attr)?;
-    Ok(Runs {
-        runs: info.run_cnt,
-        run_time_ns: info.run_time_ns,
-    })
 }
 
 /// `bpf(cmd, attr, sizeof attr)`, returning the new fd.
