@@ -5,7 +5,11 @@
 //!
 //! On main before the fix, the tcmalloc, jemalloc, `--unwind fp` and
 //! sampled runs were terminated (exit 134): the unwinder met the uprobe
-//! trampoline where operator new's return address had been.
+//! trampoline where operator new's return address had been. With several
+//! threads throwing at once (the `..._threads_throwing_at_once` tests),
+//! main at 7a51578 still terminated the target within a few dozen throws:
+//! a process-wide SIGSTOP already pending from one thread left another
+//! thread that started an unwind free to run it unrepaired.
 
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
@@ -199,4 +203,74 @@ fn tail_calls_and_longjmp_out_of_operator_new_still_work() {
     assert_eq!(field(&run.answers[2], "jumped"), 50);
     assert_eq!(field(&run.answers[3], "caught"), THROWS);
     assert_kept_and_nothing_thrown_live(report);
+}
+
+/// Threads throwing at once, each: `THREAD_THROWS` throws, as many 100 B
+/// blocks made and freed, as many 1000 B blocks kept.
+const THREADS: i64 = 4;
+const THREAD_THROWS: i64 = 1000;
+
+/// `THREADS` threads throw and keep at once while tracer is attached:
+/// every throw caught, the kept blocks exact, nothing under the function
+/// that threw, every unwind's return address put back and none lost.
+fn threads_survive_exact(env: &[(&str, &str)], extra_args: &[&str]) {
+    let run = traced(
+        env,
+        extra_args,
+        &[&format!("throw_threads {THREADS} {THREAD_THROWS}")],
+    );
+    let report = &run.report;
+    let throws = THREADS * THREAD_THROWS;
+    assert_eq!(field(&run.answers[0], "caught"), throws);
+    assert_eq!(field(&run.answers[0], "kept_bytes"), throws * KEPT_BYTES);
+    assert_eq!(
+        report.heap_live_with("keep_in_thread"),
+        Live::blocks(throws, KEPT_BYTES),
+        "\n{report}"
+    );
+    assert_eq!(
+        report.heap_live_with("throw_here"),
+        Live::default(),
+        "a request that threw is counted live:\n{report}"
+    );
+    for (counter, at_least) in [
+        ("/events/exception_unwinds", throws),
+        ("/events/exception_returns_restored", throws),
+        ("/events/calls_left_by_exception", throws),
+    ] {
+        assert!(
+            report.int(counter) >= at_least,
+            "{counter} under {at_least}: {}",
+            report.json["events"]
+        );
+    }
+    assert_eq!(
+        report
+            .int_if_present("/drops/exception_restore_lost")
+            .unwrap_or(0),
+        0,
+        "{}",
+        report.json
+    );
+    assert!(
+        run.stderr
+            .contains("C++ unwinds through return-probed frames held their process"),
+        "tracer says what the holds cost:\n{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn jemalloc_survives_threads_throwing_at_once() {
+    threads_survive_exact(&[("LD_PRELOAD", JEMALLOC)], &[]);
+}
+
+#[test]
+fn tcmalloc_survives_threads_throwing_at_once() {
+    threads_survive_exact(&[("LD_PRELOAD", TCMALLOC)], &[]);
+}
+
+#[test]
+fn glibc_with_frame_pointer_walks_survives_threads_throwing_at_once() {
+    threads_survive_exact(&[], &["--unwind", "fp"]);
 }
