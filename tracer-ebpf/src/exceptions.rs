@@ -9,8 +9,9 @@
 //! walks the thread's pending return instances (`current->utask->
 //! return_instances`, at offsets userspace read from the kernel's BTF),
 //! and, if any of their stack words still holds the trampoline, stops
-//! the process (SIGSTOP, delivered before the unwinder's first
-//! instruction runs), marks it held in EXCEPTION_HELD and sends the
+//! the process (a SIGSTOP sent to the thread itself, delivered before the
+//! unwinder's first instruction runs; its default action stops every
+//! thread of the process), marks it held in EXCEPTION_HELD and sends the
 //! words' addresses and original values to userspace (EXCEPTION_UNWINDS).
 //! Userspace writes the original return addresses back and lets the
 //! process go on (`tracer/src/attach/exceptions.rs`). The kernel drops
@@ -28,7 +29,7 @@ use aya_ebpf::{
     Global,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_user, bpf_send_signal,
+        bpf_probe_read_user, bpf_send_signal_thread,
     },
     macros::{map, uprobe},
     maps::{HashMap, RingBuf},
@@ -142,7 +143,12 @@ pub fn unwind_start(_ctx: ProbeContext) -> u32 {
         }
         // Stopped before the message is sent: userspace's SIGCONT, which
         // follows the message, always comes after the stop.
-        if unsafe { bpf_send_signal(SIGSTOP) } != 0 {
+        // The stop goes to this thread, not to the process: a process-wide
+        // SIGSTOP that another thread sent and has not taken yet makes this
+        // one "already pending", and then nothing interrupts this thread on
+        // its way back to user space: it would run the unwinder before the
+        // stop reached it.
+        if unsafe { bpf_send_signal_thread(SIGSTOP) } != 0 {
             let _ = EXCEPTION_HELD.remove(&thread);
             entry.discard(0);
             count(stat::DROP_EXCEPTION_RESTORE_LOST);
