@@ -20,9 +20,10 @@
 //! instances left behind at the next trampoline hit, as after a longjmp:
 //! those calls are not counted (they never returned).
 //!
-//! What the target could notice: it is stopped for the time of the
-//! write (well under a millisecond; `HOLD_BOUND` at the most, then it
-//! goes on unrepaired and the loss is counted); its parent may see the
+//! What the target could notice: it is stopped until the write is done
+//! and every thread has stopped (well under a millisecond, longer while
+//! a thread sleeps uninterruptibly; `HOLD_BOUND` at the most, then it
+//! goes on and what was not repaired is counted); its parent may see the
 //! stop in `waitpid(WUNTRACED)`. Its memory holds exactly what it held
 //! before the probe fired. A call still in progress below the frame that
 //! catches the exception returns to its caller directly, without its
@@ -32,12 +33,13 @@
 //! the unwinder cannot be probed for a process, the functions that can
 //! throw get no return probe at all (`THROWING`), with a warning.
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     fs::OpenOptions,
     os::{
         fd::{AsFd as _, AsRawFd as _},
         unix::fs::FileExt as _,
     },
+    path::Path,
     sync::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -60,9 +62,9 @@ pub const HOLD_BOUND: Duration = Duration::from_millis(300);
 const BOUND_CHECK: Duration = Duration::from_millis(10);
 /// How often the repairing thread looks whether tracer stops.
 const STOP_CHECK: Duration = Duration::from_millis(100);
-/// How long a process's threads are waited for to stop before it is
-/// resumed (see `repair_unwinds`).
-const QUIESCE_AT_MOST: Duration = Duration::from_millis(50);
+/// How often a held process's threads are looked at while some have not
+/// stopped yet (the ring buffer wakes the thread earlier).
+const SETTLE_CHECK: Duration = Duration::from_micros(100);
 /// How long tracer's end waits for these threads.
 const JOIN_AT_MOST: Duration = Duration::from_millis(200);
 
@@ -342,71 +344,134 @@ impl Drop for ExceptionFixer {
     }
 }
 
-/// The repairing thread: every unwind sent, its return addresses put back.
+/// The repairing thread: every unwind sent, its return addresses put back,
+/// and its process resumed once that cannot cancel a stop still needed.
+///
+/// SIGCONT cancels every stop still pending in the process, and the
+/// process goes on as a whole. So a process is resumed only once every
+/// one of its threads was seen stopped (then none can be inside
+/// `unwind_start`, and every unwind it sent is in the ring buffer), the
+/// ring buffer was read after that look, and every unwind read for it is
+/// repaired. A thread that does not stop within `HOLD_BOUND` (asleep
+/// uninterruptibly: a disk read, a vfork) does not keep the process held
+/// longer; see `give_up`.
 fn repair_unwinds(mut unwinds: RingBuf<MapData>, holds: &Holds, stop: &AtomicBool) {
     let fd = unwinds.as_fd().as_raw_fd();
+    // Unwinds read whose thread has not stopped yet.
+    let mut queued: Vec<ExceptionUnwind> = Vec::new();
+    // Processes held, with when their first hold since the last resume began.
+    let mut waiting: HashMap<u32, u64> = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
-        let mut ready = libc::pollfd {
+        wait_readable(
             fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; an error or a timeout only loops.
-        unsafe { libc::poll(&mut ready, 1, STOP_CHECK.as_millis() as i32) };
-        // SIGSTOP stops the whole process, and a SIGCONT cancels every
-        // stop still pending: another thread's, sent by `unwind_start`
-        // after the last look at EXCEPTION_HELD, would be lost, and that
-        // thread would unwind unrepaired. So a process goes on only once
-        // none of its threads runs (none can be inside `unwind_start`),
-        // every unwind sent until then is repaired, and none is held.
-        let mut touched: HashSet<u32> = HashSet::new();
-        loop {
-            let mut repaired = false;
-            while let Some(item) = unwinds.next() {
-                if item.len() < size_of::<ExceptionUnwind>() {
-                    continue;
-                }
-                // SAFETY: the kernel wrote an `ExceptionUnwind` (plain data).
-                let unwind: ExceptionUnwind =
-                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                drop(item);
-                repair(holds, &unwind);
-                touched.insert((unwind.thread >> 32) as u32);
-                repaired = true;
+            if waiting.is_empty() {
+                STOP_CHECK
+            } else {
+                SETTLE_CHECK
+            },
+        );
+        // Looked at before the ring buffer is read: a process whose every
+        // thread is stopped now has sent all its unwinds by then.
+        let looked: HashMap<u32, Threads> = waiting
+            .keys()
+            .map(|&tgid| (tgid, threads_of(tgid)))
+            .collect();
+        while let Some(item) = unwinds.next() {
+            if item.len() < size_of::<ExceptionUnwind>() {
+                continue;
             }
-            if touched.is_empty() {
-                break;
-            }
-            if !repaired {
-                for tgid in touched.drain() {
-                    holds.resume_if_free(tgid);
-                }
-                break;
-            }
-            for &tgid in &touched {
-                wait_quiescent(tgid);
-            }
+            // SAFETY: the kernel wrote an `ExceptionUnwind` (plain data).
+            let unwind: ExceptionUnwind = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            drop(item);
+            waiting
+                .entry(tgid_of(&unwind))
+                .or_insert(unwind.held_since_ns);
+            queued.push(unwind);
         }
+        queued.retain(|unwind| !try_repair(holds, unwind));
+        let now_ns = procfs::monotonic_ns();
+        waiting.retain(|&tgid, &mut since_ns| {
+            let unrepaired = queued.iter().any(|unwind| tgid_of(unwind) == tgid);
+            if !unrepaired && looked.get(&tgid) == Some(&Threads::Stopped) {
+                holds.resume_if_free(tgid);
+                return false;
+            }
+            if now_ns.saturating_sub(since_ns) < HOLD_BOUND.as_nanos() as u64 {
+                return true;
+            }
+            give_up(holds, tgid, &mut queued);
+            false
+        });
     }
 }
 
-/// Puts back the return addresses of one unwind, then lets its process go
-/// on. A process no longer held (let go by the bound) is not written to:
-/// it runs.
-fn repair(holds: &Holds, unwind: &ExceptionUnwind) {
-    let Some(since_ns) = holds.since_ns(unwind.thread) else {
-        return;
-    };
-    let tgid = (unwind.thread >> 32) as u32;
-    let mut complete = unwind.cut == 0;
-    // Written only into a thread that is stopped: one that runs again (its
-    // stop cancelled by a SIGCONT for another thread's hold) has unwound
-    // already, and its stack words may belong to newer calls by now.
-    if !thread_stopped(tgid, unwind.thread as u32) {
+/// `tgid` was held for `HOLD_BOUND` and some thread of it has not stopped:
+/// it goes on. Its unwinds whose thread never stopped are counted lost,
+/// unrepaired (their stack may have changed since: nothing is written).
+/// A thread that sleeps uninterruptibly meanwhile is no risk: an eBPF
+/// program never sleeps, so it is not between sending its stop and
+/// sending its unwind, and a stop it sends later comes after this
+/// SIGCONT. One still running (starved of CPU for the whole bound) might
+/// be: that counts as one more lost.
+fn give_up(holds: &Holds, tgid: u32, queued: &mut Vec<ExceptionUnwind>) {
+    queued.retain(|unwind| {
+        if tgid_of(unwind) != tgid {
+            return true;
+        }
+        if let Some(since_ns) = holds.since_ns(unwind.thread) {
+            holds.counts.lost.fetch_add(1, Ordering::Relaxed);
+            holds.finish(unwind.thread, since_ns);
+        }
+        false
+    });
+    if threads_of(tgid) == Threads::Running {
         holds.counts.lost.fetch_add(1, Ordering::Relaxed);
-        holds.finish(unwind.thread, since_ns);
-        return;
     }
+    holds.resume_if_free(tgid);
+}
+
+fn tgid_of(unwind: &ExceptionUnwind) -> u32 {
+    (unwind.thread >> 32) as u32
+}
+
+/// Waits up to `timeout` for `fd` to be readable.
+fn wait_readable(fd: i32, timeout: Duration) {
+    let mut ready = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let timeout = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: one valid pollfd and timespec; an error or a timeout only
+    // loops.
+    unsafe { libc::ppoll(&mut ready, 1, &timeout, std::ptr::null()) };
+}
+
+/// Puts back the return addresses of one unwind once its thread is
+/// stopped; true when done with it (repaired, or nothing more to do),
+/// false while its thread has not stopped yet. A thread no longer held
+/// (let go by the bound) is not written to: it runs.
+fn try_repair(holds: &Holds, unwind: &ExceptionUnwind) -> bool {
+    let Some(since_ns) = holds.since_ns(unwind.thread) else {
+        return true;
+    };
+    let tgid = tgid_of(unwind);
+    // Written only into a thread that is stopped: the stop its probe sent
+    // to it is taken on its way back to user space, before the unwinder
+    // runs.
+    match thread_state(tgid, unwind.thread as u32) {
+        Some('T' | 't') => {}
+        Some(_) => return false,
+        None => {
+            holds.counts.lost.fetch_add(1, Ordering::Relaxed);
+            holds.finish(unwind.thread, since_ns);
+            return true;
+        }
+    }
+    let mut complete = unwind.cut == 0;
     match OpenOptions::new()
         .read(true)
         .write(true)
@@ -441,60 +506,49 @@ fn repair(holds: &Holds, unwind: &ExceptionUnwind) {
         holds.counts.lost.fetch_add(1, Ordering::Relaxed);
     }
     holds.finish(unwind.thread, since_ns);
+    true
 }
 
-/// Whether thread `tid` of `tgid` is stopped (T, or t under a debugger),
-/// waiting up to `STOP_AT_MOST` for the stop the eBPF side sent: the
-/// thread sends it from its probe, in the kernel, and stops on its way
-/// back to user space.
-fn thread_stopped(tgid: u32, tid: u32) -> bool {
-    let deadline = std::time::Instant::now() + STOP_AT_MOST;
-    loop {
-        let state = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let after_name = &stat[stat.rfind(')')? + 1..];
-                after_name.trim_start().chars().next()
-            });
-        match state {
-            Some('T' | 't') => return true,
-            None => return false,
-            Some(_) if std::time::Instant::now() >= deadline => return false,
-            Some(_) => std::thread::sleep(Duration::from_micros(20)),
-        }
-    }
+/// What a process's threads are doing, from /proc.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Threads {
+    /// Every thread stopped (T, or t under a debugger) or exiting, or the
+    /// process gone.
+    Stopped,
+    /// Some thread running or ready to run (R): it may be inside
+    /// `unwind_start`.
+    Running,
+    /// None running, some not stopped (asleep: S, D, I).
+    Asleep,
 }
 
-/// How long a held thread may take to stop after its hold was sent.
-const STOP_AT_MOST: Duration = Duration::from_millis(50);
-
-/// Whether no thread of `tgid` is running (state R): every thread is
-/// stopped, asleep or gone, so none is inside `unwind_start` (an eBPF
-/// program runs in its thread, which is running meanwhile) about to hold
-/// the process. Waits up to `QUIESCE_AT_MOST` for it.
-fn wait_quiescent(tgid: u32) -> bool {
-    let deadline = std::time::Instant::now() + QUIESCE_AT_MOST;
-    loop {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
-            return true;
-        };
-        let running = tasks.filter_map(Result::ok).any(|task| {
-            std::fs::read_to_string(task.path().join("stat"))
-                .ok()
-                .and_then(|stat| {
-                    let after_name = &stat[stat.rfind(')')? + 1..];
-                    after_name.trim_start().chars().next()
-                })
-                == Some('R')
-        });
-        if !running {
-            return true;
+/// What the threads of `tgid` are doing now.
+fn threads_of(tgid: u32) -> Threads {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
+        return Threads::Stopped;
+    };
+    let mut threads = Threads::Stopped;
+    for task in tasks.filter_map(Result::ok) {
+        match task_state(&task.path().join("stat")) {
+            Some('R') => return Threads::Running,
+            Some('T' | 't' | 'Z' | 'X') | None => {}
+            Some(_) => threads = Threads::Asleep,
         }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_micros(50));
     }
+    threads
+}
+
+/// The state letter of thread `tid` of `tgid`; None when it is gone.
+fn thread_state(tgid: u32, tid: u32) -> Option<char> {
+    task_state(Path::new(&format!("/proc/{tgid}/task/{tid}/stat")))
+}
+
+/// The state letter in a /proc stat file (after the parenthesized name,
+/// which may itself hold parentheses); None when it cannot be read.
+fn task_state(stat: &Path) -> Option<char> {
+    let stat = std::fs::read_to_string(stat).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.trim_start().chars().next()
 }
 
 #[cfg(test)]
