@@ -233,8 +233,9 @@ impl Holds {
             .fetch_max(held_ns, Ordering::Relaxed);
     }
 
-    /// Resumes `tgid` unless one of its threads is still held.
-    fn resume_if_free(&self, tgid: u32) {
+    /// Resumes `tgid` unless one of its threads is still held; the hold,
+    /// which began at `since_ns`, counts for the longest.
+    fn resume_if_free(&self, tgid: u32, since_ns: u64) {
         let held = self.held();
         if held
             .keys()
@@ -243,6 +244,10 @@ impl Holds {
         {
             // SAFETY: a plain signal; a process that is gone gets nothing.
             unsafe { libc::kill(tgid as i32, libc::SIGCONT) };
+            let held_ns = procfs::monotonic_ns().saturating_sub(since_ns);
+            self.counts
+                .held_ns_max
+                .fetch_max(held_ns, Ordering::Relaxed);
         }
     }
 
@@ -393,13 +398,13 @@ fn repair_unwinds(mut unwinds: RingBuf<MapData>, holds: &Holds, stop: &AtomicBoo
         waiting.retain(|&tgid, &mut since_ns| {
             let unrepaired = queued.iter().any(|unwind| tgid_of(unwind) == tgid);
             if !unrepaired && looked.get(&tgid) == Some(&Threads::Stopped) {
-                holds.resume_if_free(tgid);
+                holds.resume_if_free(tgid, since_ns);
                 return false;
             }
             if now_ns.saturating_sub(since_ns) < HOLD_BOUND.as_nanos() as u64 {
                 return true;
             }
-            give_up(holds, tgid, &mut queued);
+            give_up(holds, tgid, since_ns, &mut queued);
             false
         });
     }
@@ -413,7 +418,7 @@ fn repair_unwinds(mut unwinds: RingBuf<MapData>, holds: &Holds, stop: &AtomicBoo
 /// sending its unwind, and a stop it sends later comes after this
 /// SIGCONT. One still running (starved of CPU for the whole bound) might
 /// be: that counts as one more lost.
-fn give_up(holds: &Holds, tgid: u32, queued: &mut Vec<ExceptionUnwind>) {
+fn give_up(holds: &Holds, tgid: u32, since_ns: u64, queued: &mut Vec<ExceptionUnwind>) {
     queued.retain(|unwind| {
         if tgid_of(unwind) != tgid {
             return true;
@@ -427,7 +432,7 @@ fn give_up(holds: &Holds, tgid: u32, queued: &mut Vec<ExceptionUnwind>) {
     if threads_of(tgid) == Threads::Running {
         holds.counts.lost.fetch_add(1, Ordering::Relaxed);
     }
-    holds.resume_if_free(tgid);
+    holds.resume_if_free(tgid, since_ns);
 }
 
 fn tgid_of(unwind: &ExceptionUnwind) -> u32 {
