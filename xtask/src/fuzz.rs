@@ -1,6 +1,7 @@
 //! `cargo xtask fuzz --seconds N`: builds the fuzz targets of `fuzz/`
-//! (cargo-fuzz: libFuzzer, on nightly, with AddressSanitizer and debug
-//! assertions) and runs each for N seconds over its seeds
+//! (cargo-fuzz: libFuzzer, on nightly, with AddressSanitizer, optimized
+//! as the release binary is: arithmetic wraps as it does there, so a
+//! crash is what a user would meet) and runs each for N seconds over its seeds
 //! (`fuzz/corpus/TARGET`, real inputs) and its regression inputs
 //! (`fuzz/regressions/TARGET`, every crash found, fixed); what a run
 //! finds is kept in `target/fuzz/corpus/TARGET`, a crashing input in
