@@ -378,7 +378,7 @@ fn debug_frame_alone_or_beside_eh_frame() {
 fn one_fde(start: u64, range: u64, after_start: &[u8]) -> Vec<u8> {
     let mut cie = vec![0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x04];
     cie.extend([0x0c, 7, 8, 0x90, 1]);
-    while (cie.len() + 4) % 8 != 0 {
+    while !(cie.len() + 4).is_multiple_of(8) {
         cie.push(0);
     }
     let mut bytes = (cie.len() as u32).to_le_bytes().to_vec();
@@ -388,7 +388,7 @@ fn one_fde(start: u64, range: u64, after_start: &[u8]) -> Vec<u8> {
     fde.extend(range.to_le_bytes());
     fde.push(0);
     fde.extend(after_start);
-    while (fde.len() + 4) % 8 != 0 {
+    while !(fde.len() + 4).is_multiple_of(8) {
         fde.push(0);
     }
     bytes.extend((fde.len() as u32).to_le_bytes());
