@@ -24,6 +24,8 @@ const FOREIGN: &[(&str, &[&str])] = &[
     ("--only-keep-debug", &["objcopy"]),
     ("--lib", &["cargo test"]),
     ("--test", &["xtask"]),
+    ("--seconds", &["xtask"]),
+    ("--only", &["xtask"]),
     ("--no-index", &["pip install"]),
     ("--rm", &["podman run"]),
     ("--privileged", &["podman run"]),

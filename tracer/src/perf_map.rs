@@ -59,7 +59,13 @@ impl PerfMap {
         let Ok(data) = target_files::read_bounded(&mut file, budget.min(MAX_READ_BYTES)) else {
             return;
         };
-        let mut rest = data.as_slice();
+        self.add(&data);
+    }
+
+    /// Takes the whole lines of `data`, the bytes that follow those read
+    /// so far.
+    fn add(&mut self, data: &[u8]) {
+        let mut rest = data;
         while let Some(end) = rest.iter().position(|&byte| byte == b'\n') {
             let line = &rest[..end];
             self.read_bytes += end as u64 + 1;
@@ -122,6 +128,18 @@ impl PerfMaps {
             ..PerfMap::default()
         });
         map.read_new();
+    }
+
+    /// Takes `data` as what `pid`'s runtime appended to its perf map since
+    /// the last call (what `refresh` reads; the fuzz target's way in).
+    pub fn add(&mut self, pid: u32, data: &[u8]) {
+        self.maps
+            .entry(pid)
+            .or_insert_with(|| PerfMap {
+                pid,
+                ..PerfMap::default()
+            })
+            .add(data);
     }
 
     /// The JIT function at `address` in `pid`, if its runtime named it.

@@ -134,6 +134,11 @@ fn kernel_setting(name: &str) -> String {
 /// when the process is gone.
 pub fn state(pid: u32) -> Option<char> {
     let stat = read_confirmed(pid, || fs::read_to_string(format!("/proc/{pid}/stat")).ok())?;
+    stat_state(&stat)
+}
+
+/// The state letter of a /proc/PID/stat line.
+pub fn stat_state(stat: &str) -> Option<char> {
     // The command name is in parentheses and may contain spaces.
     let after_name = &stat[stat.rfind(')')? + 1..];
     after_name.trim_start().chars().next()
@@ -144,13 +149,18 @@ pub fn state(pid: u32) -> Option<char> {
 /// gone. The kernel counts it in clock ticks (10 ms at the usual 100 Hz).
 pub fn cpu_time_ns(pid: u32) -> Option<u64> {
     let stat = read_confirmed(pid, || fs::read_to_string(format!("/proc/{pid}/stat")).ok())?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    stat_cpu_time_ns(&stat, u64::try_from(ticks_per_s).ok()?)
+}
+
+/// utime + stime of a /proc/PID/stat line, in ns, at `ticks_per_s`.
+pub fn stat_cpu_time_ns(stat: &str, ticks_per_s: u64) -> Option<u64> {
     // After the command name: state is field 3, utime 14 and stime 15.
     let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let ticks_per_s = u64::try_from(ticks_per_s).ok().filter(|&ticks| ticks > 0)?;
+    let ticks_per_s = Some(ticks_per_s).filter(|&ticks| ticks > 0)?;
     Some((utime + stime) * (1_000_000_000 / ticks_per_s))
 }
 
@@ -171,6 +181,11 @@ pub fn memory_status(pid: u32) -> Option<MemoryStatus> {
     let status = read_confirmed(pid, || {
         fs::read_to_string(format!("/proc/{pid}/status")).ok()
     })?;
+    status_memory(&status)
+}
+
+/// VmRSS and its parts in the text of /proc/PID/status.
+pub fn status_memory(status: &str) -> Option<MemoryStatus> {
     let bytes = |name: &str| -> Option<u64> {
         let kib: u64 = status
             .lines()
@@ -203,6 +218,11 @@ pub fn program_break(pid: u32) -> Option<u64> {
 /// `NSpid:` line of /proc/PID/status: what the process itself sees.
 pub fn namespace_pid(pid: u32) -> Option<u32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status_namespace_pid(&status)
+}
+
+/// The innermost PID of the `NSpid:` line of /proc/PID/status text.
+pub fn status_namespace_pid(status: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|line| line.strip_prefix("NSpid:"))?
@@ -215,6 +235,11 @@ pub fn namespace_pid(pid: u32) -> Option<u32> {
 /// The process (thread group) a task belongs to, from /proc/TID/status.
 pub fn tgid(task: u32) -> Option<u32> {
     let status = fs::read_to_string(format!("/proc/{task}/status")).ok()?;
+    status_tgid(&status)
+}
+
+/// The `Tgid:` of /proc/TID/status text.
+pub fn status_tgid(status: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|line| line.strip_prefix("Tgid:"))?
@@ -316,6 +341,11 @@ fn followed_and_gone(pid: u32) -> bool {
 /// ticks after boot.
 fn start_ticks(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_start_ticks(&stat)
+}
+
+/// The start time (field 22) of a /proc/PID/stat line, in clock ticks.
+pub fn stat_start_ticks(stat: &str) -> Option<u64> {
     // After the command name: state is field 3, starttime 22.
     stat[stat.rfind(')')? + 1..]
         .split_whitespace()

@@ -1,6 +1,6 @@
 //! `cargo xtask`: the project's tasks, so that a fresh machine needs one
 //! command for each: `setup`, `build`, `dist`, `demo`, `test`, `bench`,
-//! `lint`.
+//! `fuzz`, `lint`.
 //!
 //! Every external command is printed before it runs, and a failure ends the
 //! task with one line that names the command.
@@ -18,6 +18,7 @@ mod demo;
 mod dist;
 mod fixture_process;
 mod fixtures;
+mod fuzz;
 mod setup;
 mod shell;
 mod soak;
@@ -111,6 +112,17 @@ enum Task {
         #[arg(long)]
         restarting: bool,
     },
+    /// Install cargo-fuzz and the toolchain, build the fuzz targets
+    /// (fuzz/), run each for the given time over its seeds and regression
+    /// inputs; fails on any crash
+    Fuzz {
+        /// Seconds each target runs
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Only this target
+        #[arg(long)]
+        only: Option<String>,
+    },
     /// Run clippy (warnings are errors) and check formatting
     Lint,
 }
@@ -196,6 +208,11 @@ fn run(task: Task) -> Result<()> {
             } else {
                 bench::bench(&root, short)
             }
+        }
+        Task::Fuzz { seconds, only } => {
+            let mut shell = Shell::new(false);
+            setup::setup_toolchain(&mut shell, &root)?;
+            fuzz::fuzz(&shell, &root, seconds, only.as_deref())
         }
         Task::Lint => lint(&Shell::new(false)),
     }

@@ -133,8 +133,13 @@ fn run_paths(pid: u32, object: &Path) -> Vec<PathBuf> {
     let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
         return Vec::new();
     };
-    let origin = object.parent().unwrap_or(Path::new("/"));
-    dynamic_paths(&data)
+    run_paths_in(&data, object.parent().unwrap_or(Path::new("/")))
+}
+
+/// The directories of the DT_RUNPATH and DT_RPATH of the ELF file `data`
+/// whose directory is `origin`, within the caps.
+pub fn run_paths_in(data: &[u8], origin: &Path) -> Vec<PathBuf> {
+    dynamic_paths(data)
         .unwrap_or_default()
         .iter()
         .flat_map(|paths| paths.split(':'))

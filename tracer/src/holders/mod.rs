@@ -30,8 +30,8 @@
 pub mod blocks;
 mod census;
 mod figures;
-mod glibc;
-mod graph;
+pub mod glibc;
+pub mod graph;
 mod index;
 pub mod memory;
 mod names;

@@ -33,7 +33,8 @@ use tracer_ebpf::{MAX_GOROUTINE_BYTES, STACK_PAGE_BYTES, StackCopy};
 
 pub use crate::model::run::UnwindMode;
 use crate::procfs;
-use modules::{ModuleFiles, ObjectInfo, Section};
+pub use modules::ObjectInfo;
+use modules::{ModuleFiles, Section};
 pub use stops::StopReason;
 
 /// How stacks are taken.

@@ -131,6 +131,22 @@ impl ObjectInfo {
         hasher.finish()
     }
 
+    /// The object in `bytes`, written to a memory file and read as a
+    /// mapped file is (what the fuzz targets read).
+    pub fn from_bytes(bytes: &[u8]) -> Option<ObjectInfo> {
+        use std::{io::Write as _, os::fd::FromRawFd as _};
+        // SAFETY: memfd_create takes a name and flags, and returns a new
+        // fd or -1.
+        let fd = unsafe { libc::memfd_create(c"tracer-object".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: a new fd that nothing else owns.
+        let mut file = unsafe { File::from_raw_fd(fd) };
+        file.write_all(bytes).ok()?;
+        ObjectInfo::read(&file)
+    }
+
     pub(super) fn read(file: &File) -> Option<ObjectInfo> {
         // SAFETY: the map is only read; a file truncated underneath reads
         // as zeros past its new end (`target_files::sigbus`).

@@ -237,12 +237,18 @@ fn index_fdes<'a, S>(
                 let offset = partial.offset();
                 match partial.parse(|section, bases, cie| cached_cie(cies, section, bases, cie)) {
                     Ok(fde) if fde.len() == 0 => {}
-                    Ok(fde) if fde.end_address() < 1 << 32 => fdes.push(FdeRef {
-                        start: fde.initial_address(),
-                        end: fde.end_address(),
-                        offset,
-                        source,
-                    }),
+                    // An end that wraps around lies below its start.
+                    Ok(fde)
+                        if fde.initial_address() < fde.end_address()
+                            && fde.end_address() < 1 << 32 =>
+                    {
+                        fdes.push(FdeRef {
+                            start: fde.initial_address(),
+                            end: fde.end_address(),
+                            offset,
+                            source,
+                        })
+                    }
                     _ => built.fdes_skipped += 1,
                 }
             }
@@ -299,13 +305,21 @@ where
     let Ok(mut table) = fde.rows(section, bases, context) else {
         return false;
     };
+    // What to go back to when the instructions fail: push_row may
+    // replace the last row (one at the same address), never one before.
     let rollback = rows.len();
+    let last = rows.last().copied();
     if fde_ref.start > covered_to {
         push_row(rows, covered_to, NO_INFO_ROW);
     }
     loop {
         match table.next_row() {
             Ok(Some(row)) => {
+                // Instructions that advance past the FDE's end describe
+                // no code of it (and would put a row after the end row).
+                if row.start_address() >= fde_ref.end {
+                    break;
+                }
                 if row.end_address() <= covered_to || row.start_address() == row.end_address() {
                     continue;
                 }
@@ -314,7 +328,8 @@ where
             }
             Ok(None) => break,
             Err(_) => {
-                rows.truncate(rollback);
+                rows.truncate(rollback.saturating_sub(1));
+                rows.extend(last);
                 return false;
             }
         }

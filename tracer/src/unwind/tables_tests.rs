@@ -371,3 +371,81 @@ fn debug_frame_alone_or_beside_eh_frame() {
     }
     std::fs::remove_dir_all(both_path.parent().expect("a directory")).expect("removed");
 }
+
+/// `.eh_frame` of one CIE (`zR`, absolute 8-byte addresses, CFA =
+/// rsp+8) and one FDE for [start, start + range) whose instructions are
+/// `after_start`.
+fn one_fde(start: u64, range: u64, after_start: &[u8]) -> Vec<u8> {
+    let mut cie = vec![0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x04];
+    cie.extend([0x0c, 7, 8, 0x90, 1]);
+    while !(cie.len() + 4).is_multiple_of(8) {
+        cie.push(0);
+    }
+    let mut bytes = (cie.len() as u32).to_le_bytes().to_vec();
+    bytes.extend(&cie);
+    let mut fde = ((bytes.len() + 4) as u32).to_le_bytes().to_vec();
+    fde.extend(start.to_le_bytes());
+    fde.extend(range.to_le_bytes());
+    fde.push(0);
+    fde.extend(after_start);
+    while !(fde.len() + 4).is_multiple_of(8) {
+        fde.push(0);
+    }
+    bytes.extend((fde.len() as u32).to_le_bytes());
+    bytes.extend(fde);
+    bytes
+}
+
+fn rows_of(eh_frame: &[u8]) -> BuiltRows {
+    build_rows(&FrameSections {
+        eh_frame: Some((0, eh_frame)),
+        ..FrameSections::default()
+    })
+}
+
+fn assert_sorted(rows: &[UnwindRow]) {
+    if let Some(pair) = rows.windows(2).find(|pair| pair[0].pc >= pair[1].pc) {
+        panic!("rows out of order: {pair:?}");
+    }
+}
+
+/// An FDE whose instructions advance past its own end (a hostile file):
+/// its rows stop at its end, so they stay sorted for the kernel's binary
+/// search (found by the unwind_rows fuzz target).
+#[test]
+fn rows_of_an_fde_stop_at_its_end() {
+    // DW_CFA_advance_loc4 0x100, DW_CFA_def_cfa_offset 16.
+    let built = rows_of(&one_fde(0x1000, 0x10, &[0x04, 0, 1, 0, 0, 0x0e, 16]));
+    assert_sorted(&built.rows);
+    assert_eq!(built.rows.last().map(|row| row.pc), Some(0x1010));
+}
+
+/// An FDE whose end wraps around past 2^64 to a small address is left
+/// out, not given rows ending below their start.
+#[test]
+fn an_fde_whose_end_wraps_around_is_left_out() {
+    let built = rows_of(&one_fde(u64::MAX - 0xf, 0x20, &[]));
+    assert_eq!((built.fdes, built.fdes_skipped), (0, 1));
+    assert!(built.rows.is_empty(), "{:?}", built.rows);
+}
+
+/// The fuzz target's input (fuzz/regressions/unwind_rows): libc's
+/// `.eh_frame` mutated so that an FDE's instructions fail after its first
+/// row replaced the end row of the FDE before it. Taking its rows back
+/// restores that end row, so the rows stay sorted.
+#[test]
+fn rows_stay_sorted_after_an_fde_that_does_not_evaluate() {
+    // [eh_frame address][text address][eh_frame length], .eh_frame, then
+    // .debug_frame.
+    let input = include_bytes!("../../../fuzz/regressions/unwind_rows/rows_out_of_order");
+    let eh_frame_address = u64::from_le_bytes(input[..8].try_into().expect("8 bytes"));
+    let text_address = u64::from_le_bytes(input[8..16].try_into().expect("8 bytes"));
+    let length = u32::from_le_bytes(input[16..20].try_into().expect("4 bytes")) as usize;
+    let (eh_frame, debug_frame) = input[20..].split_at(length.min(input.len() - 20));
+    let built = build_rows(&FrameSections {
+        eh_frame: Some((eh_frame_address, eh_frame)),
+        debug_frame: (!debug_frame.is_empty()).then_some(debug_frame),
+        text_address,
+    });
+    assert_sorted(&built.rows);
+}

@@ -12,13 +12,13 @@
 use std::collections::HashSet;
 
 use super::{
-    super::memory,
     layout::{
         self, ALIGNMENT, CHUNK_HEADER_BYTES, FASTBINS, FLAGS, Glibc, MIN_CHUNK_BYTES,
         STATE_FASTBINS, TCACHE_BINS, TCACHE_BYTES, TCACHE_CHUNK_BYTES,
     },
     walk::Arena,
 };
+use crate::target_memory::TargetMemory;
 
 /// The longest list walked (tcache counts are 16-bit; a fastbin could be
 /// longer, its rest stays "in use").
@@ -60,16 +60,20 @@ fn unmangle(glibc: &Glibc, link_address: u64, stored: u64) -> u64 {
 /// empty tcache is taken as one only as the first chunk of a heap (where
 /// a thread's first malloc puts it), any other zeroed 640-byte block is
 /// left in use.
-pub fn find(pid: u32, glibc: &Glibc, arenas: &[Arena], in_use: &[(u64, u64)]) -> Free {
+pub fn find(
+    memory: &impl TargetMemory,
+    glibc: &Glibc,
+    arenas: &[Arena],
+    in_use: &[(u64, u64)],
+) -> Free {
     let firsts: HashSet<u64> = arenas
         .iter()
         .flat_map(|arena| arena.heaps.iter().map(|heap| heap.first))
         .collect();
     let mut free = Free::default();
-    let mut key = glibc.tcache_key_address.and_then(|address| {
-        let mut bytes = [0u8; 8];
-        (memory::read(pid, address, &mut bytes) == 8).then(|| u64::from_ne_bytes(bytes))
-    });
+    let mut key = glibc
+        .tcache_key_address
+        .and_then(|address| memory.read_u64(address));
     let mut budget = MAX_TCACHE_STEPS;
     for &(chunk, size) in in_use {
         // malloc hands out a free chunk whole when what is left would be
@@ -83,7 +87,7 @@ pub fn find(pid: u32, glibc: &Glibc, arenas: &[Arena], in_use: &[(u64, u64)]) ->
         let mut found = None;
         let mut disagreed = false;
         for _ in 0..TRIES {
-            match read_tcache(pid, glibc, tcache, in_use, &mut key, &mut budget) {
+            match read_tcache(memory, glibc, tcache, in_use, &mut key, &mut budget) {
                 Read::Tcache(chunks) if chunks.is_empty() && !firsts.contains(&chunk) => break,
                 Read::Tcache(chunks) => {
                     found = Some(chunks);
@@ -116,7 +120,7 @@ pub fn find(pid: u32, glibc: &Glibc, arenas: &[Arena], in_use: &[(u64, u64)]) ->
                 walked += 1;
                 let mut link = [0u8; 8];
                 let fd = chunk + CHUNK_HEADER_BYTES;
-                if memory::read(pid, fd, &mut link) < 8 {
+                if memory.read(fd, &mut link) < 8 {
                     break;
                 }
                 chunk = unmangle(glibc, fd, u64::from_ne_bytes(link));
@@ -138,7 +142,7 @@ enum Read {
 /// Reads the tcache that may be at `tcache` (its user memory), each entry
 /// once, spending `budget`.
 fn read_tcache(
-    pid: u32,
+    memory: &impl TargetMemory,
     glibc: &Glibc,
     tcache: u64,
     in_use: &[(u64, u64)],
@@ -146,7 +150,7 @@ fn read_tcache(
     budget: &mut usize,
 ) -> Read {
     let mut bytes = [0u8; TCACHE_BYTES];
-    if memory::read(pid, tcache, &mut bytes) < TCACHE_BYTES {
+    if memory.read(tcache, &mut bytes) < TCACHE_BYTES {
         return Read::NotOne;
     }
     let count = |bin: usize| u16::from_ne_bytes([bytes[2 * bin], bytes[2 * bin + 1]]) as usize;
@@ -180,7 +184,7 @@ fn read_tcache(
                 };
             }
             let mut link = [0u8; 16];
-            if memory::read(pid, entry, &mut link) < 16 {
+            if memory.read(entry, &mut link) < 16 {
                 return Read::Changed;
             }
             let entry_key = layout::word(&link, 8);
@@ -211,6 +215,7 @@ fn bin_is_first(bytes: &[u8], bin: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target_memory::Process;
 
     /// glibc 2.36's layout (safe linking, tcache keys), main_arena unknown.
     fn glibc_2_36() -> Glibc {
@@ -258,7 +263,7 @@ mod tests {
         heap[0x2b0 / 8] = entry >> 12; // the list's end, mangled
         heap[0x2b0 / 8 + 1] = 0x1234_5678_9abc_def0; // the key
         let in_use = [(tcache_chunk, 0x2a0), (entry_chunk, 0x20)];
-        let free = find(std::process::id(), &glibc, &[], &in_use);
+        let free = find(&Process(std::process::id()), &glibc, &[], &in_use);
         assert_eq!(free.tcaches, [tcache_chunk]);
         assert_eq!(free.chunks, HashSet::from([entry_chunk]));
         assert_eq!(free.tcache_chunks, 1);

@@ -31,8 +31,12 @@ use super::{
     memory::{self, Region},
     names::{Globals, Module},
 };
-use crate::{model::reachability::HeapParse, target_memory::Process};
+use crate::{
+    model::reachability::HeapParse,
+    target_memory::{Process, TargetMemory},
+};
 use layout::CHUNK_HEADER_BYTES;
+pub use layout::{Glibc, layout};
 
 /// The untraced blocks found in the heap, the ranges whose memory outside
 /// blocks is free or the allocator's, and what was read.
@@ -94,19 +98,13 @@ pub fn find(
         .iter()
         .find(|region| region.name == "[heap]")
         .map(|region| (region.start, region.end));
-    let arenas = match walk::arenas(&Process(pid), &glibc, brk_heap) {
-        Ok(arenas) => arenas,
+    let (arenas, chunks, free) = match read_arenas(&Process(pid), &glibc, brk_heap, traced) {
+        Ok(read) => read,
         Err(reason) => {
             heap.parse.not_parsed = Some(format!("heap before attach not parsed: {reason}"));
             return heap;
         }
     };
-    let mut chunks = walk::Chunks::default();
-    for arena_heap in arenas.iter().flat_map(|arena| &arena.heaps) {
-        walk::walk(&Process(pid), arena_heap, traced, &mut chunks);
-    }
-    chunks.in_use.sort_unstable();
-    let free = free::find(pid, &glibc, &arenas, &chunks.in_use);
     let metadata: HashSet<u64> = free.tcaches.iter().copied().collect();
     let mut left_out_from = u64::MAX;
     for &(chunk, size) in &chunks.in_use {
@@ -189,6 +187,26 @@ pub fn find(
         ..std::mem::take(&mut heap.parse)
     };
     heap
+}
+
+/// The arenas of `glibc` in `memory` (`brk_heap`: the `[heap]` mapping),
+/// their chunks walked (in use ones sorted by address), and the free ones
+/// among those (tcaches, fastbins); `traced` gives the chunks a walk goes
+/// on from after a header that makes no sense.
+pub fn read_arenas(
+    memory: &impl TargetMemory,
+    glibc: &Glibc,
+    brk_heap: Option<(u64, u64)>,
+    traced: &Blocks,
+) -> Result<(Vec<walk::Arena>, walk::Chunks, free::Free), String> {
+    let arenas = walk::arenas(memory, glibc, brk_heap)?;
+    let mut chunks = walk::Chunks::default();
+    for arena_heap in arenas.iter().flat_map(|arena| &arena.heaps) {
+        walk::walk(memory, arena_heap, traced, &mut chunks);
+    }
+    chunks.in_use.sort_unstable();
+    let free = free::find(memory, glibc, &arenas, &chunks.in_use);
+    Ok((arenas, chunks, free))
 }
 
 fn is_glibc(name: &str) -> bool {

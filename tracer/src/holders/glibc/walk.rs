@@ -130,7 +130,7 @@ fn thread_heaps(
         heaps.push(Heap {
             start,
             first,
-            end: start + size,
+            end: start.saturating_add(size),
             top: (start == top & !(HEAP_MAX_BYTES - 1)).then_some(top),
             main: false,
         });
@@ -177,7 +177,7 @@ impl Window {
         end: u64,
         read: &mut u64,
     ) -> Option<(u64, u64)> {
-        if address + CHUNK_HEADER_BYTES > end {
+        if address.saturating_add(CHUNK_HEADER_BYTES) > end {
             return None;
         }
         let inside = address >= self.start
@@ -243,10 +243,14 @@ pub fn walk(memory: &impl TargetMemory, heap: &Heap, traced: &Blocks, chunks: &m
             chunks.parsed.push((parsed_from, heap.end));
             return;
         }
+        // A size the target wrote: one that wraps around would take the
+        // walk back over chunks it has walked.
         let sane = size >= MIN_CHUNK_BYTES
             && size.is_multiple_of(ALIGNMENT)
             && flags_fit(size_field, heap)
-            && address + size <= heap.end;
+            && address
+                .checked_add(size)
+                .is_some_and(|next| next <= heap.end);
         if sane {
             pending = Some((address, size));
             address += size;
@@ -305,7 +309,7 @@ fn resume_after(
         if size >= block.size + 8
             && size.is_multiple_of(ALIGNMENT)
             && flags_fit(size_field, heap)
-            && chunk + size <= heap.end
+            && chunk.checked_add(size).is_some_and(|next| next <= heap.end)
         {
             return Some(chunk);
         }
@@ -395,6 +399,30 @@ mod tests {
         }
         assert_eq!(chunks.in_use, [(HEAP + 0x8d0, 0x730)]);
         assert_eq!(chunks.steps, 2);
+    }
+
+    /// A chunk whose size wraps the address around to the heap's start
+    /// (found by the glibc_heap fuzz target: the walk went round until its
+    /// step budget, 16 Mi chunks "in use") ends the walk there.
+    #[test]
+    fn a_chunk_size_that_wraps_around_is_not_followed() {
+        let mut image = Image::new();
+        image
+            .place(HEAP, vec![0; 0x1000])
+            .write_u64(HEAP + 8, 0x100 | PREV_INUSE)
+            .write_u64(HEAP + 0x108, 0u64.wrapping_sub(0x100) | PREV_INUSE);
+        let heap = Heap {
+            start: HEAP,
+            first: HEAP,
+            end: HEAP + 0x1000,
+            top: None,
+            main: false,
+        };
+        let mut chunks = Chunks::default();
+        walk(&image, &heap, &Blocks::new(Vec::new()), &mut chunks);
+        assert_eq!(chunks.steps, 2);
+        assert_eq!(chunks.in_use, [(HEAP, 0x100)]);
+        assert_eq!(chunks.resyncs, 1);
     }
 
     #[test]
