@@ -111,14 +111,7 @@ fn check_restores(report: &Report, operator_new_probed: bool) {
         "{}",
         report.json["events"]
     );
-    assert_eq!(
-        report
-            .int_if_present("/drops/exception_restore_lost")
-            .unwrap_or(0),
-        0,
-        "{}",
-        report.json
-    );
+    report.assert_no_exception_restore_lost();
     if operator_new_probed {
         assert!(
             report.int("/events/exception_returns_restored") >= THROWS,
@@ -244,14 +237,7 @@ fn threads_survive_exact(env: &[(&str, &str)], extra_args: &[&str]) {
             report.json["events"]
         );
     }
-    assert_eq!(
-        report
-            .int_if_present("/drops/exception_restore_lost")
-            .unwrap_or(0),
-        0,
-        "{}",
-        report.json
-    );
+    report.assert_no_exception_restore_lost();
     assert!(
         run.stderr
             .contains("C++ unwinds through return-probed frames held their process"),

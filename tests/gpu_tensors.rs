@@ -189,11 +189,6 @@ fn out_of_memory_errors_caught_by_the_caller_leave_the_target_running() {
         "{}",
         report.json["events"]
     );
-    assert_eq!(
-        report
-            .int_if_present("/drops/exception_restore_lost")
-            .unwrap_or(0),
-        0
-    );
+    report.assert_no_exception_restore_lost();
     assert_eq!(fixture.cmd("quit"), "bye");
 }

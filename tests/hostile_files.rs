@@ -380,7 +380,7 @@ fn a_fifo_opened_as_a_library_holds_no_dlopen_and_ctrl_c_ends_tracer_within_1_s(
     let library = dir.join("libt.so");
     copy_library(&library);
     let mut hostile = Fixture::start("hostile", &[]);
-    let mut trace = Record::pid(hostile.pid).attach();
+    let trace = Record::pid(hostile.pid).attach();
     // The loader's openat of a FIFO named like a library, then a dlopen:
     // the at-open thread looks at the FIFO first, the gate holds the
     // dlopen until it has looked at both (or the bound).
@@ -392,18 +392,7 @@ fn a_fifo_opened_as_a_library_holds_no_dlopen_and_ctrl_c_ends_tracer_within_1_s(
     );
     let dlopen = started.elapsed();
     assert_eq!(field(&hostile.cmd("leak 7"), "count"), 7);
-    trace.tracer.signal(libc::SIGINT);
-    let interrupted = Instant::now();
-    let output = trace.tracer.wait_exit(harness::EXIT_TIMEOUT);
-    let exit = interrupted.elapsed();
-    output.assert_success();
-    let report = Report::read(&trace.json);
-    harness::assert_took_under(
-        "the exit after SIGINT",
-        exit,
-        Duration::from_secs(1),
-        &report,
-    );
+    let report = trace.interrupt_within(Duration::from_secs(1));
     harness::assert_took_under("the dlopen", dlopen, Duration::from_secs(5), &report);
     assert_eq!(
         leaked_from(&report, "hostile_leak"),

@@ -165,6 +165,19 @@ impl Trace {
         Self::read(output, &self.json, self.top)
     }
 
+    /// SIGINT (Ctrl-C): the tracer must write its report and exit 0 within
+    /// `bound` of the signal, the wait a user at the terminal accepts.
+    pub fn interrupt_within(mut self, bound: std::time::Duration) -> Report {
+        self.tracer.signal(libc::SIGINT);
+        let interrupted = std::time::Instant::now();
+        let output = self.tracer.wait_exit(EXIT_TIMEOUT);
+        let exit = interrupted.elapsed();
+        output.assert_success();
+        let report = Report::read(&self.json);
+        super::assert_took_under("the exit after SIGINT", exit, bound, &report);
+        report
+    }
+
     /// Waits for the tracer to end by itself (`--duration`, the target
     /// exited); it must write its report and exit 0.
     pub fn wait_exit(self) -> Traced {

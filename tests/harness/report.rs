@@ -92,6 +92,18 @@ impl Report {
         }))
     }
 
+    /// No C++ unwind through a return-probed frame was let go unrepaired
+    /// (`exception_restore_lost`, left out of the report when 0).
+    pub fn assert_no_exception_restore_lost(&self) {
+        assert_eq!(
+            self.int_if_present("/drops/exception_restore_lost")
+                .unwrap_or(0),
+            0,
+            "{}",
+            self.json
+        );
+    }
+
     pub fn stacks(&self) -> &[Value] {
         self.json
             .get("stacks")
