@@ -619,6 +619,40 @@ fn moved_arguments_cookie(moved: &[(usize, iced_x86::Register)]) -> u64 {
 mod tests {
     use super::*;
 
+    /// The path a file's probes are attached by is its descriptor's: it
+    /// reaches the inode tracer read after another file was renamed over
+    /// the name it was opened by, and nothing once the descriptor is let go.
+    #[test]
+    fn a_site_file_is_attached_by_its_descriptor_not_by_its_name() {
+        let dir = std::env::temp_dir().join(format!("tracer-site-file-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let name = dir.join("lib.so");
+        fs::write(&name, b"read").unwrap();
+        let file = SiteFile::of(File::open(&name).unwrap()).unwrap();
+        let replacement = dir.join("replacement.so");
+        fs::write(&replacement, b"swapped in").unwrap();
+        fs::rename(&replacement, &name).unwrap();
+
+        let attach_path = file.attach_path().unwrap();
+        assert!(
+            attach_path.starts_with("/proc/self/fd"),
+            "{}",
+            attach_path.display()
+        );
+        // What the kernel reaches by that path (it follows the link, as
+        // kern_path does for a uprobe or uprobe_multi attach).
+        let reached = fs::metadata(&attach_path).unwrap();
+        assert_eq!((reached.dev(), reached.ino()), (file.device, file.inode));
+        assert_eq!(fs::read(&attach_path).unwrap(), b"read");
+        let named = fs::metadata(&name).unwrap();
+        assert_ne!(named.ino(), file.inode, "the name now names another file");
+
+        let attached = file.without_descriptor();
+        assert_eq!(attached, file, "still the same file for dedup");
+        assert!(attached.attach_path().is_err());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn finds_glibc_allocators() {
         let data = fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("glibc is installed");
