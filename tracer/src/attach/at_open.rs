@@ -438,7 +438,7 @@ impl Hooker {
         // Opened once: read, claimed and probed as this one inode.
         let Some(opened) = target_files::open_in_root(pid, &path)
             .ok()
-            .and_then(|file| SiteFile::of(file).ok())
+            .and_then(|file| SiteFile::of(file, &path).ok())
         else {
             return;
         };
@@ -557,7 +557,8 @@ mod tests {
 
     #[test]
     fn a_file_is_claimed_once_per_process() {
-        let open = |path: &str| SiteFile::of(fs::File::open(path).unwrap()).unwrap();
+        let open =
+            |path: &str| SiteFile::of(fs::File::open(path).unwrap(), Path::new(path)).unwrap();
         let files = HookedFiles::default();
         let libc = open("/lib/x86_64-linux-gnu/libc.so.6");
         assert!(files.claim(1, &libc));

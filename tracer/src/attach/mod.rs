@@ -510,9 +510,10 @@ impl Probes {
                 .map_err(|error| {
                     attach_error(
                         anyhow::Error::new(error).context(format!(
-                            "could not attach {} at offset {offset:#x} of {}",
+                            "could not attach {} at offset {offset:#x} of {} (by its descriptor, {})",
                             batch.program,
-                            site.path.display()
+                            site.path.display(),
+                            attach_path.display()
                         )),
                         pid,
                     )

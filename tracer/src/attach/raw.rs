@@ -444,8 +444,9 @@ impl Linker {
         };
         bpf(BPF_LINK_CREATE, &attr).with_context(|| {
             format!(
-                "could not attach {program} to {} offsets of {}",
+                "could not attach {program} to {} offsets of {} (by its descriptor, {})",
                 points.len(),
+                file.name.display(),
                 path.display()
             )
         })

@@ -292,7 +292,7 @@ fn gate_for(program: &Path) -> Result<Gate> {
         )
     };
     Ok(Gate {
-        file: SiteFile::of(opened).map_err(failed)?,
+        file: SiteFile::of(opened, &executable).map_err(failed)?,
         path: executable,
         offset,
         cookie: 0,
@@ -399,7 +399,7 @@ pub(super) fn running_loader_gate(pid: u32) -> Option<Gate> {
 /// The gate in the loader `file` (named `loader`), whose bytes are
 /// `data`; attached by that file, not by its name.
 fn loader_gate(loader: &Path, file: fs::File, data: &[u8]) -> Option<Gate> {
-    let opened = SiteFile::of(file).ok()?;
+    let opened = SiteFile::of(file, loader).ok()?;
     use object::ObjectSymbol as _;
     let file = object::File::parse(data).ok()?;
     let address = |name: &str| {

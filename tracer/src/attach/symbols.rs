@@ -51,18 +51,22 @@ fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
 pub struct SiteFile {
     pub device: u64,
     pub inode: u64,
+    /// The name it was opened by, for messages only.
+    pub name: PathBuf,
     /// Open until the site is attached, then let go (`without_descriptor`):
     /// the links hold the inode, and tracer keeps no descriptor per file.
     descriptor: Option<Arc<File>>,
 }
 
 impl SiteFile {
-    /// `file`, opened by `target_files`, with its device and inode.
-    pub fn of(file: File) -> std::io::Result<SiteFile> {
+    /// `file`, opened by `target_files` as `name`, with its device and
+    /// inode.
+    pub fn of(file: File, name: &Path) -> std::io::Result<SiteFile> {
         let metadata = file.metadata()?;
         Ok(SiteFile {
             device: metadata.dev(),
             inode: metadata.ino(),
+            name: name.to_path_buf(),
             descriptor: Some(Arc::new(file)),
         })
     }
@@ -72,8 +76,8 @@ impl SiteFile {
     pub fn attach_path(&self) -> Result<PathBuf> {
         let descriptor = self.descriptor.as_ref().with_context(|| {
             format!(
-                "the file (device {:#x}, inode {}) was let go before its probes were attached",
-                self.device, self.inode
+                "{} was let go before its probes were attached",
+                self.name.display()
             )
         })?;
         Ok(PathBuf::from(format!(
@@ -90,8 +94,10 @@ impl SiteFile {
     /// The same file, its descriptor let go (once attached).
     pub fn without_descriptor(&self) -> SiteFile {
         SiteFile {
+            device: self.device,
+            inode: self.inode,
+            name: self.name.clone(),
             descriptor: None,
-            ..*self
         }
     }
 
@@ -101,6 +107,7 @@ impl SiteFile {
         SiteFile {
             device,
             inode,
+            name: PathBuf::from("/lib/libx.so"),
             descriptor: None,
         }
     }
@@ -374,7 +381,10 @@ fn sites_in(
     for path in paths {
         // A file that vanished, cannot be read or is refused (a FIFO, a
         // link: `target_files`) holds no hook we can use.
-        let Some(file) = open(path).ok().and_then(|file| SiteFile::of(file).ok()) else {
+        let Some(file) = open(path)
+            .ok()
+            .and_then(|file| SiteFile::of(file, path).ok())
+        else {
             continue;
         };
         sites_in_file(pid, path, &file, functions, forwarding, &mut found_sites)?;
@@ -628,7 +638,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let name = dir.join("lib.so");
         fs::write(&name, b"read").unwrap();
-        let file = SiteFile::of(File::open(&name).unwrap()).unwrap();
+        let file = SiteFile::of(File::open(&name).unwrap(), &name).unwrap();
         let replacement = dir.join("replacement.so");
         fs::write(&replacement, b"swapped in").unwrap();
         fs::rename(&replacement, &name).unwrap();
