@@ -203,6 +203,41 @@ fn an_absolute_link_swapped_in_after_mapping_never_reaches_the_host() {
     let _ = std::fs::remove_dir(&root);
 }
 
+/// jemalloc, which `hostile` runs as its allocator in the test below.
+const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+
+/// The target's allocator library is replaced on disk after it was mapped
+/// (a file of the same bytes renamed over its path, as a swap between
+/// tracer's read and its attach would leave it): the probes must go in the
+/// inode tracer read and the target runs, which no path names any more,
+/// not in the file the path names now. Attached by the target's path, no
+/// call the target makes is seen.
+#[test]
+fn a_library_replaced_after_mapping_is_probed_in_the_inode_it_runs() {
+    require_root();
+    assert!(
+        Path::new(JEMALLOC).is_file(),
+        "{JEMALLOC} (cargo xtask setup)"
+    );
+    let dir = scratch("replaced-allocator");
+    let library = dir.join("libjemalloc.so.2");
+    std::fs::copy(JEMALLOC, &library).unwrap();
+    let mut hostile =
+        Fixture::start_with_env("hostile", &[], &[("LD_PRELOAD", library.to_str().unwrap())]);
+    let replacement = dir.join("replacement.so");
+    std::fs::copy(JEMALLOC, &replacement).unwrap();
+    std::fs::rename(&replacement, &library).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", hostile.pid)).unwrap();
+    assert!(
+        maps.contains(&format!("{} (deleted)", library.display())),
+        "the target runs the replaced inode:\n{maps}"
+    );
+    let trace = Record::pid(hostile.pid).attach();
+    assert_traced_exactly(&mut hostile, trace);
+    drop(hostile);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A `.gnu_debuglink` section naming `name` (its CRC is not checked
 /// before the file is opened).
 fn debuglink_section(name: &Path) -> Vec<u8> {

@@ -85,14 +85,6 @@ pub fn read_maps(pid: u32) -> Result<Vec<Mapping>> {
     Ok(parse_maps(&text))
 }
 
-/// A path of the target, opened from the host: through /proc/PID/root so
-/// that targets in other mount namespaces (containers) work.
-pub fn host_path(pid: u32, path: &std::path::Path) -> PathBuf {
-    let mut host = PathBuf::from(format!("/proc/{pid}/root"));
-    host.push(path.strip_prefix("/").unwrap_or(path));
-    host
-}
-
 /// The command line, arguments joined by spaces ("[comm]" for a kernel
 /// thread).
 pub fn command_line(pid: u32) -> String {
@@ -433,12 +425,6 @@ mod tests {
         assert_eq!(maps[2].file_offset, 0x26000);
         assert_eq!(maps[2].file_offset_of(0x7f1000000010), 0x26010);
         assert_eq!(maps[3].path, PathBuf::from("/tmp/lib with space.so"));
-    }
-
-    #[test]
-    fn host_path_goes_through_proc_root() {
-        let path = host_path(42, std::path::Path::new("/lib/libc.so.6"));
-        assert_eq!(path, PathBuf::from("/proc/42/root/lib/libc.so.6"));
     }
 
     #[test]

@@ -17,7 +17,10 @@
 //! linked or preloaded, hence mapped before attach, and hooking every one
 //! installed would cost every target their probes). Paths are opened
 //! inside the target's root (`target_files`), so a container's own files
-//! are found and no host file is; the loader cache is read by tracer
+//! are found and no host file is, and each file's probes are attached by
+//! the descriptor it was read through (`symbols::SiteFile`), not by its
+//! path again, so a swap after the read cannot move them into another
+//! file; the loader cache is read by tracer
 //! (`target_files::ld_cache`), not by the host's `ldconfig`. An object
 //! gives at most [`MAX_RUN_PATH_DIRS`] directories.
 use std::{

@@ -37,10 +37,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fs,
-    os::{
-        fd::{AsFd as _, AsRawFd as _, OwnedFd},
-        unix::fs::MetadataExt as _,
-    },
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
@@ -59,9 +56,9 @@ use super::{
     HookSite, Stage, ahead, batches,
     forwarding::Forwarding,
     raw::{LinkKind, Linker},
-    symbols::{Unprobed, hook_sites_in},
+    symbols::{SiteFile, Unprobed, hook_sites_in_file},
 };
-use crate::procfs;
+use crate::{procfs, target_files};
 
 /// How long the thread sleeps between checks that it should stop.
 const STOP_CHECK: Duration = Duration::from_millis(100);
@@ -86,36 +83,26 @@ const BOUND_CHECK: Duration = Duration::from_millis(10);
 pub struct HookedFiles(Arc<Mutex<HashSet<(u32, u64, u64)>>>);
 
 impl HookedFiles {
-    fn id(host_path: &Path) -> Option<(u64, u64)> {
-        let metadata = fs::metadata(host_path).ok()?;
-        Some((metadata.dev(), metadata.ino()))
+    /// Claims `file` (opened by tracer: its device and inode, never a path
+    /// looked up again) for `pid`: false when it was claimed before.
+    pub fn claim(&self, pid: u32, file: &SiteFile) -> bool {
+        self.lock().insert((pid, file.device, file.inode))
     }
 
-    /// Claims the file at `host_path` for `pid`: false when it was claimed
-    /// before or cannot be read.
-    pub fn claim(&self, pid: u32, host_path: &Path) -> bool {
-        let Some((device, inode)) = Self::id(host_path) else {
-            return false;
-        };
-        self.lock().insert((pid, device, inode))
-    }
-
-    /// Gives up the claim of `pid` on `host_path` (its probes failed).
-    fn release(&self, pid: u32, host_path: &Path) {
-        if let Some((device, inode)) = Self::id(host_path) {
-            self.lock().remove(&(pid, device, inode));
-        }
+    /// Gives up the claim of `pid` on `file` (its probes failed).
+    fn release(&self, pid: u32, file: &SiteFile) {
+        self.lock().remove(&(pid, file.device, file.inode));
     }
 
     /// The sites among `sites` whose file this call claimed for `pid`.
     pub fn claim_sites(&self, pid: u32, sites: &[HookSite]) -> Vec<HookSite> {
-        let mut claimed: HashMap<&Path, bool> = HashMap::new();
+        let mut claimed: HashMap<(u64, u64), bool> = HashMap::new();
         sites
             .iter()
             .filter(|site| {
                 *claimed
-                    .entry(&site.host_path)
-                    .or_insert_with(|| self.claim(pid, &site.host_path))
+                    .entry((site.file.device, site.file.inode))
+                    .or_insert_with(|| self.claim(pid, &site.file))
             })
             .cloned()
             .collect()
@@ -448,11 +435,17 @@ impl Hooker {
         let Some(path) = opened_path(pid, &file.path) else {
             return;
         };
-        let host_path = procfs::host_path(pid, &path);
-        if !self.files.claim(pid, &host_path) {
+        // Opened once: read, claimed and probed as this one inode.
+        let Some(opened) = target_files::open_in_root(pid, &path)
+            .ok()
+            .and_then(|file| SiteFile::of(file, &path).ok())
+        else {
+            return;
+        };
+        if !self.files.claim(pid, &opened) {
             return;
         }
-        let found = match hook_sites_in(pid, std::slice::from_ref(&path), self.forwarding) {
+        let found = match hook_sites_in_file(pid, &path, &opened, self.forwarding) {
             Ok(found) if !found.sites.is_empty() => found,
             // Not an ELF file, or one without allocator or CUDA functions:
             // claimed all the same, so that it is not read again.
@@ -462,7 +455,12 @@ impl Hooker {
             Ok(links) => AtOpenNews::Hooked(OpenedHook {
                 pid,
                 path,
-                sites: found.sites,
+                // The links hold the file: its descriptor is let go.
+                sites: found
+                    .sites
+                    .iter()
+                    .map(HookSite::without_descriptor)
+                    .collect(),
                 unprobed: found.unprobed,
                 links,
                 hooked_at: Instant::now(),
@@ -471,7 +469,7 @@ impl Hooker {
                 ),
             }),
             Err(error) => {
-                self.files.release(pid, &host_path);
+                self.files.release(pid, &opened);
                 AtOpenNews::Failed {
                     pid,
                     path,
@@ -504,7 +502,7 @@ impl Hooker {
                 (Stage::Session, Some(session)) => session,
                 _ => &self.multi,
             };
-            let link = linker.link(batch.program, &batch.site.host_path, &batch.points, pid)?;
+            let link = linker.link(batch.program, &batch.site.file, &batch.points, pid)?;
             links.push((linker.kind, link, batch.points.len()));
         }
         Ok(links)
@@ -559,16 +557,19 @@ mod tests {
 
     #[test]
     fn a_file_is_claimed_once_per_process() {
+        let open =
+            |path: &str| SiteFile::of(fs::File::open(path).unwrap(), Path::new(path)).unwrap();
         let files = HookedFiles::default();
-        let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
-        assert!(files.claim(1, libc));
-        assert!(!files.claim(1, libc), "the same process");
-        // The same inode through another path.
-        assert!(!files.claim(1, Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6")));
-        assert!(files.claim(2, libc), "another process");
+        let libc = open("/lib/x86_64-linux-gnu/libc.so.6");
+        assert!(files.claim(1, &libc));
+        assert!(!files.claim(1, &libc), "the same process");
+        // The same inode opened through another path.
+        assert!(!files.claim(1, &open("/usr/lib/x86_64-linux-gnu/libc.so.6")));
+        assert!(files.claim(2, &libc), "another process");
         files.forget(1);
-        assert!(files.claim(1, libc));
-        assert!(!files.claim(3, Path::new("/no/such/file.so")));
+        assert!(files.claim(1, &libc));
+        // Another inode.
+        assert!(files.claim(1, &open("/bin/sh")));
     }
 
     #[test]

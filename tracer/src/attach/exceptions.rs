@@ -561,13 +561,14 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::attach::symbols::SiteFile;
     use crate::{attach::cuda::CACHING_ALLOCATOR, model::allocators::ALLOCATORS};
 
     fn site(function: HookedFunction) -> HookSite {
         HookSite {
             function,
             path: PathBuf::from("/lib/libx.so"),
-            host_path: PathBuf::from("/lib/libx.so"),
+            file: SiteFile::unopened(1, 1),
             function_offset: 0x1000,
             offset: 0x1000,
             emulated: true,

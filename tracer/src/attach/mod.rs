@@ -112,7 +112,7 @@ fn add_to_batch<'a>(
 ) {
     match batches
         .iter_mut()
-        .find(|batch| batch.program == program && batch.site.host_path == site.host_path)
+        .find(|batch| batch.program == program && batch.site.file == site.file)
     {
         Some(batch) => batch.points.push((offset, cookie)),
         None => batches.push(Batch {
@@ -325,7 +325,7 @@ impl Probes {
         multi
             .attach(
                 tracer_ebpf::program::LOADER_GATE,
-                &gate.path,
+                &gate.file,
                 &[(gate.offset, gate.cookie)],
                 pid,
             )
@@ -425,16 +425,17 @@ impl Probes {
             if *stage == Stage::Session {
                 let session = self.session.as_mut().expect("sessions are loaded");
                 session
-                    .attach(batch.program, &batch.site.host_path, &batch.points, pid)
+                    .attach(batch.program, &batch.site.file, &batch.points, pid)
                     .map_err(|error| attach_error(error, pid))?;
             } else {
                 self.attach_batch(batch, pid)?;
             }
         }
         self.times.links += linking.elapsed();
+        // The links hold the files now: their descriptors are let go.
         self.hooks.extend(sites.iter().map(|site| AttachedHook {
             pid,
-            site: site.clone(),
+            site: site.without_descriptor(),
         }));
         self.libraries
             .extend(HookedLibrary::from_sites(pid, &sites, noticed_by));
@@ -480,7 +481,7 @@ impl Probes {
                 site: HookSite {
                     offset: offset(site),
                     emulated,
-                    ..site.clone()
+                    ..site.without_descriptor()
                 },
             });
         }
@@ -493,10 +494,11 @@ impl Probes {
         let site = batch.site;
         if let Some(multi) = self.multi.as_mut() {
             return multi
-                .attach(batch.program, &site.host_path, &batch.points, pid)
+                .attach(batch.program, &site.file, &batch.points, pid)
                 .map_err(|error| attach_error(error, pid));
         }
         let scope = UProbeScope::OneProcess(nonzero_pid(pid)?);
+        let attach_path = site.file.attach_path()?;
         let program: &mut UProbe = program(&mut self.ebpf, batch.program)?;
         for &(offset, cookie) in &batch.points {
             let point = UProbeAttachPoint {
@@ -504,13 +506,14 @@ impl Probes {
                 cookie: Some(cookie).filter(|&cookie| cookie != 0),
             };
             let link = program
-                .attach(point, &site.host_path, scope)
+                .attach(point, &attach_path, scope)
                 .map_err(|error| {
                     attach_error(
                         anyhow::Error::new(error).context(format!(
-                            "could not attach {} at offset {offset:#x} of {}",
+                            "could not attach {} at offset {offset:#x} of {} (by its descriptor, {})",
                             batch.program,
-                            site.path.display()
+                            site.path.display(),
+                            attach_path.display()
                         )),
                         pid,
                     )

@@ -30,7 +30,6 @@ use std::{
     collections::{HashMap, HashSet},
     ffi::CString,
     os::fd::{AsRawFd as _, OwnedFd},
-    path::Path,
     sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
@@ -45,6 +44,7 @@ use aya_obj::{
 
 mod bpf;
 
+use super::symbols::SiteFile;
 pub(super) use bpf::block_signals;
 use bpf::{
     BPF_F_UPROBE_MULTI_RETURN, BPF_LINK_CREATE, BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION,
@@ -209,16 +209,16 @@ impl RawPrograms {
         self.programs.covers(program)
     }
 
-    /// Attaches `program` at every file offset of `path` in `points`
+    /// Attaches `program` at every file offset of `file` in `points`
     /// (with its attach cookie), for process `pid` only, in one link.
     pub fn attach(
         &mut self,
         program: &str,
-        path: &Path,
+        file: &SiteFile,
         points: &[(u64, u64)],
         pid: u32,
     ) -> Result<()> {
-        let link = self.programs.link(program, path, points, pid)?;
+        let link = self.programs.link(program, file, points, pid)?;
         self.adopt(pid, link, points.len());
         Ok(())
     }
@@ -406,17 +406,20 @@ impl Linker {
     }
 
     /// A uprobe_multi or session link of `program` at every file offset
-    /// of `path` in `points` (with its attach cookie), for process `pid`
-    /// only.
+    /// of `file` in `points` (with its attach cookie), for process `pid`
+    /// only. The kernel is given the file's descriptor (`/proc/self/fd/N`,
+    /// `SiteFile::attach_path`), never the target's path.
     pub fn link(
         &self,
         program: &str,
-        path: &Path,
+        file: &SiteFile,
         points: &[(u64, u64)],
         pid: u32,
     ) -> Result<OwnedFd> {
         let kind = self.kind;
         let (fd, is_return) = self.program(program)?;
+        let path = file.attach_path()?;
+        let path = path.as_path();
         let path_c = CString::new(path.as_os_str().as_encoded_bytes())
             .with_context(|| format!("{} has a NUL byte", path.display()))?;
         let offsets: Vec<u64> = points.iter().map(|&(offset, _)| offset).collect();
@@ -441,8 +444,9 @@ impl Linker {
         };
         bpf(BPF_LINK_CREATE, &attr).with_context(|| {
             format!(
-                "could not attach {program} to {} offsets of {}",
+                "could not attach {program} to {} offsets of {} (by its descriptor, {})",
                 points.len(),
+                file.name.display(),
                 path.display()
             )
         })

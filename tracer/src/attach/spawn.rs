@@ -28,7 +28,7 @@ use anyhow::{Context as _, Result};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use object::Object as _;
 
-use super::{Probes, load::program, nonzero_pid, prologue::file_offset};
+use super::{Probes, load::program, nonzero_pid, prologue::file_offset, symbols::SiteFile};
 use crate::error::{ExitCode, fatal};
 
 const GATE_PROGRAM: &str = tracer_ebpf::program::SPAWN_GATE;
@@ -46,8 +46,10 @@ pub struct Spawned {
 /// Where the gate goes.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Gate {
-    /// The file (the loader, or a static executable).
+    /// The file (the loader, or a static executable), as named.
     pub(super) path: PathBuf,
+    /// The same file as tracer read it, which the gate is attached by.
+    pub(super) file: SiteFile,
     /// File offset of the probed instruction.
     pub(super) offset: u64,
     /// Distance from the probed function to `_r_debug.r_state` (0: stop
@@ -101,7 +103,7 @@ pub fn spawn_stopped(
                 location: UProbeAttachLocation::AbsoluteOffset(gate_site.offset),
                 cookie: Some(gate_site.cookie),
             },
-            &gate_site.path,
+            gate_site.file.attach_path()?,
             UProbeScope::OneProcess(nonzero_pid(pid)?),
         )
         .with_context(|| {
@@ -261,7 +263,7 @@ fn resolve_program(name: &Path) -> Result<PathBuf> {
 /// at through its `#!` interpreter, as the kernel starts it.
 fn gate_for(program: &Path) -> Result<Gate> {
     let executable = elf_behind(program)?;
-    let data = read(&executable)?;
+    let (opened, data) = read(&executable)?;
     let file = object::File::parse(&*data).map_err(|_| {
         fatal(
             ExitCode::SpawnFailed,
@@ -269,8 +271,8 @@ fn gate_for(program: &Path) -> Result<Gate> {
         )
     })?;
     if let Some(loader) = interpreter(&data)
-        && let Ok(loader_data) = read(&loader)
-        && let Some(gate) = loader_gate(&loader, &loader_data)
+        && let Ok((loader_file, loader_data)) = read(&loader)
+        && let Some(gate) = loader_gate(&loader, loader_file, &loader_data)
     {
         return Ok(gate);
     }
@@ -283,16 +285,23 @@ fn gate_for(program: &Path) -> Result<Gate> {
             ),
         )
     })?;
+    let failed = |error: std::io::Error| {
+        fatal(
+            ExitCode::SpawnFailed,
+            format!("could not read {}: {error}", executable.display()),
+        )
+    };
     Ok(Gate {
+        file: SiteFile::of(opened, &executable).map_err(failed)?,
         path: executable,
         offset,
         cookie: 0,
     })
 }
 
-/// The file at `path`, mapped (only its headers are read: a program is
-/// never read whole into memory), opened without waiting on a FIFO.
-fn read(path: &Path) -> Result<memmap2::Mmap> {
+/// The file at `path`, and its map (only its headers are read: a program
+/// is never read whole into memory), opened without waiting on a FIFO.
+fn read(path: &Path) -> Result<(fs::File, memmap2::Mmap)> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let failed = |error: std::io::Error| {
         fatal(
@@ -310,7 +319,8 @@ fn read(path: &Path) -> Result<memmap2::Mmap> {
     }
     // SAFETY: only read; a truncated file reads as zeros past its end
     // (`target_files::sigbus`).
-    unsafe { memmap2::Mmap::map(&file) }.map_err(failed)
+    let data = unsafe { memmap2::Mmap::map(&file) }.map_err(failed)?;
+    Ok((file, data))
 }
 
 /// The ELF file the kernel runs for `program`: itself, or the interpreter
@@ -318,7 +328,7 @@ fn read(path: &Path) -> Result<memmap2::Mmap> {
 fn elf_behind(program: &Path) -> Result<PathBuf> {
     let mut path = program.to_path_buf();
     for _ in 0..=MAX_INTERPRETER_DEPTH {
-        let data = read(&path)?;
+        let (_, data) = read(&path)?;
         if data.starts_with(b"\x7fELF") {
             return Ok(path);
         }
@@ -383,12 +393,13 @@ pub(super) fn running_loader_gate(pid: u32) -> Option<Gate> {
     let loader_file = crate::target_files::open_in_root(pid, &loader).ok()?;
     // SAFETY: as above.
     let loader_data = unsafe { memmap2::Mmap::map(&loader_file) }.ok()?;
-    loader_gate(&crate::procfs::host_path(pid, &loader), &loader_data)
+    loader_gate(&loader, loader_file, &loader_data)
 }
 
-/// The gate in the loader at `loader` (the path its probe is attached
-/// by), whose bytes are `data`.
-fn loader_gate(loader: &Path, data: &[u8]) -> Option<Gate> {
+/// The gate in the loader `file` (named `loader`), whose bytes are
+/// `data`; attached by that file, not by its name.
+fn loader_gate(loader: &Path, file: fs::File, data: &[u8]) -> Option<Gate> {
+    let opened = SiteFile::of(file, loader).ok()?;
     use object::ObjectSymbol as _;
     let file = object::File::parse(data).ok()?;
     let address = |name: &str| {
@@ -401,6 +412,7 @@ fn loader_gate(loader: &Path, data: &[u8]) -> Option<Gate> {
     let r_debug = address("_r_debug")?;
     Some(Gate {
         path: loader.to_path_buf(),
+        file: opened,
         offset: file_offset(&file, function)?,
         cookie: (r_debug + R_STATE_OFFSET).wrapping_sub(function),
     })

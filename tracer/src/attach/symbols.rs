@@ -2,7 +2,13 @@
 //! executable itself (static builds, custom allocators) or an allocator
 //! library (jemalloc, tcmalloc, mimalloc). Reads both the dynamic symbol
 //! table (present even in stripped libraries) and the full symbol table.
-use std::{collections::BTreeMap, fs, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    fs::{self, File},
+    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSymbol as _, SymbolKind};
@@ -31,16 +37,98 @@ fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
         .chain(UNWINDER_START)
 }
 
+/// The file a site is in: the descriptor tracer read its symbols and
+/// code through (`target_files`), and that file's device and inode, the
+/// key by which two sites are in one file.
+///
+/// Probes are attached by `/proc/self/fd/N` of that descriptor, never by
+/// the target's path: the kernel follows the descriptor's link to the very
+/// inode tracer read, so a target that swaps a directory, a link or the
+/// file itself between the read and the attach cannot make root probe (or
+/// the kernel open) another file, nor put offsets read from one inode into
+/// another.
+#[derive(Clone, Debug)]
+pub struct SiteFile {
+    pub device: u64,
+    pub inode: u64,
+    /// The name it was opened by, for messages only.
+    pub name: PathBuf,
+    /// Open until the site is attached, then let go (`without_descriptor`):
+    /// the links hold the inode, and tracer keeps no descriptor per file.
+    descriptor: Option<Arc<File>>,
+}
+
+impl SiteFile {
+    /// `file`, opened by `target_files` as `name`, with its device and
+    /// inode.
+    pub fn of(file: File, name: &Path) -> std::io::Result<SiteFile> {
+        let metadata = file.metadata()?;
+        Ok(SiteFile {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            name: name.to_path_buf(),
+            descriptor: Some(Arc::new(file)),
+        })
+    }
+
+    /// The path the kernel attaches probes in this file by:
+    /// `/proc/self/fd/N` of the descriptor its sites were read through.
+    pub fn attach_path(&self) -> Result<PathBuf> {
+        let descriptor = self.descriptor.as_ref().with_context(|| {
+            format!(
+                "{} was let go before its probes were attached",
+                self.name.display()
+            )
+        })?;
+        Ok(PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            descriptor.as_raw_fd()
+        )))
+    }
+
+    /// The file as tracer opened it; None once let go.
+    pub fn opened(&self) -> Option<&File> {
+        self.descriptor.as_deref()
+    }
+
+    /// The same file, its descriptor let go (once attached).
+    pub fn without_descriptor(&self) -> SiteFile {
+        SiteFile {
+            device: self.device,
+            inode: self.inode,
+            name: self.name.clone(),
+            descriptor: None,
+        }
+    }
+
+    /// A file that was never opened, for tests of site choice.
+    #[cfg(test)]
+    pub fn unopened(device: u64, inode: u64) -> SiteFile {
+        SiteFile {
+            device,
+            inode,
+            name: PathBuf::from("/lib/libx.so"),
+            descriptor: None,
+        }
+    }
+}
+
+impl PartialEq for SiteFile {
+    fn eq(&self, other: &Self) -> bool {
+        (self.device, self.inode) == (other.device, other.inode)
+    }
+}
+
+impl Eq for SiteFile {}
+
 /// One place to attach: an allocator function in one mapped file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HookSite {
     pub function: HookedFunction,
-    /// The file as the target sees it.
+    /// The file as the target sees it (for reports).
     pub path: PathBuf,
-    /// The same file as the kernel reaches it from the host, through
-    /// /proc/PID/root: the path its probes are attached by. tracer itself
-    /// reads the file inside the target's root (`target_files`).
-    pub host_path: PathBuf,
+    /// The file tracer read, which its probes are attached by.
+    pub file: SiteFile,
     /// File offset of the function's first instruction.
     pub function_offset: u64,
     /// File offset of the probed instruction (see `prologue`).
@@ -50,6 +138,17 @@ pub struct HookSite {
     pub emulated: bool,
     /// Why the probe is where it is (see `prologue`).
     pub reason: String,
+}
+
+impl HookSite {
+    /// The site once attached, kept for reports: its file's descriptor
+    /// let go.
+    pub fn without_descriptor(&self) -> HookSite {
+        HookSite {
+            file: self.file.without_descriptor(),
+            ..self.clone()
+        }
+    }
 }
 
 /// A hooked function that gets no probe: it only passes its calls on to
@@ -84,8 +183,15 @@ pub fn executable_paths(maps: &[Mapping]) -> Vec<PathBuf> {
 
 /// The allocator and CUDA functions defined in the executable files `pid`
 /// maps.
+/// Each is read (and probed) in the inode mapped (`target_files::open_named`).
 pub fn find_hook_sites(pid: u32, maps: &[Mapping], forwarding: Forwarding) -> Result<FoundSites> {
-    hook_sites_in(pid, &executable_paths(maps), forwarding)
+    sites_in(
+        pid,
+        &executable_paths(maps),
+        |path| target_files::open_named(pid, path, maps),
+        &hooked_functions().collect::<Vec<_>>(),
+        forwarding,
+    )
 }
 
 /// CPython's allocator functions (`--python-objects`).
@@ -100,6 +206,7 @@ pub fn hook_sites_in(pid: u32, paths: &[PathBuf], forwarding: Forwarding) -> Res
     sites_in(
         pid,
         paths,
+        |path| target_files::open_in_root(pid, path),
         &hooked_functions().collect::<Vec<_>>(),
         forwarding,
     )
@@ -110,14 +217,15 @@ pub fn hook_sites_in(pid: u32, paths: &[PathBuf], forwarding: Forwarding) -> Res
 /// table is hooked in the function it jumps to (see
 /// [`free_behind_wrapper`]).
 pub fn python_object_sites_in(pid: u32, path: &std::path::Path) -> Result<Vec<HookSite>> {
+    let maps = procfs::read_maps(pid).unwrap_or_default();
     let sites = sites_in(
         pid,
         &[path.to_path_buf()],
+        |path| target_files::open_named(pid, path, &maps),
         &python_object_functions().collect::<Vec<_>>(),
         Forwarding::TailJumpsOnly,
     )?
     .sites;
-    let maps = procfs::read_maps(pid).unwrap_or_default();
     let mut chosen: Vec<HookSite> = Vec::new();
     for site in sites {
         let site = if site.function.entry_program == Some(tracer_ebpf::program::FREE_ENTER) {
@@ -128,7 +236,7 @@ pub fn python_object_sites_in(pid: u32, path: &std::path::Path) -> Result<Vec<Ho
         // PyObject_Free and PyMem_Free jump to the same function.
         if chosen
             .iter()
-            .all(|seen| (&seen.host_path, seen.offset) != (&site.host_path, site.offset))
+            .all(|seen| (&seen.file, seen.offset) != (&site.file, site.offset))
         {
             chosen.push(site);
         }
@@ -156,9 +264,9 @@ fn free_behind_wrapper(pid: u32, site: &HookSite, maps: &[Mapping]) -> Option<Ho
                 .contains(&site.function_offset)
     })?;
     let runtime = mapping.start + (site.function_offset - mapping.file_offset);
-    let file = target_files::open_mapped(pid, mapping).ok()?;
-    // SAFETY: read only, as in `sites_in`.
-    let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    // The file the site was read from, which its probe goes in.
+    // SAFETY: read only, as in `sites_in_file`.
+    let data = unsafe { memmap2::Mmap::map(site.file.opened()?) }.ok()?;
     let code = data.get(usize::try_from(site.function_offset).ok()?..)?;
     let mut decoder = Decoder::with_ip(
         64,
@@ -227,7 +335,7 @@ fn free_behind_wrapper(pid: u32, site: &HookSite, maps: &[Mapping]) -> Option<Ho
     Some(HookSite {
         function,
         path: site.path.clone(),
-        host_path: site.host_path.clone(),
+        file: site.file.clone(),
         function_offset,
         offset: function_offset + chosen.offset,
         emulated: chosen.emulated,
@@ -251,7 +359,7 @@ fn read_target_u64(pid: u32, address: u64) -> Option<u64> {
 /// `path` in `pid`'s root, from its dynamic or full symbol table.
 pub fn function_size(pid: u32, path: &std::path::Path, name: &str) -> Option<u64> {
     let file = target_files::open_in_root(pid, path).ok()?;
-    // SAFETY: read only, as in `sites_in`.
+    // SAFETY: read only, as in `sites_in_file`.
     let data = unsafe { memmap2::Mmap::map(&file) }.ok()?;
     let elf = object::File::parse(&*data).ok()?;
     elf.dynamic_symbols()
@@ -260,26 +368,69 @@ pub fn function_size(pid: u32, path: &std::path::Path, name: &str) -> Option<u64
         .map(|symbol| symbol.size())
 }
 
-/// The functions of `functions` defined in `paths`, files `pid` maps.
+/// The functions of `functions` defined in `paths`, files `pid` maps or
+/// could load, each opened by `open`.
 fn sites_in(
     pid: u32,
     paths: &[PathBuf],
+    open: impl Fn(&Path) -> Result<File, target_files::OpenError>,
     functions: &[HookedFunction],
     forwarding: Forwarding,
 ) -> Result<FoundSites> {
-    let executable = fs::read_link(format!("/proc/{pid}/exe")).ok();
     let mut found_sites = FoundSites::default();
     for path in paths {
-        let host_path = procfs::host_path(pid, path);
         // A file that vanished, cannot be read or is refused (a FIFO, a
         // link: `target_files`) holds no hook we can use.
-        let Ok(file) = target_files::open_in_root(pid, path) else {
+        let Some(file) = open(path)
+            .ok()
+            .and_then(|file| SiteFile::of(file, path).ok())
+        else {
             continue;
+        };
+        sites_in_file(pid, path, &file, functions, forwarding, &mut found_sites)?;
+    }
+    Ok(found_sites)
+}
+
+/// The allocator and CUDA functions defined in `file`, opened by tracer,
+/// which the target `pid` names `path`.
+pub fn hook_sites_in_file(
+    pid: u32,
+    path: &Path,
+    file: &SiteFile,
+    forwarding: Forwarding,
+) -> Result<FoundSites> {
+    let mut found_sites = FoundSites::default();
+    sites_in_file(
+        pid,
+        path,
+        file,
+        &hooked_functions().collect::<Vec<_>>(),
+        forwarding,
+        &mut found_sites,
+    )?;
+    Ok(found_sites)
+}
+
+/// Adds the sites of the functions of `functions` defined in `file` (the
+/// target `pid` names it `path`) to `found_sites`.
+fn sites_in_file(
+    pid: u32,
+    path: &Path,
+    file: &SiteFile,
+    functions: &[HookedFunction],
+    forwarding: Forwarding,
+    found_sites: &mut FoundSites,
+) -> Result<()> {
+    let executable = fs::read_link(format!("/proc/{pid}/exe")).ok();
+    {
+        let Some(opened) = file.opened() else {
+            return Ok(());
         };
         // SAFETY: the mapping is only read; a file truncated meanwhile
         // reads as zeros past its end (`target_files::sigbus`).
-        let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
-            continue;
+        let Ok(data) = (unsafe { memmap2::Mmap::map(opened) }) else {
+            return Ok(());
         };
         // Shared libraries export their allocator; only the executable
         // (a static build, a custom allocator) may define it unexported,
@@ -289,7 +440,7 @@ fn sites_in(
             .file_name()
             .and_then(|name| name.to_str())
             .is_some_and(cuda::may_define_caching_allocator);
-        let search = if executable.as_ref() == Some(path) || caching_allocator {
+        let search = if executable.as_deref() == Some(path) || caching_allocator {
             SymbolTables::DynamicAndFull
         } else {
             SymbolTables::Dynamic
@@ -313,7 +464,7 @@ fn sites_in(
             if found.passes_on.needs_no_probe(forwarding) {
                 found_sites.unprobed.push(Unprobed {
                     name: found.function.name,
-                    path: path.clone(),
+                    path: path.to_path_buf(),
                     why: found.passes_on.why_not_probed().unwrap_or_default(),
                 });
                 continue;
@@ -340,8 +491,8 @@ fn sites_in(
             };
             found_sites.sites.push(HookSite {
                 function,
-                path: path.clone(),
-                host_path: host_path.clone(),
+                path: path.to_path_buf(),
+                file: file.clone(),
                 function_offset: found.file_offset,
                 offset: found.file_offset + site.offset,
                 emulated: site.emulated,
@@ -349,7 +500,7 @@ fn sites_in(
             });
         }
     }
-    Ok(found_sites)
+    Ok(())
 }
 
 /// Which symbol tables to search.
@@ -477,6 +628,40 @@ fn moved_arguments_cookie(moved: &[(usize, iced_x86::Register)]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The path a file's probes are attached by is its descriptor's: it
+    /// reaches the inode tracer read after another file was renamed over
+    /// the name it was opened by, and nothing once the descriptor is let go.
+    #[test]
+    fn a_site_file_is_attached_by_its_descriptor_not_by_its_name() {
+        let dir = std::env::temp_dir().join(format!("tracer-site-file-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let name = dir.join("lib.so");
+        fs::write(&name, b"read").unwrap();
+        let file = SiteFile::of(File::open(&name).unwrap(), &name).unwrap();
+        let replacement = dir.join("replacement.so");
+        fs::write(&replacement, b"swapped in").unwrap();
+        fs::rename(&replacement, &name).unwrap();
+
+        let attach_path = file.attach_path().unwrap();
+        assert!(
+            attach_path.starts_with("/proc/self/fd"),
+            "{}",
+            attach_path.display()
+        );
+        // What the kernel reaches by that path (it follows the link, as
+        // kern_path does for a uprobe or uprobe_multi attach).
+        let reached = fs::metadata(&attach_path).unwrap();
+        assert_eq!((reached.dev(), reached.ino()), (file.device, file.inode));
+        assert_eq!(fs::read(&attach_path).unwrap(), b"read");
+        let named = fs::metadata(&name).unwrap();
+        assert_ne!(named.ino(), file.inode, "the name now names another file");
+
+        let attached = file.without_descriptor();
+        assert_eq!(attached, file, "still the same file for dedup");
+        assert!(attached.attach_path().is_err());
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn finds_glibc_allocators() {

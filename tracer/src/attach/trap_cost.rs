@@ -15,14 +15,13 @@
 //! CPU).
 
 use std::{
-    path::Path,
     sync::{Arc, OnceLock},
     thread::JoinHandle,
 };
 
 use anyhow::{Context as _, Result, bail};
 
-use super::raw::Linker;
+use super::{raw::Linker, symbols::SiteFile};
 use crate::{model::cost::TrapCosts, procfs};
 
 std::arch::global_asm!(
@@ -185,7 +184,8 @@ fn measure(linker: &Linker) -> Result<TrapCosts> {
     let pid = std::process::id();
     let maps = procfs::read_maps(pid)?;
     let offset = |function: extern "C" fn()| offset_in_executable(&maps, function as usize);
-    let executable = Path::new("/proc/self/exe");
+    let executable = "/proc/self/exe";
+    let executable = &SiteFile::of(std::fs::File::open(executable)?, executable.as_ref())?;
     let entry_program = tracer_ebpf::program::FLOOR_ENTER;
     let return_program = tracer_ebpf::program::FLOOR_RETURN;
     let entries = [
