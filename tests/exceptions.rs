@@ -260,3 +260,96 @@ fn tcmalloc_survives_threads_throwing_at_once() {
 fn glibc_with_frame_pointer_walks_survives_threads_throwing_at_once() {
     threads_survive_exact(&[], &["--unwind", "fp"]);
 }
+
+/// The late hook fixture with `--unwind fp` (where operator new keeps its
+/// return probe), after it dlopen()ed `library` once tracer attached:
+/// 200 throws caught, 200 x 1000 B kept, exit 0.
+fn late_library_survives(library: &str) -> Run {
+    require_root();
+    let mut fixture = Fixture::start("late_new_host", &[]);
+    let trace = Record::pid(fixture.pid)
+        .args(["-v", "--unwind", "fp"])
+        .attach();
+    let answers: Vec<String> = [
+        &format!("load {library}"),
+        &format!("throw {THROWS}"),
+        &format!("keep {KEPT}"),
+    ]
+    .iter()
+    .map(|command| fixture.cmd(command))
+    .collect();
+    let traced = trace.stop();
+    let status = fixture.quit();
+    assert!(status.success(), "the traced fixture exited with {status}");
+    assert_eq!(answers[0], "loaded", "{answers:?}");
+    assert_eq!(field(&answers[1], "caught"), THROWS, "{answers:?}");
+    assert_eq!(field(&answers[2], "kept_bytes"), KEPT * KEPT_BYTES);
+    assert_kept_and_nothing_thrown_live(&traced.report);
+    Run {
+        answers,
+        report: traced.report,
+        stderr: traced.output.stderr,
+    }
+}
+
+/// The symbols probed in files named `file_name` of the report's target.
+fn probed_in(report: &Report, file_name: &str) -> Vec<String> {
+    report.json["probes"]
+        .as_array()
+        .expect("probes")
+        .iter()
+        .filter(|probe| {
+            probe["module"]
+                .as_str()
+                .is_some_and(|module| module.ends_with(file_name))
+        })
+        .filter_map(|probe| probe["symbol"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A C program (no unwinder mapped) dlopen()s a library that defines
+/// operator new and carries its own unexported unwinder: no unwinder is
+/// ever probed, so the at-open hook holds operator new's return probe
+/// back for good. On main before the fix, libraries hooked after attach
+/// kept their throwing return probes unconditionally: the first throw
+/// met the trampoline and the fixture was terminated (exit 134).
+#[test]
+fn late_library_without_a_probed_unwinder_gets_no_throwing_return_probe() {
+    let run = late_library_survives("liblate_new_static.so");
+    let probed = probed_in(&run.report, "liblate_new_static.so");
+    assert!(!probed.iter().any(|symbol| symbol == "_Znwm"), "{probed:?}");
+    assert!(
+        run.stderr
+            .contains("_Znwm can throw and the C++ unwinder is not probed"),
+        "tracer says what it left unprobed:\n{}",
+        run.stderr
+    );
+}
+
+/// A C program dlopen()s a library that defines operator new and needs
+/// libstdc++: the loader opens the library before libgcc_s, so operator
+/// new waits for the unwinder's probes, then gets its return probe (the
+/// restores show it in use). Main at c948d8c survived this one too (it
+/// attached the return probe before the unwinder's, and the loader gate
+/// held the process until both were in); it fails there on the line
+/// that says the held-back probes went in.
+#[test]
+fn late_library_gets_its_throwing_return_probe_once_the_unwinder_is_probed() {
+    let run = late_library_survives("liblate_new.so");
+    let report = &run.report;
+    let probed = probed_in(report, "liblate_new.so");
+    assert!(probed.iter().any(|symbol| symbol == "_Znwm"), "{probed:?}");
+    assert!(
+        probed_in(report, "libgcc_s.so.1")
+            .iter()
+            .any(|symbol| symbol == "_Unwind_RaiseException"),
+        "{}",
+        report.json["probes"]
+    );
+    assert!(
+        run.stderr.contains("the C++ unwinder is probed now") && run.stderr.contains("_Znwm in "),
+        "tracer says the held-back probes went in:\n{}",
+        run.stderr
+    );
+    check_restores(report, true);
+}
