@@ -14,6 +14,8 @@
 #[allow(dead_code, reason = "other test files use the rest of the harness")]
 mod harness;
 
+use std::time::Duration;
+
 use harness::{Fixture, Live, Record, Report, field, require_root};
 
 const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
@@ -259,4 +261,106 @@ fn tcmalloc_survives_threads_throwing_at_once() {
 #[test]
 fn glibc_with_frame_pointer_walks_survives_threads_throwing_at_once() {
     threads_survive_exact(&[], &["--unwind", "fp"]);
+}
+
+/// The late hook fixture with `--unwind fp` (where operator new keeps its
+/// return probe), after it dlopen()ed `library` once tracer attached
+/// (with `wait_for_unwinder`, once tracer said the unwinder is probed;
+/// else at once): 200 throws caught, 200 x 1000 B kept, exit 0.
+fn late_library_survives(library: &str, wait_for_unwinder: bool) -> Run {
+    require_root();
+    let mut fixture = Fixture::start("late_new_host", &[]);
+    let mut trace = Record::pid(fixture.pid)
+        .args(["-v", "--unwind", "fp"])
+        .attach();
+    let mut answers = vec![fixture.cmd(&format!("load {library}"))];
+    if wait_for_unwinder {
+        trace
+            .tracer
+            .wait_stderr("the C++ unwinder is probed now", Duration::from_secs(60));
+    }
+    answers.push(fixture.cmd(&format!("throw {THROWS}")));
+    answers.push(fixture.cmd(&format!("keep {KEPT}")));
+    let traced = trace.stop();
+    let status = fixture.quit();
+    assert!(status.success(), "the traced fixture exited with {status}");
+    assert_eq!(answers[0], "loaded", "{answers:?}");
+    assert_eq!(field(&answers[1], "caught"), THROWS, "{answers:?}");
+    assert_eq!(field(&answers[2], "kept_bytes"), KEPT * KEPT_BYTES);
+    assert_kept_and_nothing_thrown_live(&traced.report);
+    Run {
+        answers,
+        report: traced.report,
+        stderr: traced.output.stderr,
+    }
+}
+
+/// The symbols probed in files named `file_name` of the report's target.
+fn probed_in(report: &Report, file_name: &str) -> Vec<String> {
+    report.json["probes"]
+        .as_array()
+        .expect("probes")
+        .iter()
+        .filter(|probe| {
+            probe["module"]
+                .as_str()
+                .is_some_and(|module| module.ends_with(file_name))
+        })
+        .filter_map(|probe| probe["symbol"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A C program (no unwinder mapped) dlopen()s a library that defines
+/// operator new and carries its own unexported unwinder: no unwinder is
+/// ever probed, so the at-open hook holds operator new's return probe
+/// back for good. On main at c948d8c, libraries hooked after attach kept
+/// their throwing return probes unconditionally: the first throw met the
+/// trampoline and the fixture was terminated (exit 134).
+#[test]
+fn late_library_without_a_probed_unwinder_gets_no_throwing_return_probe() {
+    let run = late_library_survives("liblate_new_static.so", false);
+    let probed = probed_in(&run.report, "liblate_new_static.so");
+    assert!(!probed.iter().any(|symbol| symbol == "_Znwm"), "{probed:?}");
+    assert!(
+        run.stderr
+            .contains("_Znwm can throw and the C++ unwinder is not probed"),
+        "tracer says what it left unprobed:\n{}",
+        run.stderr
+    );
+}
+
+/// A C program dlopen()s a library that defines operator new and needs
+/// libstdc++, and throws at once: the loader opens the library before
+/// libgcc_s, whose unwinder is probed tens of milliseconds later (its
+/// program verified then), after the dlopen() returned. On main at
+/// c948d8c, operator new's return probe went in first and the first
+/// throws terminated the fixture (exit 134); now it waits.
+#[test]
+fn late_library_throwing_right_after_its_dlopen_survives() {
+    late_library_survives("liblate_new.so", false);
+}
+
+/// The same, throwing once tracer said the unwinder is probed: operator
+/// new has its return probe then (the restores show it in use). Main at
+/// c948d8c never says so (it attached the return probe before the
+/// unwinder's): there this test fails at the wait.
+#[test]
+fn late_library_gets_its_throwing_return_probe_once_the_unwinder_is_probed() {
+    let run = late_library_survives("liblate_new.so", true);
+    let report = &run.report;
+    let probed = probed_in(report, "liblate_new.so");
+    assert!(probed.iter().any(|symbol| symbol == "_Znwm"), "{probed:?}");
+    assert!(
+        probed_in(report, "libgcc_s.so.1")
+            .iter()
+            .any(|symbol| symbol == "_Unwind_RaiseException"),
+        "{}",
+        report.json["probes"]
+    );
+    assert!(
+        run.stderr.contains("_Znwm in "),
+        "tracer names the held-back probes that went in:\n{}",
+        run.stderr
+    );
+    check_restores(report, true);
 }

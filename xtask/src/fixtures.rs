@@ -14,7 +14,10 @@
 //!
 //! tests/fixtures/ctor holds a library whose constructor allocates and the
 //! program linked to it (`ctor_main`), and a wrapper script that execs it
-//! (`ctor_wrapper`): the spawn tests. tests/fixtures/go_leak is a pure Go
+//! (`ctor_wrapper`): the spawn tests. tests/fixtures/late_new holds a
+//! library that defines a throwing operator new (two builds) and the C
+//! program that dlopen()s it (`late_new_host`): the late hooks of
+//! tests/exceptions.rs. tests/fixtures/go_leak is a pure Go
 //! program (`go_leak`, built with CGO_ENABLED=0); tests/fixtures/cgo_leak
 //! a Go program that leaks through C (`cgo_leak` with Go's default C
 //! flags, `cgo_leak_fp` with C frame pointers).
@@ -124,6 +127,33 @@ const CUDA_BUILDS: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// The late hook fixtures, from tests/fixtures/late_new: a library that
+/// defines a throwing operator new, linked to libstdc++ (whose loading
+/// brings libgcc_s's unwinder), and the same carrying libstdc++ and the
+/// unwinder inside, unexported; and the C program that dlopen()s one.
+const LATE_NEW_BUILDS: &[(&str, &str, &[&str])] = &[
+    (
+        "late_new/liblate_new.so",
+        "late_new.cpp",
+        &["-shared", "-fPIC", "-lstdc++"],
+    ),
+    (
+        "late_new/liblate_new_static.so",
+        "late_new.cpp",
+        &[
+            "-shared",
+            "-fPIC",
+            "-static-libgcc",
+            "-Wl,--exclude-libs,ALL",
+            "-Wl,-Bstatic",
+            "-lstdc++",
+            "-Wl,-Bdynamic",
+            "-lm",
+        ],
+    ),
+    ("late_new_host", "late_new_host.c", &[]),
+];
+
 /// The spawn fixtures, built in this order from tests/fixtures/ctor: a
 /// library whose constructor allocates and the program linked to it.
 const CTOR_BUILDS: &[(&str, &str, &[&str])] = &[
@@ -177,6 +207,13 @@ pub fn build_all(shell: &Shell, root: &Path) -> Result<()> {
         &output_dir,
         "ctor",
         CTOR_BUILDS,
+    )?;
+    build_group(
+        shell,
+        &source_dir.join("late_new"),
+        &output_dir,
+        "late_new",
+        LATE_NEW_BUILDS,
     )?;
     copy_scripts(shell, &source_dir, &output_dir)?;
     build_go(shell, &source_dir.join("go_leak"), &output_dir)?;

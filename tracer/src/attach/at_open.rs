@@ -55,6 +55,7 @@ use tracer_ebpf::OpenedFile;
 use super::{
     HookSite, Stage, ahead, batches,
     forwarding::Forwarding,
+    held_back::ThrowingReturns,
     raw::{LinkKind, Linker},
     symbols::{SiteFile, Unprobed, hook_sites_in_file},
 };
@@ -127,7 +128,12 @@ pub struct OpenedHook {
     pub pid: u32,
     /// The file as the target sees it.
     pub path: PathBuf,
+    /// Its sites probed (those that can throw only once the process's
+    /// unwinder is probed: `held_back`).
     pub sites: Vec<HookSite>,
+    /// Sites of other files of the process that waited for its unwinder,
+    /// which this file brought: probed after `sites`.
+    pub released: Vec<HookSite>,
     /// Its hooked functions that need no probe (`forwarding`).
     pub unprobed: Vec<Unprobed>,
     /// The links made, which `RawPrograms` each belongs to, and their
@@ -301,6 +307,7 @@ impl AtOpen {
         multi: Linker,
         session: Option<Linker>,
         files: HookedFiles,
+        throwing: ThrowingReturns,
         gate: Option<LoaderGate>,
         forwarding: Forwarding,
     ) -> Result<AtOpen> {
@@ -323,6 +330,7 @@ impl AtOpen {
             multi,
             session,
             files,
+            throwing,
             forwarding,
             news: sender,
         };
@@ -382,6 +390,9 @@ struct Hooker {
     multi: Linker,
     session: Option<Linker>,
     files: HookedFiles,
+    /// Which processes have their unwinder probed, shared with the
+    /// collect loop's hooks.
+    throwing: ThrowingReturns,
     /// Which functions that pass their calls on go without a probe.
     forwarding: Forwarding,
     news: mpsc::Sender<AtOpenNews>,
@@ -451,24 +462,48 @@ impl Hooker {
             // claimed all the same, so that it is not read again.
             _ => return,
         };
-        let news = match self.attach(pid, &found.sites) {
-            Ok(links) => AtOpenNews::Hooked(OpenedHook {
-                pid,
-                path,
-                // The links hold the file: its descriptor is let go.
-                sites: found
-                    .sites
-                    .iter()
-                    .map(HookSite::without_descriptor)
-                    .collect(),
-                unprobed: found.unprobed,
-                links,
-                hooked_at: Instant::now(),
-                after_open: Duration::from_nanos(
-                    procfs::monotonic_ns().saturating_sub(file.timestamp_ns),
-                ),
-            }),
+        let mut admitted = self.throwing.admit(pid, found.sites);
+        let news = match self.attach(pid, &admitted.now) {
+            Ok(mut links) => {
+                if let Some(warning) = admitted.warning.take() {
+                    let _ = self.news.send(AtOpenNews::Note(warning));
+                }
+                // The unwinder's probes are in: what waited for it goes in.
+                match self.attach(pid, &admitted.released) {
+                    Ok(released_links) => links.extend(released_links),
+                    Err(error) => {
+                        self.throwing.hold_again(pid, &admitted.released);
+                        admitted.released.clear();
+                        let _ = self.news.send(AtOpenNews::Note(format!(
+                            "warning: PID {pid}: the functions that waited for the unwinder \
+                             could not be probed: {error:#}"
+                        )));
+                    }
+                }
+                AtOpenNews::Hooked(OpenedHook {
+                    pid,
+                    path,
+                    // The links hold the files: their descriptors are let go.
+                    sites: admitted
+                        .now
+                        .iter()
+                        .map(HookSite::without_descriptor)
+                        .collect(),
+                    released: admitted
+                        .released
+                        .iter()
+                        .map(HookSite::without_descriptor)
+                        .collect(),
+                    unprobed: found.unprobed,
+                    links,
+                    hooked_at: Instant::now(),
+                    after_open: Duration::from_nanos(
+                        procfs::monotonic_ns().saturating_sub(file.timestamp_ns),
+                    ),
+                })
+            }
             Err(error) => {
+                self.throwing.undo(pid, &admitted);
                 self.files.release(pid, &opened);
                 AtOpenNews::Failed {
                     pid,

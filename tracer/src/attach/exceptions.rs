@@ -30,8 +30,9 @@
 //! return probe: that call is not counted (`calls_left_by_exception`).
 //!
 //! Where the walk is impossible (a kernel whose BTF lacks the fields) or
-//! the unwinder cannot be probed for a process, the functions that can
-//! throw get no return probe at all (`THROWING`), with a warning.
+//! the unwinder is not probed in a process, the functions that can throw
+//! get no return probe (`THROWING`), with a warning: `held_back` keeps
+//! them until a library hooked later brings the unwinder.
 use std::{
     collections::{HashMap, HashSet},
     fs::OpenOptions,
@@ -52,7 +53,7 @@ use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as KernelHashMap, MapData, RingBuf};
 use tracer_ebpf::{ExceptionUnwind, program};
 
-use super::{HookSite, Unprobed, function::HookedFunction};
+use super::function::HookedFunction;
 use crate::procfs;
 
 /// The longest a process is held for an unwind: then it goes on, its
@@ -91,8 +92,8 @@ pub fn is_unwinder_start(name: &str) -> bool {
     UNWINDER_START.iter().any(|function| function.name == name)
 }
 
-/// The return-probed functions that can throw: they keep their return
-/// probe only in a process whose unwinder is probed.
+/// The return-probed functions that can throw: they get their return
+/// probe only in a process whose unwinder is probed (`held_back`).
 pub const THROWING: &[&str] = &[
     "_Znwm",
     "_Znam",
@@ -102,65 +103,6 @@ pub const THROWING: &[&str] = &[
     "tc_newarray",
     tracer_ebpf::caching_allocator::MALLOC,
 ];
-
-/// `sites` and `ahead_sites` of `pid`, less the return-probed functions
-/// that can throw when no unwinder entry of `pid` is among them or the
-/// kernel's return instances cannot be walked (`walkable` false): an
-/// exception through their return probe would terminate `pid`. What that
-/// costs is said once; the functions left out are returned as unprobed.
-pub fn without_throwing_returns(
-    pid: u32,
-    walkable: bool,
-    sites: Vec<HookSite>,
-    ahead_sites: Vec<HookSite>,
-) -> (Vec<HookSite>, Vec<HookSite>, Vec<(u32, Unprobed)>) {
-    let unwinder_probed = walkable
-        && sites
-            .iter()
-            .chain(&ahead_sites)
-            .any(|site| is_unwinder_start(site.function.name));
-    if unwinder_probed {
-        return (sites, ahead_sites, Vec::new());
-    }
-    let throwing = |site: &HookSite| {
-        site.function.return_program.is_some() && THROWING.contains(&site.function.name)
-    };
-    let mut dropped = Vec::new();
-    let mut keep = |sites: Vec<HookSite>| -> Vec<HookSite> {
-        let (left_out, kept): (Vec<HookSite>, Vec<HookSite>) =
-            sites.into_iter().partition(|site| throwing(site));
-        dropped.extend(left_out);
-        kept
-    };
-    let (sites, ahead_sites) = (keep(sites), keep(ahead_sites));
-    if !dropped.is_empty() {
-        let mut names: Vec<&str> = dropped.iter().map(|site| site.function.name).collect();
-        names.sort_unstable();
-        names.dedup();
-        eprintln!(
-            "tracer: warning: PID {pid}: {} can throw and the C++ unwinder is not probed \
-             (no _Unwind_RaiseException found, or this kernel's return probes cannot be \
-             walked): left without a probe, so that an exception through them cannot \
-             terminate the process; their blocks are counted by the malloc they call, with \
-             stacks that start there (PyTorch's tensor blocks: not at all)",
-            names.join(", ")
-        );
-    }
-    let unprobed = dropped
-        .into_iter()
-        .map(|site| {
-            (
-                pid,
-                Unprobed {
-                    name: site.function.name,
-                    path: site.path,
-                    why: "can throw, and the unwinder is not probed".to_owned(),
-                },
-            )
-        })
-        .collect();
-    (sites, ahead_sites, unprobed)
-}
 
 /// What the threads did, for the report's counters.
 #[derive(Default)]
@@ -554,76 +496,4 @@ fn task_state(stat: &Path) -> Option<char> {
     let stat = std::fs::read_to_string(stat).ok()?;
     let after_name = &stat[stat.rfind(')')? + 1..];
     after_name.trim_start().chars().next()
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::PathBuf;
-
-    use super::*;
-    use crate::attach::symbols::SiteFile;
-    use crate::{attach::cuda::CACHING_ALLOCATOR, model::allocators::ALLOCATORS};
-
-    fn site(function: HookedFunction) -> HookSite {
-        HookSite {
-            function,
-            path: PathBuf::from("/lib/libx.so"),
-            file: SiteFile::unopened(1, 1),
-            function_offset: 0x1000,
-            offset: 0x1000,
-            emulated: true,
-            reason: String::new(),
-        }
-    }
-
-    fn allocator(name: &str) -> HookSite {
-        let allocator = ALLOCATORS
-            .iter()
-            .find(|allocator| allocator.name == name)
-            .expect("a hooked allocator");
-        site(HookedFunction::allocator(allocator))
-    }
-
-    fn names(sites: &[HookSite]) -> Vec<&str> {
-        sites.iter().map(|site| site.function.name).collect()
-    }
-
-    #[test]
-    fn throwing_functions_keep_their_return_probe_only_with_the_unwinder_probed() {
-        let sites = vec![
-            allocator("malloc"),
-            allocator("_Znwm"),
-            allocator("_ZnwmRKSt9nothrow_t"),
-            site(CACHING_ALLOCATOR[0]),
-        ];
-        let with_unwinder = || {
-            let mut sites = sites.clone();
-            sites.push(site(UNWINDER_START[0]));
-            sites
-        };
-
-        let (kept, _, unprobed) = without_throwing_returns(1, true, with_unwinder(), Vec::new());
-        assert_eq!(kept.len(), 5);
-        assert!(unprobed.is_empty());
-
-        // No unwinder in the process, or one whose kernel cannot be walked:
-        // operator new (the throwing one) and the caching allocator's
-        // malloc lose their probes; malloc and the nothrow new keep theirs.
-        for (walkable, sites) in [(true, sites.clone()), (false, with_unwinder())] {
-            let (kept, ahead, unprobed) =
-                without_throwing_returns(1, walkable, sites, vec![allocator("_Znam")]);
-            let kept = names(&kept);
-            assert!(kept.contains(&"malloc") && kept.contains(&"_ZnwmRKSt9nothrow_t"));
-            assert!(
-                !kept.contains(&"_Znwm") && !kept.contains(&tracer_ebpf::caching_allocator::MALLOC)
-            );
-            assert!(ahead.is_empty(), "{ahead:?}");
-            let mut left_out: Vec<&str> =
-                unprobed.iter().map(|(_, unprobed)| unprobed.name).collect();
-            left_out.sort_unstable();
-            let mut expected = vec!["_Znam", "_Znwm", tracer_ebpf::caching_allocator::MALLOC];
-            expected.sort_unstable();
-            assert_eq!(left_out, expected);
-        }
-    }
 }

@@ -26,9 +26,10 @@ use aya::{
 use tracer_ebpf::{Event, event};
 
 use super::{
-    AttachedHook, HookSite, Probes,
+    HookSite, Probes,
     at_open::{AtOpen, AtOpenNews, HookedFiles, LoaderGate, LookedAt, OpenedHook},
     forwarding::Forwarding,
+    held_back::{ThrowingReturns, released_note},
     links::{TracepointLink, attach_tracepoint},
     raw::{LinkKind, Linker},
     symbols::{executable_paths, hook_sites_in},
@@ -107,6 +108,9 @@ pub struct LibraryWatch {
     attached_at: Option<Instant>,
     /// The files hooked per process, by inode, whichever way.
     pub(super) files: HookedFiles,
+    /// Per process: whether its unwinder is probed, and the functions
+    /// that can throw waiting for it.
+    pub(super) throwing: ThrowingReturns,
     /// The thread that hooks libraries at open (with uprobe_multi links).
     at_open: Option<AtOpen>,
     /// Per process: the shared objects it opened (LOADS_OPENED), and how
@@ -125,6 +129,7 @@ impl LibraryWatch {
         let _ = self.traced_tgids.remove(&pid);
         self.seen.retain(|(seen_pid, _)| *seen_pid != pid);
         self.files.forget(pid);
+        self.throwing.forget(pid);
         self.rescans.remove(&pid);
         self.behind_since.remove(&pid);
     }
@@ -132,12 +137,15 @@ impl LibraryWatch {
     /// Attaches the mmap and exec tracepoints (adding their links to
     /// `links`) and takes the watch's maps out of `ebpf`. With `linkers`
     /// (uprobe_multi, and sessions if loaded), libraries are also hooked
-    /// at open, by a thread of their own.
+    /// at open, by a thread of their own. Functions that can throw get
+    /// their return probes only where the kernel's return instances can
+    /// be walked (`walkable`).
     pub(super) fn start(
         ebpf: &mut Ebpf,
         links: &mut Vec<TracepointLink>,
         linkers: Option<(Linker, Option<Linker>)>,
         forwarding: Forwarding,
+        walkable: bool,
     ) -> Result<LibraryWatch> {
         links.push(attach_tracepoint(
             ebpf,
@@ -166,6 +174,7 @@ impl LibraryWatch {
             looked_at.clone(),
         );
         let files = HookedFiles::default();
+        let throwing = ThrowingReturns::new(walkable);
         // For the watchdog (`Probes::load`).
         let loader_held = {
             use aya::maps::IterableMap as _;
@@ -185,6 +194,7 @@ impl LibraryWatch {
                     multi,
                     session,
                     files.clone(),
+                    throwing.clone(),
                     Some(gate),
                     forwarding,
                 )?)
@@ -201,6 +211,7 @@ impl LibraryWatch {
             next_poll: Instant::now() + POLL_EVERY,
             attached_at: None,
             files,
+            throwing,
             at_open,
             loads_opened,
             looked_at,
@@ -300,9 +311,18 @@ impl LibraryWatch {
 
 impl Probes {
     /// The processes that replaced their image (execve) since the last
-    /// call, as seen by the last `watch_libraries`.
+    /// call, as seen by the last `watch_libraries`. One whose new image
+    /// no longer maps the unwinder probed before is no longer counted as
+    /// probed.
     pub fn take_execs(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.watch.execs)
+        let execs = std::mem::take(&mut self.watch.execs);
+        for &pid in &execs {
+            let mapped: Vec<PathBuf> = procfs::read_maps(pid)
+                .map(|maps| maps.into_iter().map(|mapping| mapping.path).collect())
+                .unwrap_or_default();
+            self.watch.throwing.after_exec(pid, &mapped);
+        }
+        execs
     }
 
     /// The CUDA context destructions (events with the process, the
@@ -350,7 +370,7 @@ impl Probes {
             .unwrap_or_default();
         for news in news {
             match news {
-                AtOpenNews::Hooked(hooked) => notes.push(self.adopt_opened(hooked)),
+                AtOpenNews::Hooked(hooked) => notes.extend(self.adopt_opened(hooked)),
                 AtOpenNews::Failed { pid, path, error } => notes.push(format!(
                     "warning: PID {pid}: could not hook {} at open ({error}): it is hooked \
                      when its mapping is noticed",
@@ -412,13 +432,14 @@ impl Probes {
         self.watch.at_open.is_some()
     }
 
-    /// Takes in the probes the at-open thread attached; returns the line
+    /// Takes in the probes the at-open thread attached; returns the lines
     /// for stderr.
-    fn adopt_opened(&mut self, hooked: OpenedHook) -> String {
+    fn adopt_opened(&mut self, hooked: OpenedHook) -> Vec<String> {
         let OpenedHook {
             pid,
             path,
             sites,
+            released,
             unprobed,
             links,
             hooked_at,
@@ -436,21 +457,24 @@ impl Probes {
                 .expect("the at-open thread links loaded programs")
                 .adopt(pid, link, probe_count);
         }
-        self.hooks.extend(sites.iter().map(|site| AttachedHook {
-            pid,
-            site: site.clone(),
-        }));
-        let mut libraries = HookedLibrary::from_sites(pid, &sites, NoticedBy::AtOpen);
-        for library in &mut libraries {
-            library.hooked_at = hooked_at;
+        self.add_hooks(pid, &sites, NoticedBy::AtOpen, hooked_at);
+        self.add_hooks(pid, &released, NoticedBy::AtOpen, hooked_at);
+        let mut notes = Vec::new();
+        // A file whose every function waits for the unwinder: said by the
+        // warning.
+        if !sites.is_empty() {
+            notes.push(format!(
+                "hooked {} functions in {} (PID {pid}, at open: {} µs after its openat \
+                 returned)",
+                sites.len(),
+                path.display(),
+                after_open.as_micros()
+            ));
         }
-        self.libraries.extend(libraries);
-        format!(
-            "hooked {} functions in {} (PID {pid}, at open: {} µs after its openat returned)",
-            sites.len(),
-            path.display(),
-            after_open.as_micros()
-        )
+        if !released.is_empty() {
+            notes.push(released_note(pid, &released));
+        }
+        notes
     }
 
     fn hook_new_libraries(
@@ -519,7 +543,8 @@ impl Probes {
             self.unprobed.push((pid, unprobed));
         }
         let before = self.libraries.len();
-        self.attach_sites(pid, &found.sites, noticed_by)?;
+        let held_back = self.attach_sites(pid, &found.sites, noticed_by)?;
+        notes.extend(held_back);
         for library in &self.libraries[before..] {
             notes.push(format!(
                 "hooked {} functions in {} (PID {pid}, mapped after attach, noticed by {})",

@@ -321,6 +321,7 @@ impl Probes {
             &mut tracepoint_links,
             linkers,
             super::forwarding::Forwarding::for_unwinding(unwinding.mode),
+            return_instances.is_some(),
         )?;
         let mapping_links = mappings::attach_tracepoints(&mut ebpf)
             .map_err(|error| load_error(error.context("could not follow mapping calls")))?;

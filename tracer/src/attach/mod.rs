@@ -17,6 +17,7 @@ pub mod cuda;
 pub mod exceptions;
 pub mod forwarding;
 pub mod function;
+pub mod held_back;
 pub mod libraries;
 pub mod mappings;
 pub mod prologue;
@@ -262,13 +263,7 @@ impl Probes {
         } else {
             symbols::hook_sites_in(pid, &ahead, forwarding)?
         };
-        let (sites, ahead_sites, left_out) = exceptions::without_throwing_returns(
-            pid,
-            self.exceptions.is_some(),
-            found.sites,
-            ahead_found.sites,
-        );
-        self.unprobed.extend(left_out);
+        let (sites, ahead_sites) = (found.sites, ahead_found.sites);
         self.unprobed.extend(
             found
                 .unprobed
@@ -296,10 +291,15 @@ impl Probes {
         self.follow_go_stack_switch(pid, &maps)?;
         let before = self.probe_count();
         self.watch.trace(pid, &maps)?;
-        self.attach_sites(pid, &sites, NoticedBy::Attach)?;
+        // Functions that can throw wait for the unwinder (`held_back`):
+        // said once per process.
+        let mut notes = self.attach_sites(pid, &sites, NoticedBy::Attach)?;
         // The CUDA and allocator libraries `pid` could load but has not
         // mapped, so that their first call after a dlopen is seen.
-        self.attach_sites(pid, &ahead_sites, NoticedBy::Ahead)?;
+        notes.extend(self.attach_sites(pid, &ahead_sites, NoticedBy::Ahead)?);
+        for note in notes {
+            eprintln!("tracer: {note}");
+        }
         Ok(self.probe_count() - before)
     }
 
@@ -388,15 +388,55 @@ impl Probes {
         }
     }
 
-    /// Attaches the probes of `sites`, return probes first, so that a
-    /// call whose entry is seen always has its return seen too. With
-    /// uprobe sessions, a session program is both. A file already hooked
-    /// for `pid` (at open, ahead) is left as it is: a second probe on it
-    /// would count every call twice.
-    fn attach_sites(&mut self, pid: u32, sites: &[HookSite], noticed_by: NoticedBy) -> Result<()> {
-        let sites = self.watch.files.claim_sites(pid, sites);
+    /// Attaches the probes of `sites`, as `attach_claimed` does. A file
+    /// already hooked for `pid` (at open, ahead) is left as it is: a
+    /// second probe on it would count every call twice. A function that
+    /// can throw waits for `pid`'s unwinder (`held_back`); a batch that
+    /// probes the unwinder attaches what waited, after its own. Returns
+    /// lines for stderr.
+    fn attach_sites(
+        &mut self,
+        pid: u32,
+        sites: &[HookSite],
+        noticed_by: NoticedBy,
+    ) -> Result<Vec<String>> {
+        let claimed = self.watch.files.claim_sites(pid, sites);
+        let admitted = self.watch.throwing.admit(pid, claimed);
+        if let Err(error) = self.attach_claimed(pid, &admitted.now, noticed_by) {
+            self.watch.throwing.undo(pid, &admitted);
+            return Err(error);
+        }
+        let mut notes: Vec<String> = admitted.warning.iter().cloned().collect();
+        if !admitted.released.is_empty() {
+            match self.attach_claimed(pid, &admitted.released, noticed_by) {
+                Ok(()) => notes.push(held_back::released_note(pid, &admitted.released)),
+                Err(error) => {
+                    self.watch.throwing.hold_again(pid, &admitted.released);
+                    notes.push(format!(
+                        "warning: PID {pid}: the functions that waited for the unwinder \
+                         could not be probed: {error:#}"
+                    ));
+                }
+            }
+        }
+        Ok(notes)
+    }
+
+    /// Attaches the probes of `sites`, whose files are claimed for `pid`,
+    /// return probes first, so that a call whose entry is seen always has
+    /// its return seen too. With uprobe sessions, a session program is
+    /// both.
+    fn attach_claimed(
+        &mut self,
+        pid: u32,
+        sites: &[HookSite],
+        noticed_by: NoticedBy,
+    ) -> Result<()> {
+        if sites.is_empty() {
+            return Ok(());
+        }
         let session = self.session.as_ref();
-        let ordered = batches(&sites, |program| {
+        let ordered = batches(sites, |program| {
             session.is_some_and(|session| session.covers(program))
         });
         let waiting = Instant::now();
@@ -432,14 +472,37 @@ impl Probes {
             }
         }
         self.times.links += linking.elapsed();
-        // The links hold the files now: their descriptors are let go.
+        self.add_hooks(pid, sites, noticed_by, Instant::now());
+        Ok(())
+    }
+
+    /// Records the hooks of `sites`, in place since `hooked_at`: a
+    /// library hooked already (functions that waited for the unwinder)
+    /// gets the new functions in its entry.
+    fn add_hooks(
+        &mut self,
+        pid: u32,
+        sites: &[HookSite],
+        noticed_by: NoticedBy,
+        hooked_at: Instant,
+    ) {
         self.hooks.extend(sites.iter().map(|site| AttachedHook {
             pid,
             site: site.without_descriptor(),
         }));
-        self.libraries
-            .extend(HookedLibrary::from_sites(pid, &sites, noticed_by));
-        Ok(())
+        for mut library in HookedLibrary::from_sites(pid, sites, noticed_by) {
+            match self
+                .libraries
+                .iter_mut()
+                .find(|hooked| hooked.pid == pid && hooked.path == library.path)
+            {
+                Some(hooked) => hooked.functions.append(&mut library.functions),
+                None => {
+                    library.hooked_at = hooked_at;
+                    self.libraries.push(library);
+                }
+            }
+        }
     }
 
     /// The benchmark's floor: the empty `floor_enter` on every allocator

@@ -97,14 +97,20 @@ impl Probes {
             }
         }
         if verbose {
-            notes.extend(self.unprobed.iter().map(|(pid, unprobed)| {
-                format!(
-                    "{} in {} (PID {pid}): {}",
-                    unprobed.name,
-                    unprobed.path.display(),
-                    unprobed.why
-                )
-            }));
+            let held_back = self.watch.throwing.unprobed();
+            notes.extend(
+                self.unprobed
+                    .iter()
+                    .chain(&held_back)
+                    .map(|(pid, unprobed)| {
+                        format!(
+                            "{} in {} (PID {pid}): {}",
+                            unprobed.name,
+                            unprobed.path.display(),
+                            unprobed.why
+                        )
+                    }),
+            );
         }
         match &self.links {
             ProbeLinks::Multi if verbose => notes.push(format!(
