@@ -80,7 +80,9 @@ fn a_stack_shown_unnamed_while_the_symbolizer_is_slow_is_named_once_it_answers()
     assert_eq!(field(&hostile.cmd("lib_a 7"), "count"), 7);
     let leak = |samples: &[(u32, String, i64)], named: bool| {
         samples.iter().any(|(pid, site, bytes)| {
-            *pid == hostile.pid && *bytes == 7 * BLOCK_BYTES && site.contains("lib_leak_a") == named
+            *pid == hostile.pid
+                && *bytes == 7 * BLOCK_BYTES
+                && site.contains("slow_dwarf_leak") == named
         })
     };
     // Published unnamed while blazesym reads the library (seconds): the

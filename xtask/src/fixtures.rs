@@ -57,7 +57,10 @@ const EXTRA_FLAGS: &[(&str, &[&str])] = &[
     ("hostile_lib", &["-shared", "-fPIC"]),
     // A library whose DWARF is written by hand, slow to read
     // (tests/slow_symbols.rs): the compiler's own would be a second unit.
-    ("slow_dwarf_lib", &["-shared", "-fPIC", "-g0"]),
+    (
+        "slow_dwarf_lib",
+        &["-shared", "-fPIC", "-g0", "-fno-toplevel-reorder"],
+    ),
 ];
 
 /// More binaries built from one fixture source: (output name, source file
