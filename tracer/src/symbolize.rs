@@ -11,7 +11,7 @@
 //! recording can be symbolized again on another machine that has the same
 //! binaries (or their debug files).
 //!
-//! blazesym runs on a thread of its own (`worker`): the collect loop waits
+//! blazesym runs on threads of its own (`worker`): the collect loop waits
 //! for an answer at most [`WAIT_FOR_SYMBOLS`], and not at all while an
 //! earlier look-up is still late; a frame not answered in time is shown
 //! as its module and offset, and named when asked for again after the

@@ -5,9 +5,12 @@
 //! library it made (tests/fixtures/slow_dwarf_lib.c). The loop sends
 //! look-ups and waits for their answers a bounded time
 //! ([`super::Symbols`]); what comes later is kept for the next time the
-//! same addresses are asked for.
+//! same addresses are asked for. [`THREADS`] threads share the files, each
+//! file always on the same one: a slow file holds up only the files that
+//! share its thread.
 use std::{
     fs::File,
+    os::fd::AsRawFd as _,
     sync::{
         Arc,
         mpsc::{self, Receiver, RecvTimeoutError, Sender},
@@ -19,6 +22,9 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use super::{elf_source, fd_path, frames_of, new_symbolizer, symbolize_in};
 use crate::model::Frame;
+
+/// Symbolizer threads.
+pub const THREADS: usize = 4;
 
 /// One address to look up in a mapped file (and first in its debug
 /// file), with the files held open until it is answered.
@@ -75,9 +81,9 @@ pub(super) struct Answer {
     pub frames: Vec<Frame>,
 }
 
-/// The loop's end of the symbolizer thread.
+/// The loop's end of the symbolizer threads.
 pub(super) struct Worker {
-    requests: Sender<Request>,
+    requests: Vec<Sender<Request>>,
     answers: Receiver<Answer>,
 }
 
@@ -90,44 +96,34 @@ pub(super) enum NoAnswer {
 }
 
 impl Worker {
-    /// Starts the thread; None when it could not be started.
+    /// Starts the threads; None when one could not be started.
     pub fn start() -> Option<Worker> {
-        let (requests, incoming) = mpsc::channel::<Request>();
         let (answer, answers) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("tracer-symbols".to_owned())
-            .spawn(move || {
-                let mut symbolizer = new_symbolizer();
-                for request in incoming {
-                    match request {
-                        Request::Reset => symbolizer = new_symbolizer(),
-                        Request::Resolve(lookups) => {
-                            for lookup in lookups {
-                                let frames = lookup.run(&symbolizer);
-                                let sent = answer.send(Answer {
-                                    pid: lookup.pid,
-                                    return_address: lookup.return_address,
-                                    frames,
-                                });
-                                if sent.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                }
-            })
-            .ok()?;
+        let requests = (0..THREADS)
+            .map(|_| start_thread(answer.clone()))
+            .collect::<Option<Vec<_>>>()?;
         Some(Worker { requests, answers })
     }
 
-    /// Sends look-ups; false when the thread is gone.
+    /// Sends look-ups, each to its file's thread; false when a thread is
+    /// gone.
     pub fn send(&self, lookups: Vec<Lookup>) -> bool {
-        self.requests.send(Request::Resolve(lookups)).is_ok()
+        let mut by_thread: Vec<Vec<Lookup>> = (0..THREADS).map(|_| Vec::new()).collect();
+        for lookup in lookups {
+            let thread = lookup.object.0.as_raw_fd().unsigned_abs() as usize % THREADS;
+            by_thread[thread].push(lookup);
+        }
+        by_thread
+            .into_iter()
+            .zip(&self.requests)
+            .filter(|(lookups, _)| !lookups.is_empty())
+            .all(|(lookups, requests)| requests.send(Request::Resolve(lookups)).is_ok())
     }
 
     pub fn reset(&self) {
-        let _ = self.requests.send(Request::Reset);
+        for requests in &self.requests {
+            let _ = requests.send(Request::Reset);
+        }
     }
 
     /// An answer that already came, if any.
@@ -145,4 +141,35 @@ impl Worker {
                 RecvTimeoutError::Disconnected => NoAnswer::Gone,
             })
     }
+}
+
+/// One symbolizer thread, with blazesym's cache of the files it was
+/// given; None when it could not be started.
+fn start_thread(answer: Sender<Answer>) -> Option<Sender<Request>> {
+    let (requests, incoming) = mpsc::channel::<Request>();
+    std::thread::Builder::new()
+        .name("tracer-symbols".to_owned())
+        .spawn(move || {
+            let mut symbolizer = new_symbolizer();
+            for request in incoming {
+                match request {
+                    Request::Reset => symbolizer = new_symbolizer(),
+                    Request::Resolve(lookups) => {
+                        for lookup in lookups {
+                            let frames = lookup.run(&symbolizer);
+                            let sent = answer.send(Answer {
+                                pid: lookup.pid,
+                                return_address: lookup.return_address,
+                                frames,
+                            });
+                            if sent.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        })
+        .ok()?;
+    Some(requests)
 }
