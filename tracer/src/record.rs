@@ -17,6 +17,7 @@ use crate::{
     output,
     recording::{self, Metadata},
     serve, session,
+    symbolize::FINAL_WAIT_FOR_SYMBOLS,
 };
 
 /// How often the status line is printed on stderr while recording.
@@ -73,7 +74,17 @@ pub fn run(config: &RecordConfig) -> Result<()> {
         writer.finish()?;
         eprintln!("tracer: wrote {}", path.display());
     }
+    collector.settle_symbols(FINAL_WAIT_FOR_SYMBOLS);
     let mut report = session::build_report(&mut collector, &model, memory_status, &config.trace);
+    let unanswered = collector.unanswered_symbols();
+    if unanswered > 0 {
+        eprintln!(
+            "tracer: {unanswered} addresses were still being symbolized {} ms after \
+             tracing stopped: their frames show module and offset (`tracer report` \
+             of a recording names them again)",
+            FINAL_WAIT_FOR_SYMBOLS.as_millis()
+        );
+    }
     if config.holders {
         session::add_holders(&mut collector, &mut report, &config.trace);
     }

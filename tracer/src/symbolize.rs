@@ -10,11 +10,21 @@
 //! Every frame also carries its module's build id and its file offset, so a
 //! recording can be symbolized again on another machine that has the same
 //! binaries (or their debug files).
+//!
+//! blazesym runs on threads of its own (`worker`): the collect loop waits
+//! for an answer at most [`WAIT_FOR_SYMBOLS`], and not at all while an
+//! earlier look-up is still late; a frame not answered in time is shown
+//! as its module and offset, and named when asked for again after the
+//! answer came.
+mod worker;
+
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs::File,
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
 };
 
 use object::{Object as _, ObjectSegment as _};
@@ -34,9 +44,19 @@ use crate::{
 /// The most mapped files kept open at once (each with its debug file).
 pub const MAX_OPEN_FILES: usize = 2048;
 
+/// The longest the collect loop waits for the symbolizer thread to answer
+/// the addresses of one stack; once it waited that long in vain, it waits
+/// no more until every late answer came.
+pub const WAIT_FOR_SYMBOLS: Duration = Duration::from_millis(250);
+
+/// The longest the final report waits for the symbolizer thread once
+/// tracing stopped (Ctrl-C, SIGTERM, --duration, the targets' exit);
+/// frames still unanswered then show their module and offset.
+pub const FINAL_WAIT_FOR_SYMBOLS: Duration = Duration::from_millis(500);
+
 /// A mapped file, kept open, its build id and load segments.
 struct Module {
-    file: File,
+    file: Arc<File>,
     /// When it was last looked up (`Symbols::uses`), for closing the least
     /// recently used first.
     last_used: std::cell::Cell<u64>,
@@ -45,7 +65,7 @@ struct Module {
     /// segment: file offsets become ELF virtual addresses through them.
     segments: Vec<(u64, u64, u64)>,
     /// Its separate debug file (`debug_files`), when one is installed.
-    debug_file: Option<File>,
+    debug_file: Option<Arc<File>>,
     /// Whether blazesym may read the DWARF of the object, and of its debug
     /// file (`dwarf_is_safe`).
     dwarf: bool,
@@ -130,7 +150,16 @@ impl Module {
 
 /// Symbolizer for every target, with a cache per (pid, address).
 pub struct Symbols {
-    symbolizer: Symbolizer,
+    /// blazesym's thread; None when it could not be started (every frame
+    /// is then its module and offset).
+    worker: Option<worker::Worker>,
+    /// Addresses sent to the worker and not answered yet.
+    asked: HashSet<(u32, u64)>,
+    /// Whether the loop waited [`WAIT_FOR_SYMBOLS`] in vain, and waits no
+    /// more until every answer came.
+    late: bool,
+    /// Frames given out unnamed because their answer was late.
+    deferred: u64,
     mappings: HashMap<u32, Vec<Mapping>>,
     /// Open mapped files, by (pid, path in the target).
     files: HashMap<(u32, PathBuf), Module>,
@@ -161,7 +190,10 @@ impl Default for Symbols {
 impl Symbols {
     pub fn new() -> Symbols {
         Symbols {
-            symbolizer: new_symbolizer(),
+            worker: worker::Worker::start(),
+            asked: HashSet::new(),
+            late: false,
+            deferred: 0,
             mappings: HashMap::new(),
             files: HashMap::new(),
             cache: HashMap::new(),
@@ -181,9 +213,10 @@ impl Symbols {
         self.mappings.remove(&pid);
         self.files.retain(|(file_pid, _), _| *file_pid != pid);
         self.cache.retain(|(cache_pid, _), _| *cache_pid != pid);
+        self.asked.retain(|(asked_pid, _)| *asked_pid != pid);
         self.forgotten += 1;
         if self.forgotten.is_multiple_of(16) {
-            self.symbolizer = new_symbolizer();
+            self.reset_symbolizer();
         }
     }
 
@@ -216,11 +249,11 @@ impl Symbols {
                 self.files.insert(
                     key,
                     Module {
-                        file,
+                        file: Arc::new(file),
                         last_used: std::cell::Cell::new(self.tick()),
                         build_id: link.build_id,
                         segments,
-                        debug_file,
+                        debug_file: debug_file.map(Arc::new),
                         dwarf,
                         debug_file_dwarf,
                     },
@@ -257,24 +290,143 @@ impl Symbols {
             self.files.remove(&key);
             self.cache.retain(|(pid, _), _| *pid != key.0);
         }
-        self.symbolizer = new_symbolizer();
+        self.reset_symbolizer();
+    }
+
+    /// Starts blazesym afresh: after the look-ups already sent, which
+    /// hold their files open.
+    fn reset_symbolizer(&self) {
+        if let Some(worker) = &self.worker {
+            worker.reset();
+        }
+    }
+
+    /// Frames given out so far without their function because the
+    /// symbolizer had not answered in time: a caller that keeps frames
+    /// compares it before and after, and keeps them only when it did not
+    /// grow.
+    pub fn deferred(&self) -> u64 {
+        self.deferred
+    }
+
+    /// Addresses the symbolizer has not answered yet.
+    pub fn unanswered(&self) -> usize {
+        self.asked.len()
+    }
+
+    /// Waits until the symbolizer answered every address asked, or until
+    /// `bound` passed; the final report's last wait.
+    pub fn settle(&mut self, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        while !self.asked.is_empty() && self.receive_by(deadline) {}
+        self.late = !self.asked.is_empty();
     }
 
     /// Frames of a user stack, innermost first. Every address of a stack
     /// taken at a return probe is a return address, so each is looked up
     /// one byte earlier: inside the call instruction.
     pub fn stack_frames(&mut self, pid: u32, addresses: &[u64]) -> Vec<Frame> {
+        self.receive_now();
+        let mut lookups = Vec::new();
+        let mut waiting = Vec::new();
+        let mut known = HashMap::new();
+        for &address in addresses {
+            let key = (pid, address);
+            if self.cache.contains_key(&key) || known.contains_key(&address) {
+                continue;
+            }
+            if self.asked.contains(&key) {
+                waiting.push(key);
+                continue;
+            }
+            match self.resolve(pid, address) {
+                Resolved::Frames(frames) => {
+                    known.insert(address, self.finish(pid, address, frames));
+                }
+                Resolved::Lookup(lookup) => {
+                    self.asked.insert(key);
+                    waiting.push(key);
+                    lookups.push(*lookup);
+                }
+            }
+        }
+        if !lookups.is_empty() && !self.worker.as_ref().is_some_and(|w| w.send(lookups)) {
+            self.worker = None;
+            self.asked.clear();
+        }
+        self.wait_for(&waiting);
         addresses
             .iter()
-            .flat_map(|&address| self.frames_at(pid, address))
+            .flat_map(|&address| {
+                if let Some(frames) = known.get(&address) {
+                    return frames.clone();
+                }
+                if let Some(frames) = self.cache.get(&(pid, address)) {
+                    return frames.clone();
+                }
+                self.deferred += 1;
+                self.unresolved(pid, address)
+            })
             .collect()
     }
 
-    fn frames_at(&mut self, pid: u32, return_address: u64) -> Vec<Frame> {
-        if let Some(frames) = self.cache.get(&(pid, return_address)) {
-            return frames.clone();
+    /// Waits for the answers to `keys`, [`WAIT_FOR_SYMBOLS`] at most, and
+    /// not at all while an earlier answer is late.
+    fn wait_for(&mut self, keys: &[(u32, u64)]) {
+        if self.late {
+            self.receive_now();
+            if !self.asked.is_empty() {
+                return;
+            }
+            self.late = false;
         }
-        let mut frames = self.resolve(pid, return_address);
+        let deadline = Instant::now() + WAIT_FOR_SYMBOLS;
+        while keys.iter().any(|key| self.asked.contains(key)) {
+            if !self.receive_by(deadline) {
+                self.late = true;
+                return;
+            }
+        }
+    }
+
+    /// Keeps the answers that already came.
+    fn receive_now(&mut self) {
+        while let Some(answer) = self.worker.as_ref().and_then(worker::Worker::answer_now) {
+            self.keep(answer);
+        }
+    }
+
+    /// Keeps the next answer, waiting until `deadline` at most; false when
+    /// none came.
+    fn receive_by(&mut self, deadline: Instant) -> bool {
+        let Some(worker) = &self.worker else {
+            self.asked.clear();
+            return false;
+        };
+        match worker.answer_by(deadline) {
+            Ok(answer) => {
+                self.keep(answer);
+                true
+            }
+            Err(worker::NoAnswer::Late) => false,
+            Err(worker::NoAnswer::Gone) => {
+                self.worker = None;
+                self.asked.clear();
+                false
+            }
+        }
+    }
+
+    fn keep(&mut self, answer: worker::Answer) {
+        // An answer for a process forgotten meanwhile is dropped.
+        if self.asked.remove(&(answer.pid, answer.return_address)) {
+            self.finish(answer.pid, answer.return_address, answer.frames);
+        }
+    }
+
+    /// `frames` of an address, with JIT code named by its runtime's perf
+    /// map, kept for the next time unless nothing is known of it.
+    fn finish(&mut self, pid: u32, return_address: u64, mut frames: Vec<Frame>) -> Vec<Frame> {
         if let [frame] = frames.as_mut_slice()
             && frame.function.is_none()
         {
@@ -293,7 +445,18 @@ impl Symbols {
         frames
     }
 
-    fn resolve(&self, pid: u32, return_address: u64) -> Vec<Frame> {
+    /// The frame of an address whose answer is late: its module, build id
+    /// and offsets, as [`Symbols::resolve`] knows them.
+    fn unresolved(&self, pid: u32, return_address: u64) -> Vec<Frame> {
+        match self.resolve(pid, return_address) {
+            Resolved::Frames(frames) => frames,
+            Resolved::Lookup(lookup) => vec![lookup.unresolved],
+        }
+    }
+
+    /// The frames of an address when they are known without blazesym
+    /// (no object, or one not open), else the look-up to send.
+    fn resolve(&self, pid: u32, return_address: u64) -> Resolved {
         let address = return_address.saturating_sub(1);
         let unknown = vec![Frame {
             address: return_address,
@@ -304,7 +467,7 @@ impl Symbols {
             .get(&pid)
             .and_then(|mappings| mappings.iter().find(|m| m.contains(address)))
         else {
-            return unknown;
+            return Resolved::Frames(unknown);
         };
         let opened = self.files.get(&(pid, mapping.path.clone()));
         let module = Some(mapping.path.display().to_string());
@@ -316,43 +479,43 @@ impl Symbols {
             .zip(return_offset)
             .and_then(|(opened, return_offset)| opened.virtual_address(return_offset));
         let file_offset = mapping.file_offset_of(address);
-        let unresolved = vec![Frame {
+        let unresolved = Frame {
             address: return_address,
             module: module.clone(),
             build_id: build_id.clone(),
             file_offset: return_offset,
             offset,
             ..Frame::default()
-        }];
+        };
         let Some(opened) = opened else {
-            return unresolved;
+            return Resolved::Frames(vec![unresolved]);
         };
         opened.last_used.set(self.tick());
-        // The debug file first: the object itself may be stripped.
-        let from_debug_file = opened
+        let debug_file = opened
             .debug_file
             .as_ref()
             .zip(opened.virtual_address(file_offset))
-            .and_then(|(debug_file, virtual_address)| {
-                symbolize_in(
-                    &self.symbolizer,
-                    elf_source(fd_path(debug_file), opened.debug_file_dwarf),
+            .map(|(debug_file, virtual_address)| {
+                (
+                    Arc::clone(debug_file),
+                    opened.debug_file_dwarf,
                     virtual_address,
-                    &unresolved[0],
                 )
             });
-        if let Some(frames) = from_debug_file {
-            return frames;
-        }
-        let source = elf_source(fd_path(&opened.file), opened.dwarf);
-        let Ok(Symbolized::Sym(symbol)) = self
-            .symbolizer
-            .symbolize_single(&source, Input::FileOffset(file_offset))
-        else {
-            return unresolved;
-        };
-        frames_of(&symbol, &unresolved[0])
+        Resolved::Lookup(Box::new(worker::Lookup {
+            pid,
+            return_address,
+            debug_file,
+            object: (Arc::clone(&opened.file), opened.dwarf, file_offset),
+            unresolved,
+        }))
     }
+}
+
+/// What [`Symbols::resolve`] found.
+enum Resolved {
+    Frames(Vec<Frame>),
+    Lookup(Box<worker::Lookup>),
 }
 
 /// The frames at ELF virtual address `virtual_address` (already inside the

@@ -58,6 +58,12 @@ const EXTRA_FLAGS: &[(&str, &[&str])] = &[
     ("nofp_plugin", &["-fomit-frame-pointer", "-shared", "-fPIC"]),
     // A library hostile loads by path (tests/hostile_files.rs).
     ("hostile_lib", &["-shared", "-fPIC"]),
+    // A library whose DWARF is written by hand, slow to read
+    // (tests/slow_symbols.rs): the compiler's own would be a second unit.
+    (
+        "slow_dwarf_lib",
+        &["-shared", "-fPIC", "-g0", "-fno-toplevel-reorder"],
+    ),
 ];
 
 /// More binaries built from one fixture source: (output name, source file

@@ -230,7 +230,10 @@ struct TargetArgs {
     pids: Vec<u32>,
 
     /// Stop after this long (e.g. 30s, 5m, 500ms); default: until Ctrl-C or
-    /// until every target has exited.
+    /// until every target has exited. Once stopped, the report waits at
+    /// most 0.5 s for symbols still being read (a big debug file): frames
+    /// not named by then show their module and offset, and stderr says
+    /// how many.
     #[arg(short, long, value_name = "DURATION", value_parser = parse_duration)]
     duration: Option<Duration>,
 

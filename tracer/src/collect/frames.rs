@@ -105,6 +105,7 @@ impl Collector {
             return frames.to_vec();
         }
         let mut pending = false;
+        let deferred = self.symbols.deferred();
         let frames = match key.stack_id {
             StackId::Lost => Vec::new(),
             StackId::Kernel(name) => match self.kernel_stacks.addresses(name) {
@@ -143,14 +144,28 @@ impl Collector {
                 ..Frame::default()
             });
         }
-        let complete = frames
-            .iter()
-            .all(|frame| frame.module.is_some() || frame.address == 0);
+        // A frame the symbolizer was late for is named next time.
+        let complete = self.symbols.deferred() == deferred
+            && frames
+                .iter()
+                .all(|frame| frame.module.is_some() || frame.address == 0);
         let frames = self.frames.intern(frames);
         if complete {
             self.frames.stacks.insert(*key, frames.clone());
         }
         frames
+    }
+
+    /// Waits for the symbolizer to answer what it was asked, `bound` at
+    /// most (the final report's wait: [`crate::symbolize::FINAL_WAIT_FOR_SYMBOLS`]).
+    pub fn settle_symbols(&mut self, bound: std::time::Duration) {
+        self.symbols.settle(bound);
+    }
+
+    /// Addresses the symbolizer has not answered yet: their frames show
+    /// their module and offset only.
+    pub fn unanswered_symbols(&self) -> usize {
+        self.symbols.unanswered()
     }
 
     /// Whether a stack reaches its thread's start (`model::quality`):
@@ -194,12 +209,15 @@ impl Collector {
         // The address before it, so that the last one is symbolized as a
         // return address.
         let tail = &addresses[addresses.len().saturating_sub(2)..];
+        let deferred = self.symbols.deferred();
         let reaches = self
             .symbols
             .stack_frames(key.pid, tail)
             .last()
             .is_some_and(is_thread_entry);
-        self.thread_entries.insert((key.pid, outermost), reaches);
+        if self.symbols.deferred() == deferred {
+            self.thread_entries.insert((key.pid, outermost), reaches);
+        }
         reaches
     }
 
