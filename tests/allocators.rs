@@ -4,8 +4,7 @@
 //! on a single-stepped instruction), and Debian's redis-server (linked
 //! with jemalloc) growing its keyspace while tracer is attached.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::{Duration, Instant};
 

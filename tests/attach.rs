@@ -2,8 +2,7 @@
 //! one uprobe_multi link, so tracer starts and stops promptly however many
 //! functions it hooks.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::{Duration, Instant};
 

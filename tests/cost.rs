@@ -8,8 +8,7 @@
 //! `--sample-bytes`, exactly when the cost is over 20 %. Counting that
 //! cost changes nothing for the host's other eBPF programs.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::{
     net::UdpSocket,

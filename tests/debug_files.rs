@@ -5,8 +5,7 @@
 //! symbolizes such a recording later. The fixtures are stripped copies of
 //! `leaky` (`cargo xtask setup`, target/fixtures/stripped).
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;

@@ -10,8 +10,7 @@
 //! The man pages and completions are checked on every run, from the
 //! tested build's own `tracer generate`.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

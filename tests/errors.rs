@@ -1,8 +1,7 @@
 //! Bad input ends with one `tracer: error:` line on stderr and a documented
 //! exit code: never a panic, a backtrace or exit code 0.
 
-#[allow(dead_code, reason = "tests/record.rs uses the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::process::Command;
 

@@ -11,8 +11,7 @@
 //! a process-wide SIGSTOP already pending from one thread left another
 //! thread that started an unwind free to run it unrepaired.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

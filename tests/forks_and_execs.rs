@@ -3,8 +3,7 @@
 //! image held is gone, the new one is traced). Real tracer, real eBPF,
 //! fixtures that know their own truth.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::process::Command;
 

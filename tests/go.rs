@@ -3,8 +3,7 @@
 //! stack to the goroutine's, whether the C code keeps frame pointers
 //! (`--unwind fp`) or not (the default unwinder copies the stacks of such
 //! a program, the goroutine's included).
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::*;
 

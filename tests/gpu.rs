@@ -4,8 +4,7 @@
 //! must match, each allocation counted once although the runtime calls the
 //! driver and both are hooked.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::*;
 use serde_json::Value;

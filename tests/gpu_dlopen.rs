@@ -4,8 +4,7 @@
 //! their mapping or at open, so no executor is missed; and a tracer killed
 //! while the loader gate holds its target leaves it running.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::{Duration, Instant};
 

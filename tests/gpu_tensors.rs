@@ -8,8 +8,7 @@
 //! add up to memory_allocated, and the segments beside them (gpu-device)
 //! to what was reserved since attach.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::process::Command;
 

@@ -2,8 +2,7 @@
 //! shapes at once: a steady leak, a sawtooth, a bounded cache and a
 //! one-time step. Only the steady leak may be reported as a leak.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::{Duration, Instant};
 

@@ -6,8 +6,7 @@
 //! object on a chain is named by its class, from its vtable. A Rust
 //! program's blocks held by a `static` end at its demangled name.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::{
     Fixture, Record, Traced, field,

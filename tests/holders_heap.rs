@@ -6,8 +6,7 @@
 //! of their vtable, their buffers as the objects' data), each type with the
 //! root that holds it.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::{Fixture, Record, Traced, field, stack_int as int};
 use serde_json::Value;

@@ -9,8 +9,7 @@
 //! untraced pymalloc object, found from its pool's header), and on to the
 //! interpreter's state in the global `_PyRuntime`.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::{Record, Traced, field, python_line, stack_int as int, start_embedded};
 use serde_json::Value;

@@ -4,8 +4,7 @@
 //! than the reservation, and still finds the pointer in the one page
 //! written.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::{Fixture, Record, field, stack_int as int};
 

@@ -5,8 +5,7 @@
 //! nor opens a file outside the target's root, nor dies, while the leaks
 //! it traces stay exact.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::{
     ffi::CString,

@@ -5,8 +5,7 @@
 //! frame-pointer walk a full copy ring fell back to) are one stack with the
 //! exact total.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::{Fixture, Record, Report, Traced, field, stack_int};
 use serde_json::Value;

@@ -2,8 +2,7 @@
 //! gather it from a fleet: Debian's Prometheus scraping /metrics every
 //! second, and `go tool pprof` fetching /debug/pprof/heap.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;

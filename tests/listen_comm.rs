@@ -2,8 +2,7 @@
 //! restarts and leaves other programs alone, read through `--listen`'s
 //! /metrics; and `top --listen`, which serves the same metrics.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::path::PathBuf;
 use std::process::Command;

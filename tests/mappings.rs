@@ -1,8 +1,7 @@
 //! `tracer record` against tests/fixtures/mappings: mmap, munmap, mremap
 //! and brk counted exactly, once, in the right kind.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::{Live, field, frames_contain, record_while_tables_ready, stack_live};
 

@@ -5,8 +5,7 @@
 //! rate. The fixture (tests/fixtures/burst.c) has no frame pointers; the
 //! copy-path tests ask for `--unwind copy`. It prints what it holds.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

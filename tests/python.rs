@@ -5,8 +5,7 @@
 //! frees; it prints its ground truth. File names and line numbers are
 //! taken from the fixture's source, by its marker comments.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::process::Command;
 

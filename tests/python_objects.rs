@@ -12,8 +12,7 @@
 //! counted at the leak's line may fall short of the fixture's by at most
 //! 80 dicts with their tables (the fixture's `freelist=`), never exceed it.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

@@ -1,8 +1,7 @@
 //! `tracer record` against tests/fixtures/leaky, whose live bytes per
 //! function are known exactly: every figure in the report must match them.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::ffi::OsStr;
 

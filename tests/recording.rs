@@ -2,8 +2,7 @@
 //! tests/fixtures/leaky, then `tracer report FILE` in every format, read
 //! back by the tools each format is for (go tool pprof, inferno).
 
-#[allow(dead_code, reason = "tests/record.rs uses the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -2,8 +2,7 @@
 //! other processes, namespaces and load. Each test runs the real tracer
 //! with real eBPF against fixtures that know their own truth.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::{
     ffi::OsStr,

@@ -5,8 +5,7 @@
 //! (tests/fixtures/mixed), and a stack through assembly without unwind
 //! information (tests/fixtures/nocfi.c). Every fixture says what it leaked.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::{
     Live, Report, assert_in_order, dwarf_pids, field, frames_contain, function_names, record_with,

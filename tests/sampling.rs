@@ -3,8 +3,7 @@
 //! filters are exact, sampled estimates land within the bound stated in
 //! `tracer record --help`.
 
-#[allow(dead_code, reason = "tests/record.rs uses the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::{
     LEAK_SIZE_BYTES, Live, Report, Session, THREAD_LEAK_SIZE_BYTES, field, frames_contain,

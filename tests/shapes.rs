@@ -6,8 +6,7 @@
 //! of the recording agree. Each row prints its line of the confusion table
 //! (`SHAPE-TABLE ...`, shown with --nocapture) before it asserts.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -5,8 +5,7 @@
 //! their count; the JSON keeps the stacks and adds the groups;
 //! `--group-by stack` lists every stack.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

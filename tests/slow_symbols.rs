@@ -5,8 +5,7 @@
 //! offset, named once the symbolizer answers), and Ctrl-C ends it within
 //! a second, the leak counted exactly with the frames it had.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,7 @@
 //! libraries' constructors run, through exec (a `#!` script runs through
 //! its interpreter), its stdout stays its own, and it is never left behind
 //! silently when tracing stops.
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::fs;
 use std::path::Path;

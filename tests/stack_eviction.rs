@@ -6,8 +6,7 @@
 //! tests/fixtures/stack_tree.c walks its paths one by one: `churn` frees
 //! each block at once, `keep` keeps them, `leak` grows three leak sites.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::{Duration, Instant};
 

@@ -4,8 +4,7 @@
 //! tests/fixtures/stack_tree.c makes 2^DEPTH distinct stacks of one block
 //! each (tests/stack_eviction.rs: more distinct stacks than it holds).
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,7 @@
 //! line carries escape sequences (clear the screen, set the window title,
 //! ring the bell) has them shown as escapes (`\x1b`), never sent.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::{Fixture, Record};
 

@@ -13,8 +13,7 @@
 //! with gdb on Debian's libc10.so.1.13), numpy `malloc(nbytes)` for each
 //! copy: the fixture prints those sums.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -16,8 +16,7 @@
 //! the fixture's `nested` recursion into one line with its depth, and
 //! `tracer report --native all` of its recording shows every frame.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -5,8 +5,7 @@
 //! copy, nothing per allocation in userspace); `--unwind copy` is the
 //! earlier path, copies unwound in userspace.
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use harness::{
     DEEP_LEAK_BYTES, Fixture, LEAK_SIZE_BYTES, Live, NESTED_LEAK_BYTES, PLUGIN_LEAK_BYTES, Record,

@@ -4,8 +4,7 @@
 //! (not flagged), and a target that frees most of what it leaked in its
 //! teardown and exits while traced (flagged at its peak, and said so).
 
-#[allow(dead_code, reason = "other test files use the rest of the harness")]
-mod harness;
+use crate::harness;
 
 use std::time::Duration;
 

@@ -170,7 +170,15 @@ fn run(task: Task) -> Result<()> {
             let shell = setup_shell(&root)?;
             dist::dist(&shell, &root)?;
             userland::ensure_debian11(&shell, &root)?;
-            let args = ["-p", "tracer", "--test", "dist", "--", "--include-ignored"];
+            let args = [
+                "-p",
+                "tracer",
+                "--test",
+                "integration",
+                "--",
+                "--include-ignored",
+                "dist::",
+            ];
             test(&shell, &args.map(str::to_owned))
         }
         Task::Test { args } => {
@@ -267,7 +275,8 @@ fn build(shell: &Shell) -> Result<()> {
 }
 
 /// `cargo test --workspace --release --no-fail-fast [cargo args] --
-/// --test-threads=2 [test args]`: every test target runs even after one
+/// --test-threads=2 [test args]`: every test target (the unit tests, and
+/// the one integration binary with a module per area) runs even after one
 /// fails, so a run shows all failures; `--workspace` is left out when the
 /// cargo args pick packages themselves.
 fn test(shell: &Shell, args: &[String]) -> Result<()> {
