@@ -2,7 +2,9 @@
 //! (glibc's arenas, CPython's thread states) see it: a typed interface with
 //! one implementation that reads a live process (process_vm_readv) and one
 //! over a fabricated image, so that every walk can be tested, and fuzzed,
-//! over memory that a hostile target could have laid out.
+//! over memory that a hostile target could have laid out. The system
+//! calls that read a live process (`read`, `read_pieces`) are here too:
+//! the holders scan uses them directly, for its batches.
 use std::collections::BTreeMap;
 
 /// Memory that can be read at an address.
@@ -39,8 +41,92 @@ pub struct Process(pub u32);
 
 impl TargetMemory for Process {
     fn read(&self, address: u64, buffer: &mut [u8]) -> usize {
-        let read = crate::holders::memory::read(self.0, address, buffer);
+        let read = read(self.0, address, buffer);
         crate::procfs::confirmed(self.0, read).unwrap_or(0)
+    }
+}
+
+/// Reads `buffer.len()` bytes at `address` of `pid`; returns how many
+/// bytes from the start could be read (fewer at an unreadable page).
+pub fn read(pid: u32, address: u64, buffer: &mut [u8]) -> usize {
+    let local = libc::iovec {
+        iov_base: buffer.as_mut_ptr().cast(),
+        iov_len: buffer.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: address as *mut libc::c_void,
+        iov_len: buffer.len(),
+    };
+    // SAFETY: the local iovec covers `buffer`, which is writable and lives
+    // through the call; the remote one is only read, in the other process.
+    let read = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    read.max(0) as usize
+}
+
+/// iovecs per process_vm_readv (the kernel's UIO_MAXIOV).
+pub const IOVECS: usize = 1024;
+
+/// Reads the pieces `wanted` (address, length; at most `slot` bytes each),
+/// piece i at `i * slot` in `buffer`, IOVECS per system call; `lengths`
+/// says how many bytes of each were read (none where it could not be).
+pub fn read_pieces(
+    pid: u32,
+    wanted: &[(u64, usize)],
+    slot: usize,
+    buffer: &mut [u8],
+    lengths: &mut Vec<usize>,
+) {
+    assert!(buffer.len() >= wanted.len() * slot, "a slot per piece");
+    lengths.clear();
+    lengths.extend(wanted.iter().map(|&(_, length)| length.min(slot)));
+    let mut next = 0;
+    while next < lengths.len() {
+        let batch = next..lengths.len().min(next + IOVECS);
+        let remote: Vec<libc::iovec> = batch
+            .clone()
+            .map(|index| libc::iovec {
+                iov_base: wanted[index].0 as *mut libc::c_void,
+                iov_len: lengths[index],
+            })
+            .collect();
+        let local: Vec<libc::iovec> = batch
+            .clone()
+            .map(|index| libc::iovec {
+                iov_base: buffer[index * slot..].as_mut_ptr().cast(),
+                iov_len: lengths[index],
+            })
+            .collect();
+        // SAFETY: each local iovec covers its own `slot` bytes of
+        // `buffer`, which lives and is not otherwise touched through the
+        // call; the remote ones are only read, in the other process.
+        let read = unsafe {
+            libc::process_vm_readv(
+                pid as libc::pid_t,
+                local.as_ptr(),
+                local.len() as libc::c_ulong,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            )
+        };
+        if read < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+            // The process is gone: nothing more to read.
+            lengths[next..].fill(0);
+            return;
+        }
+        // A read stops at the first piece it cannot read whole: keep what
+        // came, cut that one short, go on after it.
+        let mut left = read.max(0) as usize;
+        let mut index = next;
+        while index < batch.end && left >= lengths[index] {
+            left -= lengths[index];
+            index += 1;
+        }
+        if index < batch.end {
+            lengths[index] = left;
+            index += 1;
+        }
+        next = index;
     }
 }
 
@@ -99,6 +185,16 @@ impl TargetMemory for Image {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_own_memory_and_stops_at_an_unmapped_address() {
+        let data = [7u8; 64];
+        let mut buffer = [0u8; 64];
+        let got = read(std::process::id(), data.as_ptr() as u64, &mut buffer);
+        assert_eq!(got, 64);
+        assert_eq!(buffer, data);
+        assert_eq!(read(std::process::id(), 8, &mut buffer), 0);
+    }
 
     #[test]
     fn an_image_reads_across_adjacent_ranges_and_stops_at_a_hole() {

@@ -22,9 +22,9 @@ use std::collections::HashMap;
 
 use super::{
     blocks::{Blocks, GC_HEAD_BYTES, Shape},
-    memory::{self, IOVECS},
     names::Globals,
 };
+use crate::target_memory::{self, IOVECS};
 
 /// Bytes read at the start of each block: an object as far as 32 bytes in
 /// (pre-header and collector header), its refcount and type.
@@ -110,7 +110,7 @@ pub fn read(pid: u32, blocks: &Blocks, globals: &Globals) -> Shapes {
                 (block.address, (block.size as usize).min(HEAD_BYTES))
             })
             .collect();
-        memory::read_pieces(pid, &wanted, HEAD_BYTES, &mut buffer, &mut lengths);
+        target_memory::read_pieces(pid, &wanted, HEAD_BYTES, &mut buffer, &mut lengths);
         for (index, &length) in lengths.iter().enumerate() {
             let head = &buffer[index * HEAD_BYTES..index * HEAD_BYTES + length];
             let shape = match reader.shape(head) {
@@ -202,14 +202,14 @@ impl Reader<'_> {
     fn check_python_type(&mut self, address: u64) -> Option<Type> {
         let type_type = self.type_type?;
         let mut bytes = [0u8; TYPE_BYTES];
-        if memory::read(self.pid, address, &mut bytes) < TYPE_BYTES {
+        if target_memory::read(self.pid, address, &mut bytes) < TYPE_BYTES {
             return None;
         }
         let meta = word(&bytes, OB_TYPE as usize)?;
         if meta != type_type {
             // A metatype (ABCMeta): its own type must be `type`.
             let mut meta_type = [0u8; 8];
-            if memory::read(self.pid, meta + OB_TYPE, &mut meta_type) < 8
+            if target_memory::read(self.pid, meta + OB_TYPE, &mut meta_type) < 8
                 || u64::from_ne_bytes(meta_type) != type_type
             {
                 return None;
@@ -233,11 +233,12 @@ impl Reader<'_> {
     /// A NUL-terminated printable name at `address`.
     fn read_name(&self, address: u64) -> Option<String> {
         let mut bytes = [0u8; NAME_BYTES];
-        let read = memory::read(self.pid, address, &mut bytes);
+        let read = target_memory::read(self.pid, address, &mut bytes);
         if read == 0 {
             // The name may end near the end of a page: read it shorter.
             let to_page = (4096 - address % 4096) as usize;
-            let read = memory::read(self.pid, address, &mut bytes[..to_page.min(NAME_BYTES)]);
+            let read =
+                target_memory::read(self.pid, address, &mut bytes[..to_page.min(NAME_BYTES)]);
             return printable(&bytes[..read]);
         }
         printable(&bytes[..read])

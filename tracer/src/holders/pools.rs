@@ -24,6 +24,7 @@ use super::{
     memory::{self, Region},
     names::Globals,
 };
+use crate::target_memory;
 
 const PAGE_BYTES: u64 = 4096;
 /// The pool sizes tried, largest first.
@@ -159,7 +160,7 @@ pub fn find(
             continue;
         }
         let bytes = &mut buffer[..pool_bytes as usize];
-        let read = memory::read(pid, pool, bytes);
+        let read = target_memory::read(pid, pool, bytes);
         found.bytes_read += read as u64;
         if read < pool_bytes as usize {
             found.pools_rejected += 1;
@@ -205,12 +206,12 @@ fn find_pools(
 ) -> Vec<(u64, u64, Header)> {
     let slot = POOL_OVERHEAD as usize;
     let mut pools = Vec::new();
-    let mut pages: Vec<(u64, usize)> = Vec::with_capacity(memory::IOVECS);
-    let mut buffer = vec![0u8; memory::IOVECS * slot];
+    let mut pages: Vec<(u64, usize)> = Vec::with_capacity(target_memory::IOVECS);
+    let mut buffer = vec![0u8; target_memory::IOVECS * slot];
     let mut lengths = Vec::new();
     let mut pool_end = 0;
     let mut check = |pages: &mut Vec<(u64, usize)>, pool_end: &mut u64, found: &mut Found| {
-        memory::read_pieces(pid, pages, slot, &mut buffer, &mut lengths);
+        target_memory::read_pieces(pid, pages, slot, &mut buffer, &mut lengths);
         for (index, &(page, _)) in pages.iter().enumerate() {
             found.bytes_read += lengths[index] as u64;
             if page < *pool_end {
@@ -259,7 +260,7 @@ fn find_pools(
                 continue;
             }
             pages.push((page, slot));
-            if pages.len() == memory::IOVECS {
+            if pages.len() == target_memory::IOVECS {
                 check(&mut pages, &mut pool_end, found);
             }
             page += PAGE_BYTES;

@@ -12,7 +12,10 @@ use super::{
     memory::{self, Region, Thread},
     names::{self, Globals},
 };
-use crate::model::reachability::{HolderKind, HoldersScan};
+use crate::{
+    model::reachability::{HolderKind, HoldersScan},
+    target_memory,
+};
 
 /// Bytes read per process_vm_readv.
 const CHUNK_BYTES: usize = 1 << 20;
@@ -139,7 +142,7 @@ pub fn scan(
                 }
             }
             let want = ((resident_end - address) as usize).min(CHUNK_BYTES);
-            let read = memory::read(pid, address, &mut buffer[..want]) & !7;
+            let read = target_memory::read(pid, address, &mut buffer[..want]) & !7;
             if read == 0 {
                 let skip = (PAGE_BYTES - address % PAGE_BYTES).min(resident_end - address);
                 cost.bytes_unreadable += skip;

@@ -19,13 +19,10 @@ use std::path::Path;
 
 use object::{Object as _, ObjectSymbol as _};
 
-use super::super::{
-    memory::{self, Region},
-    names::Module,
-};
+use super::super::{memory::Region, names::Module};
 use crate::{
     debug_files,
-    target_memory::{Process, TargetMemory},
+    target_memory::{self, Process, TargetMemory},
 };
 
 pub const STATE_FASTBINS: u64 = 16;
@@ -178,7 +175,7 @@ pub(super) fn by_shape(pid: u32, libc: &Module, regions: &[Region]) -> Vec<u64> 
         let length = region.bytes().min(budget);
         budget -= length;
         let mut bytes = vec![0u8; length as usize];
-        let read = memory::read(pid, region.start, &mut bytes);
+        let read = target_memory::read(pid, region.start, &mut bytes);
         bytes.truncate(read);
         let mut offset = 0;
         while offset + STATE_BYTES as usize <= bytes.len() {

@@ -14,6 +14,7 @@ use super::{
     },
     layout::{CHUNK_HEADER_BYTES, FLAGS, IS_MMAPPED},
 };
+use crate::target_memory;
 
 const PAGE_BYTES: u64 = 4096;
 
@@ -49,7 +50,7 @@ pub fn find(
 ) -> Mapped {
     let mut found = Mapped::default();
     let slot = CHUNK_HEADER_BYTES as usize;
-    let mut buffer = vec![0u8; memory::IOVECS * slot];
+    let mut buffer = vec![0u8; target_memory::IOVECS * slot];
     let mut lengths = Vec::new();
     let populated = memory::Populated::open(pid);
     for region in regions.iter().filter(|region| {
@@ -58,12 +59,12 @@ pub fn find(
         // Only pages that hold data can hold a header.
         let resident = memory::Resident::of(&populated, region);
         let mut page = region.start.next_multiple_of(PAGE_BYTES);
-        let mut pages: Vec<(u64, usize)> = Vec::with_capacity(memory::IOVECS);
+        let mut pages: Vec<(u64, usize)> = Vec::with_capacity(target_memory::IOVECS);
         while page < region.end {
             // Gather the next pages to read, past known blocks and heaps.
             pages.clear();
             let mut next = page;
-            while next < region.end && pages.len() < memory::IOVECS {
+            while next < region.end && pages.len() < target_memory::IOVECS {
                 if let Some(end) = covered_until(next, known, skip) {
                     next = end.next_multiple_of(PAGE_BYTES);
                     continue;
@@ -81,7 +82,7 @@ pub fn find(
             if pages.is_empty() {
                 break;
             }
-            memory::read_pieces(pid, &pages, slot, &mut buffer, &mut lengths);
+            target_memory::read_pieces(pid, &pages, slot, &mut buffer, &mut lengths);
             let mut resume = next;
             for (index, &(at, _)) in pages.iter().enumerate() {
                 found.bytes_read += lengths[index] as u64;
