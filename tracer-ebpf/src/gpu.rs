@@ -34,7 +34,7 @@ use aya_ebpf::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
     },
     macros::{map, uprobe, uretprobe},
-    maps::{HashMap, LruHashMap},
+    maps::HashMap,
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_ebpf::{
@@ -46,17 +46,13 @@ use crate::{
     args::arg,
     counters::{atomic_add, count, fetch_add},
     events::send_event,
+    gpu_pending::GPU_PENDING,
     live::{
         add_to_stack, context_epoch, end_context_epoch, put_live, remove_from_stack, stack_key,
         take_live,
     },
     runs::counted_run,
 };
-
-/// Per thread (pid_tgid): the CUDA call in progress. LRU maps are always
-/// preallocated: room for 4096 threads inside a CUDA call at once.
-#[map]
-static GPU_PENDING: LruHashMap<u64, GpuPending> = LruHashMap::with_max_entries(4096, 0);
 
 /// Physical memory of cuMemCreate, by (tgid, handle). This map and the two
 /// below make entries on use (no preallocation): their calls are rare, and
@@ -72,13 +68,6 @@ static VMM_MAPPINGS: HashMap<LiveKey, u64> = HashMap::with_max_entries(1 << 16, 
 /// The `gpu_api` id of the call that made each GPU stack's memory.
 #[map]
 static STACK_API: HashMap<StackKey, u32> = HashMap::with_max_entries(1 << 14, BPF_F_NO_PREALLOC);
-
-/// Whether a traced CUDA call is in progress on this thread (its
-/// mappings are the driver's: pinned host memory, counted as such).
-#[inline(always)]
-pub(crate) fn inside_gpu_call(thread: u64) -> bool {
-    unsafe { GPU_PENDING.get(&thread) }.is_some_and(|pending| pending.depth > 0)
-}
 
 /// Starts a CUDA call unless one is already in progress on this thread.
 #[inline(always)]

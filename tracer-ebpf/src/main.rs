@@ -8,11 +8,14 @@
 //! where a block's stack comes from (`stacks.rs`) and the walk
 //! through unwind tables (`unwind.rs`), which allocations are
 //! recorded (`sampling.rs`), rare events for userspace (`events.rs`), the
-//! per-thread allocator call (`pending.rs`), Python frames (`python.rs`),
-//! call arguments (`args.rs`),
+//! per-thread allocator call (`pending.rs`) and CUDA call
+//! (`gpu_pending.rs`), the per-CPU stack scratch (`scratch.rs`), Python
+//! frames (`python.rs`), call arguments (`args.rs`),
 //! and at the bottom each program's own count of its runs (`runs.rs`), the
 //! STATS counters and atomic adds (`counters.rs`).
-//! No module imports a program module, and there are no cycles.
+//! No program module imports another, but for `exits.rs`, the one
+//! dispatcher that clears every family's per-process maps when a process
+//! exits; and there are no cycles.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
@@ -38,6 +41,8 @@ mod forks;
 #[cfg(target_arch = "bpf")]
 mod gpu;
 #[cfg(target_arch = "bpf")]
+mod gpu_pending;
+#[cfg(target_arch = "bpf")]
 mod libraries;
 #[cfg(target_arch = "bpf")]
 mod live;
@@ -53,6 +58,8 @@ mod python;
 mod runs;
 #[cfg(target_arch = "bpf")]
 mod sampling;
+#[cfg(target_arch = "bpf")]
+mod scratch;
 #[cfg(target_arch = "bpf")]
 mod signals;
 #[cfg(target_arch = "bpf")]

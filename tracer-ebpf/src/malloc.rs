@@ -26,7 +26,7 @@ use crate::{
     args::call_arg,
     counters::count,
     live::{find_live, free_live, live_key, put_live, take_live},
-    pending::PENDING,
+    pending::{PENDING, still_inside},
     runs::counted_run,
 };
 
@@ -140,30 +140,6 @@ fn inside_unrecorded_call(ctx: &ProbeContext, pending: &mut Pending) -> bool {
     }
     pending.unrecorded_sp = 0;
     false
-}
-
-/// Whether a call entered with its stack pointer at `marked_sp` and the
-/// return address `marked_return` there is still in progress when the
-/// thread's stack pointer is `sp`: `sp` is below it and the word is still
-/// in place (or the uprobe trampoline's, which a return probe writes over
-/// it).
-#[inline(always)]
-fn still_inside(marked_sp: u64, marked_return: u64, sp: u64) -> bool {
-    marked_sp != 0
-        && sp < marked_sp
-        && unsafe { bpf_probe_read_user(marked_sp as *const u64) }
-            .is_ok_and(|word| word == marked_return || tracer_ebpf::is_uprobe_trampoline(word))
-}
-
-/// Whether the thread whose user stack pointer is `sp` is inside an
-/// allocator call of the malloc family: an outermost call in progress
-/// (recorded or not), an unrecorded call whose return was skipped, or a
-/// free (which has no return probe) that has not returned yet.
-#[inline(always)]
-pub(crate) fn inside_allocator_call(pending: &Pending, sp: u64) -> bool {
-    pending.depth > 0
-        || still_inside(pending.unrecorded_sp, pending.unrecorded_return, sp)
-        || still_inside(pending.free_sp, pending.free_return, sp)
 }
 
 /// Remembers an outermost call that is not recorded and skips its

@@ -138,12 +138,12 @@ fn inside_allocator_call(thread: u64) -> bool {
         }
         if (pending.unrecorded_sp != 0 || pending.free_sp != 0)
             && let Some(sp) = user_sp()
-            && crate::malloc::inside_allocator_call(pending, sp)
+            && crate::pending::inside_allocator_call(pending, sp)
         {
             return true;
         }
     }
-    crate::gpu::inside_gpu_call(thread)
+    crate::gpu_pending::inside_gpu_call(thread)
 }
 
 /// The user stack pointer of the current thread at its system call.

@@ -14,7 +14,7 @@ use aya_ebpf::{
         bpf_task_pt_regs, generated::bpf_get_stack,
     },
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, Queue},
+    maps::{Array, HashMap, Queue},
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_ebpf::{
@@ -22,7 +22,10 @@ use tracer_ebpf::{
     unwind_walk::Registers,
 };
 
-use crate::counters::{count, fetch_add};
+use crate::{
+    counters::{count, fetch_add},
+    scratch::scratch,
+};
 use copy::copy_stack;
 pub(crate) use copy::{send_exec, send_free};
 
@@ -72,10 +75,6 @@ static STACK_IDS: HashMap<u64, u32> = HashMap::with_max_entries(1 << 17, BPF_F_N
 /// The next stack id never handed out.
 #[map]
 static NEXT_STACK_ID: Array<u64> = Array::with_max_entries(1, 0);
-
-/// Per CPU, where a stack is walked before it is looked up.
-#[map]
-static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
 
 /// Processes whose stacks are copied (`--unwind auto`), set by userspace.
 #[map]
@@ -242,7 +241,7 @@ fn walk_stack(
     python: Option<u32>,
     start: Option<Registers>,
 ) -> u32 {
-    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
+    let Some(scratch) = scratch() else {
         count(stat::DROP_STACK_ERROR);
         return NO_STACK;
     };
@@ -276,7 +275,7 @@ fn walk_stack(
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn tracer_store_stack(python: i64) -> u32 {
-    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
+    let Some(scratch) = scratch() else {
         count(stat::DROP_STACK_ERROR);
         return NO_STACK;
     };
@@ -319,12 +318,6 @@ fn same_stack(id: u32, stack: &StackFrames) -> u32 {
         }
     }
     id
-}
-
-/// The per-CPU stack scratch (`walk_stack`'s).
-#[inline(always)]
-pub(crate) fn scratch() -> Option<*mut StackFrames> {
-    STACK_SCRATCH.get_ptr_mut(0)
 }
 
 /// Hands a new stack an id and stores its frames. An id taken but not

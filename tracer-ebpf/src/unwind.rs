@@ -144,7 +144,7 @@ pub(crate) fn walks(tgid: u32) -> bool {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn tracer_unwind_walk(tgid: u32, ip: u64, sp: u64, bp: u64, room: u64) -> i64 {
-    let Some(stack) = crate::stacks::scratch() else {
+    let Some(stack) = crate::scratch::scratch() else {
         return 0;
     };
     let room = (room as usize).min(MAX_STACK_FRAMES);
