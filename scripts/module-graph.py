@@ -2,7 +2,9 @@
 """The file graph of a crate's `use crate::` / `use super::` lines (and
 inline `crate::a::b` paths), and its circles.
 
-usage: scripts/module-graph.py [CRATE_SRC ...]   (default: tracer/src xtask/src)
+usage: scripts/module-graph.py [--check] [CRATE_SRC ...]
+       (--check: print only circles, layer failures and the count)
+       (default: tracer/src tracer-ebpf/src xtask/src)
 
 A node is a file's module path (`attach::forks`, `cli`). An edge a -> b
 means a names b; a path into a module's child counts as the child when that
@@ -10,7 +12,16 @@ child is a file, else as the module. A child naming its own parent (a
 `mod.rs` re-export) and a parent naming its children are the tree itself
 and are not edges. Prints the edges between top-level modules, the
 file-level edges inside each module, and every circle (strongly connected
-set of two or more); exits 1 if there is a circle.
+set of two or more).
+
+The layers (`cargo xtask lint` runs this script): in tracer/src a
+top-level module may only name modules of a lower or equal RANK, `output`
+is named only by the verbs, and in tracer-ebpf/src a program module names
+no other program module (but `exits`, the one dispatcher that clears
+every family's maps). ALLOWED lists today's exceptions, each to be
+removed by the house redesign (issue 46): an edge against the layers
+that is not in it fails, and so does an entry of it that no longer
+occurs, so the list only shrinks. Exits 1 on a circle or either failure.
 """
 import os
 import re
@@ -150,36 +161,121 @@ def sccs(nodes, edges):
     return out
 
 
+# tracer/src, top to bottom: a module may name those below it (or beside).
+RANKS = {
+    "tracer/src": {
+        "cli": 100,
+        "record": 90, "top": 90, "analyze": 90, "serve": 90,
+        "output": 80,
+        "session": 70,
+        "collect": 60,
+        "python": 55, "perf_map": 55,
+        "attach": 50,
+        "unwind": 45,
+        "holders": 40,
+        "symbolize": 38,
+        "debug_files": 36,
+        "recording": 30,
+        "target_memory": 25,
+        "target_files": 22,
+        "tracefs": 21,
+        "procfs": 20,
+        "config": 10,
+        "model": 5,
+        "error": 0,
+    },
+}
+# Modules only the verbs may name.
+ONLY_FROM = {"tracer/src": {"output": {"record", "top", "analyze", "serve"}}}
+# tracer-ebpf/src: the modules that hold programs.
+PROGRAMS = {
+    "tracer-ebpf/src": {
+        "exceptions", "exits", "floor", "forks", "gpu", "libraries", "malloc",
+        "mappings", "signals", "spawn", "tensors",
+    },
+}
+DISPATCHERS = {"tracer-ebpf/src": {"exits"}}
+# Edges against the layers that exist today (a -> b); the redesign removes them.
+ALLOWED = {
+    "tracer/src": {
+        ("config", "attach"), ("config", "unwind"), ("config", "python"),
+        ("config", "output"), ("session", "output"), ("cli", "output"),
+        ("symbolize", "perf_map"),
+    },
+}
+
+
+def layer_failures(root, top):
+    """Edges of `top` (top-level a -> b) against the layers, and ALLOWED
+    entries that no longer occur."""
+    key = next((k for k in (RANKS.keys() | PROGRAMS.keys()) if root.rstrip("/").endswith(k)), None)
+    if key is None:
+        return []
+    ranks = RANKS.get(key, {})
+    only_from = ONLY_FROM.get(key, {})
+    programs = PROGRAMS.get(key, set())
+    dispatchers = DISPATCHERS.get(key, set())
+    allowed = ALLOWED.get(key, set())
+    failures, used = [], set()
+    for a, b in top:
+        bad = []
+        if a in ranks and b in ranks and ranks[b] > ranks[a]:
+            bad.append(f"{a} (rank {ranks[a]}) names {b} above it (rank {ranks[b]})")
+        if b in only_from and a not in only_from[b]:
+            bad.append(f"{a} names {b}, which only {', '.join(sorted(only_from[b]))} may")
+        if a in programs and b in programs and a not in dispatchers:
+            bad.append(f"program module {a} names program module {b}")
+        for unknown in (m for m in (a, b) if ranks and m not in ranks):
+            bad.append(f"{unknown} has no rank in RANKS (scripts/module-graph.py)")
+        if bad and (a, b) in allowed:
+            used.add((a, b))
+        elif bad:
+            failures.extend(bad)
+    failures.extend(
+        f"ALLOWED lists {a} -> {b}, which no longer goes against the layers: remove it"
+        for a, b in sorted(allowed - used)
+    )
+    return failures
+
+
 def name(m):
     return "::".join(m) or "crate"
 
 
 def main():
-    roots = sys.argv[1:] or ["tracer/src", "xtask/src"]
+    args = sys.argv[1:]
+    check = "--check" in args
+    args = [arg for arg in args if arg != "--check"]
+    roots = args or ["tracer/src", "tracer-ebpf/src", "xtask/src"]
+    say = (lambda *_: None) if check else print
     circles = 0
+    failures = 0
     for root in roots:
         mods, edges = graph(root)
-        print(f"== {root}")
+        say(f"== {root}")
         top = sorted({(a[0], b[0]) for a, b in edges if a and b and a[0] != b[0]})
-        print("-- top-level modules (a -> b: a uses b)")
+        say("-- top-level modules (a -> b: a uses b)")
         for a in sorted({a for a, _ in top}):
-            print(f"  {a} -> {', '.join(b for x, b in top if x == a)}")
+            say(f"  {a} -> {', '.join(b for x, b in top if x == a)}")
         top_nodes = {m[0] for m in mods if m}
         for c in sccs(top_nodes, set(top)):
             circles += 1
             print("  CIRCLE (top level):", " <-> ".join(c))
-        print("-- files inside one module")
+        for failure in sorted(set(layer_failures(root, top))):
+            failures += 1
+            print("  LAYERS:", failure)
+        say("-- files inside one module")
         inner = sorted(
             (a, b) for a, b in edges if len(a) > 1 and len(b) > 1 and a[:-1] == b[:-1]
         )
         for a in sorted({a for a, _ in inner}):
-            print(f"  {name(a)} -> {', '.join(b[-1] for x, b in inner if x == a)}")
+            say(f"  {name(a)} -> {', '.join(b[-1] for x, b in inner if x == a)}")
         for c in sccs(mods, edges):
             # a circle between files is reported once, at file level
             circles += 1
             print("  CIRCLE (files):", " <-> ".join(name(m) for m in c))
-    print(f"circles: {circles}")
-    sys.exit(1 if circles else 0)
+    print(f"circles: {circles}, layer failures: {failures}")
+    sys.exit(1 if circles or failures else 0)
 
 
 if __name__ == "__main__":

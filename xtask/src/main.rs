@@ -222,7 +222,7 @@ fn run(task: Task) -> Result<()> {
             setup::setup_toolchain(&mut shell, &root)?;
             fuzz::fuzz(&shell, &root, seconds, only.as_deref())
         }
-        Task::Lint => lint(&Shell::new(false)),
+        Task::Lint => lint(&Shell::new(false), &root),
     }
 }
 
@@ -304,7 +304,7 @@ fn test(shell: &Shell, args: &[String]) -> Result<()> {
     )
 }
 
-fn lint(shell: &Shell) -> Result<()> {
+fn lint(shell: &Shell, root: &std::path::Path) -> Result<()> {
     shell.run(shell.cmd("cargo").args([
         "clippy",
         "--workspace",
@@ -313,5 +313,13 @@ fn lint(shell: &Shell) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    shell.run(shell.cmd("cargo").args(["fmt", "--all", "--check"]))
+    shell.run(shell.cmd("cargo").args(["fmt", "--all", "--check"]))?;
+    // The module layers and the absence of circles (issue 46's ratchet).
+    shell.run(
+        shell
+            .cmd("python3")
+            .arg(root.join("scripts/module-graph.py"))
+            .arg("--check")
+            .current_dir(root),
+    )
 }
