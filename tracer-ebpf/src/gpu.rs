@@ -38,8 +38,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_ebpf::{
-    Event, GpuPending, LiveAlloc, LiveKey, StackKey, VmmHandle, counted, event, gpu_api, gpu_call,
-    stat,
+    ByStackKey, GpuPending, LiveAlloc, LiveKey, RareEvent, VmmHandle, counted, event, gpu_api,
+    gpu_call, stat,
 };
 
 use crate::{
@@ -67,7 +67,7 @@ static VMM_MAPPINGS: HashMap<LiveKey, u64> = HashMap::with_max_entries(1 << 16, 
 
 /// The `gpu_api` id of the call that made each GPU stack's memory.
 #[map]
-static STACK_API: HashMap<StackKey, u32> = HashMap::with_max_entries(1 << 14, BPF_F_NO_PREALLOC);
+static STACK_API: HashMap<ByStackKey, u32> = HashMap::with_max_entries(1 << 14, BPF_F_NO_PREALLOC);
 
 /// Starts a CUDA call unless one is already in progress on this thread.
 #[inline(always)]
@@ -248,7 +248,7 @@ pub fn gpu_return(ctx: RetProbeContext) -> u32 {
                 count(stat::GPU_CONTEXT_DESTROYS);
                 let context_epoch = end_context_epoch(tgid);
                 if context_epoch != 0 {
-                    send_event(&Event {
+                    send_event(&RareEvent {
                         what: event::GPU_CONTEXT_DESTROYED,
                         tgid,
                         timestamp_ns: unsafe { bpf_ktime_get_ns() },

@@ -61,13 +61,13 @@ mod pod {
     unsafe impl aya::Pod for UnwindTable {}
     unsafe impl aya::Pod for LiveKey {}
     unsafe impl aya::Pod for LiveAlloc {}
-    unsafe impl aya::Pod for StackKey {}
+    unsafe impl aya::Pod for ByStackKey {}
     unsafe impl aya::Pod for StackTotals {}
     unsafe impl aya::Pod for Pending {}
     unsafe impl aya::Pod for SignalLevel {}
     unsafe impl aya::Pod for GpuPending {}
     unsafe impl aya::Pod for VmmHandle {}
-    unsafe impl aya::Pod for Event {}
+    unsafe impl aya::Pod for RareEvent {}
     unsafe impl aya::Pod for OpenedFile {}
     unsafe impl aya::Pod for SyscallFieldOffsets {}
     unsafe impl aya::Pod for MappingEvent {}

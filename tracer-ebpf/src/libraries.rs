@@ -30,7 +30,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, RingBuf},
     programs::{ProbeContext, TracePointContext},
 };
-use tracer_ebpf::{Event, OpenedFile, counted, event, mmap_format, openat_format, stat};
+use tracer_ebpf::{OpenedFile, RareEvent, counted, event, mmap_format, openat_format, stat};
 
 use crate::{
     counters::{atomic_add, count},
@@ -152,7 +152,7 @@ pub fn process_exec(_ctx: TracePointContext) -> u32 {
         replace_image(tgid, now_ns);
         // The image's CUDA contexts are gone with it.
         let context_epoch = end_context_epoch(tgid);
-        send_event(&Event {
+        send_event(&RareEvent {
             what: event::EXEC,
             tgid,
             timestamp_ns: now_ns,
@@ -175,11 +175,11 @@ pub fn exec_mapped(ctx: TracePointContext) -> u32 {
         if prot & PROT_EXEC == 0 || (fd as i32) < 0 {
             return 0;
         }
-        send_event(&Event {
+        send_event(&RareEvent {
             what: event::EXEC_MAPPED,
             tgid,
             timestamp_ns: unsafe { bpf_ktime_get_ns() },
-            ..Event::default()
+            ..RareEvent::default()
         });
         0
     })

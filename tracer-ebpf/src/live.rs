@@ -24,8 +24,8 @@ use aya_ebpf::{
     maps::{Array, HashMap},
 };
 use tracer_ebpf::{
-    FIRST_CONTEXT_EPOCH, LiveAlloc, LiveKey, StackKey, StackTotals, is_copied_stack, stack_record,
-    stat,
+    ByStackKey, FIRST_CONTEXT_EPOCH, LiveAlloc, LiveKey, StackTotals, is_copied_stack,
+    stack_record, stat,
 };
 
 use crate::{
@@ -47,7 +47,7 @@ static LIVE: HashMap<LiveKey, LiveAlloc> = HashMap::with_max_entries(1 << 20, 0)
 /// are made on a stack's first block (no preallocation): sized for many
 /// stacks, the table costs kernel memory only for those seen.
 #[map]
-static BY_STACK: HashMap<StackKey, StackTotals> =
+static BY_STACK: HashMap<ByStackKey, StackTotals> =
     HashMap::with_max_entries(1 << 19, BPF_F_NO_PREALLOC);
 
 /// When each traced process last exec'ed (ktime ns, set by
@@ -93,8 +93,8 @@ pub(crate) fn end_context_epoch(tgid: u32) -> u32 {
 }
 
 #[inline(always)]
-pub(crate) fn stack_key(tgid: u32, block: &LiveAlloc) -> StackKey {
-    StackKey {
+pub(crate) fn stack_key(tgid: u32, block: &LiveAlloc) -> ByStackKey {
+    ByStackKey {
         tgid,
         stack_id: block.stack_id,
         kind: block.kind,
@@ -104,7 +104,7 @@ pub(crate) fn stack_key(tgid: u32, block: &LiveAlloc) -> StackKey {
 
 /// A stack's totals, created on first use; None when BY_STACK is full.
 #[inline(always)]
-fn totals_of(key: &StackKey) -> Option<*mut StackTotals> {
+fn totals_of(key: &ByStackKey) -> Option<*mut StackTotals> {
     if let Some(totals) = BY_STACK.get_ptr_mut(key) {
         return Some(totals);
     }
@@ -203,7 +203,7 @@ fn raise_last_exec(exec_ns: u64) {
 /// `bpf_for_each_map_elem` (Linux 5.13+): 0 goes on.
 extern "C" fn zero_live_of(
     _map: *mut core::ffi::c_void,
-    key: *const StackKey,
+    key: *const ByStackKey,
     totals: *mut StackTotals,
     tgid: *mut u32,
 ) -> i64 {

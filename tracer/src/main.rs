@@ -51,7 +51,7 @@ fn floor(config: &FloorConfig) -> Result<()> {
     attach::check_kernel()?;
     attach::check_target(config.pid)?;
     let (mut probes, _rings) = Probes::load(
-        attach::Capacity::DEFAULT,
+        attach::MapSizes::DEFAULT,
         &attach::Sampling::EXACT,
         &tracer::unwind::Unwinding::FRAME_POINTERS,
     )?;

@@ -35,7 +35,7 @@ pub fn attach(config: &Config) -> Result<Collector> {
         }
     }
     let started_at = Instant::now();
-    let capacity = attach::Capacity {
+    let capacity = attach::MapSizes {
         live_allocs: config.max_live_allocs,
         stacks: config.max_stacks,
         mapping_ring_bytes: config.ring_buffer_kib * 1024,

@@ -14,7 +14,7 @@ pub mod event {
 /// One message in the EVENTS ring buffer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Event {
+pub struct RareEvent {
     /// An `event` value.
     pub what: u32,
     pub tgid: u32,

@@ -70,7 +70,7 @@ pub const FIRST_CONTEXT_EPOCH: u32 = 1;
 /// Key of the BY_STACK map: the live memory of one call stack, one kind.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StackKey {
+pub struct ByStackKey {
     pub tgid: u32,
     /// Id in the STACKS map, or [`NO_STACK`] when the stack could not be
     /// stored (the reason is counted in STATS).

@@ -180,12 +180,13 @@ impl Probes {
             }
         }
         if let Some(map) = self.ebpf.map_mut(tracer_ebpf::map::BY_STACK)
-            && let Ok(mut by_stack) =
-                HashMap::<&mut MapData, tracer_ebpf::StackKey, tracer_ebpf::StackTotals>::try_from(
-                    map,
-                )
+            && let Ok(mut by_stack) = HashMap::<
+                &mut MapData,
+                tracer_ebpf::ByStackKey,
+                tracer_ebpf::StackTotals,
+            >::try_from(map)
         {
-            let keys: Vec<tracer_ebpf::StackKey> = by_stack
+            let keys: Vec<tracer_ebpf::ByStackKey> = by_stack
                 .keys()
                 .filter_map(Result::ok)
                 .filter(|key| key.tgid == pid)

@@ -23,7 +23,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as KernelHashMap, MapData, RingBuf},
 };
-use tracer_ebpf::{Event, event};
+use tracer_ebpf::{RareEvent, event};
 
 use super::{
     HookSite, Probes,
@@ -102,7 +102,7 @@ pub struct LibraryWatch {
     /// Processes that replaced their image since the last `take_execs`.
     execs: Vec<u32>,
     /// CUDA contexts destroyed since the last `take_context_destroys`.
-    context_destroys: Vec<Event>,
+    context_destroys: Vec<RareEvent>,
     next_poll: Instant,
     /// When every initial probe was in place: time zero of the report.
     attached_at: Option<Instant>,
@@ -265,11 +265,11 @@ impl LibraryWatch {
     fn due(&mut self, pids: &[u32]) -> Vec<(u32, NoticedBy)> {
         let now = Instant::now();
         while let Some(item) = self.events.next() {
-            if item.len() < size_of::<Event>() {
+            if item.len() < size_of::<RareEvent>() {
                 continue;
             }
-            // SAFETY: the kernel wrote an `Event` (plain integers) there.
-            let message: Event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            // SAFETY: the kernel wrote an `RareEvent` (plain integers) there.
+            let message: RareEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             if message.what == event::EXEC && pids.contains(&message.tgid) {
                 self.execs.push(message.tgid);
                 // Probes stay on the files already hooked (they are keyed by
@@ -328,7 +328,7 @@ impl Probes {
     /// The CUDA context destructions (events with the process, the
     /// kernel's time and the context epoch that ended) since the last call,
     /// as seen by the last `watch_libraries`.
-    pub fn take_context_destroys(&mut self) -> Vec<Event> {
+    pub fn take_context_destroys(&mut self) -> Vec<RareEvent> {
         std::mem::take(&mut self.watch.context_destroys)
     }
 

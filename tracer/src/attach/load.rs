@@ -55,7 +55,7 @@ impl Sampling {
 
 /// How big the kernel tables are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capacity {
+pub struct MapSizes {
     /// Outstanding blocks (LIVE).
     pub live_allocs: u32,
     /// Distinct frame-pointer stacks (STACKS; BY_STACK holds four times
@@ -68,9 +68,9 @@ pub struct Capacity {
     pub mapping_ring_bytes: u32,
 }
 
-impl Capacity {
+impl MapSizes {
     /// The defaults of `tracer record`.
-    pub const DEFAULT: Capacity = Capacity {
+    pub const DEFAULT: MapSizes = MapSizes {
         live_allocs: 1 << 20,
         stacks: 1 << 17,
         mapping_ring_bytes: 1 << 20,
@@ -97,11 +97,11 @@ impl Probes {
     /// `sampling` (the session programs only when calls may be skipped),
     /// with the tables sized as `capacity` asks.
     pub fn load(
-        capacity: Capacity,
+        capacity: MapSizes,
         sampling: &Sampling,
         unwinding: &Unwinding,
     ) -> Result<(Probes, Rings)> {
-        let Capacity {
+        let MapSizes {
             live_allocs: max_live_allocs,
             stacks: max_stacks,
             mapping_ring_bytes,

@@ -9,7 +9,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as KernelHashMap, IterableMap as _, MapData, PerCpuArray},
 };
-use tracer_ebpf::{LiveAlloc, LiveKey, StackFrames, StackKey, StackTotals, stat};
+use tracer_ebpf::{ByStackKey, LiveAlloc, LiveKey, StackFrames, StackTotals, stat};
 
 use super::Probes;
 
@@ -30,14 +30,14 @@ impl KernelMaps<'_> {
     /// epoch in one process. Read a batch of buckets per system call
     /// (BPF_MAP_LOOKUP_BATCH: 10^5 stacks took 0.2 s of syscall pairs at
     /// every snapshot), or entry by entry on a kernel without it.
-    pub fn by_stack(&self) -> Result<Vec<(StackKey, StackTotals)>> {
-        let by_stack: KernelHashMap<&MapData, StackKey, StackTotals> = KernelHashMap::try_from(
+    pub fn by_stack(&self) -> Result<Vec<(ByStackKey, StackTotals)>> {
+        let by_stack: KernelHashMap<&MapData, ByStackKey, StackTotals> = KernelHashMap::try_from(
             self.ebpf
                 .map(tracer_ebpf::map::BY_STACK)
                 .context("eBPF object lacks BY_STACK")?,
         )?;
         let mut entries = Vec::new();
-        let batched = lookup_batches(by_stack.map(), &mut |key: &StackKey, totals| {
+        let batched = lookup_batches(by_stack.map(), &mut |key: &ByStackKey, totals| {
             entries.push((*key, *totals));
         });
         if batched.is_ok() {
@@ -147,11 +147,11 @@ impl KernelMaps<'_> {
 
     /// The `gpu_api` id of the CUDA function that made each GPU stack's
     /// memory (STACK_API).
-    pub fn stack_apis(&self) -> Vec<(StackKey, u32)> {
+    pub fn stack_apis(&self) -> Vec<(ByStackKey, u32)> {
         let Some(Ok(apis)) = self
             .ebpf
             .map(tracer_ebpf::map::STACK_API)
-            .map(KernelHashMap::<&MapData, StackKey, u32>::try_from)
+            .map(KernelHashMap::<&MapData, ByStackKey, u32>::try_from)
         else {
             return Vec::new();
         };

@@ -61,7 +61,7 @@ use crate::{
 use forwarding::Forwarding;
 use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
 use links::TracepointLink;
-pub use load::{AttachTimes, Capacity, Rings, Sampling};
+pub use load::{AttachTimes, MapSizes, Rings, Sampling};
 use load::{load_error, program};
 pub use maps::KernelMaps;
 pub use preflight::{KernelFeatures, check_kernel, check_privileges, check_target};

@@ -11,8 +11,8 @@ use aya::{
     maps::{HashMap as KernelHashMap, IterableMap as _, MapData, Queue},
 };
 use tracer_ebpf::{
-    MappingEvent, NO_STACK, Pending, PythonStack, SignalLevel, StackFrames, StackKey, StackTotals,
-    is_copied_stack, map,
+    ByStackKey, MappingEvent, NO_STACK, Pending, PythonStack, SignalLevel, StackFrames,
+    StackTotals, is_copied_stack, map,
 };
 
 use super::Probes;
@@ -97,12 +97,12 @@ impl StackMaps<'_> {
     /// Deletes stack `id`: its BY_STACK entries `keys` (and their
     /// STACK_API entries, for GPU memory), then its frames; and gives the
     /// id back for a new stack.
-    pub fn evict_stack(&mut self, id: u32, keys: &[StackKey]) -> Result<()> {
-        let mut by_stack = self.hash_map::<StackKey, StackTotals>(map::BY_STACK)?;
+    pub fn evict_stack(&mut self, id: u32, keys: &[ByStackKey]) -> Result<()> {
+        let mut by_stack = self.hash_map::<ByStackKey, StackTotals>(map::BY_STACK)?;
         for key in keys {
             let _ = by_stack.remove(key);
         }
-        let mut apis = self.hash_map::<StackKey, u32>(map::STACK_API)?;
+        let mut apis = self.hash_map::<ByStackKey, u32>(map::STACK_API)?;
         for key in keys.iter().filter(|key| is_gpu_kind(key.kind)) {
             let _ = apis.remove(key);
         }

@@ -15,7 +15,7 @@ use anyhow::Result;
 use super::{Probes, unwind_maps::UnwindMaps};
 use crate::{
     procfs,
-    unwind::registry::{Capacity, TableState, UnwindTables},
+    unwind::registry::{TableState, UnwindMapSizes, UnwindTables},
 };
 
 /// How long attaching a process waits for its tables at most: the small
@@ -42,7 +42,7 @@ impl KernelUnwinding {
     /// With `trust_frame_pointers` (`auto`), objects that keep frame
     /// pointers get no table.
     pub fn new(maps: UnwindMaps, trust_frame_pointers: bool) -> KernelUnwinding {
-        let capacity = Capacity {
+        let capacity = UnwindMapSizes {
             rows: maps.row_capacity(),
             tables: maps.table_capacity(),
         };

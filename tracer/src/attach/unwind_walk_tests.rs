@@ -15,7 +15,7 @@ use tracer_ebpf::{
 use crate::{
     procfs,
     unwind::{
-        registry::{Capacity, UnwindTables},
+        registry::{UnwindMapSizes, UnwindTables},
         walk::{
             self,
             tests::{CAPTURED, Captured, compare},
@@ -88,7 +88,7 @@ fn kernel_walk_takes_the_reference_walks_frames_through_qsort() {
     let pid = std::process::id();
     let maps = procfs::read_maps(pid).expect("own maps");
     for trust_frame_pointers in [false, true] {
-        let capacity = Capacity {
+        let capacity = UnwindMapSizes {
             rows: 1 << 24,
             tables: 4096,
         };

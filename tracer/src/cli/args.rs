@@ -22,7 +22,7 @@ use crate::{
     },
     error::{ExitCode, fatal},
     model::Kind,
-    output::{GroupBy, Layout, NativeFrames, Wrappers, folded::FoldedValue},
+    output::{GroupBy, NativeFrames, ReportLayout, Wrappers, folded::FoldedValue},
     python::PythonMode,
     unwind::Unwinding,
 };
@@ -173,8 +173,8 @@ struct LabelArgs {
 }
 
 impl LabelArgs {
-    fn layout(&self) -> Layout {
-        Layout {
+    fn layout(&self) -> ReportLayout {
+        ReportLayout {
             group_by: self.group_by,
             native: self.native,
         }

@@ -17,7 +17,7 @@ use std::{
     time::Instant,
 };
 
-use tracer_ebpf::{Event, FIRST_CONTEXT_EPOCH, StackTotals};
+use tracer_ebpf::{FIRST_CONTEXT_EPOCH, RareEvent, StackTotals};
 
 use crate::model::{ContextDestroyed, Counters, Kind, StackId, StackKey, Target, Totals};
 
@@ -34,7 +34,7 @@ pub struct EpochEntry {
 impl EpochEntry {
     /// A BY_STACK entry of the kernel's; `None` for a kind this build does
     /// not know.
-    pub fn from_kernel(key: &tracer_ebpf::StackKey, totals: &StackTotals) -> Option<EpochEntry> {
+    pub fn from_kernel(key: &tracer_ebpf::ByStackKey, totals: &StackTotals) -> Option<EpochEntry> {
         Some(EpochEntry {
             key: StackKey {
                 pid: key.tgid,
@@ -105,7 +105,7 @@ fn released_by(entries: &[EpochEntry], tgid: u32, ended_epoch: u32) -> BTreeMap<
 /// target.
 pub fn mark_destroyed<'a>(
     entries: &[EpochEntry],
-    destroyed: &Event,
+    destroyed: &RareEvent,
     attached_at: Instant,
     target: &'a mut Target,
 ) -> &'a ContextDestroyed {
@@ -134,7 +134,7 @@ mod tests {
         alloc_bytes: u64,
     ) -> EpochEntry {
         EpochEntry::from_kernel(
-            &tracer_ebpf::StackKey {
+            &tracer_ebpf::ByStackKey {
                 tgid,
                 stack_id: 7,
                 kind,
@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn an_unknown_kind_is_left_out() {
-        let key = tracer_ebpf::StackKey {
+        let key = tracer_ebpf::ByStackKey {
             tgid: 1,
             stack_id: 2,
             kind: 63,

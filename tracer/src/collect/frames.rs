@@ -10,7 +10,7 @@ use crate::{
         Frame, StackId, StackKey,
         quality::{is_thread_entry, python_reaches_start},
     },
-    unwind::StopReason,
+    unwind::UnwindStop,
 };
 
 /// The outermost frame of a stack the kernel walked by frame pointers
@@ -113,7 +113,7 @@ impl Collector {
                     let mut frames = self.symbols.stack_frames(key.pid, stack.addresses);
                     if stack.stopped {
                         frames.push(Frame {
-                            function: Some(StopReason::OutsideCode.marker()),
+                            function: Some(UnwindStop::OutsideCode.marker()),
                             ..Frame::default()
                         });
                     }

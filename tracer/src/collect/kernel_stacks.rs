@@ -30,7 +30,7 @@ use std::sync::Arc;
 use crate::{
     model::{Counters, Kind},
     procfs,
-    unwind::StopReason,
+    unwind::UnwindStop,
 };
 
 /// A kernel stack, checked.
@@ -78,7 +78,7 @@ pub struct KernelStacks {
     /// Each process's executable ranges, as last read.
     code: HashMap<u32, Vec<(u64, u64)>>,
     /// Stacks cut short, by reason.
-    stops: BTreeMap<StopReason, u64>,
+    stops: BTreeMap<UnwindStop, u64>,
     /// Distinct stacks taken before one of their tables was ready.
     pending: u64,
     /// The processes whose code was read again in this pass.
@@ -107,7 +107,7 @@ impl KernelStacks {
                 let name = self.next_name;
                 self.next_name += 1;
                 if checked.stopped {
-                    *self.stops.entry(StopReason::OutsideCode).or_default() += 1;
+                    *self.stops.entry(UnwindStop::OutsideCode).or_default() += 1;
                 }
                 if checked.pending {
                     self.pending += 1;
@@ -274,7 +274,7 @@ impl KernelStacks {
     }
 
     /// Distinct stacks cut short, by reason.
-    pub fn stops(&self) -> &BTreeMap<StopReason, u64> {
+    pub fn stops(&self) -> &BTreeMap<UnwindStop, u64> {
         &self.stops
     }
 

@@ -183,7 +183,7 @@ pub struct Collector {
     /// What the kernel's stack tables hold, and their eviction.
     stack_table: StackTable,
     /// BY_STACK as the last snapshot read it, for its eviction round.
-    by_stack: Vec<(tracer_ebpf::StackKey, tracer_ebpf::StackTotals)>,
+    by_stack: Vec<(tracer_ebpf::ByStackKey, tracer_ebpf::StackTotals)>,
     copied: CopiedStacks,
     mappings: MappingTracker,
     symbols: Symbols,

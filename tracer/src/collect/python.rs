@@ -13,7 +13,7 @@ use tracer_ebpf::python_stack_of_frame;
 use super::{Collector, Event};
 use crate::{
     model::{Frame, Language, run::NoticedBy},
-    python::{self, Found, PythonMode},
+    python::{self, Detection, PythonMode},
 };
 
 /// What `--python` found and keeps per target.
@@ -62,7 +62,7 @@ impl Collector {
             return Ok(None);
         }
         match python::find(pid) {
-            Found::Interpreter(interpreter) => {
+            Detection::Interpreter(interpreter) => {
                 self.probes
                     .start_python(pid, interpreter.kernel_offsets(), self.python.depth)?;
                 let object = interpreter.object.clone();
@@ -70,13 +70,13 @@ impl Collector {
                 self.refresh_python_threads(pid);
                 return Ok(Some(object));
             }
-            Found::Unsupported(why) => {
+            Detection::Unsupported(why) => {
                 if self.python.mode == PythonMode::On {
                     anyhow::bail!("--python on: PID {pid}: {why}");
                 }
                 self.python.unsupported.push((pid, why));
             }
-            Found::None => {
+            Detection::None => {
                 if self.python.mode == PythonMode::On {
                     anyhow::bail!("--python on: PID {pid} runs no CPython tracer can find");
                 }

@@ -189,7 +189,7 @@ impl StackTable {
 }
 
 /// What each held id holds now.
-fn by_id(entries: &[(tracer_ebpf::StackKey, StackTotals)]) -> HashMap<u32, IdNow> {
+fn by_id(entries: &[(tracer_ebpf::ByStackKey, StackTotals)]) -> HashMap<u32, IdNow> {
     let mut ids: HashMap<u32, IdNow> = HashMap::new();
     for &(key, totals) in entries {
         if key.stack_id == NO_STACK || is_copied_stack(key.stack_id) {
@@ -255,7 +255,7 @@ impl Collector {
     /// nothing and have no stack id left, for the model to fold.
     pub(super) fn evict_stacks(
         &mut self,
-        by_stack: &[(tracer_ebpf::StackKey, StackTotals)],
+        by_stack: &[(tracer_ebpf::ByStackKey, StackTotals)],
         held_by_calls: &HashSet<u32>,
     ) -> Result<Vec<Retired>> {
         self.stack_table.round += 1;
@@ -276,7 +276,7 @@ impl Collector {
         }
         let holds =
             |id: &u32| now.get(id).is_some_and(|now| now.live) || held_by_calls.contains(id);
-        let mut evicted: HashMap<u32, Vec<(tracer_ebpf::StackKey, StackTotals)>> = self
+        let mut evicted: HashMap<u32, Vec<(tracer_ebpf::ByStackKey, StackTotals)>> = self
             .stack_table
             .ids
             .iter()
@@ -302,7 +302,7 @@ impl Collector {
     fn evict_stack(
         &mut self,
         id: u32,
-        entries: &[(tracer_ebpf::StackKey, StackTotals)],
+        entries: &[(tracer_ebpf::ByStackKey, StackTotals)],
     ) -> Result<()> {
         for &(key, totals) in entries {
             if let (Some(name), Some(kind)) = (
@@ -318,7 +318,7 @@ impl Collector {
                 self.kernel_stacks.fold(name, kind, counters);
             }
         }
-        let keys: Vec<tracer_ebpf::StackKey> = entries.iter().map(|(key, _)| *key).collect();
+        let keys: Vec<tracer_ebpf::ByStackKey> = entries.iter().map(|(key, _)| *key).collect();
         self.probes.stack_maps().evict_stack(id, &keys)?;
         let held = self
             .stack_table

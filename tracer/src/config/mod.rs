@@ -63,7 +63,7 @@ pub struct Config {
     /// What stacks are named past (`--wrapper` and the built-in list).
     pub wrappers: Wrappers,
     /// `--group-by`, `--native`.
-    pub layout: crate::output::Layout,
+    pub layout: crate::output::ReportLayout,
     /// Separate debug files are searched here first (`--debug-dir`).
     pub debug_dirs: Vec<PathBuf>,
     /// Where to serve metrics and profiles (`--listen`).
@@ -137,7 +137,7 @@ pub struct ReportConfig {
     /// What stacks are named past (`--wrapper` and the built-in list).
     pub wrappers: Wrappers,
     /// `--group-by`, `--native`.
-    pub layout: crate::output::Layout,
+    pub layout: crate::output::ReportLayout,
     /// Frames without a symbol are looked up in debug files here
     /// (`--debug-dir`).
     pub debug_dirs: Vec<PathBuf>,

@@ -9,7 +9,7 @@ use anyhow::{Context as _, Result};
 
 /// One line of /proc/PID/maps.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Region {
+pub struct MapsLine {
     pub start: u64,
     pub end: u64,
     pub readable: bool,
@@ -20,7 +20,7 @@ pub struct Region {
     pub name: String,
 }
 
-impl Region {
+impl MapsLine {
     /// Whether the scan reads it: readable and writable memory that is no
     /// device (a GPU's mappings) and no kernel page.
     pub fn scanned(&self) -> bool {
@@ -41,11 +41,11 @@ impl Region {
 }
 
 /// Parses /proc/PID/maps: every mapping, file-backed or not.
-pub fn parse_regions(text: &str) -> Vec<Region> {
+pub fn parse_regions(text: &str) -> Vec<MapsLine> {
     text.lines().filter_map(parse_region).collect()
 }
 
-fn parse_region(line: &str) -> Option<Region> {
+fn parse_region(line: &str) -> Option<MapsLine> {
     let mut fields = line.splitn(6, ' ');
     let (start, end) = fields.next()?.split_once('-')?;
     let perms = fields.next()?.as_bytes();
@@ -53,7 +53,7 @@ fn parse_region(line: &str) -> Option<Region> {
     let _device = fields.next()?;
     let _inode = fields.next()?;
     let name = fields.next().unwrap_or("").trim_start().to_owned();
-    Some(Region {
+    Some(MapsLine {
         start: u64::from_str_radix(start, 16).ok()?,
         end: u64::from_str_radix(end, 16).ok()?,
         readable: perms.first() == Some(&b'r'),
@@ -67,8 +67,8 @@ fn parse_region(line: &str) -> Option<Region> {
 /// `regions` with neighbours of one name and the same permissions joined:
 /// the kernel splits one mapping in several (transparent huge pages,
 /// madvise), `[heap]` among them, where a chunk runs across the seams.
-pub fn joined(regions: &[Region]) -> Vec<Region> {
-    let mut joined: Vec<Region> = Vec::with_capacity(regions.len());
+pub fn joined(regions: &[MapsLine]) -> Vec<MapsLine> {
+    let mut joined: Vec<MapsLine> = Vec::with_capacity(regions.len());
     for region in regions {
         match joined.last_mut() {
             Some(last)
@@ -85,7 +85,7 @@ pub fn joined(regions: &[Region]) -> Vec<Region> {
     joined
 }
 
-pub fn regions(pid: u32) -> Result<Vec<Region>> {
+pub fn regions(pid: u32) -> Result<Vec<MapsLine>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .with_context(|| format!("could not read /proc/{pid}/maps"))?;
     Ok(parse_regions(&text))
@@ -217,7 +217,7 @@ pub struct Resident {
 }
 
 impl Resident {
-    pub fn of(populated: &Populated, region: &Region) -> Resident {
+    pub fn of(populated: &Populated, region: &MapsLine) -> Resident {
         Resident {
             ranges: populated.ranges(region.start & !(PAGE_BYTES - 1), region.end),
         }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
-use super::memory::Region;
+use super::memory::MapsLine;
 
 /// A mapped ELF object: where it was loaded and its data symbols.
 pub struct Module {
@@ -33,7 +33,7 @@ pub struct Globals {
 impl Globals {
     /// Reads the symbol tables of the objects `regions` maps (through
     /// /proc/PID/root); an object that cannot be read names no symbol.
-    pub fn load(pid: u32, regions: &[Region]) -> Globals {
+    pub fn load(pid: u32, regions: &[MapsLine]) -> Globals {
         let mut modules: Vec<Module> = first_mappings(regions)
             .into_iter()
             .filter_map(|(path, region)| load_module(pid, path, region))
@@ -60,7 +60,7 @@ impl Globals {
     /// and the kernel merges an anonymous mapping made right after it (a
     /// pymalloc arena, a chunk malloc mapped) into the same region: that
     /// part is no module's data.
-    pub fn split_at_module_ends(&self, regions: Vec<Region>) -> Vec<Region> {
+    pub fn split_at_module_ends(&self, regions: Vec<MapsLine>) -> Vec<MapsLine> {
         let mut split = Vec::with_capacity(regions.len());
         for region in regions {
             // The module's last page is its own to the page's end.
@@ -69,11 +69,11 @@ impl Globals {
                 .map(|module| module.end.next_multiple_of(4096));
             match end {
                 Some(end) if end < region.end && region.name.is_empty() => {
-                    let rest = Region {
+                    let rest = MapsLine {
                         start: end,
                         ..region.clone()
                     };
-                    split.push(Region { end, ..region });
+                    split.push(MapsLine { end, ..region });
                     split.push(rest);
                 }
                 _ => split.push(region),
@@ -131,8 +131,8 @@ impl Globals {
 /// tracer's own tests reading libc), below or above the object itself;
 /// that copy is no module. A file mapped without code (data only) is
 /// taken at its lowest mapping at offset 0.
-fn first_mappings(regions: &[Region]) -> Vec<(&str, &Region)> {
-    let mut first_of: HashMap<&str, &Region> = HashMap::new();
+fn first_mappings(regions: &[MapsLine]) -> Vec<(&str, &MapsLine)> {
+    let mut first_of: HashMap<&str, &MapsLine> = HashMap::new();
     let mut code_of: HashMap<&str, u64> = HashMap::new();
     for region in regions.iter().filter(|region| region.is_file()) {
         if region.executable {
@@ -148,7 +148,7 @@ fn first_mappings(regions: &[Region]) -> Vec<(&str, &Region)> {
     {
         let code = code_of.get(region.name.as_str()).copied();
         // Before its code: the nearest such mapping below it wins.
-        let better = |first: &&Region| match code {
+        let better = |first: &&MapsLine| match code {
             Some(code) if region.start <= code => first.start > code || region.start > first.start,
             Some(_) => false,
             None => region.start < first.start,
@@ -165,7 +165,7 @@ fn first_mappings(regions: &[Region]) -> Vec<(&str, &Region)> {
     first_of.into_iter().collect()
 }
 
-fn load_module(pid: u32, path: &str, first: &Region) -> Option<Module> {
+fn load_module(pid: u32, path: &str, first: &MapsLine) -> Option<Module> {
     let file = crate::target_files::open_mapped_at(
         pid,
         first.start..first.end,
@@ -269,7 +269,7 @@ fn vtable_class(symbol: &str) -> Option<&str> {
 
 /// What a mapping outside any module is called in a report:
 /// `[heap]`, `anonymous mapping 0x7f..`, or its path.
-pub fn mapping_name(region: &Region) -> String {
+pub fn mapping_name(region: &MapsLine) -> String {
     if region.name.is_empty() {
         format!("anonymous mapping {:#x}", region.start)
     } else {

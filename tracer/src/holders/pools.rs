@@ -21,7 +21,7 @@
 //! pool that changed while read, are left out (counted).
 use super::{
     blocks::{Block, Blocks, Origin},
-    memory::{self, Region},
+    memory::{self, MapsLine},
     names::Globals,
 };
 use crate::target_memory;
@@ -39,7 +39,7 @@ const MAX_ARENA_INDEX: u32 = 1 << 24;
 
 /// The live blocks of the pools found, and what finding them took.
 #[derive(Default)]
-pub struct Found {
+pub struct PoolBlocks {
     /// Sorted by address, none overlapping a traced block.
     pub blocks: Vec<Block>,
     pub pools: u64,
@@ -145,13 +145,13 @@ impl Header {
 /// returns their live blocks, whole pools up to `limit` blocks.
 pub fn find(
     pid: u32,
-    regions: &[Region],
+    regions: &[MapsLine],
     traced: &Blocks,
     skip: &[(u64, u64)],
     globals: &Globals,
     limit: usize,
-) -> Found {
-    let mut found = Found::default();
+) -> PoolBlocks {
+    let mut found = PoolBlocks::default();
     let pools = find_pools(pid, regions, traced, skip, globals, &mut found);
     let mut buffer = vec![0u8; POOL_BYTES[0] as usize];
     for (pool, pool_bytes, header) in pools {
@@ -198,11 +198,11 @@ fn overlaps(traced: &Blocks, block: &Block) -> bool {
 /// checked as a header, in address order.
 fn find_pools(
     pid: u32,
-    regions: &[Region],
+    regions: &[MapsLine],
     traced: &Blocks,
     skip: &[(u64, u64)],
     globals: &Globals,
-    found: &mut Found,
+    found: &mut PoolBlocks,
 ) -> Vec<(u64, u64, Header)> {
     let slot = POOL_OVERHEAD as usize;
     let mut pools = Vec::new();
@@ -210,7 +210,7 @@ fn find_pools(
     let mut buffer = vec![0u8; target_memory::IOVECS * slot];
     let mut lengths = Vec::new();
     let mut pool_end = 0;
-    let mut check = |pages: &mut Vec<(u64, usize)>, pool_end: &mut u64, found: &mut Found| {
+    let mut check = |pages: &mut Vec<(u64, usize)>, pool_end: &mut u64, found: &mut PoolBlocks| {
         target_memory::read_pieces(pid, pages, slot, &mut buffer, &mut lengths);
         for (index, &(page, _)) in pages.iter().enumerate() {
             found.bytes_read += lengths[index] as u64;

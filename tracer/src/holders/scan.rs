@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use super::{
     blocks::Blocks,
     graph::{Graph, Node},
-    memory::{self, Region, Thread},
+    memory::{self, MapsLine, Thread},
     names::{self, Globals},
 };
 use crate::{
@@ -58,7 +58,7 @@ fn thread_name(thread: &Thread) -> String {
     format!("thread {} ({})", thread.tid, thread.comm)
 }
 
-fn owner_of(pid: u32, region: &Region, threads: &[Thread], globals: &Globals) -> Owner {
+fn owner_of(pid: u32, region: &MapsLine, threads: &[Thread], globals: &Globals) -> Owner {
     if let Some(thread) = threads.iter().find(|thread| {
         thread
             .stack_pointer

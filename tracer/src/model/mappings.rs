@@ -40,7 +40,7 @@ const MAP_STACK: u64 = 0x20000;
 
 /// What a piece of address space holds: whose it is and what kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Region {
+pub struct MappedRegion {
     /// The mapping stack id (see `collect::mappings`) of the call that made it.
     pub stack_id: StackId,
     pub backing: Backing,
@@ -57,7 +57,7 @@ pub enum Backing {
     Break,
 }
 
-impl Region {
+impl MappedRegion {
     pub fn kind(&self) -> Kind {
         match self.backing {
             Backing::Break => Kind::HeapBrk,
@@ -75,7 +75,7 @@ pub fn maps_file(event: &MappingEvent) -> bool {
 
 #[derive(Debug, Default)]
 struct Process {
-    ranges: RangeMap<Region>,
+    ranges: RangeMap<MappedRegion>,
     /// The program break as last seen; None until the first brk call.
     program_break: Option<u64>,
 }
@@ -105,7 +105,7 @@ impl MappingLedger {
     }
 
     /// Live pieces of `pid`.
-    pub fn pieces(&self, pid: u32) -> Vec<Piece<Region>> {
+    pub fn pieces(&self, pid: u32) -> Vec<Piece<MappedRegion>> {
         self.processes
             .get(&pid)
             .map_or_else(Vec::new, |process| process.ranges.iter().collect())
@@ -128,7 +128,7 @@ impl MappingLedger {
                 let end = start.saturating_add(page_up(event.length));
                 self.remove(pid, start, end);
                 if added {
-                    let region = Region {
+                    let region = MappedRegion {
                         stack_id,
                         backing: if maps_file(event) {
                             Backing::File
@@ -210,7 +210,7 @@ impl MappingLedger {
             self.remove(pid, new_end, old_end);
         } else if new_end > old_end && added {
             self.remove(pid, old_end, new_end);
-            let region = Region {
+            let region = MappedRegion {
                 stack_id,
                 backing: Backing::Break,
                 inaccessible: false,
@@ -236,7 +236,7 @@ impl MappingLedger {
             return;
         }
         for piece in self.remove(pid, start, end) {
-            let region = Region {
+            let region = MappedRegion {
                 inaccessible,
                 ..piece.value
             };
@@ -245,7 +245,7 @@ impl MappingLedger {
     }
 
     /// Empties `[start, end)` of `pid`; returns the removed parts.
-    fn remove(&mut self, pid: u32, start: u64, end: u64) -> Vec<Piece<Region>> {
+    fn remove(&mut self, pid: u32, start: u64, end: u64) -> Vec<Piece<MappedRegion>> {
         let Some(process) = self.processes.get_mut(&pid) else {
             return Vec::new();
         };
@@ -261,7 +261,7 @@ impl MappingLedger {
 
     /// Puts a piece into the empty `[start, end)`; `allocated` also counts
     /// it in the running totals (a new mapping, not a moved one).
-    fn insert(&mut self, pid: u32, start: u64, end: u64, region: Region, allocated: bool) {
+    fn insert(&mut self, pid: u32, start: u64, end: u64, region: MappedRegion, allocated: bool) {
         if start >= end {
             return;
         }
@@ -278,7 +278,7 @@ impl MappingLedger {
         self.add(pid, &piece, 1, allocated);
     }
 
-    fn add(&mut self, pid: u32, piece: &Piece<Region>, sign: i64, allocated: bool) {
+    fn add(&mut self, pid: u32, piece: &Piece<MappedRegion>, sign: i64, allocated: bool) {
         let counters = self.counters.entry(key(pid, &piece.value)).or_default();
         counters.live_bytes += sign * piece.length_bytes() as i64;
         counters.live_allocs += sign;
@@ -289,7 +289,7 @@ impl MappingLedger {
     }
 }
 
-fn key(pid: u32, region: &Region) -> StackKey {
+fn key(pid: u32, region: &MappedRegion) -> StackKey {
     StackKey {
         pid,
         stack_id: region.stack_id,

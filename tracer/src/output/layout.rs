@@ -30,7 +30,7 @@ pub enum NativeFrames {
 
 /// `--group-by` and `--native`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Layout {
+pub struct ReportLayout {
     pub group_by: GroupBy,
     pub native: NativeFrames,
 }

@@ -24,7 +24,7 @@ mod units;
 mod fixtures;
 
 pub use frames::{Site, Wrappers, frame_label, site, trim_allocator_frames};
-pub use layout::{GroupBy, Layout, NativeFrames};
+pub use layout::{GroupBy, NativeFrames, ReportLayout};
 pub use report::{
     Entry, MemoryReconciliation, Report, ReportInput, SiteGroup, StackReport, TargetReport,
     by_site_label,

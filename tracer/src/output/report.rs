@@ -11,7 +11,7 @@ use super::{
     evidence::evidence_line,
     frames::{Site, Wrappers, site, trim_allocator_frames},
     labels,
-    layout::Layout,
+    layout::ReportLayout,
 };
 use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, StackSummary, Target,
@@ -82,7 +82,7 @@ pub struct Report {
     pub suspected_leak_groups: Vec<SiteGroup>,
     /// How the formats lay the stacks out (`--group-by`, `--native`).
     #[serde(skip)]
-    pub layout: Layout,
+    pub layout: ReportLayout,
 }
 
 /// The stacks of one process and kind that hold memory but are not listed.
@@ -241,7 +241,7 @@ pub struct ReportInput<'a> {
     /// (`model::peak`).
     pub at_s: Option<f64>,
     /// `--group-by`, `--native`.
-    pub layout: Layout,
+    pub layout: ReportLayout,
 }
 
 impl Report {

@@ -15,7 +15,7 @@ use tracer_ebpf::PythonOffsets;
 
 /// One version's offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
+pub struct VersionLayout {
     /// (major, minor) this layout is for.
     pub version: (u8, u8),
     /// `_PyRuntimeState.interpreters.head`.
@@ -58,7 +58,7 @@ pub struct Layout {
 /// (`PyFrameObject` has `f_stacktop` where 3.10 has `f_stackdepth`) and
 /// counted in bytes, and the line table, `co_lnotab` in 3.10's place
 /// (`lines::line_3_9`).
-pub const PYTHON_3_9: Layout = Layout {
+pub const PYTHON_3_9: VersionLayout = VersionLayout {
     version: (3, 9),
     frames: PythonOffsets {
         frame_instruction: 104,
@@ -70,7 +70,7 @@ pub const PYTHON_3_9: Layout = Layout {
 /// CPython 3.10 (v3.10.13 headers; every offset found in pyenv's 3.10.13
 /// with ctypes). Frames are `PyFrameObject`s, each run by its own native
 /// `_PyEval_EvalFrameDefault` call: every frame is an entry frame.
-pub const PYTHON_3_10: Layout = Layout {
+pub const PYTHON_3_10: VersionLayout = VersionLayout {
     version: (3, 10),
     // _PyRuntimeState: 4 ints, _finalizing, then interpreters.mutex, .head.
     runtime_interpreters: 32,
@@ -115,7 +115,7 @@ pub const PYTHON_3_10: Layout = Layout {
 
 /// CPython 3.11 (3.11.0 to 3.11.x: the layout did not move in 3.11's
 /// releases for the fields read here).
-pub const PYTHON_3_11: Layout = Layout {
+pub const PYTHON_3_11: VersionLayout = VersionLayout {
     version: (3, 11),
     runtime_interpreters: 40,
     interpreter_next: 0,
@@ -154,7 +154,7 @@ pub const PYTHON_3_11: Layout = Layout {
 };
 
 /// CPython 3.12 (v3.12.1 headers; checked live on pyenv's 3.12.1).
-pub const PYTHON_3_12: Layout = Layout {
+pub const PYTHON_3_12: VersionLayout = VersionLayout {
     version: (3, 12),
     runtime_interpreters: 40,
     interpreter_next: 0,
@@ -216,7 +216,7 @@ const THREAD_SEARCH_UNSET: PythonOffsets = PythonOffsets {
 };
 
 /// The layout of a version tracer ships a table for.
-pub fn for_version(major: u8, minor: u8) -> Option<Layout> {
+pub fn for_version(major: u8, minor: u8) -> Option<VersionLayout> {
     [PYTHON_3_9, PYTHON_3_10, PYTHON_3_11, PYTHON_3_12]
         .into_iter()
         .find(|layout| layout.version == (major, minor))
@@ -243,7 +243,7 @@ pub const MAX_OBJECT_HEADER_BYTES: u64 = 256;
 /// states, frames and code objects, and MAX_OBJECT_HEADER_BYTES for the
 /// string and bytes objects' headers, whose offsets size the read of
 /// every name.
-pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<Layout> {
+pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<VersionLayout> {
     if bytes.len() < DEBUG_OFFSETS_3_13_BYTES || &bytes[..8] != DEBUG_COOKIE {
         return None;
     }
@@ -289,7 +289,7 @@ pub fn from_debug_offsets_3_13(bytes: &[u8]) -> Option<Layout> {
     }
     let code_fields = [word(35), word(36), word(37), word(38), word(39)];
     let ascii_data = word(70);
-    Some(Layout {
+    Some(VersionLayout {
         version: (3, 13),
         runtime_interpreters: word(5),
         interpreter_next: word(8),

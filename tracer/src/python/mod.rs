@@ -20,7 +20,7 @@ use std::{
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 use tracer_ebpf::{PythonOffsets, PythonStack, python_frame};
 
-pub use layout::Layout;
+pub use layout::VersionLayout;
 pub use merge::merge;
 
 use crate::{
@@ -54,7 +54,7 @@ pub struct Interpreter {
     pub micro_known: bool,
     /// The object that defines it.
     pub object: PathBuf,
-    pub layout: Layout,
+    pub layout: VersionLayout,
     /// Where `PyCode_Type` is (0: not found): a code object's `ob_type`.
     pub code_type: u64,
     /// Where glibc's `struct pthread` keeps the thread id, for layouts
@@ -64,7 +64,7 @@ pub struct Interpreter {
 
 /// What looking for an interpreter found.
 #[derive(Clone, Debug)]
-pub enum Found {
+pub enum Detection {
     /// No CPython in the target.
     None,
     Interpreter(Box<Interpreter>),
@@ -74,9 +74,9 @@ pub enum Found {
 
 /// Looks for `_PyRuntime` in the objects `pid` maps and checks that
 /// tracer knows the interpreter's layout.
-pub fn find(pid: u32) -> Found {
+pub fn find(pid: u32) -> Detection {
     let Ok(maps) = procfs::read_maps(pid) else {
-        return Found::None;
+        return Detection::None;
     };
     let mut paths: Vec<&PathBuf> = Vec::new();
     for mapping in maps.iter().filter(|mapping| mapping.executable) {
@@ -89,11 +89,11 @@ pub fn find(pid: u32) -> Found {
             return found;
         }
     }
-    Found::None
+    Detection::None
 }
 
 /// `_PyRuntime` (and `Py_Version`) in one mapped object.
-fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
+fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Detection> {
     let name = path.file_name()?.to_string_lossy();
     if !name.starts_with("python") && !name.starts_with("libpython") {
         // Only CPython's executable and library define _PyRuntime; reading
@@ -121,7 +121,7 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
         None => version_from_name(&name),
     };
     let Some(version) = version else {
-        return Some(Found::Unsupported(format!(
+        return Some(Detection::Unsupported(format!(
             "{}: CPython of unknown version",
             path.display()
         )));
@@ -132,7 +132,7 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
         (major, minor, _) => layout::for_version(major, minor),
     };
     let Some(layout) = layout else {
-        return Some(Found::Unsupported(format!(
+        return Some(Detection::Unsupported(format!(
             "{}: CPython {}.{}.{}, whose layout tracer does not know (it knows 3.9, 3.10, 3.11, 3.12, \
              and 3.13 from its _Py_DebugOffsets)",
             path.display(),
@@ -156,8 +156,8 @@ fn find_in(pid: u32, path: &Path, maps: &[Mapping]) -> Option<Found> {
         },
     };
     Some(match interpreter.check() {
-        Ok(()) => Found::Interpreter(Box::new(interpreter)),
-        Err(why) => Found::Unsupported(format!(
+        Ok(()) => Detection::Interpreter(Box::new(interpreter)),
+        Err(why) => Detection::Unsupported(format!(
             "{}: CPython {}.{}.{} does not look as tracer expects ({why})",
             path.display(),
             version.0,
@@ -272,7 +272,7 @@ fn field_i32(bytes: &[u8], offset: u64) -> i32 {
 /// MAX_THREADS of them, thread states of threads not started counted too.
 pub fn thread_states(
     memory: &impl TargetMemory,
-    layout: &Layout,
+    layout: &VersionLayout,
     runtime: u64,
     pthread_tid: u64,
 ) -> Vec<(u32, u64)> {
@@ -579,7 +579,7 @@ impl Stacks {
 
 /// The text of a `str` object (compact ASCII or compact Latin-1/UCS-2/
 /// UCS-4), at most 4 KiB of characters.
-fn read_string(pid: u32, object: u64, layout: &Layout) -> Option<String> {
+fn read_string(pid: u32, object: u64, layout: &VersionLayout) -> Option<String> {
     if object == 0 {
         return None;
     }
@@ -616,7 +616,7 @@ fn read_string(pid: u32, object: u64, layout: &Layout) -> Option<String> {
 }
 
 /// The contents of a `bytes` object, at most 64 KiB.
-fn read_bytes(pid: u32, object: u64, layout: &Layout) -> Option<Vec<u8>> {
+fn read_bytes(pid: u32, object: u64, layout: &VersionLayout) -> Option<Vec<u8>> {
     if object == 0 {
         return None;
     }

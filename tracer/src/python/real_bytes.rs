@@ -6,7 +6,7 @@
 //! (`id()`) and the thread's id. Only Debian's 3.11 runs in the tests.
 use super::{
     field_i32, field_u64,
-    layout::{self, Layout},
+    layout::{self, VersionLayout},
 };
 
 // CPython 3.10.13
@@ -167,7 +167,7 @@ const THREAD_3_13: [u8; 256] = [
 const THREAD_3_13_ID: u64 = 22802;
 
 /// The 3.13 layout, read from 3.13.0's `_Py_DebugOffsets`.
-fn layout_3_13() -> Layout {
+fn layout_3_13() -> VersionLayout {
     let bytes: Vec<u8> = layout::tests::DEBUG_OFFSETS_3_13_0
         .iter()
         .flat_map(|word| word.to_ne_bytes())
@@ -177,7 +177,7 @@ fn layout_3_13() -> Layout {
 
 /// What the table says each field of the dumped objects holds.
 fn check(
-    layout: &Layout,
+    layout: &VersionLayout,
     code: &[u8],
     fields: (u64, u64, u64, u64, i32),
     frame: &[u8],

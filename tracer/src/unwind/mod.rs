@@ -35,7 +35,7 @@ pub use crate::model::run::UnwindMode;
 use crate::procfs;
 pub use modules::ObjectInfo;
 use modules::{ModuleFiles, Section};
-pub use stops::StopReason;
+pub use stops::UnwindStop;
 
 /// How stacks are taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,7 +110,7 @@ pub struct Unwound {
     pub truncated: bool,
     /// Unwinding stopped before the thread's first frame: the frames
     /// beyond `addresses` could not be trusted.
-    pub stopped: Option<StopReason>,
+    pub stopped: Option<UnwindStop>,
 }
 
 /// The frame that ends a stack deeper than the copy.
@@ -154,14 +154,14 @@ struct Process {
 struct Code {
     mapped: Vec<MappedCode>,
     /// What [`Code::check`] found for each frame seen.
-    checked: HashMap<(u64, bool), Option<StopReason>>,
+    checked: HashMap<(u64, bool), Option<UnwindStop>>,
 }
 
 impl Code {
     /// Why a stack must stop at `frame` rather than keep it (outside the
     /// mapped code, not after a call), or go on from it (no unwind
     /// information: the caller would be guessed from the frame pointer).
-    fn check(&mut self, frame: FrameAddress) -> Option<(StopReason, bool)> {
+    fn check(&mut self, frame: FrameAddress) -> Option<(UnwindStop, bool)> {
         let address = frame.address_for_lookup();
         let is_return_address = frame.is_return_address();
         let code = &self.mapped;
@@ -173,7 +173,7 @@ impl Code {
                     .iter()
                     .find(|mapped| mapped.addresses.contains(&address))
                 else {
-                    return Some(StopReason::OutsideCode);
+                    return Some(UnwindStop::OutsideCode);
                 };
                 let object_address = address - mapped.base;
                 if is_return_address
@@ -182,13 +182,13 @@ impl Code {
                         .code_before(frame.address() - mapped.base, stops::LONGEST_CALL)
                         .is_some_and(stops::ends_with_call)
                 {
-                    return Some(StopReason::NotAfterCall);
+                    return Some(UnwindStop::NotAfterCall);
                 }
-                (!mapped.object.has_unwind_info(object_address)).then_some(StopReason::NoUnwindInfo)
+                (!mapped.object.has_unwind_info(object_address)).then_some(UnwindStop::NoUnwindInfo)
             });
         // A frame without unwind information is itself right; its caller
         // is what cannot be known.
-        reason.map(|reason| (reason, reason == StopReason::NoUnwindInfo))
+        reason.map(|reason| (reason, reason == UnwindStop::NoUnwindInfo))
     }
 }
 
@@ -199,7 +199,7 @@ pub struct Unwinder {
     files: ModuleFiles,
     cache: CacheX86_64,
     /// Copies whose unwinding stopped, by reason.
-    stopped: BTreeMap<StopReason, u64>,
+    stopped: BTreeMap<UnwindStop, u64>,
 }
 
 impl Default for Unwinder {
@@ -224,7 +224,7 @@ impl Unwinder {
     }
 
     /// How many copies' unwinding stopped early, by reason.
-    pub fn stopped(&self) -> &BTreeMap<StopReason, u64> {
+    pub fn stopped(&self) -> &BTreeMap<UnwindStop, u64> {
         &self.stopped
     }
 
@@ -236,7 +236,7 @@ impl Unwinder {
             self.refresh(pid);
         }
         let mut unwound = self.unwind_known(copy, stack);
-        let uncovered = unwound.stopped == Some(StopReason::OutsideCode)
+        let uncovered = unwound.stopped == Some(UnwindStop::OutsideCode)
             && self.processes[&pid].refreshed_at.elapsed() >= REFRESH_AT_MOST_EVERY;
         if uncovered {
             self.refresh(pid);
@@ -455,14 +455,14 @@ fn walk_go_frames(
         if memory.beyond_copy(address) {
             unwound.truncated = true;
         } else {
-            unwound.stopped = Some(StopReason::StackReadOutsideCopy);
+            unwound.stopped = Some(UnwindStop::StackReadOutsideCopy);
         }
     };
     let callers_sp = match (go.switched, go.on_system_stack) {
         (Some(switch), _) if switch.return_address == frame => {
             // The CFA of the call into C is just above its return address.
             let Some(sp) = memory.goroutine_sp_at(&switch, regs.sp()) else {
-                unwound.stopped = Some(StopReason::StackReadOutsideCopy);
+                unwound.stopped = Some(UnwindStop::StackReadOutsideCopy);
                 return None;
             };
             Some(sp)
@@ -488,7 +488,7 @@ fn walk_go_frames(
                 }
             }
             Ok(_) => {
-                unwound.stopped = Some(StopReason::OutsideCode);
+                unwound.stopped = Some(UnwindStop::OutsideCode);
                 return None;
             }
             Err(()) => {

@@ -42,7 +42,7 @@ pub type TableId = u32;
 
 /// How much the kernel's maps hold.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Capacity {
+pub struct UnwindMapSizes {
     /// Entries of UNWIND_ROWS.
     pub rows: u32,
     /// Entries of UNWIND_TABLES.
@@ -156,7 +156,7 @@ pub struct TablesSummary {
     /// search (counted once per file).
     pub no_room: u32,
     pub rows_used: u32,
-    pub capacity: Capacity,
+    pub capacity: UnwindMapSizes,
 }
 
 impl fmt::Display for TablesSummary {
@@ -240,7 +240,7 @@ enum Outcome {
 
 /// The tables of every file seen, and the row space they are placed in.
 pub struct UnwindTables {
-    capacity: Capacity,
+    capacity: UnwindMapSizes,
     by_key: HashMap<FileKey, usize>,
     files: Vec<TableInfo>,
     rows_used: u32,
@@ -257,7 +257,7 @@ impl UnwindTables {
     /// Starts the background builder. With `trust_frame_pointers`, objects
     /// that keep frame pointers get no table (`--unwind auto`); without,
     /// every object with unwind information does.
-    pub fn new(capacity: Capacity, trust_frame_pointers: bool) -> UnwindTables {
+    pub fn new(capacity: UnwindMapSizes, trust_frame_pointers: bool) -> UnwindTables {
         let (jobs, job_queue) = mpsc::channel::<Job>();
         let (finished, done) = mpsc::channel();
         thread::Builder::new()

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use super::*;
 use crate::procfs;
 
-const ROOMY: Capacity = Capacity {
+const ROOMY: UnwindMapSizes = UnwindMapSizes {
     rows: 1 << 24,
     tables: 4096,
 };
@@ -183,7 +183,7 @@ fn a_table_that_does_not_fit_is_counted_and_walked_by_frame_pointers() {
     let object = fixture("nested_nofp");
     let maps = [fake_mapping(&object, 0x10000, true)];
     let mut tables = UnwindTables::new(
-        Capacity {
+        UnwindMapSizes {
             rows: 4,
             tables: 16,
         },

@@ -14,7 +14,7 @@ use iced_x86::{Decoder, DecoderOptions, FlowControl};
 /// Why an unwound stack ends before the thread's first frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
-pub enum StopReason {
+pub enum UnwindStop {
     /// A return address outside the target's mapped code.
     OutsideCode,
     /// A return address that does not follow a call instruction.
@@ -29,35 +29,35 @@ pub enum StopReason {
     InvalidStep,
 }
 
-impl StopReason {
+impl UnwindStop {
     /// Every reason, in the order reports list them.
-    pub const ALL: [StopReason; 5] = [
-        StopReason::OutsideCode,
-        StopReason::NotAfterCall,
-        StopReason::NoUnwindInfo,
-        StopReason::StackReadOutsideCopy,
-        StopReason::InvalidStep,
+    pub const ALL: [UnwindStop; 5] = [
+        UnwindStop::OutsideCode,
+        UnwindStop::NotAfterCall,
+        UnwindStop::NoUnwindInfo,
+        UnwindStop::StackReadOutsideCopy,
+        UnwindStop::InvalidStep,
     ];
 
     /// A short name, for counters (`unwinding_stopped_<name>`).
     pub fn name(self) -> &'static str {
         match self {
-            StopReason::OutsideCode => "outside_code",
-            StopReason::NotAfterCall => "not_after_call",
-            StopReason::NoUnwindInfo => "no_unwind_info",
-            StopReason::StackReadOutsideCopy => "stack_read_outside_copy",
-            StopReason::InvalidStep => "invalid_step",
+            UnwindStop::OutsideCode => "outside_code",
+            UnwindStop::NotAfterCall => "not_after_call",
+            UnwindStop::NoUnwindInfo => "no_unwind_info",
+            UnwindStop::StackReadOutsideCopy => "stack_read_outside_copy",
+            UnwindStop::InvalidStep => "invalid_step",
         }
     }
 
     /// What happened, for people.
     pub fn describe(self) -> &'static str {
         match self {
-            StopReason::OutsideCode => "return address outside the target's code",
-            StopReason::NotAfterCall => "return address not after a call",
-            StopReason::NoUnwindInfo => "no unwind information for the code",
-            StopReason::StackReadOutsideCopy => "unwind rule read outside the copied stack",
-            StopReason::InvalidStep => "invalid unwinding step",
+            UnwindStop::OutsideCode => "return address outside the target's code",
+            UnwindStop::NotAfterCall => "return address not after a call",
+            UnwindStop::NoUnwindInfo => "no unwind information for the code",
+            UnwindStop::StackReadOutsideCopy => "unwind rule read outside the copied stack",
+            UnwindStop::InvalidStep => "invalid unwinding step",
         }
     }
 
@@ -67,14 +67,14 @@ impl StopReason {
     }
 }
 
-impl From<framehop::Error> for StopReason {
+impl From<framehop::Error> for UnwindStop {
     fn from(error: framehop::Error) -> Self {
         match error {
-            framehop::Error::CouldNotReadStack(_) => StopReason::StackReadOutsideCopy,
+            framehop::Error::CouldNotReadStack(_) => UnwindStop::StackReadOutsideCopy,
             framehop::Error::FramepointerUnwindingMovedBackwards
             | framehop::Error::DidNotAdvance
             | framehop::Error::IntegerOverflow
-            | framehop::Error::ReturnAddressIsNull => StopReason::InvalidStep,
+            | framehop::Error::ReturnAddressIsNull => UnwindStop::InvalidStep,
         }
     }
 }

@@ -15,15 +15,9 @@
 //! instruction in an object walked by frame pointers loses that
 //! function's caller (rbp is still the caller's), as `bpf_get_stack`
 //! does; rows have no such blind spot.
+/// The registers a walk starts from: the eBPF walk's own type.
+pub use tracer_ebpf::unwind_walk::Registers;
 use tracer_ebpf::{UnwindMappings, UnwindRow, UnwindTable, cfa_rule, mapping_unwind};
-
-/// The registers a walk starts from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Registers {
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
-}
 
 /// Why a walk ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -11,7 +11,7 @@ use tracer_ebpf::{StackCopy, UnwindMapping};
 
 use super::*;
 use crate::procfs;
-use crate::unwind::registry::{Capacity, UnwindTables};
+use crate::unwind::registry::{UnwindMapSizes, UnwindTables};
 
 fn row(pc: u32, rule: u8, cfa_offset: u16, rbp_offset_words: i8) -> UnwindRow {
     UnwindRow {
@@ -297,7 +297,7 @@ fn walk_both_ways(captured: &Captured) -> (Vec<u64>, WalkEnd, crate::unwind::Unw
     let Captured { registers, stack } = captured;
     let pid = std::process::id();
     let maps = procfs::read_maps(pid).expect("own maps");
-    let capacity = Capacity {
+    let capacity = UnwindMapSizes {
         rows: 1 << 24,
         tables: 4096,
     };

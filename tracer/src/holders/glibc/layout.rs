@@ -19,7 +19,7 @@ use std::path::Path;
 
 use object::{Object as _, ObjectSymbol as _};
 
-use super::super::{memory::Region, names::Module};
+use super::super::{memory::MapsLine, names::Module};
 use crate::{
     debug_files,
     target_memory::{self, Process, TargetMemory},
@@ -97,7 +97,7 @@ pub fn layout(version: (u32, u32)) -> Result<(u64, bool), String> {
 
 /// Finds `main_arena` in `libc` (mapped in `pid`, `regions`): by symbol
 /// in its debug file, else by shape in its writable data; checked.
-pub fn locate(pid: u32, libc: &Module, regions: &[Region]) -> Result<Glibc, String> {
+pub fn locate(pid: u32, libc: &Module, regions: &[MapsLine]) -> Result<Glibc, String> {
     let file = crate::target_files::open_in_root(pid, Path::new(&libc.path))
         .map_err(|error| format!("could not read {}: {error}", libc.path))?;
     // SAFETY: the map is read-only and only parsed.
@@ -165,7 +165,7 @@ pub const MAX_DATA_BYTES: u64 = 4 << 20;
 
 /// The places in `libc`'s writable data shaped like a main arena (its
 /// first MAX_DATA_BYTES).
-pub(super) fn by_shape(pid: u32, libc: &Module, regions: &[Region]) -> Vec<u64> {
+pub(super) fn by_shape(pid: u32, libc: &Module, regions: &[MapsLine]) -> Vec<u64> {
     let mut found = Vec::new();
     let mut budget = MAX_DATA_BYTES;
     for region in regions

@@ -9,7 +9,7 @@
 use super::{
     super::{
         blocks::Blocks,
-        memory::{self, Region},
+        memory::{self, MapsLine},
         names::Globals,
     },
     layout::{CHUNK_HEADER_BYTES, FLAGS, IS_MMAPPED},
@@ -43,7 +43,7 @@ fn is_mmapped_header(prev_size: u64, size_field: u64, room: u64) -> bool {
 /// `known` blocks and the `skip` ranges (sorted: the arenas' heaps).
 pub fn find(
     pid: u32,
-    regions: &[Region],
+    regions: &[MapsLine],
     known: &Blocks,
     skip: &[(u64, u64)],
     globals: &Globals,

@@ -28,7 +28,7 @@ use object::{Object as _, ObjectSymbol as _};
 
 use super::{
     blocks::{Block, Blocks, Origin},
-    memory::{self, Region},
+    memory::{self, MapsLine},
     names::{Globals, Module},
 };
 use crate::{
@@ -60,7 +60,7 @@ const OTHER_ALLOCATORS: [(&str, &str); 3] = [
 /// it, and the heap after the first of them, stay untraced memory).
 pub fn find(
     pid: u32,
-    regions: &[Region],
+    regions: &[MapsLine],
     traced: &Blocks,
     globals: &Globals,
     limit: usize,
