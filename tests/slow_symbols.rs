@@ -2,8 +2,10 @@
 //! library whose DWARF takes blazesym seconds to read at its first
 //! look-up (tests/fixtures/slow_dwarf_lib.c), and leaks through it.
 //! tracer keeps snapshotting meanwhile (the stack shown as module and
-//! offset, named once the symbolizer answers), and Ctrl-C ends it within
-//! a second, the leak counted exactly with the frames it had.
+//! offset, named once the symbolizer answers). Ctrl-C stops tracing at
+//! once and the report waits for the names (bounded); a second Ctrl-C
+//! ends that wait within a second, the leak counted exactly with the
+//! frames it had.
 
 use crate::harness;
 
@@ -39,14 +41,23 @@ fn stacks_in<'a>(stacks: &'a [Value], module: &str) -> Vec<&'a Value> {
 }
 
 #[test]
-fn ctrl_c_during_a_slow_symbolization_ends_tracer_within_1_s_with_the_leak_counted() {
+fn a_second_ctrl_c_during_the_last_slow_symbolization_ends_tracer_within_1_s_with_the_leak_counted()
+{
     require_root();
     let (mut hostile, library) = hostile_with_slow_library();
     let trace = Record::pid(hostile.pid).interval("100ms").attach();
     assert_eq!(field(&hostile.cmd("lib_a 7"), "count"), 7);
     // The leak's stack is looked up in the slow library by the next
-    // snapshot or by the final report, whichever comes first.
-    let report = trace.interrupt_within(Duration::from_secs(1));
+    // snapshot or by the final report, whichever comes first; blazesym
+    // reads it for seconds, and the second Ctrl-C comes meanwhile.
+    let (output, report) =
+        trace.interrupt_twice_within("stopping (Interrupted)", Duration::from_secs(1));
+    assert!(
+        output
+            .stderr
+            .contains("were still being symbolized when the last wait ended"),
+        "the second Ctrl-C cut a wait that had addresses left: {output}"
+    );
     let stacks = stacks_in(report.stacks(), &library);
     assert_eq!(
         harness::sum_live(&stacks),
@@ -64,6 +75,33 @@ fn ctrl_c_during_a_slow_symbolization_ends_tracer_within_1_s_with_the_leak_count
         assert!(frame["build_id"].is_string(), "{frame}");
         assert!(frame["offset"].is_u64(), "{frame}");
         assert!(frame["file_offset"].is_u64(), "{frame}");
+    }
+}
+
+#[test]
+fn one_ctrl_c_during_a_slow_symbolization_waits_for_the_names() {
+    require_root();
+    let (mut hostile, library) = hostile_with_slow_library();
+    let trace = Record::pid(hostile.pid).interval("100ms").attach();
+    assert_eq!(field(&hostile.cmd("lib_a 7"), "count"), 7);
+    // Nothing lost on Ctrl-C: the report waits for blazesym (seconds,
+    // within the 10 s bound) and names the leak's function.
+    let report = trace.interrupt_within(Duration::from_secs(15));
+    let stacks = stacks_in(report.stacks(), &library);
+    assert_eq!(
+        harness::sum_live(&stacks),
+        Live::blocks(7, BLOCK_BYTES),
+        "\n{report}"
+    );
+    for stack in stacks {
+        assert!(
+            stack["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|frame| frame["function"] == "slow_dwarf_leak"),
+            "named once blazesym answered: {stack}"
+        );
     }
 }
 

@@ -178,6 +178,26 @@ impl Trace {
         report
     }
 
+    /// SIGINT, then, once stderr shows `answer` (tracer's word that it is
+    /// stopping), a second SIGINT: the tracer must write its report and
+    /// exit 0 within `bound` of the second.
+    pub fn interrupt_twice_within(
+        mut self,
+        answer: &str,
+        bound: std::time::Duration,
+    ) -> (TracerOutput, Report) {
+        self.tracer.signal(libc::SIGINT);
+        self.tracer.wait_stderr(answer, ATTACH_TIMEOUT);
+        self.tracer.signal(libc::SIGINT);
+        let interrupted = std::time::Instant::now();
+        let output = self.tracer.wait_exit(EXIT_TIMEOUT);
+        let exit = interrupted.elapsed();
+        output.assert_success();
+        let report = Report::read(&self.json);
+        super::assert_took_under("the exit after a second SIGINT", exit, bound, &report);
+        (output, report)
+    }
+
     /// Waits for the tracer to end by itself (`--duration`, the target
     /// exited); it must write its report and exit 0.
     pub fn wait_exit(self) -> Traced {

@@ -55,6 +55,8 @@ pub fn run(config: &RecordConfig) -> Result<()> {
         server.as_mut(),
         config,
     ))?;
+    // From here on a Ctrl-C cuts the last symbolization short.
+    crate::symbolize::skip_final_wait_on_signals();
     if reason != StopReason::TargetsExited {
         eprintln!(
             "tracer: stopping ({reason:?}) after {:.1} s",
@@ -79,10 +81,11 @@ pub fn run(config: &RecordConfig) -> Result<()> {
     let unanswered = collector.unanswered_symbols();
     if unanswered > 0 {
         eprintln!(
-            "tracer: {unanswered} addresses were still being symbolized {} ms after \
-             tracing stopped: their frames show module and offset (`tracer report` \
-             of a recording names them again)",
-            FINAL_WAIT_FOR_SYMBOLS.as_millis()
+            "tracer: {unanswered} addresses were still being symbolized when the last \
+             wait ended ({} s at most after tracing stopped, or a second Ctrl-C): their \
+             frames show module and offset (`tracer report` of a recording names them \
+             again)",
+            FINAL_WAIT_FOR_SYMBOLS.as_secs()
         );
     }
     if config.holders {

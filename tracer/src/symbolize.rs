@@ -49,10 +49,51 @@ pub const MAX_OPEN_FILES: usize = 2048;
 /// no more until every late answer came.
 pub const WAIT_FOR_SYMBOLS: Duration = Duration::from_millis(250);
 
-/// The longest the final report waits for the symbolizer thread once
-/// tracing stopped (Ctrl-C, SIGTERM, --duration, the targets' exit);
-/// frames still unanswered then show their module and offset.
-pub const FINAL_WAIT_FOR_SYMBOLS: Duration = Duration::from_millis(500);
+/// The longest the final report waits for the symbolizer threads once
+/// tracing stopped (Ctrl-C, SIGTERM, --duration, the targets' exit), all
+/// its stacks together; frames still unanswered then show their module
+/// and offset. A second Ctrl-C (or SIGTERM) ends the wait at once.
+pub const FINAL_WAIT_FOR_SYMBOLS: Duration = Duration::from_secs(10);
+
+/// How long the final wait goes on before it says so on stderr.
+const FINAL_WAIT_SAID_AFTER: Duration = Duration::from_secs(1);
+
+/// How often the final wait looks whether it was told to end.
+const FINAL_WAIT_STEP: Duration = Duration::from_millis(50);
+
+/// Set by a second SIGINT or SIGTERM once tracing stopped: the final
+/// wait for the symbolizer ends at once.
+static SKIP_FINAL_WAIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The final report's wait for the symbolizer: until `deadline`, or
+/// until told to end; says so once when it lasts.
+struct FinalWait {
+    started: Instant,
+    deadline: Instant,
+    said: bool,
+}
+
+/// From now on a SIGINT or SIGTERM ends the final wait for the
+/// symbolizer (tracing has stopped; the collect loop's own handlers no
+/// longer listen). Registered once; call it before saying that tracing
+/// stopped, so that a Ctrl-C answering that line is not lost.
+pub fn skip_final_wait_on_signals() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        for signal in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: the action only stores to an atomic, which is
+            // async-signal-safe.
+            let registered = unsafe {
+                signal_hook_registry::register(signal, || {
+                    SKIP_FINAL_WAIT.store(true, std::sync::atomic::Ordering::Relaxed);
+                })
+            };
+            if let Err(error) = registered {
+                eprintln!("tracer: warning: a second Ctrl-C cannot cut the last symbolization short: {error}");
+            }
+        }
+    });
+}
 
 /// A mapped file, kept open, its build id and load segments.
 struct Module {
@@ -158,6 +199,9 @@ pub struct Symbols {
     /// Whether the loop waited [`WAIT_FOR_SYMBOLS`] in vain, and waits no
     /// more until every answer came.
     late: bool,
+    /// Once tracing stopped: the final report's wait, shared by all its
+    /// stacks, instead of [`WAIT_FOR_SYMBOLS`] per stack.
+    final_wait: Option<FinalWait>,
     /// Frames given out unnamed because their answer was late.
     deferred: u64,
     mappings: HashMap<u32, Vec<Mapping>>,
@@ -193,6 +237,7 @@ impl Symbols {
             worker: worker::Worker::start(),
             asked: HashSet::new(),
             late: false,
+            final_wait: None,
             deferred: 0,
             mappings: HashMap::new(),
             files: HashMap::new(),
@@ -314,12 +359,29 @@ impl Symbols {
         self.asked.len()
     }
 
-    /// Waits until the symbolizer answered every address asked, or until
-    /// `bound` passed; the final report's last wait.
+    /// Tracing stopped: from now on every look-up waits for the
+    /// symbolizer until `bound` from now (all of them together), or until
+    /// a second SIGINT or SIGTERM; what was asked already is waited for
+    /// first.
     pub fn settle(&mut self, bound: Duration) {
-        let deadline = Instant::now() + bound;
-        while !self.asked.is_empty() && self.receive_by(deadline) {}
-        self.late = !self.asked.is_empty();
+        skip_final_wait_on_signals();
+        let started = Instant::now();
+        self.final_wait = Some(FinalWait {
+            started,
+            deadline: started + bound,
+            said: false,
+        });
+        self.late = false;
+        let asked: Vec<(u32, u64)> = self.asked.iter().copied().collect();
+        self.wait_for(&asked);
+    }
+
+    /// Whether the final wait ended by its deadline or by a signal.
+    pub fn final_wait_cut(&self) -> bool {
+        self.final_wait.as_ref().is_some_and(|wait| {
+            SKIP_FINAL_WAIT.load(std::sync::atomic::Ordering::Relaxed)
+                || Instant::now() >= wait.deadline
+        })
     }
 
     /// Frames of a user stack, innermost first. Every address of a stack
@@ -373,6 +435,10 @@ impl Symbols {
     /// Waits for the answers to `keys`, [`WAIT_FOR_SYMBOLS`] at most, and
     /// not at all while an earlier answer is late.
     fn wait_for(&mut self, keys: &[(u32, u64)]) {
+        if self.final_wait.is_some() {
+            self.wait_finally(keys);
+            return;
+        }
         if self.late {
             self.receive_now();
             if !self.asked.is_empty() {
@@ -386,6 +452,38 @@ impl Symbols {
                 self.late = true;
                 return;
             }
+        }
+    }
+
+    /// The final report's wait for `keys`: in steps, so that a second
+    /// Ctrl-C ends it, until the final deadline.
+    fn wait_finally(&mut self, keys: &[(u32, u64)]) {
+        while keys.iter().any(|key| self.asked.contains(key)) {
+            let Some(wait) = self.final_wait.as_mut() else {
+                return;
+            };
+            let now = Instant::now();
+            if SKIP_FINAL_WAIT.load(std::sync::atomic::Ordering::Relaxed) || now >= wait.deadline {
+                return;
+            }
+            if !wait.said && now >= wait.started + FINAL_WAIT_SAID_AFTER {
+                wait.said = true;
+                eprintln!(
+                    "tracer: naming the frames of {} addresses still (at most {} s more; \
+                     Ctrl-C again to skip: they keep their module and offset)",
+                    self.asked.len(),
+                    wait.deadline
+                        .saturating_duration_since(now)
+                        .as_secs_f64()
+                        .ceil()
+                );
+            }
+            let step = (now + FINAL_WAIT_STEP).min(wait.deadline);
+            if self.worker.is_none() {
+                self.asked.clear();
+                return;
+            }
+            self.receive_by(step);
         }
     }
 

@@ -231,9 +231,9 @@ struct TargetArgs {
 
     /// Stop after this long (e.g. 30s, 5m, 500ms); default: until Ctrl-C or
     /// until every target has exited. Once stopped, the report waits at
-    /// most 0.5 s for symbols still being read (a big debug file): frames
-    /// not named by then show their module and offset, and stderr says
-    /// how many.
+    /// most 10 s for symbols still being read (a big debug file), or
+    /// until a second Ctrl-C: frames not named by then show their module
+    /// and offset, and stderr says how many.
     #[arg(short, long, value_name = "DURATION", value_parser = parse_duration)]
     duration: Option<Duration>,
 
