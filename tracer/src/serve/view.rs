@@ -244,18 +244,44 @@ impl View {
 
     /// What grew from `base` to this view, as a gzipped pprof profile: per
     /// stack, the live bytes and blocks now less those of `base` (0 for a
-    /// stack it did not show), and what was allocated between the two.
+    /// stack it did not show), and what was allocated between the two. A
+    /// stack of `base` is found by any id it was made of (its own and the
+    /// ones merged into it for equal frames), so a stack whose frames were
+    /// merged differently in the two views (one named only in the later)
+    /// is still one stack; each of `base`'s is taken off once.
     pub fn growth_profile(&self, base: &View) -> Option<Vec<u8>> {
         let report = self.report.as_ref()?;
-        let before: HashMap<(u32, Kind, u32), &StackReport> = base
+        let before_stacks: Vec<&StackReport> = base
             .report
             .iter()
             .flat_map(|report| &report.stacks)
-            .map(|stack| ((stack.pid, stack.kind, stack.stack_id), stack))
             .collect();
+        let ids = |stack: &StackReport| {
+            std::iter::once(stack.stack_id)
+                .chain(stack.merged_stack_ids.iter().copied())
+                .map(move |id| (stack.pid, stack.kind, id))
+                .collect::<Vec<(u32, Kind, u32)>>()
+        };
+        let mut before: HashMap<(u32, Kind, u32), usize> = HashMap::new();
+        for (index, stack) in before_stacks.iter().enumerate() {
+            for id in ids(stack) {
+                before.entry(id).or_insert(index);
+            }
+        }
+        let mut taken = vec![false; before_stacks.len()];
         let mut report = report.clone();
         report.stacks.retain_mut(|stack| {
-            if let Some(old) = before.get(&(stack.pid, stack.kind, stack.stack_id)) {
+            let mut olds: Vec<usize> = ids(stack)
+                .iter()
+                .filter_map(|id| before.get(id).copied())
+                .collect();
+            olds.sort_unstable();
+            olds.dedup();
+            for index in olds {
+                if std::mem::replace(&mut taken[index], true) {
+                    continue;
+                }
+                let old = before_stacks[index];
                 stack.live_bytes -= old.live_bytes;
                 stack.live_allocs -= old.live_allocs;
                 stack.alloc_bytes_total = stack
