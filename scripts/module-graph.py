@@ -198,9 +198,7 @@ DISPATCHERS = {"tracer-ebpf/src": {"exits"}}
 # Edges against the layers that exist today (a -> b); the redesign removes them.
 ALLOWED = {
     "tracer/src": {
-        ("config", "attach"), ("config", "unwind"), ("config", "python"),
-        ("config", "output"), ("session", "output"), ("cli", "output"),
-        ("symbolize", "perf_map"),
+        ("session", "output"), ("symbolize", "perf_map"),
     },
 }
 

@@ -52,8 +52,8 @@ fn floor(config: &FloorConfig) -> Result<()> {
     attach::check_target(config.pid)?;
     let (mut probes, _rings) = Probes::load(
         attach::MapSizes::DEFAULT,
-        &attach::Sampling::EXACT,
-        &tracer::unwind::Unwinding::FRAME_POINTERS,
+        &tracer::config::Sampling::EXACT,
+        &tracer::config::Unwinding::FRAME_POINTERS,
     )?;
     probes.attach_floor(config.pid, config.sites, config.with_return)?;
     eprintln!(

@@ -20,38 +20,11 @@ use super::{
     raw::{LinkKind, RawPrograms},
 };
 use crate::{
+    config::{Sampling, Unwinding},
     error::{ExitCode, fatal},
     tracefs,
-    unwind::{UnwindMode, Unwinding},
+    unwind::UnwindMode,
 };
-
-/// What the probes record: every allocation or a sample, of which sizes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sampling {
-    /// Sampling period in bytes (`--sample-bytes`); 0: every allocation.
-    pub sample_bytes: u64,
-    /// Seed of the sampling decisions; 0: a random one per thread.
-    pub sample_seed: u64,
-    /// Blocks smaller than this are not recorded.
-    pub min_size_bytes: u64,
-    /// Blocks larger than this are not recorded.
-    pub max_size_bytes: u64,
-}
-
-impl Sampling {
-    /// Every allocation of every size.
-    pub const EXACT: Sampling = Sampling {
-        sample_bytes: 0,
-        sample_seed: 0,
-        min_size_bytes: 0,
-        max_size_bytes: u64::MAX,
-    };
-
-    /// Whether some calls are not recorded, so may skip their return.
-    pub fn skips_calls(&self) -> bool {
-        self.sample_bytes != 0 || self.min_size_bytes != 0 || self.max_size_bytes != u64::MAX
-    }
-}
 
 /// How big the kernel tables are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

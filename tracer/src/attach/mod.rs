@@ -52,16 +52,18 @@ use aya::{
     },
 };
 
+use crate::config::{FloorSites, Sampling};
 pub use crate::model::run::ReturnProbes;
 use crate::{
+    config::Unwinding,
     error::{ExitCode, fatal},
     procfs,
-    unwind::{UnwindMode, Unwinding},
+    unwind::UnwindMode,
 };
 use forwarding::Forwarding;
 use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
 use links::TracepointLink;
-pub use load::{AttachTimes, MapSizes, Rings, Sampling};
+pub use load::{AttachTimes, MapSizes, Rings};
 use load::{load_error, program};
 pub use maps::KernelMaps;
 pub use preflight::{KernelFeatures, check_kernel, check_privileges, check_target};
@@ -74,15 +76,6 @@ use symbols::{FoundSites, Unprobed};
 /// The benchmark's empty programs.
 const FLOOR_ENTRY_PROGRAM: &str = tracer_ebpf::program::FLOOR_ENTER;
 const FLOOR_RETURN_PROGRAM: &str = tracer_ebpf::program::FLOOR_RETURN;
-
-/// Where the benchmark's empty floor programs go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FloorSites {
-    /// The function entry, where other uprobe tools probe.
-    FunctionEntry,
-    /// The sites tracer chooses (`prologue`).
-    Chosen,
-}
 
 /// How the uprobes are attached.
 #[derive(Clone, Debug, PartialEq, Eq)]

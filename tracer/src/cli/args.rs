@@ -15,16 +15,13 @@ use super::{
     values::{parse_duration, parse_interval, parse_kind, parse_ring_kib, parse_time},
 };
 use crate::{
-    attach::FloorSites,
     config::{
-        CommTargets, DEFAULT_PLOT_STACKS, FloorConfig, RecordConfig, ReportConfig, ReportFormat,
-        parse_listen,
+        CommTargets, DEFAULT_PLOT_STACKS, FloorConfig, FloorSites, FoldedValue, GroupBy,
+        NativeFrames, PythonMode, RecordConfig, ReportConfig, ReportFormat, ReportLayout,
+        Unwinding, parse_listen,
     },
     error::{ExitCode, fatal},
-    model::Kind,
-    output::{GroupBy, NativeFrames, ReportLayout, Wrappers, folded::FoldedValue},
-    python::PythonMode,
-    unwind::Unwinding,
+    model::{Kind, Wrappers},
 };
 
 #[derive(Debug, Parser)]

@@ -3,10 +3,8 @@ use std::{path::PathBuf, time::Duration};
 
 use super::{values::parse_interval, *};
 use crate::{
-    attach::{FloorSites, Sampling},
-    config::{ReportFormat, Targets},
+    config::{FloorSites, FoldedValue, ReportFormat, Sampling, Targets},
     model::Kind,
-    output::folded::FoldedValue,
 };
 
 fn record(arguments: &[&str]) -> Result<Parsed> {

@@ -12,8 +12,9 @@ use tracer_ebpf::python_stack_of_frame;
 
 use super::{Collector, Event};
 use crate::{
+    config::PythonMode,
     model::{Frame, Language, run::NoticedBy},
-    python::{self, Detection, PythonMode},
+    python::{self, Detection},
 };
 
 /// What `--python` found and keeps per target.

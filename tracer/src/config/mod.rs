@@ -1,20 +1,20 @@
 //! What a run is asked to do, as the rest of tracer is given it: the
 //! configs `cli` parses the command line into, and that `session`,
 //! `collect`, `serve`, `record`, `top` and `analyze` read. Below all of
-//! them: it names the stages' option types (`Sampling`, `Unwinding`,
-//! `Wrappers`, `PythonMode`), never cli or a module that runs a trace.
+//! them, the stages' option types included (`options`: `Sampling`,
+//! `Unwinding`, `PythonMode`, `ReportLayout`, ...): it names only
+//! `model`.
 mod listen;
+mod options;
 
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
-use crate::{
-    attach::{FloorSites, Sampling},
-    model::Kind,
-    output::{Wrappers, folded::FoldedValue},
-    unwind::Unwinding,
-};
+use crate::model::{Kind, Wrappers};
 
 pub use listen::parse_listen;
+pub use options::{
+    FloorSites, FoldedValue, GroupBy, NativeFrames, PythonMode, ReportLayout, Sampling, Unwinding,
+};
 
 /// Stacks drawn in the growth plot unless `--plot-stacks` says otherwise.
 pub const DEFAULT_PLOT_STACKS: usize = 8;
@@ -63,13 +63,13 @@ pub struct Config {
     /// What stacks are named past (`--wrapper` and the built-in list).
     pub wrappers: Wrappers,
     /// `--group-by`, `--native`.
-    pub layout: crate::output::ReportLayout,
+    pub layout: ReportLayout,
     /// Separate debug files are searched here first (`--debug-dir`).
     pub debug_dirs: Vec<PathBuf>,
     /// Where to serve metrics and profiles (`--listen`).
     pub listen: Option<std::net::SocketAddr>,
     /// `--python`, `--python-depth`.
-    pub python: crate::python::PythonMode,
+    pub python: PythonMode,
     pub python_depth: u32,
     /// `--python-objects`: CPython's allocator hooked, blocks of kind
     /// python-object.
@@ -137,7 +137,7 @@ pub struct ReportConfig {
     /// What stacks are named past (`--wrapper` and the built-in list).
     pub wrappers: Wrappers,
     /// `--group-by`, `--native`.
-    pub layout: crate::output::ReportLayout,
+    pub layout: ReportLayout,
     /// Frames without a symbol are looked up in debug files here
     /// (`--debug-dir`).
     pub debug_dirs: Vec<PathBuf>,

@@ -26,12 +26,14 @@ pub mod reachability;
 pub mod run;
 mod sum;
 pub mod verdict;
+mod wrappers;
 
 use std::collections::{BTreeMap, HashMap};
 
 pub use fold::{FoldedStacks, Retired};
 pub use leak::Growth;
 pub use run::{ContextDestroyed, MemoryStatus, Target};
+pub use wrappers::Wrappers;
 
 use tracer_ebpf::{STAT_NAMES, StatClass};
 

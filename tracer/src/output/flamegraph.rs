@@ -4,10 +4,8 @@
 use anyhow::{Context as _, Result};
 use inferno::flamegraph::{self, Options};
 
-use super::{
-    Report,
-    folded::{self, FoldedValue},
-};
+use super::{Report, folded};
+use crate::config::FoldedValue;
 
 /// The flame graph of `value` as SVG.
 pub fn render(report: &Report, value: FoldedValue) -> Result<Vec<u8>> {

@@ -8,21 +8,7 @@
 use std::collections::BTreeSet;
 
 use super::{Report, StackReport};
-use crate::model::Frame;
-
-/// What each line's value counts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum FoldedValue {
-    /// Bytes allocated and not freed at the end of the window.
-    #[default]
-    LiveBytes,
-    /// Blocks allocated and not freed at the end of the window.
-    LiveAllocs,
-    /// Bytes allocated in the window, freed or not.
-    AllocBytes,
-    /// Growth of the live bytes over the window, in bytes per second.
-    Growth,
-}
+use crate::{config::FoldedValue, model::Frame};
 
 /// One line per stack whose value is above zero, in the report's order.
 pub fn render(report: &Report, value: FoldedValue) -> String {

@@ -12,7 +12,6 @@ pub mod folded;
 pub mod frames;
 pub mod json;
 pub mod labels;
-pub mod layout;
 pub mod pprof;
 mod report;
 pub mod svg;
@@ -23,8 +22,9 @@ mod units;
 #[cfg(test)]
 mod fixtures;
 
-pub use frames::{Site, Wrappers, frame_label, site, trim_allocator_frames};
-pub use layout::{GroupBy, NativeFrames, ReportLayout};
+pub use crate::config::{GroupBy, NativeFrames, ReportLayout};
+pub use crate::model::Wrappers;
+pub use frames::{Site, frame_label, site, trim_allocator_frames};
 pub use report::{
     Entry, MemoryReconciliation, Report, ReportInput, SiteGroup, StackReport, TargetReport,
     by_site_label,

@@ -9,9 +9,8 @@ pub use groups::{Entry, SiteGroup, by_site_label};
 
 use super::{
     evidence::evidence_line,
-    frames::{Site, Wrappers, site, trim_allocator_frames},
+    frames::{Site, site, trim_allocator_frames},
     labels,
-    layout::ReportLayout,
 };
 use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, StackSummary, Target,
@@ -24,6 +23,7 @@ use crate::model::{
     reachability::{HoldersScan, Reachability},
     run::{LibraryReport, LoaderPauses, ProbeReport, SamplingReport, UnwindingReport},
 };
+use crate::{config::ReportLayout, model::Wrappers};
 
 /// Everything a report shows, in the shape of its JSON form.
 #[derive(Clone, Debug, serde::Serialize)]

@@ -29,18 +29,6 @@ use crate::{
     target_memory::{Process, TargetMemory},
 };
 
-/// `--python`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum PythonMode {
-    /// Python frames for every target running a CPython tracer knows.
-    #[default]
-    Auto,
-    /// Like auto, and an interpreter tracer cannot read is an error.
-    On,
-    /// Native frames only.
-    Off,
-}
-
 /// A CPython interpreter found in a target.
 #[derive(Clone, Debug)]
 pub struct Interpreter {

@@ -29,76 +29,13 @@ use framehop::{
     FrameAddress, Unwinder as _,
     x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64},
 };
-use tracer_ebpf::{MAX_GOROUTINE_BYTES, STACK_PAGE_BYTES, StackCopy};
+use tracer_ebpf::{MAX_GOROUTINE_BYTES, StackCopy};
 
 pub use crate::model::run::UnwindMode;
 use crate::procfs;
 pub use modules::ObjectInfo;
 use modules::{ModuleFiles, Section};
 pub use stops::UnwindStop;
-
-/// How stacks are taken.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Unwinding {
-    pub mode: UnwindMode,
-    /// Bytes of stack copied at each allocation, from the start of the
-    /// stack pointer's page (`--stack-bytes`, whole pages).
-    pub stack_bytes: u32,
-    /// Size of the ring buffer of stack copies.
-    pub ring_bytes: u32,
-    /// Kernel memory for the rows of every unwind table (8 bytes a row).
-    pub table_bytes: u32,
-}
-
-impl Unwinding {
-    pub const DEFAULT_STACK_BYTES: u32 = 16 << 10;
-    /// The ring of stack copies, in MiB: about 4 000 copies of 16 KiB, so
-    /// that bursts of ordinary programs (Node.js, Python) fit while the
-    /// reader thread catches up on a busy machine (16 MiB lost copies
-    /// there). Kernel memory, mapped into tracer only once a process's
-    /// stacks are copied.
-    pub const DEFAULT_RING_MIB: u32 = 64;
-    pub const MAX_STACK_BYTES: u32 = 64 << 10;
-    /// Room for 8 M rows: a process that imported torch (Debian's 1.13)
-    /// maps some 300 objects with about 5.6 M rows, libtorch_cpu's 1.4 M.
-    pub const DEFAULT_TABLE_MIB: u32 = 64;
-    pub const MAX_TABLE_MIB: u32 = 256;
-    pub const DEFAULT: Unwinding = Unwinding {
-        mode: UnwindMode::Auto,
-        stack_bytes: Self::DEFAULT_STACK_BYTES,
-        ring_bytes: Self::DEFAULT_RING_MIB << 20,
-        table_bytes: Self::DEFAULT_TABLE_MIB << 20,
-    };
-    /// Frame pointers only (benchmarks, `tracer floor`).
-    pub const FRAME_POINTERS: Unwinding = Unwinding {
-        mode: UnwindMode::FramePointers,
-        ..Self::DEFAULT
-    };
-
-    /// Pages per copy.
-    pub fn stack_pages(&self) -> u32 {
-        (self.stack_bytes as u64).div_ceil(STACK_PAGE_BYTES) as u32
-    }
-
-    /// The kernel's STACK_COPY_MODE.
-    pub fn copy_mode(&self) -> u32 {
-        match self.mode {
-            UnwindMode::FramePointers => 0,
-            UnwindMode::Copy => 1,
-            UnwindMode::Dwarf | UnwindMode::Auto => 2,
-        }
-    }
-
-    /// Rows UNWIND_ROWS holds.
-    pub fn table_rows(&self) -> u32 {
-        self.table_bytes / size_of::<tracer_ebpf::UnwindRow>() as u32
-    }
-
-    /// Whether the kernel walks stacks through unwind tables.
-    pub fn uses_tables(&self) -> bool {
-        matches!(self.mode, UnwindMode::Dwarf | UnwindMode::Auto)
-    }
-}
 
 /// A stack unwound from a copy: return addresses, innermost first (the
 /// first is the allocator's return address into its caller). Two copies

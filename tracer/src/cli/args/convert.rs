@@ -5,11 +5,9 @@ use tracer_ebpf::sampling::MAX_SAMPLE_BYTES;
 
 use super::{ReportArgs, TargetArgs, UnwindArg, comm_targets};
 use crate::{
-    attach::Sampling,
-    config::{Config, DEFAULT_PLOT_STACKS, ReportConfig, Targets},
+    config::{Config, DEFAULT_PLOT_STACKS, PythonMode, ReportConfig, Sampling, Targets, Unwinding},
     error::{ExitCode, fatal},
-    python::PythonMode,
-    unwind::{UnwindMode, Unwinding},
+    unwind::UnwindMode,
 };
 
 pub(super) fn config_of(args: TargetArgs) -> Result<Config> {
