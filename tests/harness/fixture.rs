@@ -1,21 +1,14 @@
 //! A running fixture program: started, sent line commands, read back its
 //! one-line answers (the protocol of tests/fixtures/leaky.c).
 
-use std::io::{BufRead as _, BufReader, Write as _};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
-use std::time::Duration;
+use std::process::{Child, Command};
 
-use super::fixture;
+use super::{fixture, fixture_client::FixtureClient};
 
-/// How long a fixture may take to answer one command.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A running fixture that speaks the line protocol of tests/fixtures/leaky.c.
+/// A running fixture that speaks the line protocol of tests/fixtures/leaky.c
+/// (`fixture_client`); every protocol error fails the test.
 pub struct Fixture {
-    child: Child,
-    stdin: ChildStdin,
-    stdout_lines: Receiver<String>,
+    client: FixtureClient,
     pub pid: u32,
 }
 
@@ -35,92 +28,57 @@ impl Fixture {
     /// Starts a command that runs a fixture (an interpreter and its script)
     /// and waits for its `ready pid=N` line.
     pub fn start_command(command: Command) -> Self {
-        let program = format!("{command:?}");
-        let (fixture, ready) = Self::spawn(command);
-        assert_eq!(
-            ready,
-            format!("ready pid={}", fixture.pid),
-            "{program} started oddly"
-        );
-        fixture
+        let client = FixtureClient::start(command).unwrap_or_else(|error| panic!("{error}"));
+        Self {
+            pid: client.pid,
+            client,
+        }
     }
 
     /// Starts a command that runs a fixture (e.g. in other namespaces) and
     /// returns it with its first line.
-    pub fn spawn(mut command: Command) -> (Self, String) {
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|error| panic!("could not start {command:?}: {error}"));
-        let stdin = child.stdin.take().expect("piped stdin");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (line_tx, stdout_lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line_tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut fixture = Self {
-            pid: child.id(),
-            child,
-            stdin,
-            stdout_lines,
-        };
-        let ready = fixture.read_answer("(start)");
-        (fixture, ready)
+    pub fn spawn(command: Command) -> (Self, String) {
+        let (client, first) =
+            FixtureClient::spawn(command).unwrap_or_else(|error| panic!("{error}"));
+        (
+            Self {
+                pid: client.pid,
+                client,
+            },
+            first,
+        )
     }
 
     /// Sends one command line and returns the fixture's one-line answer.
     pub fn cmd(&mut self, line: &str) -> String {
-        writeln!(self.stdin, "{line}")
-            .and_then(|()| self.stdin.flush())
-            .unwrap_or_else(|error| panic!("could not send {line:?} to the fixture: {error}"));
-        self.read_answer(line)
+        self.client
+            .send(line)
+            .unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// Sends `quit`, expects `bye`, and returns how the fixture exited
     /// (within [`super::EXIT_TIMEOUT`]).
-    pub fn quit(mut self) -> std::process::ExitStatus {
-        assert_eq!(self.cmd("quit"), "bye");
-        let deadline = std::time::Instant::now() + super::EXIT_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("the fixture's status") {
-                return status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the fixture did not exit after quit"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+    pub fn quit(self) -> std::process::ExitStatus {
+        let (bye, status) = self
+            .client
+            .quit(super::EXIT_TIMEOUT)
+            .unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!(bye, "bye");
+        status
     }
 
     /// Waits for the fixture's next line, one it prints by itself (`what`
     /// it says, for the failure message), not as an answer.
     pub fn next_line(&mut self, what: &str) -> String {
-        self.read_answer(what)
-    }
-
-    fn read_answer(&mut self, line: &str) -> String {
-        let answer = self
-            .stdout_lines
-            .recv_timeout(ANSWER_TIMEOUT)
-            .unwrap_or_else(|error| panic!("the fixture did not answer {line:?}: {error}"));
+        let line = self
+            .client
+            .next_line(&format!("{what:?}"))
+            .unwrap_or_else(|error| panic!("{error}"));
         assert!(
-            !answer.starts_with("error"),
-            "the fixture rejected {line:?}: {answer}"
+            !line.starts_with("error"),
+            "the fixture rejected {what:?}: {line}"
         );
-        answer
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        line
     }
 }
 

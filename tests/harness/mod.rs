@@ -9,6 +9,7 @@ use std::time::Duration;
 
 mod cuda;
 mod fixture;
+mod fixture_client;
 mod http;
 mod python;
 mod record;

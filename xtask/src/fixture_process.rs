@@ -1,14 +1,16 @@
 //! A running test fixture that speaks the line protocol of tests/fixtures
 //! (`ready pid=N`, then one answer line per command), for `demo` and
-//! `bench`.
+//! `bench`: the test harness's own client (tests/harness/fixture_client.rs).
 
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, Command};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-use crate::shell;
+use crate::{
+    fixture_client::{ANSWER_TIMEOUT, FixtureClient},
+    shell,
+};
 
 /// A child process that is killed when this value is dropped early.
 pub struct KillOnDrop(pub Child);
@@ -20,11 +22,11 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// The running fixture and its command line protocol.
+/// The running fixture and its command line protocol (the test
+/// harness's client, `fixture_client`), with anyhow errors and, with
+/// `echo`, every command and answer on stderr.
 pub struct FixtureProcess {
-    child: KillOnDrop,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    client: FixtureClient,
     name: String,
     /// Print every command and answer on stderr.
     echo: bool,
@@ -52,82 +54,43 @@ impl FixtureProcess {
         env: &[(&str, &str)],
     ) -> Result<Self> {
         let mut command = Command::new(path);
-        command
-            .args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+        command.args(args).envs(env.iter().copied());
         if echo {
             eprintln!("$ {} &", shell::display(&command));
         }
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("could not start {}", path.display()))?;
-        let stdin = child.stdin.take().context("fixture stdin")?;
-        let stdout = BufReader::new(child.stdout.take().context("fixture stdout")?);
         let name = path.file_name().map_or_else(
             || "fixture".to_owned(),
             |n| n.to_string_lossy().into_owned(),
         );
-        let mut fixture = Self {
-            child: KillOnDrop(child),
-            stdin,
-            stdout,
+        let client = FixtureClient::start(command)
+            .map_err(|error| anyhow!("{name}: {error}"))
+            .with_context(|| format!("could not start {}", path.display()))?;
+        Ok(Self {
+            pid: client.pid,
+            client,
             name,
             echo,
-            pid: 0,
-        };
-        let ready = fixture.read_line()?;
-        fixture.pid = ready
-            .strip_prefix("ready pid=")
-            .and_then(|pid| pid.parse().ok())
-            .ok_or_else(|| {
-                anyhow!(
-                    "{} printed {ready:?} instead of `ready pid=N`",
-                    fixture.name
-                )
-            })?;
-        Ok(fixture)
+        })
     }
 
     /// Sends one command and returns the answer line.
     pub fn command(&mut self, line: &str) -> Result<String> {
-        writeln!(self.stdin, "{line}")
-            .with_context(|| format!("could not write to {}", self.name))?;
-        self.stdin
-            .flush()
-            .with_context(|| format!("could not write to {}", self.name))?;
-        let answer = self.read_line()?;
+        let answer = self
+            .client
+            .send(line)
+            .map_err(|error| anyhow!("{}: {error}", self.name))?;
         if self.echo {
             eprintln!("{}: {line} -> {answer}", self.name);
-        }
-        if answer.starts_with("error") {
-            bail!("{} rejected {line:?}: {answer}", self.name);
         }
         Ok(answer)
     }
 
-    fn read_line(&mut self) -> Result<String> {
-        let mut line = String::new();
-        if self
-            .stdout
-            .read_line(&mut line)
-            .with_context(|| format!("could not read from {}", self.name))?
-            == 0
-        {
-            bail!("{} exited unexpectedly", self.name);
-        }
-        Ok(line.trim_end().to_owned())
-    }
-
     /// Sends `quit` and waits for a clean exit.
-    pub fn quit(mut self) -> Result<()> {
-        self.command("quit")?;
-        let status = self
-            .child
-            .0
-            .wait()
-            .with_context(|| format!("could not wait for {}", self.name))?;
+    pub fn quit(self) -> Result<()> {
+        let (_, status) = self
+            .client
+            .quit(ANSWER_TIMEOUT)
+            .map_err(|error| anyhow!("{}: {error}", self.name))?;
         if !status.success() {
             bail!("{} exited with {status}", self.name);
         }

@@ -16,6 +16,10 @@ mod bench_runs;
 mod bench_torch;
 mod demo;
 mod dist;
+// The fixtures' line protocol, the test harness's own: one client for
+// tests and xtask.
+#[path = "../../tests/harness/fixture_client.rs"]
+mod fixture_client;
 mod fixture_process;
 mod fixtures;
 mod fuzz;
