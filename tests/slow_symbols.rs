@@ -28,6 +28,18 @@ fn hostile_with_slow_library() -> (Fixture, String) {
     (hostile, library.display().to_string())
 }
 
+/// The stacks of `lib_a 7`'s leak (a frame in `library`), checked to hold
+/// its 7 blocks exactly.
+fn leak_stacks<'a>(report: &'a harness::Report, library: &str) -> Vec<&'a Value> {
+    let stacks = stacks_in(report.stacks(), library);
+    assert_eq!(
+        harness::sum_live(&stacks),
+        Live::blocks(7, BLOCK_BYTES),
+        "\n{report}"
+    );
+    stacks
+}
+
 /// The heap stacks with a frame in `module`.
 fn stacks_in<'a>(stacks: &'a [Value], module: &str) -> Vec<&'a Value> {
     stacks
@@ -58,12 +70,7 @@ fn a_second_ctrl_c_during_the_last_slow_symbolization_ends_tracer_within_1_s_wit
             .contains("were still being symbolized when the last wait ended"),
         "the second Ctrl-C cut a wait that had addresses left: {output}"
     );
-    let stacks = stacks_in(report.stacks(), &library);
-    assert_eq!(
-        harness::sum_live(&stacks),
-        Live::blocks(7, BLOCK_BYTES),
-        "\n{report}"
-    );
+    let stacks = leak_stacks(&report, &library);
     // Unnamed, still re-symbolizable: its build id and offset are kept.
     for stack in stacks {
         let frame = stack["frames"]
@@ -87,12 +94,7 @@ fn one_ctrl_c_during_a_slow_symbolization_waits_for_the_names() {
     // Nothing lost on Ctrl-C: the report waits for blazesym (seconds,
     // within the 10 s bound) and names the leak's function.
     let report = trace.interrupt_within(Duration::from_secs(15));
-    let stacks = stacks_in(report.stacks(), &library);
-    assert_eq!(
-        harness::sum_live(&stacks),
-        Live::blocks(7, BLOCK_BYTES),
-        "\n{report}"
-    );
+    let stacks = leak_stacks(&report, &library);
     for stack in stacks {
         assert!(
             stack["frames"]

@@ -169,13 +169,7 @@ impl Trace {
     /// `bound` of the signal, the wait a user at the terminal accepts.
     pub fn interrupt_within(mut self, bound: std::time::Duration) -> Report {
         self.tracer.signal(libc::SIGINT);
-        let interrupted = std::time::Instant::now();
-        let output = self.tracer.wait_exit(EXIT_TIMEOUT);
-        let exit = interrupted.elapsed();
-        output.assert_success();
-        let report = Report::read(&self.json);
-        super::assert_took_under("the exit after SIGINT", exit, bound, &report);
-        report
+        self.exit_within("the exit after SIGINT", bound).1
     }
 
     /// SIGINT, then, once stderr shows `answer` (tracer's word that it is
@@ -189,12 +183,18 @@ impl Trace {
         self.tracer.signal(libc::SIGINT);
         self.tracer.wait_stderr(answer, ATTACH_TIMEOUT);
         self.tracer.signal(libc::SIGINT);
-        let interrupted = std::time::Instant::now();
+        self.exit_within("the exit after a second SIGINT", bound)
+    }
+
+    /// The tracer, just signalled, must write its report and exit 0
+    /// within `bound` (`what` for the failure message).
+    fn exit_within(self, what: &str, bound: std::time::Duration) -> (TracerOutput, Report) {
+        let signalled = std::time::Instant::now();
         let output = self.tracer.wait_exit(EXIT_TIMEOUT);
-        let exit = interrupted.elapsed();
+        let exit = signalled.elapsed();
         output.assert_success();
         let report = Report::read(&self.json);
-        super::assert_took_under("the exit after a second SIGINT", exit, bound, &report);
+        super::assert_took_under(what, exit, bound, &report);
         (output, report)
     }
 
