@@ -376,14 +376,6 @@ impl Symbols {
         self.wait_for(&asked);
     }
 
-    /// Whether the final wait ended by its deadline or by a signal.
-    pub fn final_wait_cut(&self) -> bool {
-        self.final_wait.as_ref().is_some_and(|wait| {
-            SKIP_FINAL_WAIT.load(std::sync::atomic::Ordering::Relaxed)
-                || Instant::now() >= wait.deadline
-        })
-    }
-
     /// Frames of a user stack, innermost first. Every address of a stack
     /// taken at a return probe is a return address, so each is looked up
     /// one byte earlier: inside the call instruction.
@@ -479,10 +471,7 @@ impl Symbols {
                 );
             }
             let step = (now + FINAL_WAIT_STEP).min(wait.deadline);
-            if self.worker.is_none() {
-                self.asked.clear();
-                return;
-            }
+            // Without a worker this forgets every address asked: the loop ends.
             self.receive_by(step);
         }
     }
