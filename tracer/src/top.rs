@@ -22,12 +22,13 @@ use crate::{
     collect::{Collector, Event},
     config::Config,
     model::{
-        Frame, Growth, Model, StackKey, Target,
+        Frame, Growth, Model, StackKey, Target, labels,
         leak::Verdict,
         merge,
         peak::{self, Judgement},
+        site, trim_allocator_frames,
     },
-    output::{self, GroupBy, by_site_label, human_bytes, site, trim_allocator_frames},
+    output::{self, GroupBy, by_site_label, human_bytes},
     session,
 };
 
@@ -75,7 +76,7 @@ pub fn run(config: &Config) -> Result<()> {
 /// stacks of one site too, judged by its stacks (`Model::site_growth`);
 /// ranked at the peak when a target exited or tore down, as the report is
 /// (`model::peak`). Rows that would read the same are told apart as the
-/// report tells them (`output::labels`).
+/// report tells them (`model::labels`).
 fn draw(
     collector: &mut Collector,
     model: &Model,
@@ -147,15 +148,13 @@ fn draw(
                     (label.as_str(), frames)
                 })
                 .collect();
-            let through = output::labels::distinguishing_frames(&entries);
+            let through = labels::distinguishing_frames(&entries);
             keys.iter()
                 .zip(&base)
                 .zip(through)
                 .map(|((key, label), through)| {
-                    let label = through.map_or_else(
-                        || label.clone(),
-                        |through| output::labels::grown(label, &through),
-                    );
+                    let label = through
+                        .map_or_else(|| label.clone(), |through| labels::grown(label, &through));
                     match members_of.get(key).map_or(1, Vec::len) {
                         count if count > 1 => format!("{label}  ({count} stacks)"),
                         _ => label,

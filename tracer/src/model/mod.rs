@@ -15,6 +15,7 @@ pub mod cost;
 #[cfg(test)]
 pub mod fixtures;
 mod fold;
+pub mod labels;
 pub mod leak;
 pub mod mappings;
 pub mod merge;
@@ -24,6 +25,7 @@ pub mod ranges;
 pub mod ranking;
 pub mod reachability;
 pub mod run;
+pub mod site;
 mod sum;
 pub mod verdict;
 mod wrappers;
@@ -33,6 +35,7 @@ use std::collections::{BTreeMap, HashMap};
 pub use fold::{FoldedStacks, Retired};
 pub use leak::Growth;
 pub use run::{ContextDestroyed, MemoryStatus, Target};
+pub use site::{Site, frame_label, module_offset, site, trim_allocator_frames};
 pub use wrappers::Wrappers;
 
 use tracer_ebpf::{STAT_NAMES, StatClass};

@@ -1,7 +1,8 @@
 //! A report of two processes, for the tests of every format.
 use std::collections::BTreeMap;
 
-use super::{Report, ReportInput, frames::tests::frame};
+use super::{Report, ReportInput};
+use crate::model::site::tests::frame;
 use crate::model::{
     Frame, MemoryStatus, Model, Snapshot, StackId, StackKey, Target,
     fixtures::{counters, heap_key},

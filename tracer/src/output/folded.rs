@@ -46,12 +46,12 @@ fn value_of(stack: &StackReport, value: FoldedValue) -> i64 {
 }
 
 /// The function's name, or `module+0xoffset` when it is unknown (see
-/// `frames::module_offset`). The format's separators (`;`, and newlines)
+/// `model::module_offset`). The format's separators (`;`, and newlines)
 /// never appear inside a name.
 pub fn frame_name(frame: &Frame) -> String {
     let name = match &frame.function {
         Some(function) => function.clone(),
-        None => super::frames::module_offset(frame),
+        None => crate::model::module_offset(frame),
     };
     name.replace([';', '\n', '\r'], ":")
 }

@@ -9,9 +9,7 @@ pub mod evidence;
 pub mod file;
 pub mod flamegraph;
 pub mod folded;
-pub mod frames;
 pub mod json;
-pub mod labels;
 pub mod pprof;
 mod report;
 pub mod svg;
@@ -24,7 +22,6 @@ mod fixtures;
 
 pub use crate::config::{GroupBy, NativeFrames, ReportLayout};
 pub use crate::model::Wrappers;
-pub use frames::{Site, frame_label, site, trim_allocator_frames};
 pub use report::{
     Entry, MemoryReconciliation, Report, ReportInput, SiteGroup, StackReport, TargetReport,
     by_site_label,

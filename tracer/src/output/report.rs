@@ -7,21 +7,19 @@ mod groups;
 
 pub use groups::{Entry, SiteGroup, by_site_label};
 
-use super::{
-    evidence::evidence_line,
-    frames::{Site, site, trim_allocator_frames},
-    labels,
-};
+use super::evidence::evidence_line;
 use crate::model::{
-    ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, StackKey, StackSummary, Target,
-    Totals,
+    ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, Site, StackKey, StackSummary,
+    Target, Totals,
     cost::Cost,
+    labels,
     leak::{Confidence, Verdict},
     merge,
     peak::{self, Judgement},
     quality::{StackQuality, stack_quality},
     reachability::{HoldersScan, Reachability},
     run::{LibraryReport, LoaderPauses, ProbeReport, SamplingReport, UnwindingReport},
+    site, trim_allocator_frames,
 };
 use crate::{config::ReportLayout, model::Wrappers};
 
@@ -565,8 +563,9 @@ fn by_name(counters: Vec<(&'static str, u64)>) -> BTreeMap<String, u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{fixtures::sample_report, frames::tests::functions};
+    use super::super::fixtures::sample_report;
     use super::*;
+    use crate::model::site::tests::functions;
 
     /// `import torch` traced from its start: over 100 000 stacks holding
     /// memory, most under one program line. `--top 0` lists them all;

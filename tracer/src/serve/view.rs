@@ -10,8 +10,8 @@ use prometheus_client::{
 };
 
 use crate::{
-    model::{Frame, Kind, Model},
-    output::{self, Report, StackReport, trim_allocator_frames},
+    model::{Frame, Kind, Model, trim_allocator_frames},
+    output::{self, Report, StackReport},
 };
 
 /// The labels of one metric sample, in order.
@@ -300,7 +300,7 @@ impl View {
 
 /// The `site` label of a stack the report gave no site (the report's site
 /// is its first frame past the allocator and the allocation wrappers,
-/// `output::frames::site`): the first frame that is not the allocator's,
+/// `model::site`): the first frame that is not the allocator's,
 /// as `function (file:line)`, `function`, or `module+0xOFFSET`.
 pub fn site_label(frames: &[Frame]) -> String {
     let trimmed = trim_allocator_frames(frames.to_vec());

@@ -127,8 +127,8 @@ pub fn prepare_holders(
             .iter()
             .flatten()
             .map(|key| {
-                let frames = output::trim_allocator_frames(collector.frames(key));
-                let label = output::site(&frames, &config.wrappers).map_or_else(
+                let frames = crate::model::trim_allocator_frames(collector.frames(key));
+                let label = crate::model::site(&frames, &config.wrappers).map_or_else(
                     || format!("stack {} (not recorded)", key.stack_id),
                     |site| site.label,
                 );

@@ -9,11 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{ReportInput, Sites, StackReport, Views, ranked_lists};
-use crate::model::{Kind, StackId, StackKey, ranking::sort_leaks};
-use crate::output::{
-    GroupBy,
-    frames::{site, trim_allocator_frames},
-};
+use crate::model::{Kind, StackId, StackKey, ranking::sort_leaks, site, trim_allocator_frames};
+use crate::output::GroupBy;
 
 /// Beyond this many stacks the report lists them one by one: frames are
 /// then known for only some of them (`session::MERGE_ALL_UP_TO`), so a
@@ -205,10 +202,10 @@ fn of_stacks(stacks: &[StackReport]) -> Vec<Entry<'_>> {
 mod tests {
     use super::*;
     use crate::model::Frame;
+    use crate::model::site::tests::frame;
     use crate::output::{
         Report,
         fixtures::{sample_frames, sample_report_with},
-        frames::tests::frame,
     };
 
     /// pid 10's stacks 1 and 2 allocate at one line (`fill`) through two

@@ -114,7 +114,7 @@ fn useful_frame(stack: &StackReport) -> String {
     };
     let mut name_only = site.frame.clone();
     name_only.file = None;
-    let function: String = crate::output::frame_label(&name_only)
+    let function: String = crate::model::frame_label(&name_only)
         .chars()
         .take(32)
         .collect();

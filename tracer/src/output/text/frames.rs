@@ -6,8 +6,9 @@
 //! count, and a run of one Python frame calling itself into one line with
 //! its depth. `--native all` shows every frame.
 
+use crate::model::module_offset;
 use crate::model::{Frame, Language, merge::is_interpreter};
-use crate::output::{NativeFrames, StackReport, frames::module_offset};
+use crate::output::{NativeFrames, StackReport};
 
 /// What one line shows.
 #[derive(Debug, PartialEq)]
@@ -99,7 +100,7 @@ fn add_module(modules: &mut Vec<String>, frame: &Frame) {
 
 /// `function (file:line)` when the source is known, otherwise the function
 /// and where it is in its object (`libfoo.so+0x1a2b`, see
-/// `frames::module_offset`).
+/// `model::module_offset`).
 fn describe_frame(frame: &Frame) -> String {
     let location = match (&frame.file, frame.line) {
         (Some(file), Some(line)) => format!("({file}:{line})"),

@@ -6,7 +6,7 @@
 //! their callers.
 use std::{borrow::Cow, path::Path};
 
-use crate::model::{Frame, Language, Wrappers, allocators};
+use super::{Frame, Language, Wrappers, allocators};
 
 /// The frame a stack is named by, and the wrapper it called.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -241,7 +241,7 @@ fn is_std_allocate(frame: &Frame) -> bool {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::fixtures::python_frame;
 

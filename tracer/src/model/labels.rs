@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use super::frames::frame_label;
+use super::site::frame_label;
 use crate::model::Frame;
 
 /// For entries listed together, each a label and its stack's frames
