@@ -168,6 +168,7 @@ RANKS = {
         "record": 90, "top": 90, "analyze": 90, "serve": 90,
         "output": 80,
         "session": 70,
+        "report": 65,
         "collect": 60,
         "python": 55, "perf_map": 55,
         "attach": 50,
@@ -198,7 +199,7 @@ DISPATCHERS = {"tracer-ebpf/src": {"exits"}}
 # Edges against the layers that exist today (a -> b); the redesign removes them.
 ALLOWED = {
     "tracer/src": {
-        ("session", "output"), ("symbolize", "perf_map"),
+        ("symbolize", "perf_map"),
     },
 }
 

@@ -1,6 +1,6 @@
 //! `tracer report FILE` and `tracer plot FILE`: a recording turned into any view, later and
 //! elsewhere, without the target. The model is rebuilt from the recorded
-//! snapshots and the report from the same `output::Report` code as a live
+//! snapshots and the report from the same `report::Report` code as a live
 //! run, so the two agree number for number.
 
 use std::{io::Write as _, path::Path};
@@ -9,9 +9,9 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     config::{ReportConfig, ReportFormat},
-    model::quality::is_thread_entry,
-    output::{self, Report, ReportInput},
+    output,
     recording::{self, Filter},
+    report::{Report, ReportInput, ReportView},
     symbolize::OfflineSymbols,
 };
 
@@ -37,44 +37,21 @@ pub fn report(config: &ReportConfig) -> Result<()> {
         ReportFormat::Folded | ReportFormat::Pprof | ReportFormat::Flamegraph => usize::MAX,
     });
     let model = recording.model(&filter);
-    let mut frames = recording.take_frames_by_key();
-    if !config.debug_dirs.is_empty() {
-        let mut symbols = OfflineSymbols::new(config.debug_dirs.clone());
-        for stack_frames in frames.values_mut() {
-            *stack_frames = symbols.fill(std::mem::take(stack_frames));
-        }
-    }
-    let apis = recording.apis_by_key();
-    let probes = recording
-        .metadata
-        .probes
-        .iter()
-        .filter(|probe| filter.pid.is_none_or(|pid| pid == probe.pid))
-        .cloned()
-        .collect();
+    let mut symbols =
+        (!config.debug_dirs.is_empty()).then(|| OfflineSymbols::new(config.debug_dirs.clone()));
+    let run = recording.run_facts(&filter, |frames| match &mut symbols {
+        Some(symbols) => symbols.fill(frames),
+        None => frames,
+    });
     let report = Report::build(ReportInput {
         model: &model,
-        targets: &recording.targets(&filter),
-        probes,
-        sampling: recording.metadata.sampling.clone(),
-        unwinding: recording.unwinding.clone(),
-        loader_pauses: recording.loader_pauses,
-        libraries: recording.libraries(&filter),
-        api: &|key| apis.get(key).cloned(),
-        interval_ms: recording.metadata.interval_ms,
-        top,
-        frames: &|key| frames.get(key).cloned().unwrap_or_default(),
-        wrappers: &config.wrappers,
-        layout: config.layout,
-        memory_status: recording.memory_status(&filter),
-        reaches_entry: &mut |key| {
-            frames
-                .get(key)
-                .and_then(|frames| frames.last())
-                .is_some_and(is_thread_entry)
+        run,
+        view: ReportView {
+            top,
+            wrappers: &config.wrappers,
+            layout: config.layout,
+            at_s: config.at_s,
         },
-        unwinding_stopped: Default::default(),
-        at_s: config.at_s,
     });
     let bytes = render(&report, &model, config)?;
     match &config.output_path {

@@ -71,7 +71,7 @@ pub fn run(config: &RecordConfig) -> Result<()> {
         for (&pid, &status) in &memory_status {
             writer.append_memory_status(pid, status)?;
         }
-        writer.append_loader_pauses(session::loader_pauses(&collector))?;
+        writer.append_loader_pauses(collector.loader_pauses())?;
         let path = writer.path().to_owned();
         writer.finish()?;
         eprintln!("tracer: wrote {}", path.display());

@@ -6,8 +6,7 @@ mod holders;
 pub use holders::{PendingHolders, add_holders, finish_holders, prepare_holders};
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    sync::Arc,
+    collections::BTreeMap,
     time::{Duration, Instant},
 };
 
@@ -17,9 +16,9 @@ use crate::{
     attach::{self, Probes, spawn},
     collect::{Collector, Schedule, StopReason},
     config::{Config, Targets},
-    model::{Frame, MemoryStatus, Model, StackKey, Target},
-    output::{Report, ReportInput},
+    model::{MemoryStatus, Model, StackKey, Target},
     procfs,
+    report::{Report, ReportInput, ReportView},
 };
 
 /// Checks privileges, kernel and targets, loads the eBPF programs and
@@ -192,19 +191,6 @@ pub fn end_spawned(collector: Collector, reason: StopReason, leave_running: bool
     }
 }
 
-/// The report of what `collector` saw, folded into `model`: the stacks it
-/// shows (top stacks by live bytes and suspected leaks) with their frames;
-/// `memory_status` holds the RSS of the targets alive at the end (empty
-/// while tracing goes on).
-/// The pauses at the loader gate so far.
-pub fn loader_pauses(collector: &Collector) -> crate::model::run::LoaderPauses {
-    let (times, held) = collector.probes().loader_pause_total();
-    crate::model::run::LoaderPauses {
-        times: times as u64,
-        held_ms: held.as_secs_f64() * 1e3,
-    }
-}
-
 /// What the holds for unwinds through return-probed frames (`attach::
 /// exceptions`) cost the targets, when there were any.
 pub fn exception_holds(collector: &Collector) -> Option<String> {
@@ -219,57 +205,27 @@ pub fn exception_holds(collector: &Collector) -> Option<String> {
     })
 }
 
+/// The report of what `collector` saw, folded into `model`: the stacks it
+/// shows (top stacks by live bytes and suspected leaks) with their frames;
+/// `memory_status` holds the RSS of the targets alive at the end (empty
+/// while tracing goes on).
 pub fn build_report(
     collector: &mut Collector,
     model: &Model,
     memory_status: BTreeMap<u32, MemoryStatus>,
     config: &Config,
 ) -> Report {
-    // Shared copies of the frames: up to MERGE_ALL_UP_TO stacks of 100-200
-    // frames each, whose names copied per stack took GiBs (issue 25).
-    let mut frames: HashMap<StackKey, Vec<Arc<Frame>>> = HashMap::new();
-    let mut apis: HashMap<StackKey, String> = HashMap::new();
-    for key in stacks_to_merge(model, config.top) {
-        frames.insert(key, collector.shared_frames(&key));
-        if let Some(api) = collector.api(&key) {
-            apis.insert(key, api.to_owned());
-        }
-    }
-    let targets = collector.targets();
-    let pids: Vec<u32> = targets.iter().map(|target| target.pid).collect();
-    let probes = collector.probes();
-    let (probe_reports, sampling, unwinding) = (
-        probes.probe_reports(),
-        probes.sampling_report(),
-        probes.unwinding_report(&pids),
-    );
-    let cost = collector.cost_since_attach();
-    let mut report = Report::build(ReportInput {
+    let run = collector.run_facts(model, stacks_to_merge(model, config.top), memory_status);
+    Report::build(ReportInput {
         model,
-        targets: &targets,
-        probes: probe_reports,
-        sampling,
-        unwinding: Some(unwinding),
-        libraries: collector.library_reports(),
-        loader_pauses: loader_pauses(collector),
-        unwinding_stopped: collector.unwinding_stops(),
-        interval_ms: config.interval.as_millis() as u64,
-        top: config.top,
-        frames: &|key| {
-            frames.get(key).map_or_else(Vec::new, |frames| {
-                frames.iter().map(|frame| Frame::clone(frame)).collect()
-            })
+        run,
+        view: ReportView {
+            top: config.top,
+            wrappers: &config.wrappers,
+            layout: config.layout,
+            at_s: None,
         },
-        wrappers: &config.wrappers,
-        layout: config.layout,
-        api: &|key| apis.get(key).cloned(),
-        memory_status,
-        reaches_entry: &mut |key| collector.reaches_entry(key),
-        at_s: None,
-    });
-    report.cost = cost;
-    report.refused_files = crate::target_files::refused();
-    report
+    })
 }
 
 /// Stacks are merged with every stack of equal frames (`model::merge`)

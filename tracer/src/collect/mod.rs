@@ -18,6 +18,7 @@ mod copied;
 mod copy_reader;
 mod cost;
 mod counters;
+mod facts;
 mod follow;
 mod frames;
 mod kernel_stacks;

@@ -286,6 +286,13 @@ impl SamplingReport {
     }
 }
 
+impl Default for SamplingReport {
+    /// Exact, tracer's default.
+    fn default() -> SamplingReport {
+        SamplingReport::exact()
+    }
+}
+
 /// How stacks were walked (`--unwind`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnwindingReport {
@@ -355,5 +362,85 @@ mod tests {
         let back: ReturnProbes =
             postcard::from_bytes(&postcard::to_stdvec(&ReturnProbes::Session).unwrap()).unwrap();
         assert_eq!(back, ReturnProbes::Session);
+    }
+}
+
+/// What a run, live or recorded, tells its report beside the model:
+/// self-contained, read once from the collector (`session::run_facts`) or
+/// from a recording (`Recording::run_facts`) and handed down, so the report
+/// never calls back into either.
+#[derive(Debug, Default)]
+pub struct RunFacts {
+    pub targets: Vec<super::Target>,
+    /// Milliseconds between snapshots.
+    pub interval_ms: u64,
+    /// RSS and its parts of the targets still alive, read at the end.
+    pub memory_status: BTreeMap<u32, MemoryStatus>,
+    pub traced: Traced,
+    pub stacks: StackFacts,
+}
+
+/// How the run was traced: the probes, the modes, the hooked objects and
+/// what tracing cost and refused.
+#[derive(Debug, Default)]
+pub struct Traced {
+    pub probes: Vec<ProbeReport>,
+    pub sampling: SamplingReport,
+    /// Null for recordings made before tracer could unwind with DWARF.
+    pub unwinding: Option<UnwindingReport>,
+    pub libraries: Vec<LibraryReport>,
+    pub loader_pauses: LoaderPauses,
+    /// Stack copies whose unwinding stopped early, by reason.
+    pub unwinding_stopped: BTreeMap<String, u64>,
+    /// What tracer added to the targets' CPU time; none for a recording.
+    pub cost: Option<super::cost::Cost>,
+    /// Files a target named that tracer refused, by reason.
+    pub refused_files: BTreeMap<String, u64>,
+}
+
+/// What the run knows of its stacks: the symbolized frames of the stacks a
+/// report may show (innermost first; a stack given no frames is merged
+/// with none), the CUDA function that made a stack's memory, and the
+/// stacks that reach their thread's start. Frames are shared (`Arc`): up
+/// to `session::MERGE_ALL_UP_TO` stacks of 100-200 frames each, whose
+/// names copied per stack took GiBs (issue 25).
+#[derive(Debug, Default)]
+pub struct StackFacts {
+    pub frames: std::collections::HashMap<super::StackKey, Vec<std::sync::Arc<super::Frame>>>,
+    pub apis: std::collections::HashMap<super::StackKey, String>,
+    pub reaching_entry: std::collections::HashSet<super::StackKey>,
+}
+
+impl StackFacts {
+    /// The frames of `key` (innermost first), empty where unknown.
+    pub fn frames(&self, key: &super::StackKey) -> Vec<super::Frame> {
+        self.frames.get(key).map_or_else(Vec::new, |frames| {
+            frames
+                .iter()
+                .map(|frame| super::Frame::clone(frame))
+                .collect()
+        })
+    }
+
+    /// The facts of the stacks of `model`, each asked of the functions
+    /// given: `frames` of every stack, `reaches_entry` of every stack.
+    pub fn of(
+        model: &super::Model,
+        mut frames: impl FnMut(&super::StackKey) -> Vec<super::Frame>,
+        mut reaches_entry: impl FnMut(&super::StackKey) -> bool,
+    ) -> StackFacts {
+        let mut facts = StackFacts::default();
+        for (key, _) in model.latest_counters() {
+            let stack = frames(&key);
+            if !stack.is_empty() {
+                facts
+                    .frames
+                    .insert(key, stack.into_iter().map(std::sync::Arc::new).collect());
+            }
+            if reaches_entry(&key) {
+                facts.reaching_entry.insert(key);
+            }
+        }
+        facts
     }
 }

@@ -40,7 +40,7 @@ pub fn render(report: &Report, value: FoldedValue) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::fixtures::sample_report;
+    use crate::report::fixtures::sample_report;
 
     #[test]
     fn draws_every_stack_as_svg() {

@@ -60,7 +60,7 @@ pub fn frame_name(frame: &Frame) -> String {
 mod tests {
     use super::*;
     use crate::model::Kind;
-    use crate::output::fixtures::sample_report;
+    use crate::report::fixtures::sample_report;
 
     #[test]
     fn outermost_first_with_the_chosen_value() {

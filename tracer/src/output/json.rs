@@ -23,7 +23,7 @@ pub fn write_json(report: &Report, path: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::fixtures::sample_report;
+    use crate::report::fixtures::sample_report;
     use serde_json::Value;
 
     fn keys(value: &Value) -> Vec<&str> {

@@ -373,7 +373,7 @@ mod tests {
 
     use super::*;
     use crate::model::fixtures::python_frame;
-    use crate::output::fixtures::sample_report;
+    use crate::report::fixtures::sample_report;
 
     fn string(profile: &Profile, index: i64) -> &str {
         &profile.string_table[index as usize]

@@ -314,8 +314,9 @@ mod tests {
     use super::*;
 
     const STACK_LINES: usize = 8;
+    use crate::model::run::{RunFacts, StackFacts};
     use crate::model::{Counters, Frame, Kind, Snapshot, StackId, StackKey, Target};
-    use crate::output::{Report, ReportInput};
+    use crate::report::{Report, ReportInput, ReportView};
 
     /// Data lines are drawn 2 px wide; axes and grid 1 px.
     fn data_polylines(svg: &str) -> Vec<String> {
@@ -384,23 +385,19 @@ mod tests {
         };
         let targets = [Target::new(42, "leaky --serve".into())];
         let report = Report::build(ReportInput {
-            sampling: crate::model::run::SamplingReport::exact(),
-            unwinding: None,
             model: &model,
-            targets: &targets,
-            probes: Vec::new(),
-            loader_pauses: Default::default(),
-            libraries: Vec::new(),
-            interval_ms: 1000,
-            top: 10,
-            frames: &frames,
-            wrappers: &crate::output::Wrappers::default(),
-            api: &|_| None,
-            memory_status: std::collections::BTreeMap::new(),
-            reaches_entry: &mut |_| true,
-            unwinding_stopped: Default::default(),
-            at_s: None,
-            layout: Default::default(),
+            run: RunFacts {
+                targets: targets.to_vec(),
+                interval_ms: 1000,
+                stacks: StackFacts::of(&model, frames, |_| true),
+                ..RunFacts::default()
+            },
+            view: ReportView {
+                top: 10,
+                wrappers: &crate::model::Wrappers::default(),
+                layout: Default::default(),
+                at_s: None,
+            },
         });
         (report, model)
     }

@@ -248,8 +248,9 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    use crate::config::GroupBy;
     use crate::model::{Kind, Totals, quality::StackQuality};
-    use crate::output::fixtures::sample_report;
+    use crate::report::fixtures::{one_site_report, sample_report};
 
     #[test]
     fn renders_the_key_lines_in_order() {
@@ -408,5 +409,52 @@ mod tests {
         let text = render(&report);
         assert!(text.contains("growth -2.0 KiB/s"));
         assert!(text.contains("\n      (stack not recorded)\n"));
+    }
+
+    #[test]
+    fn entries_follow_group_by() {
+        let mut report = one_site_report();
+        let (entries, _) = report.entries();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].stack_count, 2);
+        report.layout.group_by = GroupBy::Stack;
+        let (entries, _) = report.entries();
+        assert_eq!(entries.len(), 3);
+        assert!(entries.iter().all(|entry| entry.stack_count == 1));
+        // One stack per entry: the two of one site are told apart by the
+        // caller where their paths part.
+        let text = render(&report);
+        let headings: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with('#') && line.contains("fill (leak.c:12)"))
+            .collect();
+        assert_eq!(
+            headings,
+            [
+                "#1  fill (leak.c:12) through caller_1",
+                "#3  fill (leak.c:12) through caller_2"
+            ],
+            "{text}"
+        );
+        let through = report.stacks[0].site.as_ref().unwrap().through.as_deref();
+        assert_eq!(through, Some("caller_1"));
+        let grouped = render(&one_site_report());
+        assert!(
+            !grouped.contains(" through "),
+            "one entry per site: {grouped}"
+        );
+    }
+
+    #[test]
+    fn the_text_report_lists_a_site_once_with_its_count() {
+        let text = render(&one_site_report());
+        assert!(
+            text.contains("\n#1  fill (leak.c:12)  (2 stacks)\n    heap  pid 10  live 260.0 KiB"),
+            "{text}"
+        );
+        assert!(
+            text.contains("top 2 sites by live bytes, 3 stacks in all"),
+            "{text}"
+        );
     }
 }

@@ -27,7 +27,8 @@ use crate::{
     error::{ExitCode, fatal},
     model::{
         Counters, Frame, Kind, MemoryStatus, Model, Snapshot, StackId, StackKey, Target,
-        run::{LibraryReport, LoaderPauses, UnwindingReport},
+        quality::is_thread_entry,
+        run::{LibraryReport, LoaderPauses, RunFacts, StackFacts, Traced, UnwindingReport},
     },
 };
 
@@ -447,6 +448,48 @@ impl Recording {
             .iter_mut()
             .filter_map(|stack| Some((stack.key?, std::mem::take(&mut stack.frames))))
             .collect()
+    }
+
+    /// What the recorded run tells its report beside the model, of the
+    /// processes `filter` selects: every stack's frames moved out of the
+    /// recording, each through `fill` (symbols from `--debug-dir`); no
+    /// cost (a recording keeps none).
+    pub fn run_facts(
+        &mut self,
+        filter: &Filter,
+        mut fill: impl FnMut(Vec<Frame>) -> Vec<Frame>,
+    ) -> RunFacts {
+        let mut stacks = StackFacts {
+            apis: self.apis_by_key(),
+            ..StackFacts::default()
+        };
+        for (key, frames) in self.take_frames_by_key() {
+            let frames = fill(frames);
+            if frames.last().is_some_and(is_thread_entry) {
+                stacks.reaching_entry.insert(key);
+            }
+            stacks
+                .frames
+                .insert(key, frames.into_iter().map(std::sync::Arc::new).collect());
+        }
+        let traced = Traced {
+            probes: (self.metadata.probes.iter())
+                .filter(|probe| filter.pid.is_none_or(|pid| pid == probe.pid))
+                .cloned()
+                .collect(),
+            sampling: self.metadata.sampling.clone(),
+            unwinding: self.unwinding.clone(),
+            libraries: self.libraries(filter),
+            loader_pauses: self.loader_pauses,
+            ..Traced::default()
+        };
+        RunFacts {
+            targets: self.targets(filter),
+            interval_ms: self.metadata.interval_ms,
+            memory_status: self.memory_status(filter),
+            traced,
+            stacks,
+        }
     }
 
     /// The model of the part of the trace that `filter` selects: fed the

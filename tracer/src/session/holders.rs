@@ -6,7 +6,7 @@ use crate::{
     collect::Collector,
     error, holders,
     model::{StackId, StackKey},
-    output,
+    report,
 };
 
 /// `--holders`: scans each traced process (alive at the end) for pointers
@@ -16,7 +16,7 @@ use crate::{
 /// process that cannot be scanned is named on stderr.
 pub fn add_holders(
     collector: &mut Collector,
-    report: &mut output::Report,
+    report: &mut report::Report,
     config: &crate::config::Config,
 ) {
     let pending = prepare_holders(collector, report, config);
@@ -43,9 +43,9 @@ struct PendingScan {
 /// groups), each with the ids it stands for: its own and those merged
 /// into it for equal frames, or a site group's members.
 fn listed_stacks(
-    report: &mut output::Report,
+    report: &mut report::Report,
     pid: u32,
-) -> (Vec<&mut output::StackReport>, Vec<Vec<u32>>) {
+) -> (Vec<&mut report::StackReport>, Vec<Vec<u32>>) {
     report
         .stacks
         .iter_mut()
@@ -71,7 +71,7 @@ fn listed_stacks(
 /// need (`PendingHolders`).
 pub fn prepare_holders(
     collector: &mut Collector,
-    report: &mut output::Report,
+    report: &mut report::Report,
     config: &crate::config::Config,
 ) -> PendingHolders {
     let listed: Vec<u32> = report
@@ -148,7 +148,7 @@ pub fn prepare_holders(
 
 /// Scans each process of `pending` and puts what holds each listed stack
 /// of `report` (the one `pending` was prepared from) on it.
-pub fn finish_holders(report: &mut output::Report, pending: PendingHolders) {
+pub fn finish_holders(report: &mut report::Report, pending: PendingHolders) {
     for scan in pending.scans {
         let pid = scan.pid;
         let labels = scan.labels;

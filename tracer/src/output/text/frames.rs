@@ -205,7 +205,7 @@ mod tests {
     fn lines(native: NativeFrames) -> Vec<String> {
         let stack = StackReport {
             frames: python_stack(),
-            ..crate::output::fixtures::sample_report(1).stacks[0].clone()
+            ..crate::report::fixtures::sample_report(1).stacks[0].clone()
         };
         let mut lines = Vec::new();
         render_frames(&stack, native, &mut lines);

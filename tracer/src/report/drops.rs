@@ -1,7 +1,7 @@
 //! What a report says about dropped events: which way each drop makes
 //! the figures wrong, in lines for the text report and in a few words for
 //! a subtitle.
-use crate::output::{Report, human_bytes};
+use super::{Report, human_bytes};
 
 /// Which way a drop makes the figures wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,7 +126,7 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::fixtures::sample_report;
+    use super::super::fixtures::sample_report;
     use std::collections::BTreeMap;
 
     #[test]

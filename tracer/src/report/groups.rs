@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{ReportInput, Sites, StackReport, Views, ranked_lists};
+use crate::config::GroupBy;
 use crate::model::{Kind, StackId, StackKey, ranking::sort_leaks, site, trim_allocator_frames};
-use crate::output::GroupBy;
 
 /// Beyond this many stacks the report lists them one by one: frames are
 /// then known for only some of them (`session::MERGE_ALL_UP_TO`), so a
@@ -77,7 +77,7 @@ pub(super) fn site_groups(
         .filter(|(_, growth)| growth.suspected_leak)
         .collect();
     sort_leaks(&mut leaks);
-    leaks.truncate(input.top);
+    leaks.truncate(input.view.top);
     let listed = ranked_lists(input, site_views, &members, judged_elsewhere, leaks);
     let counts: HashMap<_, usize> = members_of
         .iter()
@@ -93,7 +93,7 @@ pub(super) fn site_groups(
         // A site that leaks in some of its stacks shows the largest of
         // them.
         let frames = match sum.growth.leaking_part {
-            Some(part) => trim_allocator_frames((input.frames)(&StackKey {
+            Some(part) => trim_allocator_frames(input.run.stacks.frames(&StackKey {
                 pid: sum.pid,
                 stack_id: StackId::from_raw(part.stack_id),
                 kind: sum.kind,
@@ -121,8 +121,8 @@ pub(super) fn site_groups(
 /// judged.
 fn site_map(input: &ReportInput<'_>, views: Views<'_>) -> HashMap<StackKey, StackKey> {
     by_site_label(views.model.latest_counters().filter_map(|(key, latest)| {
-        let frames = trim_allocator_frames((input.frames)(&key));
-        let site = site(&frames, input.wrappers)?;
+        let frames = trim_allocator_frames(input.run.stacks.frames(&key));
+        let site = site(&frames, input.view.wrappers)?;
         let ranked_bytes = views
             .judged
             .series(&key)
@@ -200,29 +200,7 @@ fn of_stacks(stacks: &[StackReport]) -> Vec<Entry<'_>> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::model::Frame;
-    use crate::model::site::tests::frame;
-    use crate::output::{
-        Report,
-        fixtures::{sample_frames, sample_report_with},
-    };
-
-    /// pid 10's stacks 1 and 2 allocate at one line (`fill`) through two
-    /// callers.
-    fn one_site_two_paths(key: &StackKey) -> Vec<Frame> {
-        if key.pid != 10 {
-            return sample_frames(key);
-        }
-        let mut frames = sample_frames(key);
-        frames[1].function = Some("fill".to_owned());
-        frames.insert(2, frame(&format!("caller_{}", key.stack_id), "/app"));
-        frames
-    }
-
-    fn report() -> Report {
-        sample_report_with(10, &one_site_two_paths)
-    }
+    use crate::report::fixtures::one_site_report as report;
 
     #[test]
     fn stacks_of_one_site_are_summed_into_one_group_and_kept() {
@@ -245,52 +223,5 @@ mod tests {
             "pid 20's stack is a group of its own"
         );
         assert_eq!(report.groups[1].stack_count, 1);
-    }
-
-    #[test]
-    fn entries_follow_group_by() {
-        let mut report = report();
-        let (entries, _) = report.entries();
-        assert_eq!(entries.len(), 2);
-        assert_eq!(entries[0].stack_count, 2);
-        report.layout.group_by = GroupBy::Stack;
-        let (entries, _) = report.entries();
-        assert_eq!(entries.len(), 3);
-        assert!(entries.iter().all(|entry| entry.stack_count == 1));
-        // One stack per entry: the two of one site are told apart by the
-        // caller where their paths part.
-        let text = crate::output::text::render(&report);
-        let headings: Vec<&str> = text
-            .lines()
-            .filter(|line| line.starts_with('#') && line.contains("fill (leak.c:12)"))
-            .collect();
-        assert_eq!(
-            headings,
-            [
-                "#1  fill (leak.c:12) through caller_1",
-                "#3  fill (leak.c:12) through caller_2"
-            ],
-            "{text}"
-        );
-        let through = report.stacks[0].site.as_ref().unwrap().through.as_deref();
-        assert_eq!(through, Some("caller_1"));
-        let grouped = crate::output::text::render(&self::report());
-        assert!(
-            !grouped.contains(" through "),
-            "one entry per site: {grouped}"
-        );
-    }
-
-    #[test]
-    fn the_text_report_lists_a_site_once_with_its_count() {
-        let text = crate::output::text::render(&report());
-        assert!(
-            text.contains("\n#1  fill (leak.c:12)  (2 stacks)\n    heap  pid 10  live 260.0 KiB"),
-            "{text}"
-        );
-        assert!(
-            text.contains("top 2 sites by live bytes, 3 stacks in all"),
-            "{text}"
-        );
     }
 }

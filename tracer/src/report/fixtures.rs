@@ -1,12 +1,12 @@
 //! A report of two processes, for the tests of every format.
 use std::collections::BTreeMap;
 
-use super::{Report, ReportInput};
+use super::{Report, ReportInput, ReportView};
 use crate::model::site::tests::frame;
 use crate::model::{
     Frame, MemoryStatus, Model, Snapshot, StackId, StackKey, Target,
     fixtures::{counters, heap_key},
-    run::{LibraryReport, NoticedBy, ProbeReport, SamplingReport},
+    run::{LibraryReport, NoticedBy, ProbeReport, RunFacts, StackFacts, Traced},
 };
 
 const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
@@ -74,9 +74,7 @@ pub(crate) fn report_of(
             ..Target::new(20, "python3 export.py".to_owned())
         },
     ];
-    Report::build(ReportInput {
-        model,
-        targets: &targets,
+    let traced = Traced {
         probes: vec![ProbeReport {
             pid: 10,
             module: LIBC.to_owned(),
@@ -86,9 +84,6 @@ pub(crate) fn report_of(
             single_stepped: false,
             reason: "entry instruction `push %r12` is emulated".to_owned(),
         }],
-        sampling: SamplingReport::exact(),
-        unwinding: None,
-        loader_pauses: Default::default(),
         libraries: vec![
             LibraryReport {
                 pid: 10,
@@ -112,23 +107,48 @@ pub(crate) fn report_of(
                 functions: vec!["cuMemAlloc_v2".to_owned()],
             },
         ],
-        interval_ms: 1000,
-        top,
-        frames,
-        wrappers: &super::Wrappers::default(),
-        api: &|_| None,
-        memory_status: BTreeMap::from([(
-            10,
-            MemoryStatus {
-                rss_bytes: 1 << 20,
-                rss_anon_bytes: 768 << 10,
-                rss_file_bytes: 256 << 10,
-                rss_shmem_bytes: 0,
-            },
-        )]),
-        reaches_entry: &mut |key| key.stack_id == StackId::Kernel(1),
         unwinding_stopped: BTreeMap::from([("outside_code".to_owned(), 2)]),
-        at_s: None,
-        layout: Default::default(),
+        ..Traced::default()
+    };
+    Report::build(ReportInput {
+        model,
+        run: RunFacts {
+            targets: targets.to_vec(),
+            interval_ms: 1000,
+            memory_status: BTreeMap::from([(
+                10,
+                MemoryStatus {
+                    rss_bytes: 1 << 20,
+                    rss_anon_bytes: 768 << 10,
+                    rss_file_bytes: 256 << 10,
+                    rss_shmem_bytes: 0,
+                },
+            )]),
+            traced,
+            stacks: StackFacts::of(model, frames, |key| key.stack_id == StackId::Kernel(1)),
+        },
+        view: ReportView {
+            top,
+            wrappers: &crate::model::Wrappers::default(),
+            layout: Default::default(),
+            at_s: None,
+        },
     })
+}
+
+/// pid 10's stacks 1 and 2 allocate at one line (`fill`) through two
+/// callers.
+fn one_site_two_paths(key: &StackKey) -> Vec<Frame> {
+    if key.pid != 10 {
+        return sample_frames(key);
+    }
+    let mut frames = sample_frames(key);
+    frames[1].function = Some("fill".to_owned());
+    frames.insert(2, frame(&format!("caller_{}", key.stack_id), "/app"));
+    frames
+}
+
+/// The sample report where pid 10's two stacks share a site.
+pub(crate) fn one_site_report() -> Report {
+    sample_report_with(10, &one_site_two_paths)
 }

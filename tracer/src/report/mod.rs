@@ -1,5 +1,7 @@
 //! The report: everything a trace found, built once from the model and
-//! the symbolized stacks, in the shape of its JSON form.
+//! what the run tells beside it (`model::run::RunFacts`, from a live run
+//! or a recording alike), in the shape of its JSON form. `output` writes
+//! it in each format; the verbs ask for it.
 use std::collections::{BTreeMap, HashMap};
 
 mod drops;
@@ -7,7 +9,13 @@ mod groups;
 
 pub use groups::{Entry, SiteGroup, by_site_label};
 
-use super::evidence::evidence_line;
+pub mod evidence;
+#[cfg(test)]
+pub(crate) mod fixtures;
+mod units;
+
+pub use units::{human_bytes, live_totals};
+
 use crate::model::{
     ContextDestroyed, Frame, Growth, Kind, MemoryStatus, Model, Site, StackKey, StackSummary,
     Target, Totals,
@@ -18,10 +26,11 @@ use crate::model::{
     peak::{self, Judgement},
     quality::{StackQuality, stack_quality},
     reachability::{HoldersScan, Reachability},
-    run::{LibraryReport, LoaderPauses, ProbeReport, SamplingReport, UnwindingReport},
+    run::{LibraryReport, LoaderPauses, ProbeReport, RunFacts, SamplingReport, UnwindingReport},
     site, trim_allocator_frames,
 };
 use crate::{config::ReportLayout, model::Wrappers};
+use evidence::evidence_line;
 
 /// Everything a report shows, in the shape of its JSON form.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -209,47 +218,37 @@ pub struct StackReport {
     pub reachability: Option<Reachability>,
 }
 
-/// What a report is built from.
+/// What a report is built from: the model, what the run tells beside it
+/// (self-contained, from a live run or a recording alike) and how to show
+/// it.
 pub struct ReportInput<'a> {
     pub model: &'a Model,
-    pub targets: &'a [Target],
-    pub probes: Vec<ProbeReport>,
-    pub sampling: SamplingReport,
-    pub unwinding: Option<UnwindingReport>,
-    pub libraries: Vec<LibraryReport>,
-    pub loader_pauses: LoaderPauses,
-    pub interval_ms: u64,
+    pub run: RunFacts,
+    pub view: ReportView<'a>,
+}
+
+/// How a report is to show a run: the options of the verb that asks.
+#[derive(Clone, Copy, Debug)]
+pub struct ReportView<'a> {
     /// How many stacks to rank.
     pub top: usize,
-    /// The raw symbolized frames of a stack, innermost first; asked for
-    /// every stack of the model, to merge the stacks with equal frames (a
-    /// stack given no frames is merged with none).
-    pub frames: &'a dyn Fn(&StackKey) -> Vec<Frame>,
     /// What stacks are named past (`site`).
     pub wrappers: &'a Wrappers,
-    /// The CUDA function that made a stack's memory, if any.
-    pub api: &'a dyn Fn(&StackKey) -> Option<String>,
-    /// RSS and its parts of the targets still alive, read at the end.
-    pub memory_status: BTreeMap<u32, MemoryStatus>,
-    /// Whether a stack reaches its thread's start.
-    pub reaches_entry: &'a mut dyn FnMut(&StackKey) -> bool,
-    /// Stack copies whose unwinding stopped early, by reason.
-    pub unwinding_stopped: BTreeMap<String, u64>,
+    /// `--group-by`, `--native`.
+    pub layout: ReportLayout,
     /// The moment to judge at (`--at`); `None` lets the report choose
     /// (`model::peak`).
     pub at_s: Option<f64>,
-    /// `--group-by`, `--native`.
-    pub layout: ReportLayout,
 }
 
 impl Report {
-    pub fn build(mut input: ReportInput<'_>) -> Report {
-        let quality = stack_quality(input.model, &mut input.reaches_entry);
-        let (merged, canonical) = merge::by_frames(input.model, |key| {
-            trim_allocator_frames((input.frames)(key))
-        });
+    pub fn build(input: ReportInput<'_>) -> Report {
+        let stacks = &input.run.stacks;
+        let quality = stack_quality(input.model, |key| stacks.reaching_entry.contains(key));
+        let (merged, canonical) =
+            merge::by_frames(input.model, |key| trim_allocator_frames(stacks.frames(key)));
         let model = merged.as_ref().unwrap_or(input.model);
-        let judged_at = peak::judgement(input.model, input.targets, input.at_s);
+        let judged_at = peak::judgement(input.model, &input.run.targets, input.view.at_s);
         let judged_model = judged_at.map(|judged| {
             let as_of = input.model.as_of(judged.at_s);
             match &merged {
@@ -264,6 +263,7 @@ impl Report {
             sites: None,
         };
         let targets = input
+            .run
             .targets
             .iter()
             .map(|target| TargetReport {
@@ -273,7 +273,7 @@ impl Report {
                 memory: MemoryReconciliation::new(
                     model,
                     target.pid,
-                    input.memory_status.get(&target.pid),
+                    input.run.memory_status.get(&target.pid),
                 ),
                 stack_quality: quality.get(&target.pid).copied(),
             })
@@ -283,7 +283,7 @@ impl Report {
             views,
             &canonical,
             judged_model.is_some(),
-            judged.suspected_leaks(input.top),
+            judged.suspected_leaks(input.view.top),
         );
         let left_out: Vec<StackSummary> = model
             .top_stacks(usize::MAX)
@@ -305,22 +305,23 @@ impl Report {
                 .chain(suspected_leak_groups.iter_mut())
                 .map(|group| &mut group.sum),
         );
+        let traced = input.run.traced;
         Report {
             tracer_version: env!("CARGO_PKG_VERSION").to_owned(),
             window_s: model.window_s(),
             judged_at,
-            interval_ms: input.interval_ms,
+            interval_ms: input.run.interval_ms,
             snapshots: model.snapshot_count(),
             targets,
             totals: by_kind_name(model.totals()),
             drops: by_name(model.drops()),
             events: by_name(model.events()),
-            probes: input.probes,
-            sampling: input.sampling,
-            cost: None,
-            unwinding: input.unwinding,
-            loader_pauses: input.loader_pauses,
-            libraries: input
+            probes: traced.probes,
+            sampling: traced.sampling,
+            cost: traced.cost,
+            unwinding: traced.unwinding,
+            loader_pauses: traced.loader_pauses,
+            libraries: traced
                 .libraries
                 .into_iter()
                 .map(|library| LibraryEntry {
@@ -328,14 +329,14 @@ impl Report {
                     library,
                 })
                 .collect(),
-            unwinding_stopped: input.unwinding_stopped,
-            refused_files: BTreeMap::new(),
+            unwinding_stopped: traced.unwinding_stopped,
+            refused_files: traced.refused_files,
             stacks: listed.stacks,
             unlisted,
             suspected_leaks: listed.suspected_leaks,
             groups,
             suspected_leak_groups,
-            layout: input.layout,
+            layout: input.view.layout,
             holders_scans: Vec::new(),
         }
     }
@@ -362,13 +363,13 @@ fn ranked_lists(
 ) -> Listed {
     let mut ranked: Vec<StackKey> = views
         .judged
-        .top_stacks(input.top)
+        .top_stacks(input.view.top)
         .into_iter()
         .map(|summary| summary.key)
         .collect();
     let mut keys: std::collections::HashSet<StackKey> = ranked.iter().copied().collect();
     if judged_elsewhere {
-        for summary in views.model.top_stacks(input.top) {
+        for summary in views.model.top_stacks(input.view.top) {
             if keys.insert(summary.key) {
                 ranked.push(summary.key);
             }
@@ -518,13 +519,13 @@ fn stack_report(
             (0.0, 0),
             |peak, point| if point.1 > peak.1 { point } else { peak },
         );
-    let frames = trim_allocator_frames((input.frames)(&key));
-    let site = site(&frames, input.wrappers);
+    let frames = trim_allocator_frames(input.run.stacks.frames(&key));
+    let site = site(&frames, input.view.wrappers);
     StackReport {
         rank,
         pid: key.pid,
         kind: key.kind,
-        api: (input.api)(&key),
+        api: input.run.stacks.apis.get(&key).cloned(),
         stack_id: key.stack_id.to_raw(),
         live_bytes: latest.live_bytes,
         live_allocs: latest.live_allocs,
@@ -563,7 +564,7 @@ fn by_name(counters: Vec<(&'static str, u64)>) -> BTreeMap<String, u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::sample_report;
+    use super::fixtures::sample_report;
     use super::*;
     use crate::model::site::tests::functions;
 
@@ -599,7 +600,7 @@ mod tests {
             ]
         };
         let started = std::time::Instant::now();
-        let report = super::super::fixtures::report_of(&model, usize::MAX, &frames);
+        let report = super::fixtures::report_of(&model, usize::MAX, &frames);
         assert!(
             started.elapsed() < std::time::Duration::from_secs(60),
             "{:?}",
