@@ -27,6 +27,7 @@ mod holders_heap;
 mod holders_python;
 mod holders_reservation;
 mod hostile_files;
+mod house;
 mod labels;
 mod listen;
 mod listen_comm;

@@ -19,7 +19,6 @@ use crossterm::{
 };
 
 use crate::{
-    collect::{Collector, Event},
     config::Config,
     model::{
         Frame, Growth, Model, StackKey, Target, labels,
@@ -29,45 +28,33 @@ use crate::{
         site, trim_allocator_frames,
     },
     output::{self, GroupBy, by_site_label, human_bytes},
-    session,
+    session::{self, Live, Session, Step},
 };
 
 /// Runs `tracer top` until q, Ctrl-C, --duration or the targets' exit.
 pub fn run(config: &Config) -> Result<()> {
-    let mut server = crate::serve::start_if_asked(config, false)?;
-    let mut collector = session::attach(config)?;
+    let mut server = crate::serve::start_if_asked(config.listen, false)?;
+    let mut session = Session::attach(config)?;
     let interactive = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
     let screen = if interactive {
         Some(Screen::enter()?)
     } else {
         None
     };
-    session::resume(&collector);
-    let mut model = Model::new();
-    let runtime = crate::collect::runtime()?;
-    let reason = runtime.block_on(async {
-        loop {
-            match collector.next().await? {
-                Event::Snapshot(snapshot) => {
-                    model.push(snapshot);
-                    collector.forget_stacks(&model.take_folded());
-                    if let Some(server) = server.as_mut() {
-                        server.publish(&mut collector, &model, config, false);
-                        server.answer_holders(&mut collector, &model, config);
-                    }
-                    draw(&mut collector, &model, config, interactive)?;
-                }
-                Event::TargetExited { pid, .. } if collector.forgets_exited() => {
-                    model.forget(pid);
-                }
-                Event::Stopped(reason) => return Ok::<_, anyhow::Error>(reason),
-                // The screen is the report: the rest shows in its header.
-                _ => {}
+    session.resume();
+    let reason = session.run(|step, live| {
+        // The screen is the report: the rest shows in its header.
+        if let Step::Snapshot = step {
+            if let Some(server) = server.as_mut() {
+                server.publish(live, false);
+                server.answer_holders(live);
             }
+            draw(live, config, interactive)?;
         }
+        Ok(())
     })?;
     drop(screen);
-    session::end_spawned(collector, reason, config.leave_running);
+    session.end(reason);
     Ok(())
 }
 
@@ -77,16 +64,13 @@ pub fn run(config: &Config) -> Result<()> {
 /// ranked at the peak when a target exited or tore down, as the report is
 /// (`model::peak`). Rows that would read the same are told apart as the
 /// report tells them (`model::labels`).
-fn draw(
-    collector: &mut Collector,
-    model: &Model,
-    config: &crate::config::Config,
-    interactive: bool,
-) -> Result<()> {
-    let watched = collector.targets();
-    let merged_keys: std::collections::HashSet<_> = session::stacks_to_merge(model, config.top)
-        .into_iter()
-        .collect();
+fn draw(live: &mut Live<'_>, config: &Config, interactive: bool) -> Result<()> {
+    let model = live.model();
+    let watched = live.targets();
+    let merged_keys: std::collections::HashSet<_> =
+        session::stacks_to_merge(model, config.show.top)
+            .into_iter()
+            .collect();
     // Each stack's site label and frames, taken from the frames the merge
     // reads.
     let mut labels: HashMap<StackKey, String> = HashMap::new();
@@ -95,8 +79,8 @@ fn draw(
         if !merged_keys.contains(key) {
             return Vec::new();
         }
-        let frames = trim_allocator_frames(collector.frames(key));
-        if let Some(site) = site(&frames, &config.wrappers) {
+        let frames = trim_allocator_frames(live.frames(key));
+        if let Some(site) = site(&frames, &config.show.wrappers) {
             labels.insert(*key, site.label);
         }
         frames_of.insert(*key, frames.clone());
@@ -104,7 +88,7 @@ fn draw(
     });
     let merged = merged.as_ref().unwrap_or(model);
     let into_site =
-        match config.layout.group_by {
+        match config.show.layout.group_by {
             GroupBy::Site => by_site_label(merged.latest_counters().filter_map(|(key, latest)| {
                 Some((key, latest.live_bytes, labels.get(&key)?.clone()))
             })),
@@ -124,7 +108,7 @@ fn draw(
     let table = render_table(
         judged.as_ref().unwrap_or(shown),
         &watched,
-        config.top,
+        config.show.top,
         judgement,
         |key| match members_of.get(key) {
             Some(members) => stacks.site_growth(members, &stacks.activity(key.pid)),

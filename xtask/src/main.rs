@@ -325,5 +325,14 @@ fn lint(shell: &Shell, root: &std::path::Path) -> Result<()> {
             .arg(root.join("scripts/module-graph.py"))
             .arg("--check")
             .current_dir(root),
+    )?;
+    // A run's config, and its parts, go down from `record::run` and come
+    // back up at most 3 times (issue 46: 9 before the session held it).
+    shell.run(
+        shell
+            .cmd("python3")
+            .arg(root.join("scripts/config-flow.py"))
+            .args(["--parts", "--check", "3"])
+            .current_dir(root),
     )
 }

@@ -20,35 +20,12 @@ use super::{
     raw::{LinkKind, RawPrograms},
 };
 use crate::{
+    config::MapSizes,
     config::{Sampling, Unwinding},
     error::{ExitCode, fatal},
     tracefs,
     unwind::UnwindMode,
 };
-
-/// How big the kernel tables are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapSizes {
-    /// Outstanding blocks (LIVE).
-    pub live_allocs: u32,
-    /// Distinct frame-pointer stacks (STACKS; BY_STACK holds four times
-    /// as many per-stack totals: one stack may hold several kinds in
-    /// several processes). Both tables take kernel memory only for the
-    /// entries used.
-    pub stacks: u32,
-    /// Bytes of the ring buffer of mapping calls (a power of two, whole
-    /// pages).
-    pub mapping_ring_bytes: u32,
-}
-
-impl MapSizes {
-    /// The defaults of `tracer record`.
-    pub const DEFAULT: MapSizes = MapSizes {
-        live_allocs: 1 << 20,
-        stacks: 1 << 17,
-        mapping_ring_bytes: 1 << 20,
-    };
-}
 
 /// The ring buffers collect drains, taken out of the object at load.
 pub struct Rings {

@@ -52,6 +52,7 @@ use aya::{
     },
 };
 
+pub use crate::config::MapSizes;
 use crate::config::{FloorSites, Sampling};
 pub use crate::model::run::ReturnProbes;
 use crate::{
@@ -63,7 +64,7 @@ use crate::{
 use forwarding::Forwarding;
 use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
 use links::TracepointLink;
-pub use load::{AttachTimes, MapSizes, Rings};
+pub use load::{AttachTimes, Rings};
 use load::{load_error, program};
 pub use maps::KernelMaps;
 pub use preflight::{KernelFeatures, check_kernel, check_privileges, check_target};

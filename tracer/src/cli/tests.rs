@@ -35,9 +35,9 @@ fn pids_and_command() {
         panic!("expected a config");
     };
     assert_eq!(config.trace.targets, Targets::Pids(vec![1, 2]));
-    assert_eq!(config.trace.top, 3);
-    assert_eq!(config.trace.interval, Duration::from_secs(1));
-    assert_eq!(config.trace.sampling, Sampling::EXACT);
+    assert_eq!(config.trace.show.top, 3);
+    assert_eq!(config.trace.schedule.interval, Duration::from_secs(1));
+    assert_eq!(config.trace.probing.sampling, Sampling::EXACT);
     let Ok(Parsed::Record(config)) = record(&["--", "./prog", "--flag"]) else {
         panic!("expected a config");
     };
@@ -64,7 +64,7 @@ fn sampling_and_size_filters() {
         panic!("expected a config");
     };
     assert_eq!(
-        config.trace.sampling,
+        config.trace.probing.sampling,
         Sampling {
             sample_bytes: 524288,
             sample_seed: 7,
@@ -72,7 +72,7 @@ fn sampling_and_size_filters() {
             max_size_bytes: 4096,
         }
     );
-    assert!(config.trace.sampling.skips_calls());
+    assert!(config.trace.probing.sampling.skips_calls());
     let Ok(Parsed::Floor(floor)) = parse(
         [
             "tracer",
@@ -125,7 +125,7 @@ fn top_zero_is_every_stack() {
     let Ok(Parsed::Record(config)) = record(&["--pid", "1", "--top", "0"]) else {
         panic!("expected a config");
     };
-    assert_eq!(config.trace.top, usize::MAX);
+    assert_eq!(config.trace.show.top, usize::MAX);
     let Ok(Parsed::Report(config)) = report(&["t.tracer", "--top", "0"]) else {
         panic!("expected a report config");
     };

@@ -111,14 +111,7 @@ pub enum Event {
     Stopped(StopReason),
 }
 
-/// When to snapshot and when to stop.
-#[derive(Clone, Copy, Debug)]
-pub struct Schedule {
-    pub interval: Duration,
-    pub duration: Option<Duration>,
-    /// Attach to the children the targets fork (`--follow-forks`).
-    pub follow_forks: bool,
-}
+pub use crate::config::Schedule;
 
 /// The timers and signals `next` waits on, made on its first call (they
 /// need the tokio runtime).

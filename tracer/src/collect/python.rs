@@ -12,7 +12,7 @@ use tracer_ebpf::python_stack_of_frame;
 
 use super::{Collector, Event};
 use crate::{
-    config::PythonMode,
+    config::{PythonMode, PythonOptions},
     model::{Frame, Language, run::NoticedBy},
     python::{self, Detection},
 };
@@ -41,10 +41,10 @@ pub struct PythonState {
 impl Collector {
     /// `--python`, `--python-depth` and `--python-objects`, before
     /// targets are added.
-    pub fn set_python(&mut self, mode: PythonMode, depth: u32, objects: bool) {
-        self.python.mode = mode;
-        self.python.depth = depth;
-        self.python.objects = objects;
+    pub fn set_python(&mut self, options: PythonOptions) {
+        self.python.mode = options.mode;
+        self.python.depth = options.depth;
+        self.python.objects = options.objects;
     }
 
     /// Looks for a CPython in `pid` and walks its frames from now on.

@@ -13,7 +13,8 @@ use crate::model::{Kind, Wrappers};
 
 pub use listen::parse_listen;
 pub use options::{
-    FloorSites, FoldedValue, GroupBy, NativeFrames, PythonMode, ReportLayout, Sampling, Unwinding,
+    FloorSites, FoldedValue, GroupBy, MapSizes, NativeFrames, Probing, PythonMode, PythonOptions,
+    ReportLayout, Sampling, Schedule, Show, Unwinding,
 };
 
 /// Stacks drawn in the growth plot unless `--plot-stacks` says otherwise.
@@ -44,36 +45,18 @@ pub struct CommTargets {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub targets: Targets,
-    pub duration: Option<Duration>,
-    pub interval: Duration,
-    /// Stacks in the report (and in each section of it).
-    pub top: usize,
-    pub max_live_allocs: u32,
-    pub max_stacks: u32,
-    pub ring_buffer_kib: u32,
-    pub sampling: Sampling,
-    pub unwinding: Unwinding,
+    pub schedule: Schedule,
+    /// The kernel tables' sizes (`--max-live-allocs`, `--max-stacks`,
+    /// `--ring-buffer-kib`).
+    pub map_sizes: MapSizes,
+    pub probing: Probing,
+    pub show: Show,
+    /// Where to serve metrics and profiles (`--listen`).
+    pub listen: Option<std::net::SocketAddr>,
     pub verbose: bool,
-    pub follow_forks: bool,
-    /// Processes may be held at the loader gate (`--no-loader-pause`: not).
-    pub loader_pause: bool,
     /// A spawned command goes on, untraced, when tracing stops (else it is
     /// passed the stop signal and waited for).
     pub leave_running: bool,
-    /// What stacks are named past (`--wrapper` and the built-in list).
-    pub wrappers: Wrappers,
-    /// `--group-by`, `--native`.
-    pub layout: ReportLayout,
-    /// Separate debug files are searched here first (`--debug-dir`).
-    pub debug_dirs: Vec<PathBuf>,
-    /// Where to serve metrics and profiles (`--listen`).
-    pub listen: Option<std::net::SocketAddr>,
-    /// `--python`, `--python-depth`.
-    pub python: PythonMode,
-    pub python_depth: u32,
-    /// `--python-objects`: CPython's allocator hooked, blocks of kind
-    /// python-object.
-    pub python_objects: bool,
 }
 
 /// `tracer record`: a run, and the files it writes.

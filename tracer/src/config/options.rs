@@ -165,3 +165,68 @@ pub enum FoldedValue {
     /// Growth of the live bytes over the window, in bytes per second.
     Growth,
 }
+
+/// How big the kernel tables are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSizes {
+    /// Outstanding blocks (LIVE).
+    pub live_allocs: u32,
+    /// Distinct frame-pointer stacks (STACKS; BY_STACK holds four times
+    /// as many per-stack totals: one stack may hold several kinds in
+    /// several processes). Both tables take kernel memory only for the
+    /// entries used.
+    pub stacks: u32,
+    /// Bytes of the ring buffer of mapping calls (a power of two, whole
+    /// pages).
+    pub mapping_ring_bytes: u32,
+}
+
+impl MapSizes {
+    /// The defaults of `tracer record`.
+    pub const DEFAULT: MapSizes = MapSizes {
+        live_allocs: 1 << 20,
+        stacks: 1 << 17,
+        mapping_ring_bytes: 1 << 20,
+    };
+}
+
+/// When to snapshot and when to stop (`--interval`, `--duration`), and
+/// whether the children the targets fork are traced (`--follow-forks`).
+#[derive(Clone, Copy, Debug)]
+pub struct Schedule {
+    pub interval: std::time::Duration,
+    pub duration: Option<std::time::Duration>,
+    pub follow_forks: bool,
+}
+
+/// `--python`, `--python-depth`, `--python-objects` (CPython's allocator
+/// hooked, blocks of kind python-object).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PythonOptions {
+    pub mode: PythonMode,
+    pub depth: u32,
+    pub objects: bool,
+}
+
+/// What is probed and how stacks are read.
+#[derive(Clone, Debug)]
+pub struct Probing {
+    pub sampling: Sampling,
+    pub unwinding: Unwinding,
+    /// Processes may be held at the loader gate (`--no-loader-pause`: not).
+    pub loader_pause: bool,
+    /// Separate debug files are searched here first (`--debug-dir`).
+    pub debug_dirs: Vec<std::path::PathBuf>,
+    pub python: PythonOptions,
+}
+
+/// How the stacks are shown: how many (`--top`), named past what
+/// (`--wrapper` and the built-in list), laid out how (`--group-by`,
+/// `--native`).
+#[derive(Clone, Debug)]
+pub struct Show {
+    /// Stacks in the report (and in each section of it).
+    pub top: usize,
+    pub wrappers: crate::model::Wrappers,
+    pub layout: ReportLayout,
+}

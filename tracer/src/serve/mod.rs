@@ -37,11 +37,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{Semaphore, oneshot, watch};
 
 use crate::{
-    collect::Collector,
-    config::Config,
     error::{ExitCode, fatal},
-    model::Model,
-    session,
+    session::{self, Live},
 };
 pub use view::{StackView, TargetView, View, site_label, stack_hash};
 
@@ -77,8 +74,8 @@ type HoldersRequest = oneshot::Sender<String>;
 
 /// The server `--listen` asks for, started and announced on stderr;
 /// `/holders` served where `holders` (`record --holders`).
-pub fn start_if_asked(config: &Config, holders: bool) -> Result<Option<Server>> {
-    let Some(address) = config.listen else {
+pub fn start_if_asked(listen: Option<SocketAddr>, holders: bool) -> Result<Option<Server>> {
+    let Some(address) = listen else {
         return Ok(None);
     };
     let server = Server::start(address, holders)?;
@@ -141,13 +138,7 @@ impl Server {
 
     /// Publishes a view of `model`'s latest snapshot, at most every
     /// `PUBLISH_EVERY` unless `now` (the last snapshot).
-    pub fn publish(
-        &mut self,
-        collector: &mut Collector,
-        model: &Model,
-        config: &Config,
-        now: bool,
-    ) {
+    pub fn publish(&mut self, live: &mut Live<'_>, now: bool) {
         if !now
             && self
                 .published_at
@@ -156,8 +147,8 @@ impl Server {
             return;
         }
         self.published_at = Some(Instant::now());
-        let report = session::build_report(collector, model, Default::default(), config);
-        let targets = collector.targets();
+        let report = live.report();
+        let targets = live.targets();
         self.comms
             .retain(|pid, _| targets.iter().any(|target| target.pid == *pid));
         for target in &targets {
@@ -166,7 +157,7 @@ impl Server {
                 .or_insert_with(|| comm_of(target.pid, &target.command));
         }
         let comms = &self.comms;
-        let view = View::build(model, report, &|pid| {
+        let view = View::build(live.model(), report, &|pid| {
             comms.get(&pid).cloned().unwrap_or_default()
         });
         self.views.send_replace(Arc::new(view));
@@ -176,7 +167,7 @@ impl Server {
     /// `model` with the holders of its listed stacks. The collection reads
     /// the live blocks and the stacks' labels; the scan runs on a thread
     /// of its own (the collection goes on; the target is not stopped).
-    pub fn answer_holders(&mut self, collector: &mut Collector, model: &Model, config: &Config) {
+    pub fn answer_holders(&mut self, live: &mut Live<'_>) {
         // A request is answered at the snapshot after the one it came
         // with, so that the stacks are those of a snapshot taken after it.
         let waiting = std::mem::replace(
@@ -186,8 +177,8 @@ impl Server {
         let Some(request) = waiting else {
             return;
         };
-        let mut report = session::build_report(collector, model, Default::default(), config);
-        let pending = session::prepare_holders(collector, &mut report, config);
+        let mut report = live.report();
+        let pending = live.prepare_holders(&mut report);
         // Not started: the request is dropped, the client told 503.
         let _ = std::thread::Builder::new()
             .name("tracer-holders".to_owned())

@@ -14,7 +14,7 @@ use crate::{
 /// and says what it held before attach (even with no stack listed: an
 /// engineer may attach at the peak, when nothing new is allocated); a
 /// process that cannot be scanned is named on stderr.
-pub fn add_holders(
+pub(super) fn add_holders(
     collector: &mut Collector,
     report: &mut report::Report,
     config: &crate::config::Config,
@@ -69,7 +69,7 @@ fn listed_stacks(
 
 /// Reads, on the collection's loop, what the scans of `report`'s processes
 /// need (`PendingHolders`).
-pub fn prepare_holders(
+pub(super) fn prepare_holders(
     collector: &mut Collector,
     report: &mut report::Report,
     config: &crate::config::Config,
@@ -128,7 +128,7 @@ pub fn prepare_holders(
             .flatten()
             .map(|key| {
                 let frames = crate::model::trim_allocator_frames(collector.frames(key));
-                let label = crate::model::site(&frames, &config.wrappers).map_or_else(
+                let label = crate::model::site(&frames, &config.show.wrappers).map_or_else(
                     || format!("stack {} (not recorded)", key.stack_id),
                     |site| site.label,
                 );

@@ -5,7 +5,10 @@ use tracer_ebpf::sampling::MAX_SAMPLE_BYTES;
 
 use super::{ReportArgs, TargetArgs, UnwindArg, comm_targets};
 use crate::{
-    config::{Config, DEFAULT_PLOT_STACKS, PythonMode, ReportConfig, Sampling, Targets, Unwinding},
+    config::{
+        Config, DEFAULT_PLOT_STACKS, MapSizes, Probing, PythonMode, PythonOptions, ReportConfig,
+        Sampling, Schedule, Show, Targets, Unwinding,
+    },
     error::{ExitCode, fatal},
     unwind::UnwindMode,
 };
@@ -108,27 +111,38 @@ pub(super) fn config_of(args: TargetArgs) -> Result<Config> {
             "--min-size is larger than --max-size: nothing would be recorded",
         ));
     }
+    let layout = args.labels.layout();
     Ok(Config {
         targets,
-        duration: args.duration,
-        interval: args.interval,
-        top: every_stack_if_zero(args.top),
-        max_live_allocs: args.max_live_allocs,
-        max_stacks: args.max_stacks,
-        ring_buffer_kib: args.ring_buffer_kib,
-        sampling,
-        unwinding,
-        verbose: args.verbose,
-        follow_forks: args.follow_forks,
-        loader_pause: !args.no_loader_pause,
-        leave_running: args.leave_running,
-        wrappers,
-        layout: args.labels.layout(),
-        debug_dirs: args.labels.debug_dirs,
+        schedule: Schedule {
+            interval: args.interval,
+            duration: args.duration,
+            follow_forks: args.follow_forks,
+        },
+        map_sizes: MapSizes {
+            live_allocs: args.max_live_allocs,
+            stacks: args.max_stacks,
+            mapping_ring_bytes: args.ring_buffer_kib * 1024,
+        },
+        probing: Probing {
+            sampling,
+            unwinding,
+            loader_pause: !args.no_loader_pause,
+            debug_dirs: args.labels.debug_dirs,
+            python: PythonOptions {
+                mode: args.python,
+                depth: args.python_depth,
+                objects: args.python_objects,
+            },
+        },
+        show: Show {
+            top: every_stack_if_zero(args.top),
+            wrappers,
+            layout,
+        },
         listen: args.fleet.listen,
-        python: args.python,
-        python_depth: args.python_depth,
-        python_objects: args.python_objects,
+        verbose: args.verbose,
+        leave_running: args.leave_running,
     })
 }
 
