@@ -59,13 +59,13 @@ impl Probes {
     /// What a trap costs here; unless `wait`, a measurement still under
     /// way is not waited for.
     pub fn trap_costs(&self, wait: bool) -> Result<&TrapCosts, &str> {
-        self.trap_measurement.costs(wait)
+        self.measured.traps.costs(wait)
     }
 
     /// Starts measuring what a trap costs here, on a thread of its own
     /// (with the floor programs, linked apart: not without uprobe_multi).
     pub fn measure_traps(&mut self) {
-        self.trap_measurement = match self.multi.as_ref().map(RawPrograms::linker) {
+        self.measured.traps = match self.links.multi.as_ref().map(RawPrograms::linker) {
             Some(Ok(linker)) => TrapMeasurement::start(linker),
             Some(Err(error)) => TrapMeasurement::unavailable(format!("{error:#}")),
             None => TrapMeasurement::unavailable(
@@ -76,7 +76,7 @@ impl Probes {
 
     /// Whether calls that are not recorded skip their return probe.
     pub fn skips_returns(&self) -> bool {
-        self.session.is_some()
+        self.links.session.is_some()
     }
 
     /// Each loaded program's runs so far, by its name, and what its runs
@@ -84,6 +84,7 @@ impl Probes {
     pub fn program_counts(&self) -> BTreeMap<String, (ProgramTrap, Runs)> {
         let sites = |entry_program: &str| {
             let (emulated, single_stepped) = self
+                .hooked
                 .hooks
                 .iter()
                 .filter(|hook| hook.site.function.entry_program == Some(entry_program))
@@ -110,7 +111,7 @@ impl Probes {
                 traps.insert(name.to_owned(), trap);
             }
         }
-        for (raw, in_session) in [(&self.multi, false), (&self.session, true)] {
+        for (raw, in_session) in [(&self.links.multi, false), (&self.links.session, true)] {
             let Some(raw) = raw else { continue };
             for program in raw.loaded() {
                 let trap = match (in_session, program.is_return) {

@@ -39,7 +39,7 @@ impl Probes {
             .map_err(|error| load_error(error.into()))
             .with_context(|| format!("could not load eBPF program {FORK_PROGRAM}"))?;
         let link = attach_tracepoint(&mut self.ebpf, FORK_PROGRAM, "sched", "sched_process_fork")?;
-        self.tracepoint_links.push(link);
+        self.links.tracepoints.push(link);
         Ok(())
     }
 
@@ -110,7 +110,7 @@ impl Probes {
             "sched",
             "sched_process_exec",
         )?;
-        self.tracepoint_links.push(link);
+        self.links.tracepoints.push(link);
         Ok(())
     }
 
@@ -144,10 +144,14 @@ impl Probes {
     pub fn forget(&mut self, pid: u32) {
         self.watch.forget(pid);
         self.release_links_of(pid);
-        self.hooks.retain(|hook| hook.pid != pid);
-        self.libraries.retain(|library| library.pid != pid);
-        self.copying_stacks_of.retain(|(copied, _)| *copied != pid);
-        self.walking_tables_of.retain(|(walked, _)| *walked != pid);
+        self.hooked.hooks.retain(|hook| hook.pid != pid);
+        self.hooked.libraries.retain(|library| library.pid != pid);
+        self.unwind
+            .copying_stacks_of
+            .retain(|(copied, _)| *copied != pid);
+        self.unwind
+            .walking_tables_of
+            .retain(|(walked, _)| *walked != pid);
         self.forget_unwinding(pid);
         for name in [
             tracer_ebpf::map::TARGETS,

@@ -340,7 +340,8 @@ impl Probes {
 
     /// The hooked objects as the report lists them.
     pub fn library_reports(&self) -> Vec<LibraryReport> {
-        self.libraries
+        self.hooked
+            .libraries
             .iter()
             .map(|library| LibraryReport {
                 pid: library.pid,
@@ -382,7 +383,7 @@ impl Probes {
                     held,
                     by_bound,
                 } => {
-                    self.loader_pauses.push((pid, held));
+                    self.gate.pauses.push((pid, held));
                     if by_bound {
                         notes.push(format!(
                             "warning: PID {pid} was let go on at the loader gate after {} ms \
@@ -445,12 +446,13 @@ impl Probes {
             hooked_at,
             after_open,
         } = hooked;
-        self.unprobed
+        self.hooked
+            .unprobed
             .extend(unprobed.into_iter().map(|unprobed| (pid, unprobed)));
         for (kind, link, probe_count) in links {
             let programs = match kind {
-                LinkKind::Multi => self.multi.as_mut(),
-                LinkKind::Session => self.session.as_mut(),
+                LinkKind::Multi => self.links.multi.as_mut(),
+                LinkKind::Session => self.links.session.as_mut(),
             };
             // The at-open thread only runs with the programs it links.
             programs
@@ -517,7 +519,7 @@ impl Probes {
                 self.name_lacking(pid, lacking);
             }
             self.refresh_unwinding(pid, &maps)?;
-        } else if self.unwinding.uses_tables() && !self.copies_stacks_of(pid) {
+        } else if self.modes.unwinding.uses_tables() && !self.copies_stacks_of(pid) {
             let lacking = crate::unwind::frame_pointers::objects_lacking(
                 pid,
                 maps.iter()
@@ -540,12 +542,12 @@ impl Probes {
                 unprobed.path.display(),
                 unprobed.why
             ));
-            self.unprobed.push((pid, unprobed));
+            self.hooked.unprobed.push((pid, unprobed));
         }
-        let before = self.libraries.len();
+        let before = self.hooked.libraries.len();
         let held_back = self.attach_sites(pid, &found.sites, noticed_by)?;
         notes.extend(held_back);
-        for library in &self.libraries[before..] {
+        for library in &self.hooked.libraries[before..] {
             notes.push(format!(
                 "hooked {} functions in {} (PID {pid}, mapped after attach, noticed by {})",
                 library.functions.len(),

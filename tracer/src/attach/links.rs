@@ -56,7 +56,7 @@ fn release_together(links: Vec<Box<dyn Send>>) {
 impl Drop for Probes {
     fn drop(&mut self) {
         let mut links: Vec<Box<dyn Send>> = Vec::new();
-        for TracepointLink { program, id, .. } in self.tracepoint_links.drain(..) {
+        for TracepointLink { program, id, .. } in self.links.tracepoints.drain(..) {
             let tracepoint: Option<&mut TracePoint> = self
                 .ebpf
                 .program_mut(program)
@@ -65,14 +65,17 @@ impl Drop for Probes {
                 links.push(Box::new(link));
             }
         }
-        for (_, program, id) in self.perf_links.drain(..) {
+        for (_, program, id) in self.links.perf.drain(..) {
             if let Ok(link) = super::program(&mut self.ebpf, program)
                 .and_then(|uprobe| uprobe.take_link(id).map_err(Into::into))
             {
                 links.push(Box::new(link));
             }
         }
-        for raw in [&mut self.multi, &mut self.session].into_iter().flatten() {
+        for raw in [&mut self.links.multi, &mut self.links.session]
+            .into_iter()
+            .flatten()
+        {
             links.extend(
                 raw.take_links()
                     .into_iter()
@@ -89,10 +92,10 @@ impl Probes {
     /// for a grace period and collection must not.
     pub(super) fn release_links_of(&mut self, pid: u32) {
         let mut links: Vec<Box<dyn Send>> = Vec::new();
-        let (of_pid, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.perf_links)
+        let (of_pid, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links.perf)
             .into_iter()
             .partition(|(link_pid, _, _)| *link_pid == pid);
-        self.perf_links = others;
+        self.links.perf = others;
         for (_, program, id) in of_pid {
             if let Ok(link) = super::program(&mut self.ebpf, program)
                 .and_then(|uprobe| uprobe.take_link(id).map_err(Into::into))
@@ -100,7 +103,10 @@ impl Probes {
                 links.push(Box::new(link));
             }
         }
-        for raw in [&mut self.multi, &mut self.session].into_iter().flatten() {
+        for raw in [&mut self.links.multi, &mut self.links.session]
+            .into_iter()
+            .flatten()
+        {
             links.extend(
                 raw.take_links_of(pid)
                     .into_iter()

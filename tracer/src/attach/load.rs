@@ -12,6 +12,7 @@ use aya::{
 };
 use tracer_ebpf::sampling::{PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TABLE_LEN};
 
+use super::{Hooked, Links, LoaderGate, Measured, Modes, UnwindState};
 use super::{
     ProbeLinks, Probes, ReturnProbes,
     libraries::LibraryWatch,
@@ -342,31 +343,36 @@ impl Probes {
             None
         };
         let probes = Probes {
-            kernel_unwinding,
             ebpf,
-            hooks: Vec::new(),
-            unprobed: Vec::new(),
-            return_probes,
-            libraries: Vec::new(),
-            sampling: *sampling,
-            unwinding: *unwinding,
-            copying_stacks_of: Vec::new(),
-            walking_tables_of: Vec::new(),
-            lacking_checks: Vec::new(),
-            lacking_unnamed: Vec::new(),
-            links,
-            perf_links: Vec::new(),
-            tracepoint_links,
-            mapping_tracepoints,
-            multi,
-            session,
+            hooked: Hooked::default(),
+            modes: Modes {
+                return_probes,
+                sampling: *sampling,
+                unwinding: *unwinding,
+            },
+            unwind: UnwindState {
+                kernel: kernel_unwinding,
+                ..UnwindState::default()
+            },
+            links: Links {
+                how: links,
+                perf: Vec::new(),
+                tracepoints: tracepoint_links,
+                mapping_tracepoints,
+                multi,
+                session,
+            },
             watch,
-            times,
-            pause_at_loader: true,
-            loader_pauses: Vec::new(),
-            trap_measurement: super::trap_cost::TrapMeasurement::unavailable(
-                "not measured (tracer floor)".to_owned(),
-            ),
+            measured: Measured {
+                times,
+                traps: super::trap_cost::TrapMeasurement::unavailable(
+                    "not measured (tracer floor)".to_owned(),
+                ),
+            },
+            gate: LoaderGate {
+                pause: true,
+                pauses: Vec::new(),
+            },
             exceptions,
             _watchdog: watchdog,
         };

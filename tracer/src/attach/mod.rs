@@ -178,70 +178,104 @@ pub struct AttachedHook {
     pub site: HookSite,
 }
 
-/// The loaded eBPF object: programs and maps.
+/// The loaded eBPF object, its programs and maps, and everything attached
+/// from it: the hooks and the links that hold them, the modes they were
+/// loaded for, the unwinding state, what attaching cost, the loader gate
+/// and the exception fixer.
 pub struct Probes {
     ebpf: Ebpf,
-    pub hooks: Vec<AttachedHook>,
+    hooked: Hooked,
+    modes: Modes,
+    unwind: UnwindState,
+    links: Links,
+    watch: LibraryWatch,
+    measured: Measured,
+    gate: LoaderGate,
+    /// Puts back the return addresses of frames an exception unwinds
+    /// through (`exceptions`); none where the kernel's layout is unknown.
+    exceptions: Option<exceptions::ExceptionFixer>,
+    /// Outlives tracer (`watchdog.rs`): dropped last.
+    _watchdog: Option<watchdog::Watchdog>,
+}
+
+/// What was hooked.
+#[derive(Default)]
+struct Hooked {
+    hooks: Vec<AttachedHook>,
     /// Hooked functions found but not probed: they pass their calls on
     /// to another hooked function (`forwarding`), by process.
     unprobed: Vec<(u32, Unprobed)>,
-    pub return_probes: ReturnProbes,
     /// The objects hooks were put in, and when.
-    pub libraries: Vec<HookedLibrary>,
+    libraries: Vec<HookedLibrary>,
+}
+
+/// What the programs were loaded for.
+struct Modes {
+    return_probes: ReturnProbes,
     /// What is recorded.
     sampling: Sampling,
     /// How stacks are taken.
-    pub unwinding: Unwinding,
-    /// `--unwind auto`: the processes unwound with DWARF, and the objects
-    /// without frame pointers that made it so.
-    pub copying_stacks_of: Vec<(u32, Vec<String>)>,
+    unwinding: Unwinding,
+}
+
+/// How each process's stacks are unwound, and the kernel's tables.
+#[derive(Default)]
+struct UnwindState {
+    /// `--unwind auto`: the processes whose stacks are copied and unwound
+    /// here, and the objects without frame pointers that made it so.
+    copying_stacks_of: Vec<(u32, Vec<String>)>,
     /// `--unwind auto`, `dwarf`: the processes whose stacks the kernel
     /// walks through unwind tables, and their objects without frame
     /// pointers (glibc's aside).
-    pub walking_tables_of: Vec<(u32, Vec<String>)>,
+    walking_tables_of: Vec<(u32, Vec<String>)>,
     /// The checks for objects without frame pointers still running, by
     /// process (`take_lacking_checks`).
     lacking_checks: Vec<(u32, std::thread::JoinHandle<Vec<String>>)>,
     /// Processes whose check had not finished at stop (walked through
     /// tables, their objects without frame pointers not named).
-    pub lacking_unnamed: Vec<u32>,
+    lacking_unnamed: Vec<u32>,
     /// `--unwind auto`, `dwarf`: the kernel's unwind tables.
-    kernel_unwinding: Option<unwind_tables::KernelUnwinding>,
+    kernel: Option<unwind_tables::KernelUnwinding>,
+}
+
+/// The links that hold the probes.
+struct Links {
     /// How the uprobes are attached.
-    pub links: ProbeLinks,
+    how: ProbeLinks,
     /// Perf-event uprobes, where uprobe_multi links are not to be had.
-    perf_links: Vec<(u32, &'static str, UProbeLinkId)>,
+    perf: Vec<(u32, &'static str, UProbeLinkId)>,
     /// Every tracepoint attached (signals, library watch, mapping calls,
     /// forks).
-    tracepoint_links: Vec<TracepointLink>,
+    tracepoints: Vec<TracepointLink>,
     /// The mapping system calls' tracepoints among them.
     mapping_tracepoints: usize,
     /// Every uprobe program, for uprobe_multi links (Linux 6.6+).
     multi: Option<RawPrograms>,
     /// The session programs, when calls may go unrecorded (Linux 6.13+).
     session: Option<RawPrograms>,
-    watch: LibraryWatch,
+}
+
+/// What attaching and probing cost.
+struct Measured {
     /// Where the attach time went.
-    pub times: AttachTimes,
-    /// Whether a process whose dlopen() completes before its new libraries
-    /// are hooked is held at the loader gate (`--no-loader-pause`: not).
-    pub pause_at_loader: bool,
-    /// Each time a process was held at the loader gate: which, how long.
-    pub loader_pauses: Vec<(u32, std::time::Duration)>,
+    times: AttachTimes,
     /// What a trap costs here (`measure_traps`).
-    trap_measurement: trap_cost::TrapMeasurement,
-    /// Puts back the return addresses of frames an exception unwinds
-    /// through (`exceptions`); none where the kernel's layout is unknown.
-    pub exceptions: Option<exceptions::ExceptionFixer>,
-    /// Outlives tracer (`watchdog.rs`): dropped last.
-    _watchdog: Option<watchdog::Watchdog>,
+    traps: trap_cost::TrapMeasurement,
+}
+
+/// The loader gate: whether a process whose dlopen() completes before its
+/// new libraries are hooked is held there (`--no-loader-pause`: not), and
+/// each time one was: which, how long.
+struct LoaderGate {
+    pause: bool,
+    pauses: Vec<(u32, std::time::Duration)>,
 }
 
 impl Probes {
     /// Which functions that pass their calls on go without a probe: with
     /// frame-pointer walks, only those that tail-jump (`forwarding`).
     fn forwarding(&self) -> Forwarding {
-        Forwarding::for_unwinding(self.unwinding.mode)
+        Forwarding::for_unwinding(self.modes.unwinding.mode)
     }
 
     /// Attaches the allocator and CUDA probes to every object `pid` maps
@@ -258,14 +292,14 @@ impl Probes {
             symbols::hook_sites_in(pid, &ahead, forwarding)?
         };
         let (sites, ahead_sites) = (found.sites, ahead_found.sites);
-        self.unprobed.extend(
+        self.hooked.unprobed.extend(
             found
                 .unprobed
                 .into_iter()
                 .chain(ahead_found.unprobed)
                 .map(|unprobed| (pid, unprobed)),
         );
-        self.times.symbols += reading.elapsed();
+        self.measured.times.symbols += reading.elapsed();
         if !sites
             .iter()
             .any(|site| site.function.name == "malloc" || site.function.name == "free")
@@ -281,7 +315,7 @@ impl Probes {
         }
         let choosing = Instant::now();
         self.choose_unwinding(pid, &maps)?;
-        self.times.unwinding += choosing.elapsed();
+        self.measured.times.unwinding += choosing.elapsed();
         self.follow_go_stack_switch(pid, &maps)?;
         let before = self.probe_count();
         self.watch.trace(pid, &maps)?;
@@ -303,7 +337,7 @@ impl Probes {
     /// for a static executable, nor without at-open hooks or with
     /// `--no-loader-pause`.
     pub fn hold_at_loader(&mut self, pid: u32) -> Result<()> {
-        if !self.pause_at_loader || !self.hooks_at_open() {
+        if !self.gate.pause || !self.hooks_at_open() {
             return Ok(());
         }
         let Some(gate) = spawn::running_loader_gate(pid) else {
@@ -313,6 +347,7 @@ impl Probes {
             return Ok(());
         }
         let multi = self
+            .links
             .multi
             .as_mut()
             .expect("at-open hooks have uprobe_multi");
@@ -329,8 +364,8 @@ impl Probes {
     /// The pauses at the loader gate: how many, and their time in all.
     pub fn loader_pause_total(&self) -> (usize, std::time::Duration) {
         (
-            self.loader_pauses.len(),
-            self.loader_pauses.iter().map(|(_, held)| *held).sum(),
+            self.gate.pauses.len(),
+            self.gate.pauses.iter().map(|(_, held)| *held).sum(),
         )
     }
 
@@ -366,16 +401,17 @@ impl Probes {
         copy_stacks_of
             .insert(pid, 1, 0)
             .with_context(|| format!("could not ask for the stacks of PID {pid} to be copied"))?;
-        self.copying_stacks_of.push((pid, lacking));
+        self.unwind.copying_stacks_of.push((pid, lacking));
         Ok(())
     }
 
     /// Whether the stacks of `pid` are copied and unwound with DWARF.
     pub fn copies_stacks_of(&self, pid: u32) -> bool {
-        match self.unwinding.mode {
+        match self.modes.unwinding.mode {
             UnwindMode::FramePointers => false,
             UnwindMode::Copy => true,
             UnwindMode::Dwarf | UnwindMode::Auto => self
+                .unwind
                 .copying_stacks_of
                 .iter()
                 .any(|(copied, _)| *copied == pid),
@@ -429,7 +465,7 @@ impl Probes {
         if sites.is_empty() {
             return Ok(());
         }
-        let session = self.session.as_ref();
+        let session = self.links.session.as_ref();
         let ordered = batches(sites, |program| {
             session.is_some_and(|session| session.covers(program))
         });
@@ -437,8 +473,8 @@ impl Probes {
         // Verified together (the CUDA programs, when CUDA first appears).
         for (stage, batch) in &ordered {
             let programs = match stage {
-                Stage::Session => self.session.as_ref(),
-                _ => self.multi.as_ref(),
+                Stage::Session => self.links.session.as_ref(),
+                _ => self.links.multi.as_ref(),
             };
             if let Some(programs) = programs {
                 programs.prefetch(&[batch.program]);
@@ -446,18 +482,18 @@ impl Probes {
         }
         for (stage, batch) in &ordered {
             let programs = match stage {
-                Stage::Session => self.session.as_ref(),
-                _ => self.multi.as_ref(),
+                Stage::Session => self.links.session.as_ref(),
+                _ => self.links.multi.as_ref(),
             };
             if let Some(programs) = programs {
                 programs.ready(batch.program).map_err(load_error)?;
             }
         }
         let linking = Instant::now();
-        self.times.verifier_wait += linking - waiting;
+        self.measured.times.verifier_wait += linking - waiting;
         for (stage, batch) in &ordered {
             if *stage == Stage::Session {
-                let session = self.session.as_mut().expect("sessions are loaded");
+                let session = self.links.session.as_mut().expect("sessions are loaded");
                 session
                     .attach(batch.program, &batch.site.file, &batch.points, pid)
                     .map_err(|error| attach_error(error, pid))?;
@@ -465,7 +501,7 @@ impl Probes {
                 self.attach_batch(batch, pid)?;
             }
         }
-        self.times.links += linking.elapsed();
+        self.measured.times.links += linking.elapsed();
         self.add_hooks(pid, sites, noticed_by, Instant::now());
         Ok(())
     }
@@ -480,12 +516,15 @@ impl Probes {
         noticed_by: NoticedBy,
         hooked_at: Instant,
     ) {
-        self.hooks.extend(sites.iter().map(|site| AttachedHook {
-            pid,
-            site: site.without_descriptor(),
-        }));
+        self.hooked
+            .hooks
+            .extend(sites.iter().map(|site| AttachedHook {
+                pid,
+                site: site.without_descriptor(),
+            }));
         for mut library in HookedLibrary::from_sites(pid, sites, noticed_by) {
             match self
+                .hooked
                 .libraries
                 .iter_mut()
                 .find(|hooked| hooked.pid == pid && hooked.path == library.path)
@@ -493,7 +532,7 @@ impl Probes {
                 Some(hooked) => hooked.functions.append(&mut library.functions),
                 None => {
                     library.hooked_at = hooked_at;
-                    self.libraries.push(library);
+                    self.hooked.libraries.push(library);
                 }
             }
         }
@@ -533,7 +572,7 @@ impl Probes {
                 FloorSites::FunctionEntry => site.offset == site.function_offset && site.emulated,
                 FloorSites::Chosen => site.emulated,
             };
-            self.hooks.push(AttachedHook {
+            self.hooked.hooks.push(AttachedHook {
                 pid,
                 site: HookSite {
                     offset: offset(site),
@@ -549,7 +588,7 @@ impl Probes {
     /// perf-event uprobe each.
     fn attach_batch(&mut self, batch: &Batch<'_>, pid: u32) -> Result<()> {
         let site = batch.site;
-        if let Some(multi) = self.multi.as_mut() {
+        if let Some(multi) = self.links.multi.as_mut() {
             return multi
                 .attach(batch.program, &site.file, &batch.points, pid)
                 .map_err(|error| attach_error(error, pid));
@@ -575,7 +614,7 @@ impl Probes {
                         pid,
                     )
                 })?;
-            self.perf_links.push((pid, batch.program, link));
+            self.links.perf.push((pid, batch.program, link));
         }
         Ok(())
     }
@@ -589,9 +628,9 @@ impl Probes {
     /// Number of uprobes, uretprobes, uprobe sessions and tracepoints in
     /// place.
     pub fn probe_count(&self) -> usize {
-        self.perf_links.len()
-            + self.mapping_tracepoints
-            + [&self.multi, &self.session]
+        self.links.perf.len()
+            + self.links.mapping_tracepoints
+            + [&self.links.multi, &self.links.session]
                 .into_iter()
                 .flatten()
                 .map(RawPrograms::probe_count)
@@ -600,7 +639,7 @@ impl Probes {
 
     /// Number of uprobe_multi and session links in place.
     pub fn multi_link_count(&self) -> usize {
-        [&self.multi, &self.session]
+        [&self.links.multi, &self.links.session]
             .into_iter()
             .flatten()
             .map(RawPrograms::link_count)

@@ -1,6 +1,6 @@
 //! What the probes are, as a report describes them: where each probe went
 //! and why, how allocations are recorded, how stacks are walked.
-use super::{ProbeLinks, Probes};
+use super::{ProbeLinks, Probes, exceptions};
 use crate::{
     model::run::{
         DwarfProcess, ProbeReport, ReturnProbes, SamplingMode, SamplingReport, UnwindingReport,
@@ -9,24 +9,49 @@ use crate::{
 };
 
 impl Probes {
+    /// The exception fixer (`exceptions`), where the kernel's layout is
+    /// known.
+    pub fn exceptions(&self) -> Option<&exceptions::ExceptionFixer> {
+        self.exceptions.as_ref()
+    }
+
+    /// `--unwind auto`: the processes whose stacks are copied and unwound
+    /// here, and the objects without frame pointers that made it so.
+    pub fn copying_stacks_of(&self) -> &[(u32, Vec<String>)] {
+        &self.unwind.copying_stacks_of
+    }
+
+    /// Whether a process whose dlopen() completes before its new
+    /// libraries are hooked is held at the loader gate.
+    pub fn set_loader_pause(&mut self, pause: bool) {
+        self.gate.pause = pause;
+    }
+
+    /// Time spent finding a target's Python, counted with the attach's.
+    pub fn add_python_time(&mut self, spent: std::time::Duration) {
+        self.measured.times.python += spent;
+    }
+
     /// How stacks are walked for the processes `pids`.
     pub fn unwinding_report(&self, pids: &[u32]) -> UnwindingReport {
         UnwindingReport {
-            mode: self.unwinding.mode,
-            stack_bytes: self.unwinding.stack_bytes,
+            mode: self.modes.unwinding.mode,
+            stack_bytes: self.modes.unwinding.stack_bytes,
             dwarf: pids
                 .iter()
                 .copied()
                 .filter_map(|pid| {
                     let lacking = self
+                        .unwind
                         .copying_stacks_of
                         .iter()
-                        .chain(&self.walking_tables_of)
+                        .chain(&self.unwind.walking_tables_of)
                         .find(|(walked, _)| *walked == pid)
                         .map(|(_, objects)| objects.clone());
                     match (self.copies_stacks_of(pid), lacking) {
                         (_, Some(objects))
-                            if !objects.is_empty() || self.lacking_unnamed.contains(&pid) =>
+                            if !objects.is_empty()
+                                || self.unwind.lacking_unnamed.contains(&pid) =>
                         {
                             Some(objects)
                         }
@@ -44,7 +69,7 @@ impl Probes {
 
     /// Exact or sampled, size filters, and how return values are read.
     pub fn sampling_report(&self) -> SamplingReport {
-        let sampling = &self.sampling;
+        let sampling = &self.modes.sampling;
         SamplingReport {
             mode: if sampling.sample_bytes == 0 {
                 SamplingMode::Exact
@@ -55,13 +80,14 @@ impl Probes {
             min_size_bytes: sampling.min_size_bytes,
             max_size_bytes: (sampling.max_size_bytes != u64::MAX)
                 .then_some(sampling.max_size_bytes),
-            return_probes: self.return_probes.clone(),
+            return_probes: self.modes.return_probes.clone(),
         }
     }
 
     /// Every probe in place.
     pub fn probe_reports(&self) -> Vec<ProbeReport> {
-        self.hooks
+        self.hooked
+            .hooks
             .iter()
             .map(|hook| ProbeReport {
                 pid: hook.pid,
@@ -80,7 +106,7 @@ impl Probes {
     /// probe went and why, and how return values are read.
     pub fn attach_notes(&self, verbose: bool) -> Vec<String> {
         let mut notes = Vec::new();
-        for hook in &self.hooks {
+        for hook in &self.hooked.hooks {
             let site = &hook.site;
             let line = format!(
                 "{}+{} in {} (PID {}): {}",
@@ -99,7 +125,8 @@ impl Probes {
         if verbose {
             let held_back = self.watch.throwing.unprobed();
             notes.extend(
-                self.unprobed
+                self.hooked
+                    .unprobed
                     .iter()
                     .chain(&held_back)
                     .map(|(pid, unprobed)| {
@@ -112,7 +139,7 @@ impl Probes {
                     }),
             );
         }
-        match &self.links {
+        match &self.links.how {
             ProbeLinks::Multi if verbose => notes.push(format!(
                 "uprobes attached in {} uprobe_multi links",
                 self.multi_link_count()
@@ -129,8 +156,11 @@ impl Probes {
             )),
             ProbeLinks::PerProbe(_) => {}
         }
-        if verbose || matches!(self.return_probes, ReturnProbes::UretprobeFallback(_)) {
-            notes.push(format!("return probes: {}", self.return_probes.describe()));
+        if verbose || matches!(self.modes.return_probes, ReturnProbes::UretprobeFallback(_)) {
+            notes.push(format!(
+                "return probes: {}",
+                self.modes.return_probes.describe()
+            ));
         }
         if verbose {
             notes.push(self.attach_time_note());
@@ -142,14 +172,14 @@ impl Probes {
     /// objects, the verifier (on threads of its own while the objects were
     /// read: only the wait for it adds to the attach), the links.
     fn attach_time_note(&self) -> String {
-        let (programs, verifier) = [&self.multi, &self.session]
+        let (programs, verifier) = [&self.links.multi, &self.links.session]
             .into_iter()
             .flatten()
             .map(|programs| programs.load_times())
             .fold((0, std::time::Duration::ZERO), |(count, sum), (n, time)| {
                 (count + n, sum + time)
             });
-        let times = &self.times;
+        let times = &self.measured.times;
         let ms = |duration: std::time::Duration| duration.as_secs_f64() * 1e3;
         format!(
             "attach time: maps {:.0} ms, tracepoints {:.0} ms, symbols and probe sites {:.0} ms, \
@@ -168,7 +198,7 @@ impl Probes {
 
     /// Whether some process's stacks are copied (the copy ring is in use).
     pub fn copies_any_stacks(&self) -> bool {
-        self.unwinding.mode == UnwindMode::Copy || !self.copying_stacks_of.is_empty()
+        self.modes.unwinding.mode == UnwindMode::Copy || !self.unwind.copying_stacks_of.is_empty()
     }
 }
 

@@ -114,7 +114,7 @@ impl Probes {
     /// Starts walking the stacks of `pid` through unwind tables (its
     /// mappings `maps`), waiting a little for the tables of its objects.
     pub(super) fn track_unwinding(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
-        match self.kernel_unwinding.as_mut() {
+        match self.unwind.kernel.as_mut() {
             Some(kernel) => kernel.set_waiting(pid, maps, ATTACH_WAIT),
             None => Ok(()),
         }
@@ -123,7 +123,7 @@ impl Probes {
     /// Reads the mappings of a tracked process again (libraries mapped),
     /// waiting a little for the tables of new objects.
     pub(super) fn refresh_unwinding(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
-        match self.kernel_unwinding.as_mut() {
+        match self.unwind.kernel.as_mut() {
             Some(kernel) if kernel.processes.contains_key(&pid) => {
                 kernel.set_waiting(pid, maps, MAPPED_WAIT)
             }
@@ -143,7 +143,7 @@ impl Probes {
     /// Writes the tables that became ready to the kernel, and the mappings
     /// of the processes that waited for them; returns lines for `-v`.
     pub fn poll_unwind_tables(&mut self) -> Result<Vec<String>> {
-        let Some(kernel) = self.kernel_unwinding.as_mut() else {
+        let Some(kernel) = self.unwind.kernel.as_mut() else {
             return Ok(Vec::new());
         };
         kernel.write_ready()?;
@@ -167,21 +167,23 @@ impl Probes {
 
     /// One line on every table, for `-v` at the end.
     pub fn unwind_tables_summary(&self) -> Option<String> {
-        self.kernel_unwinding
+        self.unwind
+            .kernel
             .as_ref()
             .map(|kernel| kernel.tables.summary().to_string())
     }
 
     /// Whether the kernel walks the stacks of `pid` through tables.
     pub fn walks_tables_of(&self, pid: u32) -> bool {
-        self.kernel_unwinding
+        self.unwind
+            .kernel
             .as_ref()
             .is_some_and(|kernel| kernel.processes.contains_key(&pid))
     }
 
     /// Forgets a process that exited.
     pub(super) fn forget_unwinding(&mut self, pid: u32) {
-        if let Some(kernel) = self.kernel_unwinding.as_mut() {
+        if let Some(kernel) = self.unwind.kernel.as_mut() {
             kernel.maps.forget(pid);
             kernel.processes.remove(&pid);
         }

@@ -16,11 +16,11 @@ impl Probes {
     /// stack switch the kernel's walk does not follow), they are copied
     /// when an object it maps (other than glibc's) lacks frame pointers.
     pub(super) fn choose_unwinding(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
-        if !self.unwinding.uses_tables() {
+        if !self.modes.unwinding.uses_tables() {
             return Ok(());
         }
         let cgo = crate::unwind::go::stack_switch(pid, maps).is_some();
-        if cgo || self.kernel_unwinding.is_none() {
+        if cgo || self.unwind.kernel.is_none() {
             let lacking = crate::unwind::frame_pointers::objects_lacking(pid, maps);
             return self.start_copying(pid, lacking);
         }
@@ -36,8 +36,8 @@ impl Probes {
                 crate::unwind::frame_pointers::objects_lacking(pid, &maps)
             })
             .context("could not start the frame-pointer check")?;
-        self.lacking_checks.push((pid, check));
-        self.walking_tables_of.push((pid, Vec::new()));
+        self.unwind.lacking_checks.push((pid, check));
+        self.unwind.walking_tables_of.push((pid, Vec::new()));
         Ok(())
     }
 
@@ -50,6 +50,7 @@ impl Probes {
         if wait {
             let deadline = std::time::Instant::now() + LACKING_CHECK_WAIT;
             while self
+                .unwind
                 .lacking_checks
                 .iter()
                 .any(|(_, check)| !check.is_finished())
@@ -58,7 +59,7 @@ impl Probes {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
         }
-        let (done, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut self.lacking_checks)
+        let (done, pending): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unwind.lacking_checks)
             .into_iter()
             .partition(|(_, check)| check.is_finished());
         let mut notes = Vec::new();
@@ -69,10 +70,10 @@ impl Probes {
                     "PID {pid}: the check for objects without frame pointers had not finished \
                      at stop: they are not named (its stacks were walked through unwind tables)"
                 ));
-                self.lacking_unnamed.push(pid);
+                self.unwind.lacking_unnamed.push(pid);
             }
         } else {
-            self.lacking_checks = pending;
+            self.unwind.lacking_checks = pending;
         }
         for (pid, check) in done {
             let lacking = check.join().unwrap_or_default();
@@ -93,6 +94,7 @@ impl Probes {
     /// report (its stacks are walked through unwind tables).
     pub(super) fn name_lacking(&mut self, pid: u32, lacking: Vec<String>) {
         if let Some((_, objects)) = self
+            .unwind
             .walking_tables_of
             .iter_mut()
             .find(|(walked, _)| *walked == pid)

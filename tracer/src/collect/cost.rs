@@ -35,7 +35,7 @@ impl Collector {
     /// Reads the programs' counts and the live targets' CPU time now;
     /// `stats` are the STATS counters just read.
     pub(super) fn observe_cost(&mut self, stats: Vec<u64>) {
-        for pid in live_pids(&self.watched) {
+        for pid in live_pids(&self.watching.processes) {
             if let Some(cpu_ns) = procfs::cpu_time_ns(pid) {
                 self.cost.cpu.observe(pid, cpu_ns);
             }

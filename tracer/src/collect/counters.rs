@@ -21,7 +21,7 @@ impl Collector {
     /// the ids evicted), and those kept here for blocks with copied
     /// stacks, after draining every copy sent so far.
     pub(super) fn epoch_entries(&mut self) -> Result<Vec<EpochEntry>> {
-        self.kernel_stacks.new_pass();
+        self.stacks.kernel.new_pass();
         let by_stack = self.probes.maps().by_stack()?;
         let mut entries: Vec<EpochEntry> = Vec::with_capacity(by_stack.len());
         for (key, totals) in &by_stack {
@@ -34,7 +34,8 @@ impl Collector {
             entries.push(entry);
         }
         entries.extend(
-            self.kernel_stacks
+            self.stacks
+                .kernel
                 .folded()
                 .map(|(pid, name, kind, counters)| EpochEntry {
                     key: StackKey {
@@ -46,10 +47,10 @@ impl Collector {
                     counters,
                 }),
         );
-        self.by_stack = by_stack;
+        self.stacks.by_stack = by_stack;
         self.start_copy_reader()?;
-        self.copied.flush();
-        entries.extend(self.copied.epoch_entries());
+        self.stacks.copied.flush();
+        entries.extend(self.stacks.copied.epoch_entries());
         Ok(entries)
     }
 
@@ -60,7 +61,7 @@ impl Collector {
     /// taken before that tick must read them too.
     pub(super) fn start_copy_reader(&mut self) -> Result<()> {
         if self.probes.copies_any_stacks() {
-            self.copied.activate()?;
+            self.stacks.copied.activate()?;
         }
         Ok(())
     }
@@ -70,8 +71,8 @@ impl Collector {
     /// right after it is attached).
     pub(super) fn drain_mappings(&mut self) -> Result<()> {
         self.start_copy_reader()?;
-        let (probes, table) = (&mut self.probes, &mut self.stack_table);
-        self.mappings.drain(&mut self.copied, &mut |id| {
+        let (probes, table) = (&mut self.probes, &mut self.stacks.table);
+        self.mappings.drain(&mut self.stacks.copied, &mut |id| {
             table.read(&mut probes.stack_maps(), id).unwrap_or_default()
         });
         Ok(())
@@ -86,10 +87,10 @@ impl Collector {
         self.drain_mappings()?;
         let mut stacks: Vec<(StackKey, Counters)> = stacks.into_iter().collect();
         stacks.extend(self.mappings.counters());
-        if self.comm_watch.is_some() {
+        if self.watching.comms.is_some() {
             // Processes that exited are forgotten (copied stacks and
             // mappings keep their last counters here).
-            let alive = live_pids(&self.watched);
+            let alive = live_pids(&self.watching.processes);
             stacks.retain(|(key, _)| alive.contains(&key.pid));
         }
         Ok(stacks)
@@ -102,7 +103,7 @@ impl Collector {
         let elapsed_s = self.elapsed_s();
         // Before the mapping events are drained: a call that ends after
         // this read is in them.
-        let held_by_calls = if self.stack_table.evicts_next() {
+        let held_by_calls = if self.stacks.table.evicts_next() {
             self.probes.stack_maps().held_by_calls()?
         } else {
             HashSet::new()
@@ -110,16 +111,18 @@ impl Collector {
         let stacks = self.stack_counters()?;
         self.read_apis();
         let mut stats = self.probes.maps().stats()?;
-        let by_stack = std::mem::take(&mut self.by_stack);
+        let by_stack = std::mem::take(&mut self.stacks.by_stack);
         let retired = self.evict_stacks(&by_stack, &held_by_calls)?;
         let (returns_restored, restores_lost) = self
             .probes
-            .exceptions
-            .as_ref()
+            .exceptions()
             .map_or((0, 0), |exceptions| exceptions.counts());
         for (index, count) in [
-            (stat::STACKS_EVICTED, self.stack_table.evicted),
-            (stat::PYTHON_STACKS_EVICTED, self.stack_table.python_evicted),
+            (stat::STACKS_EVICTED, self.stacks.table.evicted),
+            (
+                stat::PYTHON_STACKS_EVICTED,
+                self.stacks.table.python_evicted,
+            ),
             (stat::EXCEPTION_RETURNS_RESTORED, returns_restored),
             (stat::DROP_EXCEPTION_RESTORE_LOST, restores_lost),
         ] {
@@ -132,13 +135,14 @@ impl Collector {
             elapsed_s,
             stacks,
             stats,
-            rss_bytes: live_pids(&self.watched)
+            rss_bytes: live_pids(&self.watching.processes)
                 .into_iter()
                 .filter_map(|pid| Some((pid, procfs::rss_bytes(pid)?)))
                 .collect(),
             retired,
             cpu_s: self
-                .watched
+                .watching
+                .processes
                 .iter()
                 .filter(|watched| watched.is_alive())
                 .filter_map(|watched| Some((watched.target.pid, watched.cpu_since_start_s()?)))
@@ -163,8 +167,8 @@ impl Collector {
                 stack_id,
                 kind,
             };
-            self.apis.insert(key, api);
+            self.stacks.apis.insert(key, api);
         }
-        self.apis.extend(self.copied.apis());
+        self.stacks.apis.extend(self.stacks.copied.apis());
     }
 }

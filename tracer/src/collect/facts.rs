@@ -50,7 +50,7 @@ impl Collector {
         };
         RunFacts {
             targets,
-            interval_ms: self.schedule.interval.as_millis() as u64,
+            interval_ms: self.pace.schedule.interval.as_millis() as u64,
             memory_status,
             traced,
             stacks,

@@ -8,24 +8,24 @@ impl Collector {
     /// followed ones forked.
     pub(super) fn watch_targets(&mut self) {
         let after_s = self.elapsed_s();
-        if self.schedule.follow_forks {
+        if self.pace.schedule.follow_forks {
             self.follow_children(after_s);
         }
-        if self.comm_watch.is_some() {
+        if self.watching.comms.is_some() {
             self.follow_started(after_s);
         }
         let mut exited = Vec::new();
-        for watched in self.watched.iter_mut().filter(|w| w.is_alive()) {
+        for watched in self.watching.processes.iter_mut().filter(|w| w.is_alive()) {
             if watched.has_exited() {
                 watched.target.exited_after_s = Some(after_s);
                 exited.push(watched.target.pid);
-                self.queued.push_back(Event::TargetExited {
+                self.pace.queued.push_back(Event::TargetExited {
                     pid: watched.target.pid,
                     after_s,
                 });
             }
         }
-        if self.comm_watch.is_some() {
+        if self.watching.comms.is_some() {
             for pid in exited {
                 self.forget(pid);
             }
@@ -38,19 +38,25 @@ impl Collector {
     /// stays, without its stacks.
     pub(super) fn forget(&mut self, pid: u32) {
         self.probes.forget(pid);
-        self.symbols.forget(pid);
-        self.copied.forget(pid);
-        self.frames.forget(pid);
-        self.kernel_stacks.forget_process(pid);
-        self.apis.retain(|key, _| key.pid != pid);
-        self.thread_entries
+        self.stacks.symbols.forget(pid);
+        self.stacks.copied.forget(pid);
+        self.stacks.frames.forget(pid);
+        self.stacks.kernel.forget_process(pid);
+        self.stacks.apis.retain(|key, _| key.pid != pid);
+        self.stacks
+            .thread_entries
             .retain(|(entry_pid, _), _| *entry_pid != pid);
         // Exited targets beyond the last few are dropped: a restarting
         // service would otherwise grow the list forever.
-        let exited = self.watched.iter().filter(|w| !w.is_alive()).count();
+        let exited = self
+            .watching
+            .processes
+            .iter()
+            .filter(|w| !w.is_alive())
+            .count();
         if exited > MAX_EXITED_KEPT {
             let mut to_drop = exited - MAX_EXITED_KEPT;
-            self.watched.retain(|watched| {
+            self.watching.processes.retain(|watched| {
                 if to_drop > 0 && !watched.is_alive() {
                     to_drop -= 1;
                     return false;
@@ -67,16 +73,22 @@ impl Collector {
         started.sort_unstable();
         started.dedup();
         for pid in started {
-            let Some(watch) = &self.comm_watch else {
+            let Some(watch) = &self.watching.comms else {
                 return;
             };
-            let alive = self.watched.iter().filter(|w| w.is_alive()).count();
+            let alive = self
+                .watching
+                .processes
+                .iter()
+                .filter(|w| w.is_alive())
+                .count();
             let name = comms::comm(pid);
             let wanted = name.as_deref().is_some_and(|name| watch.matches(name))
                 && comms::is_user_process(pid)
                 && pid != std::process::id()
                 && !self
-                    .watched
+                    .watching
+                    .processes
                     .iter()
                     .any(|w| w.is_alive() && w.target.pid == pid);
             if !wanted {
@@ -85,7 +97,8 @@ impl Collector {
             if alive >= watch.max_targets {
                 let max = watch.max_targets;
                 if self
-                    .comm_watch
+                    .watching
+                    .comms
                     .as_mut()
                     .is_some_and(|watch| watch.refused.insert(pid))
                 {
@@ -103,7 +116,8 @@ impl Collector {
                 continue;
             }
             let command = self
-                .watched
+                .watching
+                .processes
                 .last()
                 .map(|w| w.target.command.clone())
                 .unwrap_or_default();
@@ -120,7 +134,13 @@ impl Collector {
     pub(super) fn follow_children(&mut self, after_s: f64) {
         for child in self.probes.take_forks() {
             let is_process = procfs::tgid(child) == Some(child);
-            if !is_process || self.watched.iter().any(|w| w.target.pid == child) {
+            if !is_process
+                || self
+                    .watching
+                    .processes
+                    .iter()
+                    .any(|w| w.target.pid == child)
+            {
                 continue;
             }
             if let Err(error) = self.probes.attach_allocators(child) {
@@ -148,15 +168,15 @@ impl Collector {
                     "warning: the children of PID {child} will not be followed"
                 ));
             }
-            self.symbols.refresh(child);
+            self.stacks.symbols.refresh(child);
             let mut watched = Watched::new(child, false);
             watched.target.followed_after_s = Some(after_s);
-            self.queued.push_back(Event::ChildFollowed {
+            self.pace.queued.push_back(Event::ChildFollowed {
                 pid: child,
                 command: watched.target.command.clone(),
                 after_s,
             });
-            self.watched.push(watched);
+            self.watching.processes.push(watched);
         }
     }
 }

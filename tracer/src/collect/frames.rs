@@ -85,7 +85,7 @@ impl Interned {
 impl Collector {
     /// The CUDA function that made a GPU stack's memory.
     pub fn api(&self, key: &StackKey) -> Option<&'static str> {
-        self.apis.get(key).copied()
+        self.stacks.apis.get(key).copied()
     }
 
     /// The symbolized frames of a stack, innermost first (empty when the
@@ -101,16 +101,16 @@ impl Collector {
     /// [`Collector::frames`] as shared copies: what a caller holding the
     /// frames of many stacks at once (the report) keeps.
     pub fn shared_frames(&mut self, key: &StackKey) -> Vec<Arc<Frame>> {
-        if let Some(frames) = self.frames.get(key) {
+        if let Some(frames) = self.stacks.frames.get(key) {
             return frames.to_vec();
         }
         let mut pending = false;
-        let deferred = self.symbols.deferred();
+        let deferred = self.stacks.symbols.deferred();
         let frames = match key.stack_id {
             StackId::Lost => Vec::new(),
-            StackId::Kernel(name) => match self.kernel_stacks.addresses(name) {
+            StackId::Kernel(name) => match self.stacks.kernel.addresses(name) {
                 Some(stack) => {
-                    let mut frames = self.symbols.stack_frames(key.pid, stack.addresses);
+                    let mut frames = self.stacks.symbols.stack_frames(key.pid, stack.addresses);
                     if stack.stopped {
                         frames.push(Frame {
                             function: Some(UnwindStop::OutsideCode.marker()),
@@ -123,16 +123,20 @@ impl Collector {
                 None => Vec::new(),
             },
             StackId::Copied(index) => self
+                .stacks
                 .copied
-                .frames(index, &mut self.symbols)
+                .frames(index, &mut self.stacks.symbols)
                 .unwrap_or_default(),
             StackId::Mapping(index) => {
-                let copied = &self.copied;
-                self.mappings
-                    .frames(index, &mut self.symbols, |code_stack| match code_stack {
+                let copied = &self.stacks.copied;
+                self.mappings.frames(
+                    index,
+                    &mut self.stacks.symbols,
+                    |code_stack| match code_stack {
                         StackId::Copied(index) => copied.addresses(index).to_vec(),
                         StackId::Kernel(_) | StackId::Mapping(_) | StackId::Lost => Vec::new(),
-                    })
+                    },
+                )
             }
         };
         let mut frames = self.merge_python(key.pid, frames);
@@ -145,13 +149,13 @@ impl Collector {
             });
         }
         // A frame the symbolizer was late for is named next time.
-        let complete = self.symbols.deferred() == deferred
+        let complete = self.stacks.symbols.deferred() == deferred
             && frames
                 .iter()
                 .all(|frame| frame.module.is_some() || frame.address == 0);
-        let frames = self.frames.intern(frames);
+        let frames = self.stacks.frames.intern(frames);
         if complete {
-            self.frames.stacks.insert(*key, frames.clone());
+            self.stacks.frames.stacks.insert(*key, frames.clone());
         }
         frames
     }
@@ -159,19 +163,19 @@ impl Collector {
     /// Waits for the symbolizer to answer what it was asked, `bound` at
     /// most (the final report's wait: [`crate::symbolize::FINAL_WAIT_FOR_SYMBOLS`]).
     pub fn settle_symbols(&mut self, bound: std::time::Duration) {
-        self.symbols.settle(bound);
+        self.stacks.symbols.settle(bound);
     }
 
     /// Addresses the symbolizer has not answered yet: their frames show
     /// their module and offset only.
     pub fn unanswered_symbols(&self) -> usize {
-        self.symbols.unanswered()
+        self.stacks.symbols.unanswered()
     }
 
     /// Whether a stack reaches its thread's start (`model::quality`):
     /// only its outermost frame is symbolized, unless it was already.
     pub fn reaches_entry(&mut self, key: &StackKey) -> bool {
-        if let Some(frames) = self.frames.get(key) {
+        if let Some(frames) = self.stacks.frames.get(key) {
             // A stack walked while a table was pending reaches its start
             // when the frame before its marker is the start.
             let outermost = match frames.split_last() {
@@ -190,33 +194,36 @@ impl Collector {
         }
         let addresses = match key.stack_id {
             StackId::Lost => return false,
-            StackId::Kernel(name) => match self.kernel_stacks.addresses(name) {
+            StackId::Kernel(name) => match self.stacks.kernel.addresses(name) {
                 Some(stack) if stack.stopped => return false,
                 Some(stack) => stack.addresses.to_vec(),
                 None => return false,
             },
-            StackId::Copied(index) if self.copied.ends_early(index) => return false,
-            StackId::Copied(index) => self.copied.addresses(index).to_vec(),
+            StackId::Copied(index) if self.stacks.copied.ends_early(index) => return false,
+            StackId::Copied(index) => self.stacks.copied.addresses(index).to_vec(),
             StackId::Mapping(_) => return self.frames(key).last().is_some_and(is_thread_entry),
         };
         let addresses = crate::python::without_tag(addresses);
         let Some(&outermost) = addresses.last() else {
             return false;
         };
-        if let Some(&known) = self.thread_entries.get(&(key.pid, outermost)) {
+        if let Some(&known) = self.stacks.thread_entries.get(&(key.pid, outermost)) {
             return known;
         }
         // The address before it, so that the last one is symbolized as a
         // return address.
         let tail = &addresses[addresses.len().saturating_sub(2)..];
-        let deferred = self.symbols.deferred();
+        let deferred = self.stacks.symbols.deferred();
         let reaches = self
+            .stacks
             .symbols
             .stack_frames(key.pid, tail)
             .last()
             .is_some_and(is_thread_entry);
-        if self.symbols.deferred() == deferred {
-            self.thread_entries.insert((key.pid, outermost), reaches);
+        if self.stacks.symbols.deferred() == deferred {
+            self.stacks
+                .thread_entries
+                .insert((key.pid, outermost), reaches);
         }
         reaches
     }
@@ -231,7 +238,8 @@ impl Collector {
             return python_reaches_start(&self.frames(key));
         };
         let Some(python) = self
-            .kernel_stacks
+            .stacks
+            .kernel
             .addresses(name)
             .and_then(|stack| super::kernel_stacks::python_tag(stack.addresses))
         else {
@@ -252,11 +260,11 @@ impl Collector {
     /// Stacks whose unwinding stopped early, by reason: copies unwound
     /// here, and distinct frame-pointer stacks (`frame_pointers_...`).
     pub fn unwinding_stops(&self) -> BTreeMap<String, u64> {
-        let mut stops = self.copied.stops();
-        for (reason, count) in self.kernel_stacks.stops() {
+        let mut stops = self.stacks.copied.stops();
+        for (reason, count) in self.stacks.kernel.stops() {
             stops.insert(format!("frame_pointers_{}", reason.name()), *count);
         }
-        let pending = self.kernel_stacks.pending();
+        let pending = self.stacks.kernel.pending();
         if pending > 0 {
             stops.insert("table_pending".to_owned(), pending);
         }

@@ -23,7 +23,7 @@ impl Collector {
     /// copies sent so far are applied.
     pub fn live_blocks(&mut self, pid: u32) -> Result<LiveBlocks> {
         self.start_copy_reader()?;
-        self.copied.flush();
+        self.stacks.copied.flush();
         let maps = self.probes.maps();
         let (entries, mut gone) = maps.live_blocks(pid)?;
         let epoch = maps
@@ -48,7 +48,7 @@ impl Collector {
                 continue;
             }
             let key = if tracer_ebpf::is_copied_stack(entry.stack_id) {
-                match self.copied.block_key(pid, entry.stack_id) {
+                match self.stacks.copied.block_key(pid, entry.stack_id) {
                     Some(key) => key,
                     None => {
                         gone += 1;

@@ -170,18 +170,40 @@ pub fn catch_signals_during_attach() {
     }
 }
 
-/// Probes in place on the targets, and what collection builds from them.
+/// Probes in place on the targets, and what collection builds from them:
+/// the processes watched, what is known of their stacks, the mappings and
+/// Python state read alongside, the pace of the event loop and the cost.
 pub struct Collector {
     probes: Probes,
-    kernel_stacks: KernelStacks,
+    watching: Watching,
+    stacks: Stacks,
+    mappings: MappingTracker,
+    /// Python frames (`--python`).
+    python: python::PythonState,
+    pace: Pace,
+    /// What tracer costs the targets.
+    cost: cost::CostMeter,
+}
+
+/// The processes traced.
+struct Watching {
+    processes: Vec<Watched>,
+    /// `--comm`: the command names followed; processes that exit are then
+    /// forgotten, and collection goes on while none is alive.
+    comms: Option<CommWatch>,
+}
+
+/// What is known of the stacks: their ids in the kernel's tables and
+/// those tables' eviction, the copies unwound here, and their symbolized
+/// frames.
+struct Stacks {
+    kernel: KernelStacks,
     /// What the kernel's stack tables hold, and their eviction.
-    stack_table: StackTable,
+    table: StackTable,
     /// BY_STACK as the last snapshot read it, for its eviction round.
     by_stack: Vec<(tracer_ebpf::ByStackKey, tracer_ebpf::StackTotals)>,
     copied: CopiedStacks,
-    mappings: MappingTracker,
     symbols: Symbols,
-    watched: Vec<Watched>,
     /// The frames of the stacks symbolized so far, each distinct frame
     /// kept once (`frames::Interned`): a stack costs 8 bytes a frame.
     frames: frames::Interned,
@@ -190,19 +212,17 @@ pub struct Collector {
     /// Whether each outermost return address seen is a thread's start, by
     /// process: stacks share them, and there may be 10^5 stacks.
     thread_entries: HashMap<(u32, u64), bool>,
+}
+
+/// When the event loop snapshots and stops, and the events it has yet to
+/// hand out.
+struct Pace {
     schedule: Schedule,
     /// When every probe was in place: time zero of every series.
     attached_at: Instant,
     clock: Option<Clock>,
     queued: VecDeque<Event>,
     stopped: Option<StopReason>,
-    /// `--comm`: the command names followed; processes that exit are then
-    /// forgotten, and collection goes on while none is alive.
-    comm_watch: Option<CommWatch>,
-    /// Python frames (`--python`).
-    python: python::PythonState,
-    /// What tracer costs the targets.
-    cost: cost::CostMeter,
 }
 
 impl Collector {
@@ -216,26 +236,32 @@ impl Collector {
         if probes.copies_any_stacks() {
             copied.activate()?;
         }
-        let stack_table = StackTable::new(probes.stack_capacity());
+        let table = StackTable::new(probes.stack_capacity());
         Ok(Collector {
             probes,
-            kernel_stacks: KernelStacks::default(),
-            stack_table,
-            by_stack: Vec::new(),
-            copied,
+            watching: Watching {
+                processes: Vec::new(),
+                comms: None,
+            },
+            stacks: Stacks {
+                kernel: KernelStacks::default(),
+                table,
+                by_stack: Vec::new(),
+                copied,
+                symbols: Symbols::new(),
+                frames: frames::Interned::default(),
+                apis: HashMap::new(),
+                thread_entries: HashMap::new(),
+            },
             mappings: MappingTracker::new(rings.mapping_events),
-            symbols: Symbols::new(),
-            watched: Vec::new(),
-            frames: frames::Interned::default(),
-            apis: HashMap::new(),
-            thread_entries: HashMap::new(),
-            schedule,
-            attached_at: Instant::now(),
-            clock: None,
-            queued: VecDeque::new(),
-            stopped: None,
-            comm_watch: None,
             python: python::PythonState::default(),
+            pace: Pace {
+                schedule,
+                attached_at: Instant::now(),
+                clock: None,
+                queued: VecDeque::new(),
+                stopped: None,
+            },
             cost: cost::CostMeter::default(),
         })
     }
@@ -243,7 +269,7 @@ impl Collector {
     /// Directories searched for separate debug files before
     /// /usr/lib/debug (`--debug-dir`); set before the first target.
     pub fn set_debug_dirs(&mut self, debug_dirs: Vec<std::path::PathBuf>) {
-        self.symbols.set_debug_dirs(debug_dirs);
+        self.stacks.symbols.set_debug_dirs(debug_dirs);
     }
 
     /// Puts the probes in place on `pid` (started by tracer if `spawned`)
@@ -253,21 +279,21 @@ impl Collector {
         if !spawned {
             self.probes.hold_at_loader(pid)?;
         }
-        if self.schedule.follow_forks {
+        if self.pace.schedule.follow_forks {
             self.probes.follow(pid)?;
         }
-        self.watched.push(Watched::new(pid, spawned));
+        self.watching.processes.push(Watched::new(pid, spawned));
         Ok(())
     }
 
     fn trace(&mut self, pid: u32) -> Result<()> {
         let finding = std::time::Instant::now();
         let python = self.find_python(pid)?;
-        self.probes.times.python += finding.elapsed();
+        self.probes.add_python_time(finding.elapsed());
         self.probes.attach_allocators(pid)?;
         self.probes.trace_mappings(pid)?;
         self.mappings.start(pid);
-        self.symbols.refresh(pid);
+        self.stacks.symbols.refresh(pid);
         self.hook_found_python_objects(pid, python, crate::model::run::NoticedBy::Attach);
         Ok(())
     }
@@ -280,28 +306,28 @@ impl Collector {
         self.probes
             .watch_execs(&targets.names, !targets.patterns.is_empty())?;
         let running = watch.running();
-        self.comm_watch = Some(watch);
+        self.watching.comms = Some(watch);
         Ok(running)
     }
 
     /// Whether processes that exit are forgotten (`--comm`): their stacks
     /// leave the snapshots, and the model should drop them too.
     pub fn forgets_exited(&self) -> bool {
-        self.comm_watch.is_some()
+        self.watching.comms.is_some()
     }
 
     /// Marks the end of the initial attach: time zero of the window.
     pub fn start(&mut self) -> Instant {
-        self.attached_at = Instant::now();
-        self.probes.mark_attached(self.attached_at);
+        self.pace.attached_at = Instant::now();
+        self.probes.mark_attached(self.pace.attached_at);
         // A STATS read that fails now fails the first snapshot, which says so.
         let stats = self.probes.maps().stats().unwrap_or_default();
         self.observe_cost(stats);
-        self.attached_at
+        self.pace.attached_at
     }
 
     pub fn attached_at(&self) -> Instant {
-        self.attached_at
+        self.pace.attached_at
     }
 
     pub fn probes(&self) -> &Probes {
@@ -313,25 +339,29 @@ impl Collector {
     }
 
     pub fn watched(&self) -> &[Watched] {
-        &self.watched
+        &self.watching.processes
     }
 
     pub fn targets(&self) -> Vec<Target> {
-        self.watched.iter().map(|w| w.target.clone()).collect()
+        self.watching
+            .processes
+            .iter()
+            .map(|w| w.target.clone())
+            .collect()
     }
 
     /// The next event; `Stopped` once collection is over, and again after.
     pub async fn next(&mut self) -> Result<Event> {
-        if let Some(event) = self.queued.pop_front() {
+        if let Some(event) = self.pace.queued.pop_front() {
             return Ok(event);
         }
-        if let Some(reason) = self.stopped {
+        if let Some(reason) = self.pace.stopped {
             return Ok(Event::Stopped(reason));
         }
-        let mut clock = match self.clock.take() {
+        let mut clock = match self.pace.clock.take() {
             Some(clock) => clock,
             None => {
-                let clock = Clock::start(&self.schedule, self.attached_at)?;
+                let clock = Clock::start(&self.pace.schedule, self.pace.attached_at)?;
                 // A Ctrl-C or SIGTERM that came during the attach stops
                 // collection now, with a report.
                 match EARLY_SIGNAL.swap(0, Ordering::Relaxed) {
@@ -339,22 +369,22 @@ impl Collector {
                     libc::SIGTERM => self.finish(StopReason::Terminated)?,
                     _ => {}
                 }
-                if !self.queued.is_empty() {
-                    self.clock = Some(clock);
-                    return Ok(self.queued.pop_front().expect("queued"));
+                if !self.pace.queued.is_empty() {
+                    self.pace.clock = Some(clock);
+                    return Ok(self.pace.queued.pop_front().expect("queued"));
                 }
                 clock
             }
         };
         let result = self.wait(&mut clock).await;
-        self.clock = Some(clock);
+        self.pace.clock = Some(clock);
         result?;
-        Ok(self.queued.pop_front().expect("wait queues an event"))
+        Ok(self.pace.queued.pop_front().expect("wait queues an event"))
     }
 
     /// Runs the timers until something is queued.
     async fn wait(&mut self, clock: &mut Clock) -> Result<()> {
-        while self.queued.is_empty() {
+        while self.pace.queued.is_empty() {
             let until_deadline = async {
                 match clock.deadline {
                     Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
@@ -364,14 +394,14 @@ impl Collector {
             let copying = self.probes.copies_any_stacks();
             tokio::select! {
                 _ = clock.snapshot.tick() => {
-                    for pid in live_pids(&self.watched) {
-                        self.symbols.refresh(pid);
+                    for pid in live_pids(&self.watching.processes) {
+                        self.stacks.symbols.refresh(pid);
                     }
                     self.refresh_python();
                     let snapshot = self.snapshot()?;
-                    self.queued.push_back(Event::Snapshot(snapshot));
+                    self.pace.queued.push_back(Event::Snapshot(snapshot));
                     if let Some(line) = self.stack_table_line() {
-                        self.queued.push_back(Event::Detail(line));
+                        self.pace.queued.push_back(Event::Detail(line));
                     }
                 }
                 _ = clock.libraries.tick() => {
@@ -384,11 +414,11 @@ impl Collector {
                 }
                 _ = clock.copies.tick(), if copying => {
                     self.start_copy_reader()?;
-                    self.copied.drain();
+                    self.stacks.copied.drain();
                 }
                 _ = clock.liveness.tick() => {
                     self.watch_targets();
-                    if self.comm_watch.is_none() && self.watched.iter().all(|w| !w.is_alive()) {
+                    if self.watching.comms.is_none() && self.watching.processes.iter().all(|w| !w.is_alive()) {
                         self.finish(StopReason::TargetsExited)?;
                     }
                 }
@@ -406,49 +436,53 @@ impl Collector {
     fn finish(&mut self, reason: StopReason) -> Result<()> {
         self.probes.settle_at_open();
         for note in self.probes.take_lacking_checks(true) {
-            self.queued.push_back(Event::Notice(note));
+            self.pace.queued.push_back(Event::Notice(note));
         }
         self.watch_libraries()?;
         self.resolve_python_stacks();
         self.note_python_threads_missed();
-        for pid in live_pids(&self.watched) {
-            self.symbols.refresh(pid);
+        for pid in live_pids(&self.watching.processes) {
+            self.stacks.symbols.refresh(pid);
         }
         let snapshot = self.snapshot()?;
-        self.queued.push_back(Event::Snapshot(snapshot));
-        self.stopped = Some(reason);
+        self.pace.queued.push_back(Event::Snapshot(snapshot));
+        self.pace.stopped = Some(reason);
         Ok(())
     }
 
     fn elapsed_s(&self) -> f64 {
-        self.attached_at.elapsed().as_secs_f64()
+        self.pace.attached_at.elapsed().as_secs_f64()
     }
 
     /// Hooks the libraries mapped since the last call, then marks the
     /// execs and CUDA context destructions the watch saw.
     fn watch_libraries(&mut self) -> Result<()> {
         let hooked_before = self.probes.library_reports().len();
-        for note in self.probes.watch_libraries(&live_pids(&self.watched)) {
-            self.queued.push_back(Event::Notice(note));
+        for note in self
+            .probes
+            .watch_libraries(&live_pids(&self.watching.processes))
+        {
+            self.pace.queued.push_back(Event::Notice(note));
         }
         for detail in self.probes.poll_unwind_tables()? {
-            self.queued.push_back(Event::Detail(detail));
+            self.pace.queued.push_back(Event::Detail(detail));
         }
         for note in self.probes.take_lacking_checks(false) {
-            self.queued.push_back(Event::Notice(note));
+            self.pace.queued.push_back(Event::Notice(note));
         }
         let hooked = self.probes.library_reports();
         if hooked.len() > hooked_before {
-            self.queued
+            self.pace
+                .queued
                 .push_back(Event::LibrariesHooked(hooked[hooked_before..].to_vec()));
         }
         let after_s = self.elapsed_s();
         for pid in self.probes.take_execs() {
             let executable = self.mark_exec(pid, after_s);
             self.probes.remap_unwinding(pid)?;
-            self.symbols.refresh(pid);
+            self.stacks.symbols.refresh(pid);
             self.look_for_python_after_exec(pid, crate::model::run::NoticedBy::MmapEvent);
-            self.queued.push_back(Event::Exec {
+            self.pace.queued.push_back(Event::Exec {
                 pid,
                 executable,
                 after_s,
@@ -456,7 +490,8 @@ impl Collector {
         }
         for destroyed in self.probes.take_context_destroys() {
             let Some(watched) = self
-                .watched
+                .watching
+                .processes
                 .iter_mut()
                 .position(|watched| watched.target.pid == destroyed.tgid)
             else {
@@ -468,10 +503,10 @@ impl Collector {
             let marked = contexts::mark_destroyed(
                 &entries,
                 &destroyed,
-                self.attached_at,
-                &mut self.watched[watched].target,
+                self.pace.attached_at,
+                &mut self.watching.processes[watched].target,
             );
-            self.queued.push_back(Event::ContextDestroyed {
+            self.pace.queued.push_back(Event::ContextDestroyed {
                 pid: destroyed.tgid,
                 after_s: marked.after_s,
             });
@@ -482,7 +517,12 @@ impl Collector {
     /// Marks the spawned target `pid` as stopped by the loader gate
     /// whenever its loader mapped new objects (see `attach::spawn`).
     pub fn gate(&mut self, pid: u32) {
-        if let Some(watched) = self.watched.iter_mut().find(|w| w.target.pid == pid) {
+        if let Some(watched) = self
+            .watching
+            .processes
+            .iter_mut()
+            .find(|w| w.target.pid == pid)
+        {
             watched.gated = true;
         }
     }
@@ -492,8 +532,8 @@ impl Collector {
     /// on; those that exited are reaped (their exit is noted by
     /// `watch_targets`).
     fn poll_spawned(&mut self) -> Result<()> {
-        for index in 0..self.watched.len() {
-            let watched = &mut self.watched[index];
+        for index in 0..self.watching.processes.len() {
+            let watched = &mut self.watching.processes[index];
             if !watched.spawned || watched.exit.is_some() {
                 continue;
             }
@@ -504,21 +544,22 @@ impl Collector {
                     // An exec since the last drain is marked first, and the
                     // copies taken before the new objects are unwound first.
                     self.watch_libraries()?;
-                    self.copied.remap(pid);
+                    self.stacks.copied.remap(pid);
                     // The mapping calls made so far are applied; the break
                     // is read again (a new image starts a new one).
                     self.drain_mappings()?;
                     self.mappings.start(pid);
                     let hooked_before = self.probes.library_reports().len();
                     for note in self.probes.hook_mapped_now(pid) {
-                        self.queued.push_back(Event::Notice(note));
+                        self.pace.queued.push_back(Event::Notice(note));
                     }
                     let hooked = self.probes.library_reports();
                     if hooked.len() > hooked_before {
-                        self.queued
+                        self.pace
+                            .queued
                             .push_back(Event::LibrariesHooked(hooked[hooked_before..].to_vec()));
                     }
-                    self.symbols.refresh(pid);
+                    self.stacks.symbols.refresh(pid);
                     self.look_for_python_after_exec(pid, crate::model::run::NoticedBy::LoaderStop);
                     spawn::resume(pid);
                 }
@@ -535,7 +576,12 @@ impl Collector {
     /// the exec's record is read from their ring, after the old image's
     /// last. Returns the new image's executable.
     fn mark_exec(&mut self, pid: u32, after_s: f64) -> String {
-        if let Some(watched) = self.watched.iter_mut().find(|w| w.target.pid == pid) {
+        if let Some(watched) = self
+            .watching
+            .processes
+            .iter_mut()
+            .find(|w| w.target.pid == pid)
+        {
             watched.target.execs_after_s.push(after_s);
             watched.target.command = procfs::command_line(pid);
         }
@@ -546,7 +592,7 @@ impl Collector {
     }
 
     fn notice(&mut self, line: String) {
-        self.queued.push_back(Event::Notice(line));
+        self.pace.queued.push_back(Event::Notice(line));
     }
 
     /// The objects hooked so far, as the report lists them.

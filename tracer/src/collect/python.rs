@@ -109,7 +109,7 @@ impl Collector {
             Ok(hooks) => {
                 self.python.objects_hooked.push(pid);
                 if let Some(size) = hooks.inlined_bytes {
-                    self.queued.push_back(Event::Notice(format!(
+                    self.pace.queued.push_back(Event::Notice(format!(
                         "warning: PID {pid}: --python-objects: {} inlines CPython's allocator \
                          into its callers (an LTO build: PyObject_Malloc is {size} bytes, not a \
                          jump): most objects are allocated without a call tracer sees, and show \
@@ -120,7 +120,7 @@ impl Collector {
                     )));
                 }
             }
-            Err(error) => self.queued.push_back(Event::Notice(format!(
+            Err(error) => self.pace.queued.push_back(Event::Notice(format!(
                 "warning: PID {pid}: --python-objects: CPython's allocator not hooked: {error:#}"
             ))),
         }
@@ -138,7 +138,7 @@ impl Collector {
             .filter(|tid| !threads.iter().any(|(now, _)| now == tid))
             .collect();
         if let Err(error) = self.probes.set_python_threads(&threads, &gone) {
-            self.queued.push_back(Event::Notice(format!(
+            self.pace.queued.push_back(Event::Notice(format!(
                 "warning: PID {pid}: Python thread states not updated: {error:#}"
             )));
         }
@@ -165,7 +165,7 @@ impl Collector {
             return;
         }
         let allocations: u64 = missed.iter().map(|(_, allocations)| allocations).sum();
-        self.queued.push_back(Event::Notice(format!(
+        self.pace.queued.push_back(Event::Notice(format!(
             "{} Python thread(s) had {allocations} allocation(s) with native frames only: \
              their thread state was not found then",
             missed.len()
@@ -177,7 +177,7 @@ impl Collector {
     /// (programs embedding Python `dlopen` it).
     pub(super) fn refresh_python(&mut self) {
         if self.python.mode != PythonMode::Off {
-            for pid in super::live_pids(&self.watched) {
+            for pid in super::live_pids(&self.watching.processes) {
                 if self.python.stacks.interpreter(pid).is_some()
                     || self.python.looked_again.contains(&pid)
                     || self
@@ -227,7 +227,7 @@ impl Collector {
         let started = self.start_python(pid, noticed_by);
         self.python.mode = mode;
         if let Err(error) = started {
-            self.queued.push_back(Event::Notice(format!(
+            self.pace.queued.push_back(Event::Notice(format!(
                 "warning: PID {pid}: no Python frames: {error:#}"
             )));
         } else if let Some(interpreter) = self.python.stacks.interpreter(pid) {
@@ -236,7 +236,7 @@ impl Collector {
                 interpreter.version_text(),
                 interpreter.object.display()
             );
-            self.queued.push_back(Event::Notice(note));
+            self.pace.queued.push_back(Event::Notice(note));
         }
     }
 

@@ -206,16 +206,16 @@ impl Collector {
     /// The name kernel stack `id` of `pid` stands for (`Lost` when the
     /// kernel no longer has its frames), learning the id.
     pub(super) fn kernel_name(&mut self, pid: u32, id: u32) -> StackId {
-        if let Some(name) = self.kernel_stacks.name_of(pid, id) {
+        if let Some(name) = self.stacks.kernel.name_of(pid, id) {
             return StackId::Kernel(name);
         }
-        let Some(frames) = self.stack_table.read(&mut self.probes.stack_maps(), id) else {
+        let Some(frames) = self.stacks.table.read(&mut self.probes.stack_maps(), id) else {
             return StackId::Lost;
         };
-        let Some(name) = self.kernel_stacks.name(pid, id, || frames) else {
+        let Some(name) = self.stacks.kernel.name(pid, id, || frames) else {
             return StackId::Lost;
         };
-        if let Some(held) = self.stack_table.ids.get_mut(&id) {
+        if let Some(held) = self.stacks.table.ids.get_mut(&id) {
             held.pids.push(pid);
         }
         StackId::Kernel(name)
@@ -233,7 +233,7 @@ impl Collector {
                 continue;
             };
             self.python.stacks.resolve(stack.tgid, id, &stack);
-            self.stack_table.learn_python(&mut maps, id);
+            self.stacks.table.learn_python(&mut maps, id);
         }
     }
 
@@ -245,7 +245,7 @@ impl Collector {
             && stack.tgid == pid
         {
             self.python.stacks.resolve(pid, id, &stack);
-            self.stack_table.learn_python(&mut maps, id);
+            self.stacks.table.learn_python(&mut maps, id);
         }
     }
 
@@ -258,15 +258,15 @@ impl Collector {
         by_stack: &[(tracer_ebpf::ByStackKey, StackTotals)],
         held_by_calls: &HashSet<u32>,
     ) -> Result<Vec<Retired>> {
-        self.stack_table.round += 1;
-        let round = self.stack_table.round;
+        self.stacks.table.round += 1;
+        let round = self.stacks.table.round;
         let now = by_id(by_stack);
         for &id in held_by_calls {
-            if !self.stack_table.ids.contains_key(&id) {
-                self.stack_table.read(&mut self.probes.stack_maps(), id);
+            if !self.stacks.table.ids.contains_key(&id) {
+                self.stacks.table.read(&mut self.probes.stack_maps(), id);
             }
         }
-        for (id, held) in &mut self.stack_table.ids {
+        for (id, held) in &mut self.stacks.table.ids {
             if let Some(now) = now.get(id)
                 && now.allocs != held.allocs
             {
@@ -277,7 +277,8 @@ impl Collector {
         let holds =
             |id: &u32| now.get(id).is_some_and(|now| now.live) || held_by_calls.contains(id);
         let mut evicted: HashMap<u32, Vec<(tracer_ebpf::ByStackKey, StackTotals)>> = self
-            .stack_table
+            .stacks
+            .table
             .ids
             .iter()
             .filter(|(id, held)| held.unlinked.is_some_and(|u| u.waited(round)) && !holds(id))
@@ -306,7 +307,7 @@ impl Collector {
     ) -> Result<()> {
         for &(key, totals) in entries {
             if let (Some(name), Some(kind)) = (
-                self.kernel_stacks.name_of(key.tgid, id),
+                self.stacks.kernel.name_of(key.tgid, id),
                 Kind::from_raw(key.kind),
             ) {
                 let counters = Counters {
@@ -315,32 +316,33 @@ impl Collector {
                     alloc_bytes_total: totals.alloc_bytes,
                     alloc_count_total: totals.alloc_count,
                 };
-                self.kernel_stacks.fold(name, kind, counters);
+                self.stacks.kernel.fold(name, kind, counters);
             }
         }
         let keys: Vec<tracer_ebpf::ByStackKey> = entries.iter().map(|(key, _)| *key).collect();
         self.probes.stack_maps().evict_stack(id, &keys)?;
         let held = self
-            .stack_table
+            .stacks
+            .table
             .ids
             .remove(&id)
             .expect("evicting a held id");
         for pid in held.pids {
-            self.kernel_stacks.evicted(pid, id);
+            self.stacks.kernel.evicted(pid, id);
         }
         if let Some(python) = held.python
-            && let Some(held_python) = self.stack_table.python.get_mut(&python)
+            && let Some(held_python) = self.stacks.table.python.get_mut(&python)
         {
             held_python.stack_ids -= 1;
         }
-        self.stack_table.evicted += 1;
+        self.stacks.table.evicted += 1;
         Ok(())
     }
 
     /// Over half the table linked: unlinks the ids holding nothing that
     /// allocated least recently, down to half.
     fn unlink_stacks(&mut self, round: u64, holds: &dyn Fn(&u32) -> bool) -> Result<()> {
-        let table = &mut self.stack_table;
+        let table = &mut self.stacks.table;
         let linked = table
             .ids
             .values()
@@ -372,16 +374,17 @@ impl Collector {
     /// unlinked long enough that still none does.
     fn evict_python_stacks(&mut self, round: u64) -> Result<()> {
         let pinned: HashSet<u32> = self
+            .stacks
             .copied
             .python_stacks()
             .chain(self.mappings.python_stacks())
             .collect();
         let carried = |id: &u32, held: &HeldPython| {
-            held.stack_ids > 0 || self.kernel_stacks.names_python_stack(*id) || pinned.contains(id)
+            held.stack_ids > 0 || self.stacks.kernel.names_python_stack(*id) || pinned.contains(id)
         };
         let mut evict = Vec::new();
         let mut unlink = Vec::new();
-        for (&id, held) in &self.stack_table.python {
+        for (&id, held) in &self.stacks.table.python {
             if carried(&id, held) {
                 continue;
             }
@@ -394,15 +397,15 @@ impl Collector {
         let mut maps = self.probes.stack_maps();
         let at = Instant::now();
         for id in unlink {
-            let held = self.stack_table.python.get_mut(&id).expect("listed");
+            let held = self.stacks.table.python.get_mut(&id).expect("listed");
             maps.unlink(true, held.hash, id)?;
             held.unlinked = Some(Unlinked { round, at });
         }
         for id in evict {
             maps.evict_python_stack(id)?;
-            let held = self.stack_table.python.remove(&id).expect("listed");
+            let held = self.stacks.table.python.remove(&id).expect("listed");
             self.python.stacks.forget(held.pid, id);
-            self.stack_table.python_evicted += 1;
+            self.stacks.table.python_evicted += 1;
         }
         Ok(())
     }
@@ -413,9 +416,9 @@ impl Collector {
     /// forgotten at once.
     fn retired(&mut self) -> Vec<Retired> {
         let mut retired = Vec::new();
-        for (pid, name, kinds) in self.kernel_stacks.take_dead() {
+        for (pid, name, kinds) in self.stacks.kernel.take_dead() {
             if kinds.is_empty() {
-                self.kernel_stacks.forget(name);
+                self.stacks.kernel.forget(name);
                 continue;
             }
             for kind in kinds {
@@ -434,7 +437,7 @@ impl Collector {
     /// Every `TABLE_LINE_EVERY` rounds, a line for `-v`: what the stack
     /// tables and the names hold, and what was evicted.
     pub(super) fn stack_table_line(&self) -> Option<String> {
-        let table = &self.stack_table;
+        let table = &self.stacks.table;
         if !table.round.is_multiple_of(TABLE_LINE_EVERY) {
             return None;
         }
@@ -443,7 +446,7 @@ impl Collector {
             .values()
             .filter(|id| id.unlinked.is_some())
             .count();
-        let (names, pairs) = self.kernel_stacks.counts();
+        let (names, pairs) = self.stacks.kernel.counts();
         Some(format!(
             "stack table: {} of {} ids held ({unlinked} unlinked), {} Python stacks; \
              {names} stacks named ({pairs} ids named); evicted {} stacks, {} Python stacks",
@@ -461,10 +464,10 @@ impl Collector {
     pub fn forget_stacks(&mut self, keys: &[StackKey]) {
         for key in keys {
             if let StackId::Kernel(name) = key.stack_id {
-                self.kernel_stacks.forget(name);
+                self.stacks.kernel.forget(name);
             }
-            self.frames.forget_stack(key);
-            self.apis.remove(key);
+            self.stacks.frames.forget_stack(key);
+            self.stacks.apis.remove(key);
         }
     }
 }

@@ -29,7 +29,9 @@ pub(super) fn attach(config: &Config) -> Result<Collector> {
     let mut collector = Collector::new(probes, rings, config.schedule)?;
     // While the targets are attached: what a trap costs here.
     collector.probes_mut().measure_traps();
-    collector.probes_mut().pause_at_loader = probing.loader_pause;
+    collector
+        .probes_mut()
+        .set_loader_pause(probing.loader_pause);
     collector.set_debug_dirs(probing.debug_dirs.clone());
     collector.set_python(probing.python);
     if config.schedule.follow_forks {
@@ -89,7 +91,7 @@ pub(super) fn attach(config: &Config) -> Result<Collector> {
     for (pid, why) in collector.python_unsupported() {
         eprintln!("tracer: PID {pid}: no Python frames: {why}; native frames only");
     }
-    for (pid, objects) in &probes.copying_stacks_of {
+    for (pid, objects) in probes.copying_stacks_of() {
         eprintln!(
             "tracer: PID {pid}: no frame pointers in {}: its stacks are copied and unwound \
              with DWARF (a Go program that calls C, or --unwind copy)",

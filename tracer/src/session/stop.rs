@@ -78,7 +78,7 @@ pub(super) fn end_spawned(collector: Collector, reason: StopReason, leave_runnin
 /// What the holds for unwinds through return-probed frames (`attach::
 /// exceptions`) cost the targets, when there were any.
 pub(super) fn exception_holds(collector: &Collector) -> Option<String> {
-    let (holds, longest) = collector.probes().exceptions.as_ref()?.holds();
+    let (holds, longest) = collector.probes().exceptions()?.holds();
     (holds > 0).then(|| {
         format!(
             "{holds} C++ unwinds through return-probed frames held their process while \
