@@ -2,8 +2,9 @@
 //! import against the layers in any of the three crates
 //! (scripts/module-graph.py), and a run's config, with its parts, comes
 //! back up to a higher layer at most 3 times on its way down from
-//! `record::run` (scripts/config-flow.py). `cargo xtask lint` runs the same
-//! checks.
+//! `record::run` (scripts/config-flow.py), and no struct holds more than
+//! 10 fields without a reason at its definition (scripts/wide-types.py).
+//! `cargo xtask lint` runs the same checks.
 
 use std::{path::PathBuf, process::Command};
 
@@ -43,4 +44,10 @@ fn the_config_goes_down_and_comes_back_up_at_most_three_times() {
         .unwrap_or_else(|| panic!("no count in:\n{out}"));
     assert!(returns <= 3, "{out}");
     assert!(out.starts_with("record -> session"), "{out}");
+}
+
+#[test]
+fn every_struct_of_more_than_ten_fields_says_why() {
+    let out = run_script("wide-types.py", &["--check"]);
+    assert!(out.contains("wide types without a reason: 0"), "{out}");
 }

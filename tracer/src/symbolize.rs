@@ -190,6 +190,10 @@ impl Module {
 }
 
 /// Symbolizer for every target, with a cache per (pid, address).
+///
+/// Wide: the symbolizer's state for every process it serves (its worker, the
+/// addresses asked and cached, mappings, files, perf maps, debug dirs, the
+/// final wait's accounting): one owner, so each address is symbolized once.
 pub struct Symbols {
     /// blazesym's thread; None when it could not be started (every frame
     /// is then its module and offset).

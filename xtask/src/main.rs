@@ -334,5 +334,13 @@ fn lint(shell: &Shell, root: &std::path::Path) -> Result<()> {
             .arg(root.join("scripts/config-flow.py"))
             .args(["--parts", "--check", "3"])
             .current_dir(root),
+    )?;
+    // No struct of more than 10 fields without a written reason.
+    shell.run(
+        shell
+            .cmd("python3")
+            .arg(root.join("scripts/wide-types.py"))
+            .arg("--check")
+            .current_dir(root),
     )
 }

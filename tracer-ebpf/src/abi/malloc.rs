@@ -18,6 +18,9 @@ pub mod call {
 /// entry probe to its return probe, and the thread's sampling state. Calls
 /// nested inside it (an allocator calling another exported allocator
 /// function) only move `depth`.
+///
+/// Wide: the per-thread state of one allocator call and of sampling, one
+/// map value that each program reads in one lookup.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pending {

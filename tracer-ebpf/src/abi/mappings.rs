@@ -12,6 +12,9 @@ pub mod mapping_call {
 
 /// Byte offsets of the tracepoint fields the mapping programs read, from
 /// `/sys/kernel/tracing/events/syscalls/*/format` (set at load time).
+///
+/// Wide: the tracepoints' field offsets read from tracefs, one per field the
+/// programs read.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SyscallFieldOffsets {
@@ -41,6 +44,9 @@ pub struct SyscallFieldOffsets {
 /// One successful mapping call of a target, sent to userspace through the
 /// MAPPING_EVENTS ring buffer (without waking it: userspace drains it on a
 /// timer). The arguments are the syscall's, as it was entered.
+///
+/// Wide: the record the mapping programs write to their ring for userspace
+/// (one layout for both sides).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MappingEvent {

@@ -91,6 +91,9 @@ impl Default for PythonStack {
 
 /// Where one CPython version keeps a thread's frames (byte offsets), a
 /// value of PYTHON_OFFSETS by process id.
+///
+/// Wide: the CPython offsets the kernel's Python walk reads, one per field
+/// (one layout for both sides).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonOffsets {

@@ -88,6 +88,8 @@ pub const STACK_PAGE_BYTES: u64 = 4096;
 /// A new block with its user stack copied at the allocator's return: the
 /// registers the unwinder starts from and the stack pages from the one the
 /// stack pointer is in, upwards. The pages follow this header.
+///
+/// Wide: the ring record of a copied stack (one layout for both sides).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StackCopy {

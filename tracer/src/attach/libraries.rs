@@ -93,16 +93,12 @@ impl HookedLibrary {
 /// The kernel side of the watch (tracepoint, event ring, traced tgids) and
 /// what userspace has already looked at.
 pub struct LibraryWatch {
-    events: RingBuf<MapData>,
-    traced_tgids: KernelHashMap<MapData, u32, u32>,
+    kernel: KernelWatch,
     /// Executable files already looked up, per process.
     seen: HashSet<(u32, PathBuf)>,
     /// Processes whose mappings are to be read, from when, and why.
     rescans: HashMap<u32, (Instant, NoticedBy)>,
-    /// Processes that replaced their image since the last `take_execs`.
-    execs: Vec<u32>,
-    /// CUDA contexts destroyed since the last `take_context_destroys`.
-    context_destroys: Vec<RareEvent>,
+    noticed: Noticed,
     next_poll: Instant,
     /// When every initial probe was in place: time zero of the report.
     attached_at: Option<Instant>,
@@ -111,27 +107,49 @@ pub struct LibraryWatch {
     /// Per process: whether its unwinder is probed, and the functions
     /// that can throw waiting for it.
     pub(super) throwing: ThrowingReturns,
-    /// The thread that hooks libraries at open (with uprobe_multi links).
-    at_open: Option<AtOpen>,
+    open: OpenWatch,
+    /// LOADER_HELD, until the watchdog takes it.
+    pub(super) loader_held: Option<std::os::fd::OwnedFd>,
+}
+
+/// The watch's maps: the ring of mmaps of executable files and execs
+/// (EVENTS), and the processes watched (TRACED_TGIDS).
+struct KernelWatch {
+    events: RingBuf<MapData>,
+    traced_tgids: KernelHashMap<MapData, u32, u32>,
+}
+
+/// What the watch noticed and has yet to hand out.
+#[derive(Default)]
+struct Noticed {
+    /// Processes that replaced their image since the last `take_execs`.
+    execs: Vec<u32>,
+    /// CUDA contexts destroyed since the last `take_context_destroys`.
+    context_destroys: Vec<RareEvent>,
+}
+
+/// Hooking at open (with uprobe_multi links): its thread, and how far it
+/// got per process.
+struct OpenWatch {
+    /// The thread that hooks libraries at open.
+    thread: Option<AtOpen>,
     /// Per process: the shared objects it opened (LOADS_OPENED), and how
     /// many of them the at-open thread has looked at.
-    loads_opened: KernelHashMap<MapData, u32, u64>,
+    loads: KernelHashMap<MapData, u32, u64>,
     looked_at: LookedAt,
     /// Per process: since when its late hook waits for the at-open thread.
     behind_since: HashMap<u32, Instant>,
-    /// LOADER_HELD, until the watchdog takes it.
-    pub(super) loader_held: Option<std::os::fd::OwnedFd>,
 }
 
 impl LibraryWatch {
     /// Stops watching `pid`, which exited (see `Probes::forget`).
     pub fn forget(&mut self, pid: u32) {
-        let _ = self.traced_tgids.remove(&pid);
+        let _ = self.kernel.traced_tgids.remove(&pid);
         self.seen.retain(|(seen_pid, _)| *seen_pid != pid);
         self.files.forget(pid);
         self.throwing.forget(pid);
         self.rescans.remove(&pid);
-        self.behind_since.remove(&pid);
+        self.open.behind_since.remove(&pid);
     }
 
     /// Attaches the mmap and exec tracepoints (adding their links to
@@ -202,20 +220,23 @@ impl LibraryWatch {
             None => None,
         };
         Ok(LibraryWatch {
-            events,
-            traced_tgids,
+            kernel: KernelWatch {
+                events,
+                traced_tgids,
+            },
             seen: HashSet::new(),
             rescans: HashMap::new(),
-            execs: Vec::new(),
-            context_destroys: Vec::new(),
+            noticed: Noticed::default(),
             next_poll: Instant::now() + POLL_EVERY,
             attached_at: None,
             files,
             throwing,
-            at_open,
-            loads_opened,
-            looked_at,
-            behind_since: HashMap::new(),
+            open: OpenWatch {
+                thread: at_open,
+                loads: loads_opened,
+                looked_at,
+                behind_since: HashMap::new(),
+            },
             loader_held: Some(loader_held),
         })
     }
@@ -229,17 +250,21 @@ impl LibraryWatch {
     /// would leave the process to run on before its probes are in place.
     /// After `BEHIND_AT_MOST`, it goes ahead, with a line in `notes`.
     fn behind_at_open(&mut self, pid: u32, notes: &mut Vec<String>) -> bool {
-        if self.at_open.is_none() {
+        if self.open.thread.is_none() {
             return false;
         }
-        let opened = self.loads_opened.get(&pid, 0).unwrap_or(0);
-        if self.looked_at.of(pid) >= opened {
-            self.behind_since.remove(&pid);
+        let opened = self.open.loads.get(&pid, 0).unwrap_or(0);
+        if self.open.looked_at.of(pid) >= opened {
+            self.open.behind_since.remove(&pid);
             return false;
         }
-        let since = *self.behind_since.entry(pid).or_insert_with(Instant::now);
+        let since = *self
+            .open
+            .behind_since
+            .entry(pid)
+            .or_insert_with(Instant::now);
         if since.elapsed() >= BEHIND_AT_MOST {
-            self.behind_since.remove(&pid);
+            self.open.behind_since.remove(&pid);
             notes.push(format!(
                 "warning: PID {pid}: the at-open thread is {} ms behind the libraries it \
                  opened: those it maps are hooked as their mappings are noticed",
@@ -252,7 +277,8 @@ impl LibraryWatch {
 
     /// Watches `pid`, whose executable files in `maps` are looked up already.
     pub fn trace(&mut self, pid: u32, maps: &[Mapping]) -> Result<()> {
-        self.traced_tgids
+        self.kernel
+            .traced_tgids
             .insert(pid, 0, 0)
             .with_context(|| format!("could not watch PID {pid} for new libraries"))?;
         self.seen
@@ -264,14 +290,14 @@ impl LibraryWatch {
     /// due to be read now.
     fn due(&mut self, pids: &[u32]) -> Vec<(u32, NoticedBy)> {
         let now = Instant::now();
-        while let Some(item) = self.events.next() {
+        while let Some(item) = self.kernel.events.next() {
             if item.len() < size_of::<RareEvent>() {
                 continue;
             }
             // SAFETY: the kernel wrote an `RareEvent` (plain integers) there.
             let message: RareEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             if message.what == event::EXEC && pids.contains(&message.tgid) {
-                self.execs.push(message.tgid);
+                self.noticed.execs.push(message.tgid);
                 // Probes stay on the files already hooked (they are keyed by
                 // file and process, and the process survives exec); the new
                 // image's other files are looked up.
@@ -280,7 +306,7 @@ impl LibraryWatch {
             }
             if message.what == event::GPU_CONTEXT_DESTROYED {
                 // Also of a target that exited since: its report says it.
-                self.context_destroys.push(message);
+                self.noticed.context_destroys.push(message);
             }
             if message.what == event::EXEC_MAPPED && pids.contains(&message.tgid) {
                 self.rescans
@@ -315,7 +341,7 @@ impl Probes {
     /// no longer maps the unwinder probed before is no longer counted as
     /// probed.
     pub fn take_execs(&mut self) -> Vec<u32> {
-        let execs = std::mem::take(&mut self.watch.execs);
+        let execs = std::mem::take(&mut self.watch.noticed.execs);
         for &pid in &execs {
             let mapped: Vec<PathBuf> = procfs::read_maps(pid)
                 .map(|maps| maps.into_iter().map(|mapping| mapping.path).collect())
@@ -329,7 +355,7 @@ impl Probes {
     /// kernel's time and the context epoch that ended) since the last call,
     /// as seen by the last `watch_libraries`.
     pub fn take_context_destroys(&mut self) -> Vec<RareEvent> {
-        std::mem::take(&mut self.watch.context_destroys)
+        std::mem::take(&mut self.watch.noticed.context_destroys)
     }
 
     /// Marks the end of the initial attach: libraries hooked later are
@@ -365,7 +391,8 @@ impl Probes {
         let mut notes = Vec::new();
         let news = self
             .watch
-            .at_open
+            .open
+            .thread
             .as_ref()
             .map(AtOpen::take)
             .unwrap_or_default();
@@ -422,7 +449,7 @@ impl Probes {
     /// Waits (at most 200 ms) for the libraries being hooked at open, so
     /// that the last `watch_libraries` reports them.
     pub fn settle_at_open(&self) {
-        if let Some(at_open) = &self.watch.at_open {
+        if let Some(at_open) = &self.watch.open.thread {
             at_open.settle();
         }
     }
@@ -430,7 +457,7 @@ impl Probes {
     /// Whether libraries are hooked at open (and a process can be held at
     /// the loader gate until they are).
     pub fn hooks_at_open(&self) -> bool {
-        self.watch.at_open.is_some()
+        self.watch.open.thread.is_some()
     }
 
     /// Takes in the probes the at-open thread attached; returns the lines

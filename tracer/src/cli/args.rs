@@ -217,6 +217,9 @@ enum FloorSitesArg {
 }
 
 /// What to trace, shared by every verb that traces.
+///
+/// Wide: one field per command-line flag of the verbs that trace (clap derives
+/// the parser from it).
 #[derive(Debug, Args)]
 struct TargetArgs {
     #[command(flatten)]

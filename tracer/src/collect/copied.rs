@@ -47,6 +47,9 @@ struct Block {
     context_epoch: u32,
 }
 
+/// Wide: the copy path's bookkeeping (copies unwound, their ids, the blocks
+/// they hold, frees and restores that came early, stops, counters): maps keyed
+/// differently, all updated together per copy.
 pub struct CopiedStacks {
     /// The STACK_COPIES and COPY_FREES maps until a process needs copies:
     /// mapping the ring into tracer costs its size in resident memory.

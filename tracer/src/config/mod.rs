@@ -102,6 +102,8 @@ pub enum ReportFormat {
 }
 
 /// Everything `tracer report` needs, from the command line.
+///
+/// Wide: one field per flag of `tracer report`.
 #[derive(Clone, Debug)]
 pub struct ReportConfig {
     pub recording_path: PathBuf,

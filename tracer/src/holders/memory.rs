@@ -156,6 +156,8 @@ const SCAN_RANGES: usize = 512;
 const PAGE_BYTES: u64 = 4096;
 
 /// `struct pm_scan_arg` (include/uapi/linux/fs.h).
+///
+/// Wide: the kernel's `struct pm_scan_arg` (PAGEMAP_SCAN), field for field.
 #[repr(C)]
 #[derive(Default)]
 struct PmScanArg {

@@ -223,6 +223,8 @@ pub struct CostInputs<'a> {
 
 /// What tracer added to its targets over a window, as the report and the
 /// status line give it.
+///
+/// Wide: the JSON report's `cost` object, one field per key.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Cost {
     /// The traced processes the estimate is for (together: the programs

@@ -7,6 +7,9 @@
 //! fast, how straight), read by the plot and the scripts.
 
 /// Evidence about one stack's growth over the window, and the verdict.
+///
+/// Wide: the JSON report's `growth` object (a verdict's evidence), one field
+/// per key.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Growth {
     /// Least-squares slope of live bytes over the whole window.

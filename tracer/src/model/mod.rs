@@ -373,6 +373,10 @@ struct StackState {
 }
 
 /// Everything known about the traced processes, built from the snapshots.
+///
+/// Wide: one run's folded series (per stack, per kind, per process: RSS, CPU
+/// time, allocation calls), its clock and counters and the stacks folded away,
+/// all pushed together per snapshot.
 #[derive(Clone, Debug)]
 pub struct Model {
     stacks: HashMap<StackKey, StackState>,

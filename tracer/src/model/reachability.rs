@@ -106,6 +106,8 @@ pub struct Registry {
 }
 
 /// What one scan of a process read and found, and what it cost.
+///
+/// Wide: the JSON report's `holders_scans[]` entry, one field per key.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct HoldersScan {
     pub pid: u32,
@@ -183,6 +185,8 @@ pub struct HoldersScan {
 
 /// What the parse of a target's heap found: glibc malloc's arenas and
 /// chunks, in use and free, and the chunks it mapped on their own.
+///
+/// Wide: the JSON report's heap-parse figures, one field per key.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct HeapParse {
     /// e.g. "glibc 2.36 (main_arena by debug symbols)"; empty when not

@@ -14,6 +14,9 @@
 use tracer_ebpf::PythonOffsets;
 
 /// One version's offsets.
+///
+/// Wide: CPython's struct offsets for one version, one field per offset the
+/// walk reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VersionLayout {
     /// (major, minor) this layout is for.

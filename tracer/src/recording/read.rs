@@ -257,6 +257,8 @@ pub fn parse_from(mut source: impl Read, name: &str) -> Result<Recording> {
 }
 
 /// Collects records and checks that they fit together.
+///
+/// Wide: one field per kind of record of the recording being read back.
 #[derive(Default)]
 struct Builder {
     metadata: Option<Metadata>,

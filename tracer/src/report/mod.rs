@@ -33,6 +33,8 @@ use crate::{config::ReportLayout, model::Wrappers};
 use evidence::evidence_line;
 
 /// Everything a report shows, in the shape of its JSON form.
+///
+/// Wide: the JSON report, one field per key.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Report {
     pub tracer_version: String,
@@ -170,6 +172,8 @@ impl MemoryReconciliation {
 }
 
 /// One ranked stack.
+///
+/// Wide: the JSON report's stack entry, one field per key.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StackReport {
     /// 1-based.

@@ -77,6 +77,10 @@ const PAGE_BYTES: u64 = 4096;
 
 /// What framehop needs from one object, and how its file offsets map to
 /// its addresses.
+///
+/// Wide: what one ELF object tells the unwinder (its mapping, segments, text,
+/// the three unwind sections, functions, build id, Go's text), read once per
+/// file.
 pub struct ObjectInfo {
     map: Arc<Mmap>,
     segments: Vec<Segment>,

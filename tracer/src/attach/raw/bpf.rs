@@ -44,6 +44,8 @@ struct BtfLoadAttr {
 }
 
 /// `union bpf_attr` for BPF_PROG_LOAD, up to `func_info_cnt`.
+///
+/// Wide: the kernel's `union bpf_attr` for BPF_PROG_LOAD, field for field.
 #[repr(C)]
 #[derive(Default)]
 struct ProgLoadAttr {
@@ -66,6 +68,9 @@ struct ProgLoadAttr {
 }
 
 /// `union bpf_attr` for BPF_LINK_CREATE of a uprobe_multi link.
+///
+/// Wide: the kernel's `union bpf_attr` for BPF_LINK_CREATE of uprobe_multi,
+/// field for field.
 #[repr(C)]
 #[derive(Default)]
 pub(super) struct UprobeMultiLinkAttr {
