@@ -170,7 +170,7 @@ RANKS = {
         "session": 70,
         "report": 65,
         "collect": 60,
-        "python": 55, "perf_map": 55,
+        "python": 55,
         "attach": 50,
         "unwind": 45,
         "holders": 40,
@@ -198,9 +198,7 @@ PROGRAMS = {
 DISPATCHERS = {"tracer-ebpf/src": {"exits"}}
 # Edges against the layers that exist today (a -> b); the redesign removes them.
 ALLOWED = {
-    "tracer/src": {
-        ("symbolize", "perf_map"),
-    },
+    "tracer/src": set(),
 }
 
 

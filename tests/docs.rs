@@ -33,6 +33,8 @@ const FOREIGN: &[(&str, &[&str])] = &[
     ("--profile", &["kubectl debug"]),
     ("--image", &["kubectl debug"]),
     ("--target", &["kubectl debug"]),
+    ("--parts", &["config-flow"]),
+    ("--check", &["config-flow", "module-graph", "wide-types"]),
 ];
 /// Lines either side of a foreign flag searched for its program's name.
 const FOREIGN_WINDOW: usize = 3;

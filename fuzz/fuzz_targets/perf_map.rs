@@ -3,7 +3,7 @@
 //! appends: the first piece, then the rest).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tracer::perf_map::PerfMaps;
+use tracer::symbolize::perf_map::PerfMaps;
 
 fuzz_target!(|data: &[u8]| {
     let mut fields = tracer_fuzz::Fields::new(data);

@@ -13,7 +13,7 @@
 //! `free_live` asks only about the image (LAST_EXEC_NS spares the lookup
 //! for blocks newer than every exec).
 //!
-//! Copied-stack blocks (`--unwind dwarf`) are counted by userspace instead
+//! Copied-stack blocks (`--unwind copy`) are counted by userspace instead
 //! of in BY_STACK: their removals are sent to it as free records (through
 //! the ring, or COPY_FREES when it is full; see `stacks.rs`), an exec as
 //! one record after the old image's last.

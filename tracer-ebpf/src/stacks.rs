@@ -1,7 +1,7 @@
 //! Where a new block's stack comes from: the kernel's frame-pointer walk
-//! (STACKS), or, for processes unwound with DWARF (`--unwind dwarf`, or
-//! `auto` for a process with code lacking frame pointers), a copy of the
-//! top of the user stack that userspace unwinds from `.eh_frame`
+//! (STACKS), or, for processes whose stacks are copied (`--unwind copy`,
+//! or `auto` for a Go program that calls C), a copy of the top of the
+//! user stack that userspace unwinds from `.eh_frame`
 //! (`copy.rs`).
 
 mod copy;

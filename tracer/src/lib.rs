@@ -18,7 +18,6 @@ pub mod error;
 pub mod holders;
 pub mod model;
 pub mod output;
-pub mod perf_map;
 pub mod procfs;
 pub mod python;
 pub mod record;

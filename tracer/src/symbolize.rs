@@ -16,6 +16,7 @@
 //! earlier look-up is still late; a frame not answered in time is shown
 //! as its module and offset, and named when asked for again after the
 //! answer came.
+pub mod perf_map;
 mod worker;
 
 use std::{
@@ -213,7 +214,7 @@ pub struct Symbols {
     files: HashMap<(u32, PathBuf), Module>,
     cache: HashMap<(u32, u64), Vec<Frame>>,
     /// Names of JIT code, from the runtimes' perf maps.
-    perf_maps: crate::perf_map::PerfMaps,
+    perf_maps: perf_map::PerfMaps,
     /// `--debug-dir`s, searched before /usr/lib/debug.
     debug_dirs: Vec<PathBuf>,
     /// Processes forgotten so far.

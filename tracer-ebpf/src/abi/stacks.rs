@@ -1,5 +1,5 @@
 //! Stacks: the frame-pointer stacks the kernel keeps (STACKS), copied
-//! stacks (`--unwind dwarf`) with their references in place of STACKS ids,
+//! stacks (`--unwind copy`) with their references in place of STACKS ids,
 //! and the records of the STACK_COPIES ring buffer.
 
 /// Most return addresses a frame-pointer stack keeps (the kernel's own
@@ -46,7 +46,7 @@ impl Default for StackFrames {
 }
 
 /// A stack id with these top bits set is not a STACKS id but a reference
-/// to a stack copied into the STACK_COPIES ring buffer (`--unwind dwarf`):
+/// to a stack copied into the STACK_COPIES ring buffer (`--unwind copy`):
 /// userspace unwinds it and keeps the totals of such blocks itself, from
 /// the copy and free records of that ring.
 pub const COPIED_STACK: u32 = 1 << 30;

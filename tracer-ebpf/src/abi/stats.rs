@@ -58,7 +58,7 @@ pub mod stat {
             /// context epoch table (its released blocks stay live in the report).
             DROP_CONTEXT_EPOCH_FULL => ("context_epoch_table_full", Drop),
             /// Allocations whose user stack was copied for unwinding in userspace
-            /// (`--unwind dwarf`).
+            /// (`--unwind copy`).
             STACK_COPIES => ("stack_copies", Event),
             /// Stack copies that did not fit in the STACK_COPIES ring buffer: the
             /// block is still counted, with its frame-pointer stack.

@@ -1,4 +1,4 @@
-//! Blocks whose stacks the kernel copied (`--unwind dwarf`): their copy,
+//! Blocks whose stacks the kernel copied (`--unwind copy`): their copy,
 //! free and restore records are read from the STACK_COPIES ring buffer and
 //! each copy is unwound on a thread of its own (`copy_reader`), and the
 //! per-stack totals of these blocks are kept

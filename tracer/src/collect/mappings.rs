@@ -184,7 +184,7 @@ impl MappingTracker {
 }
 
 /// The code's stack of a mapping call: the kernel's, or, when its stack
-/// was copied (`--unwind dwarf`), the unwound one. The copy went into its
+/// was copied (`--unwind copy`), the unwound one. The copy went into its
 /// ring at the call's entry, before the event at its exit: one flush (once
 /// per drain of the events) finds a copy not read yet.
 fn code_stack(

@@ -65,7 +65,7 @@ const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 /// ring buffer holds a burst (~12 k calls) between two drains.
 const MAPPING_DRAIN_EVERY: Duration = Duration::from_millis(20);
 /// How often the stack copies unwound by their reader thread are applied
-/// (`--unwind dwarf`); the thread itself empties the ring every 5 ms, and
+/// (`--unwind copy`); the thread itself empties the ring every 5 ms, and
 /// at once when a quarter of it is full.
 pub const COPIES_DRAIN_EVERY: Duration = Duration::from_millis(5);
 

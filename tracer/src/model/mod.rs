@@ -158,7 +158,7 @@ pub enum StackId {
     /// An id in the kernel's STACKS map: walked by frame pointers.
     Kernel(u32),
     /// A stack copied by the kernel and unwound in userspace
-    /// (`--unwind dwarf`), numbered by collect.
+    /// (`--unwind copy`), numbered by collect.
     Copied(u32),
     /// The stack of a mapping call (its code and, for a file mapping, the
     /// file), numbered by collect.

@@ -1,5 +1,5 @@
 //! Stacks through code without frame pointers: the probes copy the top of
-//! the user stack (`--unwind dwarf`), and this module turns a copy into
+//! the user stack (`--unwind copy`), and this module turns a copy into
 //! return addresses with framehop, from the `.eh_frame` (and
 //! `.debug_frame`) of each mapped object.
 //!
