@@ -20,9 +20,10 @@
 //! stdin; tracer keeps the write end until it exits, however it exits),
 //! LOADER_HELD (fd 3), EXCEPTION_HELD (fd 4) and the perf events (fd 5
 //! on), and no program and no link, so it keeps no probe in place. At the
-//! pipe's end it resumes every process in either map, and again for a
-//! while (the links go with the rest of tracer's descriptors, a moment
-//! after the pipe), then exits.
+//! pipe's end it resumes every process in either map, and again until
+//! tracer is gone and for a while after (the links go with the rest of
+//! tracer's descriptors, after the pipe: seconds later on a busy machine,
+//! while a process can still be held), then exits.
 use std::{
     os::fd::{AsRawFd, BorrowedFd, FromRawFd as _, OwnedFd},
     process::{Child, ChildStdin, Command, Stdio},
@@ -42,6 +43,9 @@ const EXCEPTION_HELD_FD: i32 = 4;
 /// How long after tracer's end the watchdog keeps resuming held
 /// processes, and how often it looks.
 const DRAIN_FOR: Duration = Duration::from_millis(500);
+/// The longest the watchdog waits for tracer's end after the pipe's
+/// (tracer goes on after dropping its probes: it writes its report).
+const DRAIN_AT_MOST: Duration = Duration::from_secs(30);
 const DRAIN_EVERY: Duration = Duration::from_millis(10);
 
 /// The watchdog, while tracer runs: dropping it (or tracer's end) closes
@@ -156,6 +160,18 @@ pub fn run() -> ! {
             libc::signal(signal, libc::SIG_IGN);
         }
     }
+    // Tracer, whose end the drain waits for: its links go with its
+    // descriptors, after the pipe's end, and a busy machine takes its
+    // time (seconds) to close them.
+    // SAFETY: plain system calls on this process's parent.
+    let tracer = unsafe {
+        let parent = libc::getppid();
+        if parent > 1 {
+            libc::syscall(libc::SYS_pidfd_open, parent, 0) as i32
+        } else {
+            -1
+        }
+    };
     let mut byte = [0u8; 64];
     loop {
         // SAFETY: reads into a local buffer.
@@ -167,15 +183,35 @@ pub fn run() -> ! {
             break;
         }
     }
-    let until = Instant::now() + DRAIN_FOR;
+    // Until tracer is gone (at most DRAIN_AT_MOST), then DRAIN_FOR more.
+    let started = Instant::now();
+    let mut until = started + DRAIN_FOR;
     loop {
         resume_held();
-        if Instant::now() >= until {
+        let now = Instant::now();
+        if is_alive(tracer) && now < started + DRAIN_AT_MOST {
+            until = now + DRAIN_FOR;
+        }
+        if now >= until {
             break;
         }
         std::thread::sleep(DRAIN_EVERY);
     }
     std::process::exit(0)
+}
+
+/// Whether the process of `pidfd` has not exited yet (false without one).
+fn is_alive(pidfd: i32) -> bool {
+    if pidfd < 0 {
+        return false;
+    }
+    let mut poll = libc::pollfd {
+        fd: pidfd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polls one valid pollfd without waiting.
+    unsafe { libc::poll(&mut poll, 1, 0) == 0 }
 }
 
 /// Resumes every process in LOADER_HELD and EXCEPTION_HELD, and takes it
