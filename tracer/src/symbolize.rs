@@ -16,27 +16,25 @@
 //! earlier look-up is still late; a frame not answered in time is shown
 //! as its module and offset, and named when asked for again after the
 //! answer came.
+mod files;
+mod offline;
 pub mod perf_map;
 mod worker;
 
+use files::{Module, dwarf_is_safe, elf_source, fd_path, read_identity};
+pub use offline::OfflineSymbols;
+
 use std::{
     collections::{HashMap, HashSet},
-    fs::File,
-    os::fd::AsRawFd as _,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use object::{Object as _, ObjectSegment as _};
-
-use blazesym::symbolize::{
-    Input, Symbolized, Symbolizer,
-    source::{Elf, Source},
-};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer, source::Source};
 
 use crate::{
-    debug_files::{self, DebugLink},
+    debug_files,
     model::Frame,
     procfs::{self, Mapping},
     target_files::{self, Root},
@@ -94,100 +92,6 @@ pub fn skip_final_wait_on_signals() {
             }
         }
     });
-}
-
-/// A mapped file, kept open, its build id and load segments.
-struct Module {
-    file: Arc<File>,
-    /// When it was last looked up (`Symbols::uses`), for closing the least
-    /// recently used first.
-    last_used: std::cell::Cell<u64>,
-    build_id: Option<String>,
-    /// (file offset, size in the file, virtual address) of each load
-    /// segment: file offsets become ELF virtual addresses through them.
-    segments: Vec<(u64, u64, u64)>,
-    /// Its separate debug file (`debug_files`), when one is installed.
-    debug_file: Option<Arc<File>>,
-    /// Whether blazesym may read the DWARF of the object, and of its debug
-    /// file (`dwarf_is_safe`).
-    dwarf: bool,
-    debug_file_dwarf: bool,
-}
-
-/// Whether blazesym may read the DWARF of `file`. It follows the links a
-/// file names to other debug files (`.gnu_debuglink`,
-/// `.gnu_debugaltlink`, `.debug_sup`) by itself, by host path, with a
-/// blocking open: a FIFO would hang it, an absolute name would reach a
-/// host file. So it may only when the file names no such link, or names
-/// a `.gnu_debugaltlink` (dwz's common file of a distribution's debug
-/// files) that is a regular file at the same absolute path in `root` and
-/// on the host, `root` being the host's own. tracer looks up debug links
-/// itself (`debug_files`); without DWARF, blazesym still reads the ELF
-/// symbols.
-fn dwarf_is_safe(file: &File, root: Root) -> bool {
-    // SAFETY: only read; a truncated file reads as zeros (`target_files`).
-    let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
-        return false;
-    };
-    let Ok(elf) = object::File::parse(&*map) else {
-        return false;
-    };
-    use object::ObjectSection as _;
-    if elf.section_by_name(".gnu_debuglink").is_some()
-        || elf.section_by_name(".debug_sup").is_some()
-    {
-        return false;
-    }
-    let Some(altlink) = elf.section_by_name(".gnu_debugaltlink") else {
-        return true;
-    };
-    let Some(name) = altlink.data().ok().and_then(|data| {
-        let length = data.iter().position(|&byte| byte == 0)?;
-        std::str::from_utf8(&data[..length]).ok()
-    }) else {
-        return false;
-    };
-    let path = Path::new(name);
-    let plain = path.is_absolute()
-        && path.components().all(|component| {
-            matches!(
-                component,
-                std::path::Component::RootDir | std::path::Component::Normal(_)
-            )
-        });
-    let shares_host_root = match root {
-        Root::Host => true,
-        Root::Target(pid) => {
-            std::fs::read_link(format!("/proc/{pid}/root")).is_ok_and(|root| root == Path::new("/"))
-        }
-    };
-    plain
-        && shares_host_root
-        && target_files::open_following_links(root, path).is_ok()
-        && target_files::open_following_links(Root::Host, path).is_ok()
-}
-
-/// An ELF source for blazesym, with its DWARF read only when `dwarf`.
-fn elf_source(path: PathBuf, dwarf: bool) -> Source<'static> {
-    let mut elf = Elf::new(path);
-    elf.debug_syms = dwarf;
-    Source::Elf(elf)
-}
-
-/// The path blazesym opens for a file tracer holds open.
-fn fd_path(file: &File) -> PathBuf {
-    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
-}
-
-impl Module {
-    /// The ELF virtual address at `file_offset`, when a load segment
-    /// holds it.
-    fn virtual_address(&self, file_offset: u64) -> Option<u64> {
-        self.segments
-            .iter()
-            .find(|&&(start, size, _)| (start..start + size).contains(&file_offset))
-            .map(|&(start, _, address)| address + (file_offset - start))
-    }
 }
 
 /// Symbolizer for every target, with a cache per (pid, address).
@@ -646,92 +550,6 @@ fn frames_of(symbol: &blazesym::symbolize::Sym<'_>, unresolved: &Frame) -> Vec<F
     frames
 }
 
-/// Symbols for a recording made where the debug files were not
-/// installed (`tracer report --debug-dir`): frames without a function are
-/// looked up in separate debug files found by their build id in the
-/// directories given, then /usr/lib/debug, at their ELF virtual address.
-pub struct OfflineSymbols {
-    symbolizer: Symbolizer,
-    debug_dirs: Vec<PathBuf>,
-    /// The debug file of each build id, once looked up, and whether
-    /// blazesym may read its DWARF.
-    debug_files: HashMap<String, Option<(File, bool)>>,
-}
-
-impl OfflineSymbols {
-    pub fn new(debug_dirs: Vec<PathBuf>) -> OfflineSymbols {
-        OfflineSymbols {
-            symbolizer: Symbolizer::builder()
-                .enable_code_info(true)
-                .enable_inlined_fns(true)
-                .build(),
-            debug_dirs,
-            debug_files: HashMap::new(),
-        }
-    }
-
-    /// `frames` with those that had no function symbolized where a debug
-    /// file has them.
-    pub fn fill(&mut self, frames: Vec<Frame>) -> Vec<Frame> {
-        frames
-            .into_iter()
-            .flat_map(|frame| self.symbolize(&frame).unwrap_or_else(|| vec![frame]))
-            .collect()
-    }
-
-    fn symbolize(&mut self, frame: &Frame) -> Option<Vec<Frame>> {
-        if frame.function.is_some() {
-            return None;
-        }
-        let (module, build_id, offset) = (
-            frame.module.as_ref()?,
-            frame.build_id.as_ref()?,
-            frame.offset?,
-        );
-        let debug_dirs = &self.debug_dirs;
-        let debug_file = self.debug_files.entry(build_id.clone()).or_insert_with(|| {
-            let link = DebugLink {
-                build_id: Some(build_id.clone()),
-                link_name: None,
-            };
-            debug_files::find(&link, Path::new(module), Root::Host, debug_dirs).map(|file| {
-                let dwarf = dwarf_is_safe(&file, Root::Host);
-                (file, dwarf)
-            })
-        });
-        // A return address: look inside the call instruction.
-        let (debug_file, dwarf) = debug_file.as_ref()?;
-        symbolize_in(
-            &self.symbolizer,
-            elf_source(fd_path(debug_file), *dwarf),
-            offset.saturating_sub(1),
-            frame,
-        )
-    }
-}
-
-/// The build id and debug link of an ELF file, and its load segments (see
-/// `Module::segments`).
-fn read_identity(file: &File) -> (DebugLink, Vec<(u64, u64, u64)>) {
-    // SAFETY: the map is only read, and mapped libraries are not rewritten
-    // in place (an updated library is a new file).
-    let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
-        return (DebugLink::default(), Vec::new());
-    };
-    let Ok(elf) = object::File::parse(&*map) else {
-        return (DebugLink::default(), Vec::new());
-    };
-    let link = debug_files::read_debug_link(&elf);
-    let segments = elf
-        .segments()
-        .map(|segment| {
-            let (start, size) = segment.file_range();
-            (start, size, segment.address())
-        })
-        .collect();
-    (link, segments)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -766,7 +584,7 @@ mod tests {
 
     #[test]
     fn reads_the_build_id_of_this_test_binary() {
-        let file = File::open("/proc/self/exe").unwrap();
+        let file = std::fs::File::open("/proc/self/exe").unwrap();
         let (link, segments) = read_identity(&file);
         let build_id = link.build_id.expect("rustc links a build id");
         assert!(!segments.is_empty());
