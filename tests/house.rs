@@ -3,7 +3,9 @@
 //! (scripts/module-graph.py), and a run's config, with its parts, comes
 //! back up to a higher layer at most 3 times on its way down from
 //! `record::run` (scripts/config-flow.py), and no struct holds more than
-//! 10 fields without a reason at its definition (scripts/wide-types.py).
+//! 10 fields without a reason at its definition (scripts/wide-types.py),
+//! no file runs past 500 lines without one at its top
+//! (scripts/long-files.py).
 //! `cargo xtask lint` runs the same checks.
 
 use std::{path::PathBuf, process::Command};
@@ -50,4 +52,10 @@ fn the_config_goes_down_and_comes_back_up_at_most_three_times() {
 fn every_struct_of_more_than_ten_fields_says_why() {
     let out = run_script("wide-types.py", &["--check"]);
     assert!(out.contains("wide types without a reason: 0"), "{out}");
+}
+
+#[test]
+fn every_file_of_more_than_500_lines_says_why() {
+    let out = run_script("long-files.py", &["--check"]);
+    assert!(out.contains("long files without a reason: 0"), "{out}");
 }

@@ -13,6 +13,9 @@
 //! calls another exported allocator function (glibc's `reallocarray` calls
 //! `realloc`, `realloc(p, 0)` calls `free`), the inner call only moves the
 //! thread's depth counter, so nothing is counted twice.
+//!
+//! Long: the malloc family's ten entry and return programs, which share one
+//! pending-call state.
 use aya_ebpf::{
     EbpfContext as _,
     bindings::BPF_ANY,

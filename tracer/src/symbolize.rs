@@ -16,6 +16,8 @@
 //! earlier look-up is still late; a frame not answered in time is shown
 //! as its module and offset, and named when asked for again after the
 //! answer came.
+//!
+//! Long: the symbolizer's caches and its waits for its worker's answers.
 mod files;
 mod offline;
 pub mod perf_map;

@@ -26,6 +26,9 @@
 //! `libcudart.so.12`, with sonames, and PyTorch's caching allocator
 //! `libc10_cuda.so`, in target/fixtures/cuda) and the GPU programs built
 //! against them.
+//!
+//! Long: one build rule per fixture (C, C++, Rust, Go, the objects without
+//! frame pointers or unwind tables), in one table.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;

@@ -342,5 +342,13 @@ fn lint(shell: &Shell, root: &std::path::Path) -> Result<()> {
             .arg(root.join("scripts/wide-types.py"))
             .arg("--check")
             .current_dir(root),
+    )?;
+    // No file of more than 500 lines without a written reason.
+    shell.run(
+        shell
+            .cmd("python3")
+            .arg(root.join("scripts/long-files.py"))
+            .arg("--check")
+            .current_dir(root),
     )
 }

@@ -34,6 +34,9 @@
 //! process opened (`LookedAt`): had it claimed one first, this thread
 //! would pass over the file and let the process go on before the late
 //! hook's probes were in place.
+//!
+//! Long: the at-open thread: its loop, the loader gate it shares, and the hook
+//! of each opened object.
 use std::{
     collections::{HashMap, HashSet},
     fs,

@@ -12,6 +12,9 @@
 //! collect loop drains them on a short timer; a few milliseconds of
 //! settling lets ld.so finish mapping the object (it does so in several
 //! mmap calls) before its mappings are read.
+//!
+//! Long: the watch of libraries mapped later: its kernel side, execs, rescans
+//! and the late hook.
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,

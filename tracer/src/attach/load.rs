@@ -2,6 +2,9 @@
 //! configuration (sampling, size filters, unwinding, tracepoint field
 //! offsets), loads the programs, attaches the tracepoints every run needs,
 //! and takes out the ring buffers that collect drains.
+//!
+//! Long: the one load of the eBPF object: its tables' sizes, read-only
+//! settings, programs and tracepoints.
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};

@@ -11,6 +11,9 @@
 //! When calls may go unrecorded (sampling, size filters) and the kernel
 //! has uprobe sessions, the entry and return programs of a function are one
 //! session program (`session`), so an unrecorded call skips its return.
+//!
+//! Long: Probes and its parts, and the first attach's sequence; the
+//! event-source seam (issue 46) splits it by source.
 pub mod ahead;
 pub mod at_open;
 pub mod cuda;

@@ -27,6 +27,9 @@
 //! The site is a `jcc` when one comes first (glibc's `free`: `je` at +3):
 //! the kernel evaluates the branch itself, so no call misses the probe, not
 //! even `free(NULL)`.
+//!
+//! Long: the decoder of function prologues: a rule per instruction shape the
+//! kernel emulates.
 
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Formatter as _, GasFormatter, Instruction,

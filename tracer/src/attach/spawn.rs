@@ -16,6 +16,9 @@
 //!
 //! A script (`#!`) is started as the kernel starts it, through its
 //! interpreter: the gate goes on the interpreter's loader.
+//!
+//! Long: spawn mode from fork to the loader's gate, and the end of a spawned
+//! command.
 use std::{
     ffi::{CString, OsString},
     fs,

@@ -2,6 +2,9 @@
 //! executable itself (static builds, custom allocators) or an allocator
 //! library (jemalloc, tcmalloc, mimalloc). Reads both the dynamic symbol
 //! table (present even in stripped libraries) and the full symbol table.
+//!
+//! Long: one reading of an object's symbol tables for every allocator family,
+//! with the rules that pick each one's hook sites.
 use std::{
     collections::BTreeMap,
     fs::{self, File},

@@ -1,5 +1,8 @@
 //! The verbs and flags as clap sees them, and their checks and conversion
 //! into the configs of `config` (`convert`).
+//!
+//! Long: the clap definition of every verb's flags (a field per flag) and
+//! their checks.
 mod convert;
 
 use std::{ffi::OsString, path::PathBuf, time::Duration};

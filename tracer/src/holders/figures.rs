@@ -5,6 +5,9 @@
 //! hold most of them. Roots that reach the first chain's objects only
 //! through a registry (a C or C++ global whose entries point at objects the
 //! chain holds through owning references) are named as non-owning.
+//!
+//! Long: the per-stack figures of one walked graph (unreached, direct holders,
+//! chains), computed together.
 use std::collections::{HashMap, HashSet};
 
 use super::{

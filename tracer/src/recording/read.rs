@@ -10,6 +10,9 @@
 //! decoded, and what the decoded records hold is counted against
 //! MAX_HELD_BYTES, so that no file makes `tracer report` hold more than
 //! about 256 MiB.
+//!
+//! Long: the reader of every record kind of the format, with its checks
+//! against damage, in one pass.
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -1,6 +1,9 @@
 //! The unwind sections of mapped objects, for framehop: each file is
 //! mapped once (memmap, nothing copied) and shared by every process that
 //! maps it, whatever path it has in their mount namespaces.
+//!
+//! Long: one reading of an ELF object's unwind sections, segments and
+//! functions, shared by both unwinders.
 use std::{
     collections::HashMap,
     fs::File,

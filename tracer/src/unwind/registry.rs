@@ -14,6 +14,9 @@
 //! Tables are kept for the whole run (the next process maps the same
 //! libraries); the row space's capacity bounds their memory, and a table
 //! that does not fit is a counted, reported failure.
+//!
+//! Long: one row space shared by every object's table: placing, evicting and
+//! mirroring it into the kernel's map.
 use std::{
     collections::HashMap,
     fmt,
