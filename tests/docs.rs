@@ -34,7 +34,7 @@ const FOREIGN: &[(&str, &[&str])] = &[
     ("--image", &["kubectl debug"]),
     ("--target", &["kubectl debug"]),
     ("--parts", &["config-flow"]),
-    ("--check", &["config-flow", "module-graph", "wide-types"]),
+    ("--check", &["config-flow", "module-graph", "sizes"]),
 ];
 /// Lines either side of a foreign flag searched for its program's name.
 const FOREIGN_WINDOW: usize = 3;

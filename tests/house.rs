@@ -3,9 +3,8 @@
 //! (scripts/module-graph.py), and a run's config, with its parts, comes
 //! back up to a higher layer at most 3 times on its way down from
 //! `record::run` (scripts/config-flow.py), and no struct holds more than
-//! 10 fields without a reason at its definition (scripts/wide-types.py),
-//! no file runs past 500 lines without one at its top
-//! (scripts/long-files.py).
+//! 10 fields without a reason at its definition, and no file runs past
+//! 500 lines without one at its top (scripts/sizes.py).
 //! `cargo xtask lint` runs the same checks.
 
 use std::{path::PathBuf, process::Command};
@@ -49,13 +48,8 @@ fn the_config_goes_down_and_comes_back_up_at_most_three_times() {
 }
 
 #[test]
-fn every_struct_of_more_than_ten_fields_says_why() {
-    let out = run_script("wide-types.py", &["--check"]);
+fn every_struct_of_more_than_ten_fields_and_file_of_more_than_500_lines_says_why() {
+    let out = run_script("sizes.py", &["--check"]);
     assert!(out.contains("wide types without a reason: 0"), "{out}");
-}
-
-#[test]
-fn every_file_of_more_than_500_lines_says_why() {
-    let out = run_script("long-files.py", &["--check"]);
     assert!(out.contains("long files without a reason: 0"), "{out}");
 }

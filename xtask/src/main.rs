@@ -318,37 +318,21 @@ fn lint(shell: &Shell, root: &std::path::Path) -> Result<()> {
         "warnings",
     ]))?;
     shell.run(shell.cmd("cargo").args(["fmt", "--all", "--check"]))?;
-    // The module layers and the absence of circles (issue 46's ratchet).
-    shell.run(
-        shell
-            .cmd("python3")
-            .arg(root.join("scripts/module-graph.py"))
-            .arg("--check")
-            .current_dir(root),
-    )?;
-    // A run's config, and its parts, go down from `record::run` and come
-    // back up at most 3 times (issue 46: 9 before the session held it).
-    shell.run(
-        shell
-            .cmd("python3")
-            .arg(root.join("scripts/config-flow.py"))
-            .args(["--parts", "--check", "3"])
-            .current_dir(root),
-    )?;
-    // No struct of more than 10 fields without a written reason.
-    shell.run(
-        shell
-            .cmd("python3")
-            .arg(root.join("scripts/wide-types.py"))
-            .arg("--check")
-            .current_dir(root),
-    )?;
-    // No file of more than 500 lines without a written reason.
-    shell.run(
-        shell
-            .cmd("python3")
-            .arg(root.join("scripts/long-files.py"))
-            .arg("--check")
-            .current_dir(root),
-    )
+    // The house's checks (issue 46): the module layers and no circle; a
+    // run's config, and its parts, come back up at most 3 times from
+    // `record::run`; no wide struct or long file without a written reason.
+    for (script, args) in [
+        ("module-graph.py", &["--check"][..]),
+        ("config-flow.py", &["--parts", "--check", "3"][..]),
+        ("sizes.py", &["--check"][..]),
+    ] {
+        shell.run(
+            shell
+                .cmd("python3")
+                .arg(root.join("scripts").join(script))
+                .args(args)
+                .current_dir(root),
+        )?;
+    }
+    Ok(())
 }
