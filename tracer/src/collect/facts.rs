@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::Collector;
 use crate::model::{
-    MemoryStatus, Model, StackKey,
+    MemoryStatus, Model, StackKey, quality,
     run::{LoaderPauses, RunFacts, StackFacts, Traced},
 };
 
@@ -31,7 +31,7 @@ impl Collector {
         // The stacks the report's stack quality weighs.
         stacks.reaching_entry = model
             .latest_counters()
-            .filter(|(key, counters)| key.kind.is_memory() && counters.alloc_bytes_total != 0)
+            .filter(|(key, counters)| quality::is_weighed(key, counters))
             .map(|(key, _)| key)
             .filter(|key| self.reaches_entry(key))
             .collect();

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{Frame, Language, Model, StackKey};
+use super::{Counters, Frame, Language, Model, StackKey};
 
 /// Below this share of bytes reaching their thread's start, the report
 /// warns.
@@ -92,6 +92,12 @@ impl StackQuality {
     }
 }
 
+/// Whether a stack counts in its process's stack quality (`reaches_entry`
+/// is asked of it): memory it allocated.
+pub fn is_weighed(key: &StackKey, counters: &Counters) -> bool {
+    key.kind.is_memory() && counters.alloc_bytes_total != 0
+}
+
 /// The stack quality of each process of `model`; `reaches_entry` says
 /// whether a stack reaches its thread's start.
 pub fn stack_quality(
@@ -100,7 +106,7 @@ pub fn stack_quality(
 ) -> BTreeMap<u32, StackQuality> {
     let mut quality: BTreeMap<u32, StackQuality> = BTreeMap::new();
     for (key, counters) in model.latest_counters() {
-        if !key.kind.is_memory() || counters.alloc_bytes_total == 0 {
+        if !is_weighed(&key, &counters) {
             continue;
         }
         let process = quality.entry(key.pid).or_default();

@@ -366,7 +366,7 @@ mod tests {
 }
 
 /// What a run, live or recorded, tells its report beside the model:
-/// self-contained, read once from the collector (`session::run_facts`) or
+/// self-contained, read once from the collector (`Collector::run_facts`) or
 /// from a recording (`Recording::run_facts`) and handed down, so the report
 /// never calls back into either.
 #[derive(Debug, Default)]
@@ -423,7 +423,9 @@ impl StackFacts {
     }
 
     /// The facts of the stacks of `model`, each asked of the functions
-    /// given: `frames` of every stack, `reaches_entry` of every stack.
+    /// given: `frames` of every stack, `reaches_entry` of every stack (the
+    /// tests' reports).
+    #[cfg(test)]
     pub fn of(
         model: &super::Model,
         mut frames: impl FnMut(&super::StackKey) -> Vec<super::Frame>,
