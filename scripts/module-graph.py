@@ -171,6 +171,7 @@ RANKS = {
         "report": 65,
         "collect": 60,
         "python": 55,
+        "runtimes": 55,
         "attach": 50,
         "unwind": 45,
         "holders": 40,

@@ -15,12 +15,14 @@ use tracer::{
     },
     debug_files::read_debug_link,
     unwind::{
-        ObjectInfo, frame_pointers, go,
+        ObjectInfo, frame_pointers,
+        runtime_code::RuntimeCode as _,
         tables::{FrameSections, build_rows},
     },
 };
 
 fuzz_target!(|data: &[u8]| {
+    tracer::runtimes::register();
     if let Some(object) = ObjectInfo::from_bytes(data) {
         for function in object.functions.iter().take(256) {
             let _ = object.is_own_code(function);
@@ -33,7 +35,8 @@ fuzz_target!(|data: &[u8]| {
         let _ = object.function_named("malloc");
         let _ = object.build_id();
         let _ = object.eh_frame_hdr();
-        let _ = go::go_runtime(&object);
+        let _ = tracer::runtimes::go::Go.stack_switch(&object);
+        let _ = tracer::runtimes::go::Go.walker(&object, 0);
         let _ = frame_pointers::frame_pointer_share(&object);
         let _ = frame_pointers::keeps_frame_pointers(&object);
         let _ = build_rows(&FrameSections::of(&object));

@@ -23,6 +23,7 @@ pub mod python;
 pub mod record;
 pub mod recording;
 pub mod report;
+pub mod runtimes;
 pub mod serve;
 pub mod session;
 pub mod symbolize;

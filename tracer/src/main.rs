@@ -19,6 +19,7 @@ fn main() -> std::process::ExitCode {
     // Before any file a target controls is mapped or opened.
     tracer::target_files::sigbus::install();
     tracer::target_files::raise_open_file_limit();
+    tracer::runtimes::register();
     let result = cli::parse(std::env::args_os()).and_then(|parsed| match parsed {
         Parsed::Print(text) => {
             print!("{text}");

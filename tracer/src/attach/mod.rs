@@ -376,7 +376,7 @@ impl Probes {
     /// asmcgocall switches stacks, so that a copy of a C stack holds the
     /// goroutine's too (used only when its stacks are copied).
     fn follow_go_stack_switch(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
-        let Some(switch) = crate::unwind::go::stack_switch(pid, maps) else {
+        let Some(switch) = crate::unwind::stack_switch(pid, maps) else {
             return Ok(());
         };
         let mut switches: aya::maps::HashMap<_, u32, tracer_ebpf::GoStackSwitch> =

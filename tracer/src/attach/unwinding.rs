@@ -19,7 +19,7 @@ impl Probes {
         if !self.modes.unwinding.uses_tables() {
             return Ok(());
         }
-        let cgo = crate::unwind::go::stack_switch(pid, maps).is_some();
+        let cgo = crate::unwind::stack_switch(pid, maps).is_some();
         if cgo || self.unwind.kernel.is_none() {
             let lacking = crate::unwind::frame_pointers::objects_lacking(pid, maps);
             return self.start_copying(pid, lacking);

@@ -169,6 +169,7 @@ impl Collector {
     /// A collector of what `probes` will see; targets are added with
     /// `add_target`, and time starts at `start`.
     pub fn new(probes: Probes, rings: Rings, schedule: Schedule) -> Result<Collector> {
+        crate::runtimes::register();
         let mut copied = CopiedStacks::new(
             rings.stack_copies,
             [rings.copy_frees, rings.copy_frees_made],

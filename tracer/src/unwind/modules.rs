@@ -14,7 +14,7 @@ use std::{
 
 use framehop::{ExplicitModuleSectionInfo, Module};
 use memmap2::Mmap;
-use object::{Object as _, ObjectSection as _, ObjectSegment as _, ObjectSymbol as _};
+use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
 use super::stops;
 use crate::procfs::Mapping;
@@ -101,13 +101,9 @@ pub struct ObjectInfo {
     function_names: Range<usize>,
     /// The GNU build id, when the object has one.
     build_id: Option<Vec<u8>>,
-    /// Built by the Go toolchain (it has `.go.buildinfo` or a Go build
-    /// id note): Go keeps frame pointers on amd64, set up without
-    /// `push %rbp`.
-    pub is_go: bool,
-    /// In a Go object, the Go code's addresses (`runtime.text` to
-    /// `runtime.etext`); C code linked in with cgo lies outside.
-    pub go_text: Option<Range<u64>>,
+    /// Built by a language runtime registered with `runtime_code` (Go),
+    /// and where its own code lies.
+    pub managed: Option<super::runtime_code::ManagedCode>,
 }
 
 impl ObjectInfo {
@@ -133,8 +129,7 @@ impl ObjectInfo {
             .map(|(svma, _)| svma)
             .hash(&mut hasher);
         self.text.hash(&mut hasher);
-        self.go_text.hash(&mut hasher);
-        self.is_go.hash(&mut hasher);
+        self.managed.hash(&mut hasher);
         hasher.finish()
     }
 
@@ -188,12 +183,8 @@ impl ObjectInfo {
             ))
         };
         let (named, function_names) = function_symbols(&map).unwrap_or_default();
-        let is_go = elf.section_by_name(".go.buildinfo").is_some()
-            || elf.section_by_name(".note.go.buildid").is_some();
-        let go_text = is_go.then(|| go_text(&elf)).flatten();
         Some(ObjectInfo {
-            is_go,
-            go_text,
+            managed: super::runtime_code::recognize(&elf),
             build_id: elf.build_id().ok().flatten().map(<[u8]>::to_vec),
             functions: named,
             function_names,
@@ -537,18 +528,6 @@ fn release_pages(map: &Mmap, range: Range<usize>) {
             );
         }
     }
-}
-
-/// The addresses of a Go object's Go code, from the linker's
-/// `runtime.text` and `runtime.etext` symbols.
-fn go_text(elf: &object::File<'_>) -> Option<Range<u64>> {
-    let address = |name: &str| {
-        elf.symbols()
-            .find(|symbol| symbol.name() == Ok(name))
-            .map(|symbol| symbol.address())
-    };
-    let (start, end) = (address("runtime.text")?, address("runtime.etext")?);
-    (start < end).then_some(start..end)
 }
 
 /// Opens a file the target maps: the inode mapped (`target_files`).

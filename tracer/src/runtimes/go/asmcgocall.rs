@@ -1,86 +1,24 @@
-//! Go stacks through cgo. Go code keeps frame pointers; C code called
-//! through cgo runs on the thread's system stack (g0), switched to by
-//! `runtime.asmcgocall`, while its Go callers stay on the goroutine's
-//! stack. asmcgocall (amd64) keeps, just above the return address of its
-//! call into C, the goroutine's `g` and the depth of its stack pointer
-//! below the stack's top (`g.stack.hi`), and computes the stack pointer
-//! back from them when C returns. This module reads where it keeps them
-//! from its code, so that the kernel can copy the goroutine's stack with
-//! the system stack's ([`tracer_ebpf::GoStackSwitch`]) and the unwinder
-//! can go on from C into Go.
-//!
-//! Called while already on the system stack (the runtime's own C calls,
-//! such as `x_cgo_mmap`), asmcgocall keeps the caller's stack pointer in
-//! the depth's slot instead, and the Go frames go on on the same stack.
-use std::ops::Range;
-
+//! How Go's `runtime.asmcgocall` calls C, read from its code: where it
+//! keeps the goroutine's `g` and the depth of its stack pointer (the call
+//! made after switching to the system stack), and where the caller's
+//! stack pointer (the call made on the system stack already).
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
 use tracer_ebpf::{GoStackSwitch, MAX_GO_SLOT};
 
-use super::modules::{ModuleFiles, ObjectInfo};
-use crate::procfs::Mapping;
-
-/// Where a Go object's asmcgocall calls C, in object addresses.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GoRuntime {
-    /// The Go code (`runtime.text` to `runtime.etext`).
-    pub text: Range<u64>,
-    /// The call into C after switching to the system stack.
-    pub switched: Option<GoStackSwitch>,
-    /// The call into C made on the system stack already: its return
-    /// address and the slot (from the call's CFA) of the caller's stack
-    /// pointer.
-    pub on_system_stack: Option<(u64, u32)>,
-}
-
-impl GoRuntime {
-    /// The same, for the object mapped with its address 0 at `base`.
-    pub fn relocated(&self, base: u64) -> GoRuntime {
-        GoRuntime {
-            text: self.text.start + base..self.text.end + base,
-            switched: self.switched.map(|switch| GoStackSwitch {
-                return_address: switch.return_address + base,
-                ..switch
-            }),
-            on_system_stack: self
-                .on_system_stack
-                .map(|(return_address, slot)| (return_address + base, slot)),
-        }
-    }
-}
-
-/// How the executable of `pid` (among its `mappings`), when Go,
-/// switches stacks to call C, relocated; None for a process that is not
-/// Go. Only the executable is read: Go programs are executables.
-pub fn stack_switch(pid: u32, mappings: &[Mapping]) -> Option<GoStackSwitch> {
-    let executable = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-    let mut files = ModuleFiles::default();
-    mappings
-        .iter()
-        .filter(|mapping| mapping.executable && mapping.path == executable)
-        .find_map(|mapping| {
-            let object = files.object(pid, mapping)?;
-            if !object.is_go {
-                return None;
-            }
-            let base = mapping
-                .start
-                .checked_sub(object.address_of_mapping(mapping)?)?;
-            go_runtime(&object)?.relocated(base).switched
-        })
-}
+use super::GoRuntime;
+use crate::unwind::ObjectInfo;
 
 /// The symbols asmcgocall's code has: the assembly function itself
 /// (`.abi0`, Go 1.17+, behind an ABI wrapper), or the function (older).
 const ASMCGOCALL: [&str; 2] = ["runtime.asmcgocall.abi0", "runtime.asmcgocall"];
 /// Most bytes of asmcgocall's code decoded (each byte may be one decoded
 /// instruction kept).
-pub const MAX_ASMCGOCALL_BYTES: usize = 4096;
+const MAX_ASMCGOCALL_BYTES: usize = 4096;
 
 /// What a Go object's asmcgocall does, read from its code; None for an
 /// object that is not Go or has no asmcgocall (no cgo).
-pub fn go_runtime(object: &ObjectInfo) -> Option<GoRuntime> {
-    let text = object.go_text.clone()?;
+pub(super) fn go_runtime(object: &ObjectInfo) -> Option<GoRuntime> {
+    let text = object.managed.as_ref()?.text.clone()?;
     let function = ASMCGOCALL
         .iter()
         .find_map(|name| object.function_named(name))?;
@@ -254,10 +192,11 @@ mod tests {
     fn reads_the_cgo_fixtures_asmcgocall() {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/fixtures/cgo_leak");
-        let file = std::fs::File::open(&path).unwrap_or_else(|error| {
+        let bytes = std::fs::read(&path).unwrap_or_else(|error| {
             panic!("{} ({error}): run `cargo xtask setup`", path.display())
         });
-        let object = ObjectInfo::read(&file).expect("an ELF");
+        crate::runtimes::register();
+        let object = ObjectInfo::from_bytes(&bytes).expect("an ELF");
         let runtime = go_runtime(&object).expect("cgo_leak calls C");
         let switch = runtime.switched.expect("the switched call");
         assert!(runtime.text.contains(&switch.return_address));
