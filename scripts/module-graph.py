@@ -170,7 +170,6 @@ RANKS = {
         "session": 70,
         "report": 65,
         "collect": 60,
-        "python": 55,
         "runtimes": 55,
         "attach": 50,
         "unwind": 45,

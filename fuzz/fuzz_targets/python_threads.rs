@@ -5,7 +5,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use tracer::{
-    python::{self, layout},
+    runtimes::python::{self, layout},
     target_memory::TargetMemory as _,
 };
 

@@ -19,7 +19,6 @@ pub mod holders;
 pub mod model;
 pub mod output;
 pub mod procfs;
-pub mod python;
 pub mod record;
 pub mod recording;
 pub mod report;

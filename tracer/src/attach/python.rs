@@ -1,9 +1,7 @@
-//! The kernel's Python maps (`tracer-ebpf/src/python.rs`): turning the
-//! Python-frame walk on for a process, its threads' thread states, and the
-//! Python stacks the walk stored.
-use anyhow::{Context as _, Result};
-use aya::maps::{Array, HashMap as KernelHashMap, MapData};
-use tracer_ebpf::{PythonOffsets, PythonThreadMiss, map, python_setting};
+//! CPython's allocator hooked (`--python-objects`): its functions are
+//! allocator functions as any other (`symbols::python_object_sites_in`);
+//! the Python runtime itself is `runtimes::python`.
+use anyhow::Result;
 
 use super::{
     NoticedBy, Probes,
@@ -50,74 +48,6 @@ impl Probes {
             functions: sites.iter().map(|site| site.function.name).collect(),
             inlined_bytes,
         })
-    }
-
-    /// Walks the Python frames of `pid`'s threads from now on, laid out as
-    /// `offsets`, up to `depth` frames per stack.
-    pub fn start_python(&mut self, pid: u32, offsets: PythonOffsets, depth: u32) -> Result<()> {
-        let mut per_process: KernelHashMap<_, u32, PythonOffsets> = KernelHashMap::try_from(
-            self.ebpf
-                .map_mut(map::PYTHON_OFFSETS)
-                .context("eBPF object lacks PYTHON_OFFSETS")?,
-        )?;
-        per_process
-            .insert(pid, offsets, 0)
-            .with_context(|| format!("could not ask for the Python frames of PID {pid}"))?;
-        let mut settings: Array<_, u32> = Array::try_from(
-            self.ebpf
-                .map_mut(map::PYTHON_ON)
-                .context("eBPF object lacks PYTHON_ON")?,
-        )?;
-        settings.set(python_setting::DEPTH, depth, 0)?;
-        settings.set(python_setting::ON, 1, 0)?;
-        Ok(())
-    }
-
-    /// Makes the kernel's thread states of `pid` those of `threads`
-    /// (thread id, `PyThreadState` address); `known` are the thread ids
-    /// set before, for `pid`, removed when they are gone.
-    pub fn set_python_threads(&mut self, threads: &[(u32, u64)], gone: &[u32]) -> Result<()> {
-        let mut map: KernelHashMap<_, u32, u64> = KernelHashMap::try_from(
-            self.ebpf
-                .map_mut(map::PYTHON_THREADS)
-                .context("eBPF object lacks PYTHON_THREADS")?,
-        )?;
-        for tid in gone {
-            let _ = map.remove(tid);
-        }
-        for &(tid, thread_state) in threads {
-            if map.get(&tid, 0).ok() != Some(thread_state) {
-                map.insert(tid, thread_state, 0)
-                    .context("could not store a Python thread state")?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The threads whose thread state the kernel holds (userspace's and
-    /// those the kernel found itself).
-    pub fn python_threads(&self) -> Vec<u32> {
-        self.ebpf
-            .map(map::PYTHON_THREADS)
-            .and_then(|map| KernelHashMap::<&MapData, u32, u64>::try_from(map).ok())
-            .map(|threads| threads.keys().filter_map(Result::ok).collect())
-            .unwrap_or_default()
-    }
-
-    /// The threads of Python processes whose allocations got native
-    /// frames only (thread state not found then), with how many.
-    pub fn python_missed(&self) -> Vec<(u32, u64)> {
-        self.ebpf
-            .map(map::PYTHON_MISSED)
-            .and_then(|map| KernelHashMap::<&MapData, u32, PythonThreadMiss>::try_from(map).ok())
-            .map(|missed| {
-                missed
-                    .iter()
-                    .filter_map(Result::ok)
-                    .map(|(tid, miss)| (tid, miss.allocations))
-                    .collect()
-            })
-            .unwrap_or_default()
     }
 }
 

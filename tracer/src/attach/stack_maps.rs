@@ -32,6 +32,21 @@ impl Probes {
             .map_or(1 << 17, |info| info.max_entries())
     }
 
+    /// A map of the loaded object, by its name (`tracer_ebpf::map`), for
+    /// a runtime's own maps (`runtimes::python::kernel`).
+    pub fn kernel_map(&self, name: &str) -> Result<&aya::maps::Map> {
+        self.ebpf
+            .map(name)
+            .with_context(|| format!("eBPF object lacks {name}"))
+    }
+
+    /// The same, to write.
+    pub fn kernel_map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map> {
+        self.ebpf
+            .map_mut(name)
+            .with_context(|| format!("eBPF object lacks {name}"))
+    }
+
     /// The stack tables, to evict from.
     pub fn stack_maps(&mut self) -> StackMaps<'_> {
         StackMaps {

@@ -123,7 +123,7 @@ impl Collector {
                     for pid in live_pids(&self.watching.processes) {
                         self.stacks.symbols.refresh(pid);
                     }
-                    self.refresh_python();
+                    self.tick_runtimes();
                     let snapshot = self.snapshot()?;
                     self.pace.queued.push_back(Event::Snapshot(snapshot));
                     if let Some(line) = self.stack_table_line() {
@@ -166,7 +166,7 @@ impl Collector {
         }
         self.watch_libraries()?;
         self.resolve_python_stacks();
-        self.note_python_threads_missed();
+        self.finish_runtimes();
         for pid in live_pids(&self.watching.processes) {
             self.stacks.symbols.refresh(pid);
         }

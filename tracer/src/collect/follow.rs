@@ -151,11 +151,12 @@ impl Collector {
                 }
                 continue;
             }
-            if let Err(error) = self.start_python(child, crate::model::run::NoticedBy::Attach) {
+            if let Err(error) = self.detect_runtimes(child) {
                 self.notice(format!(
                     "warning: child PID {child}: no Python frames: {error:#}"
                 ));
             }
+            self.attach_runtimes(child, crate::model::run::NoticedBy::Attach);
             if let Err(error) = self.probes.trace_mappings(child) {
                 self.notice(format!(
                     "warning: mappings of child PID {child} not followed: {error:#}"

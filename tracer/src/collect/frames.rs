@@ -189,7 +189,9 @@ impl Collector {
         }
         // A Python stack is whole from where Python started it, wherever
         // its native frames stop.
-        if self.python.stacks.interpreter(key.pid).is_some() && self.python_reaches_start(key) {
+        if self.runtimes.python.stacks.interpreter(key.pid).is_some()
+            && self.python_reaches_start(key)
+        {
             return true;
         }
         let addresses = match key.stack_id {
@@ -203,7 +205,7 @@ impl Collector {
             StackId::Copied(index) => self.stacks.copied.addresses(index).to_vec(),
             StackId::Mapping(_) => return self.frames(key).last().is_some_and(is_thread_entry),
         };
-        let addresses = crate::python::without_tag(addresses);
+        let addresses = crate::runtimes::python::without_tag(addresses);
         let Some(&outermost) = addresses.last() else {
             return false;
         };
@@ -245,10 +247,10 @@ impl Collector {
         else {
             return false;
         };
-        if !self.python.stacks.knows(key.pid, python) {
+        if !self.runtimes.python.stacks.knows(key.pid, python) {
             self.resolve_python_stack(key.pid, python);
         }
-        match self.python.stacks.frames(key.pid, python) {
+        match self.runtimes.python.stacks.frames(key.pid, python) {
             Some((frames, false)) => {
                 let frames: Vec<&Frame> = frames.iter().map(|(frame, _)| &**frame).collect();
                 python_reaches_start(&frames)

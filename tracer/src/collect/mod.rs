@@ -25,7 +25,7 @@ mod frames;
 mod kernel_stacks;
 mod live;
 mod mappings;
-mod python;
+mod runtimes;
 mod stack_table;
 mod targets;
 
@@ -118,8 +118,9 @@ pub struct Collector {
     watching: Watching,
     stacks: Stacks,
     mappings: MappingTracker,
-    /// Python frames (`--python`).
-    python: python::PythonState,
+    /// The language runtimes (`crate::runtimes`): Python frames
+    /// (`--python`).
+    runtimes: crate::runtimes::Runtimes,
     pace: Pace,
     /// What tracer costs the targets.
     cost: cost::CostMeter,
@@ -195,7 +196,7 @@ impl Collector {
                 thread_entries: HashMap::new(),
             },
             mappings: MappingTracker::new(rings.mapping_events),
-            python: python::PythonState::default(),
+            runtimes: crate::runtimes::Runtimes::new(crate::config::PythonOptions::default()),
             pace: Pace {
                 schedule,
                 attached_at: Instant::now(),
@@ -229,13 +230,13 @@ impl Collector {
 
     fn trace(&mut self, pid: u32) -> Result<()> {
         let finding = std::time::Instant::now();
-        let python = self.find_python(pid)?;
+        self.detect_runtimes(pid)?;
         self.probes.add_python_time(finding.elapsed());
         self.probes.attach_allocators(pid)?;
         self.probes.trace_mappings(pid)?;
         self.mappings.start(pid);
         self.stacks.symbols.refresh(pid);
-        self.hook_found_python_objects(pid, python, crate::model::run::NoticedBy::Attach);
+        self.attach_runtimes(pid, crate::model::run::NoticedBy::Attach);
         Ok(())
     }
 
@@ -322,7 +323,7 @@ impl Collector {
             let executable = self.mark_exec(pid, after_s);
             self.probes.remap_unwinding(pid)?;
             self.stacks.symbols.refresh(pid);
-            self.look_for_python_after_exec(pid, crate::model::run::NoticedBy::MmapEvent);
+            self.runtimes_after_exec(pid, crate::model::run::NoticedBy::MmapEvent);
             self.pace.queued.push_back(Event::Exec {
                 pid,
                 executable,
@@ -401,7 +402,7 @@ impl Collector {
                             .push_back(Event::LibrariesHooked(hooked[hooked_before..].to_vec()));
                     }
                     self.stacks.symbols.refresh(pid);
-                    self.look_for_python_after_exec(pid, crate::model::run::NoticedBy::LoaderStop);
+                    self.runtimes_after_exec(pid, crate::model::run::NoticedBy::LoaderStop);
                     spawn::resume(pid);
                 }
                 _ => {}

@@ -170,7 +170,7 @@ impl StackTable {
     }
 
     /// Learns Python stack id `id` (unknown when PYTHON_STACKS lacks it).
-    fn learn_python(&mut self, maps: &mut StackMaps<'_>, id: u32) {
+    pub(super) fn learn_python(&mut self, maps: &mut StackMaps<'_>, id: u32) {
         if self.python.contains_key(&id) {
             return;
         }
@@ -224,7 +224,7 @@ impl Collector {
     /// Names the Python stacks the kernel stored since the last call
     /// (their code objects may be gone later), learning their ids.
     pub(super) fn resolve_python_stacks(&mut self) {
-        if self.python.stacks.is_empty() {
+        if self.runtimes.python.stacks.is_empty() {
             return;
         }
         let mut maps = self.probes.stack_maps();
@@ -232,7 +232,7 @@ impl Collector {
             let Some(stack) = maps.python_stack(id) else {
                 continue;
             };
-            self.python.stacks.resolve(stack.tgid, id, &stack);
+            self.runtimes.python.stacks.resolve(stack.tgid, id, &stack);
             self.stacks.table.learn_python(&mut maps, id);
         }
     }
@@ -244,7 +244,7 @@ impl Collector {
         if let Some(stack) = maps.python_stack(id)
             && stack.tgid == pid
         {
-            self.python.stacks.resolve(pid, id, &stack);
+            self.runtimes.python.stacks.resolve(pid, id, &stack);
             self.stacks.table.learn_python(&mut maps, id);
         }
     }
@@ -404,7 +404,7 @@ impl Collector {
         for id in evict {
             maps.evict_python_stack(id)?;
             let held = self.stacks.table.python.remove(&id).expect("listed");
-            self.python.stacks.forget(held.pid, id);
+            self.runtimes.python.stacks.forget(held.pid, id);
             self.stacks.table.python_evicted += 1;
         }
         Ok(())

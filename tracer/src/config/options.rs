@@ -201,7 +201,7 @@ pub struct Schedule {
 
 /// `--python`, `--python-depth`, `--python-objects` (CPython's allocator
 /// hooked, blocks of kind python-object).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PythonOptions {
     pub mode: PythonMode,
     pub depth: u32,

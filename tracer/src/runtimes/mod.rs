@@ -1,20 +1,94 @@
 //! The language runtimes tracer understands, one folder each: what a
 //! runtime needs from the lower layers is asked through a seam each of
-//! them defines, and implemented here.
+//! them defines, and implemented here; what the collector asks of it
+//! through a run is [`Runtime`].
 //!
-//! - the unwinder's: `unwind::runtime_code` (which objects a runtime
+//! - the unwinder's seam: `unwind::runtime_code` (which objects a runtime
 //!   built, how its code switches stacks to call native code, a walker of
 //!   its frames in a copied stack): Go (`go/`).
+//! - the collector's: [`Runtime`] (found in a target before its
+//!   allocators are hooked, attached after, looked at again after an
+//!   exec, kept current at each snapshot, its notes at the end): CPython
+//!   (`python/`, with its kernel maps in `python/kernel.rs`).
 //!
-//! [`register`] is the one registration: a new runtime is a folder here
-//! (and, for what the kernel must know, a file in `tracer-ebpf/src/`)
-//! plus a line in it. docs/development.md ("Adding a runtime") walks
-//! through one.
+//! [`register`] and [`Runtimes`] are the registrations: a new runtime is
+//! a folder here (and, for what the kernel must know, a file in
+//! `tracer-ebpf/src/`) plus a line in each. docs/development.md ("Adding
+//! a runtime") walks through them.
 pub mod go;
+pub mod python;
 
-/// Registers every runtime with the layers that ask them; before any
-/// object of a target is read (`main`, and `Collector::new` for the
+use anyhow::Result;
+
+use crate::{attach::Probes, config::PythonOptions, model::run::NoticedBy};
+
+/// Registers every runtime with the layers below that ask them; before
+/// any object of a target is read (`main`, and `Collector::new` for the
 /// library's users). Later calls change nothing.
 pub fn register() {
     crate::unwind::runtime_code::register(vec![&go::Go]);
+}
+
+/// A language runtime through a run, as the collector drives it: each
+/// call gets the probes (to set the runtime's kernel maps, or hook its
+/// allocator) and, where it has something to say, `notices`, lines the
+/// collector passes on (warnings, "frames on from now").
+pub trait Runtime {
+    /// Before the allocator probes of `pid` are attached: finds the
+    /// runtime in it and tells the kernel what its walk needs, so that
+    /// the first allocations get its frames. An error stops the attach
+    /// (the runtime was asked for and is not there).
+    fn detect(&mut self, pid: u32, probes: &mut Probes, notices: &mut Vec<String>) -> Result<()>;
+    /// After the allocator probes of `pid`: hooks what the runtime
+    /// allocates with. A failure is a notice.
+    fn attach(
+        &mut self,
+        pid: u32,
+        probes: &mut Probes,
+        noticed_by: NoticedBy,
+        notices: &mut Vec<String>,
+    );
+    /// `pid` replaced its image (in spawn mode, while the loader gate
+    /// holds the new image, so that its first allocations get the
+    /// runtime's frames).
+    fn after_exec(
+        &mut self,
+        pid: u32,
+        probes: &mut Probes,
+        noticed_by: NoticedBy,
+        notices: &mut Vec<String>,
+    );
+    /// At each snapshot: keeps what the kernel knows of the `live`
+    /// targets current, and finds the runtime in those that loaded it
+    /// since.
+    fn tick(&mut self, live: &[u32], probes: &mut Probes, notices: &mut Vec<String>);
+    /// At the end, before the last snapshot.
+    fn finish(&mut self, probes: &mut Probes, notices: &mut Vec<String>);
+    /// The runtime's part of the attach line, if it has one.
+    fn summary(&self) -> Option<String>;
+    /// Lines printed after the attach line (targets it cannot read).
+    fn attach_notes(&self) -> Vec<String>;
+}
+
+/// The runtimes a run drives, one field each.
+pub struct Runtimes {
+    pub python: python::Python,
+}
+
+impl Runtimes {
+    pub fn new(python: PythonOptions) -> Runtimes {
+        Runtimes {
+            python: python::Python::new(python),
+        }
+    }
+
+    /// Each runtime, in the order they are asked.
+    pub fn each(&mut self) -> [&mut dyn Runtime; 1] {
+        [&mut self.python]
+    }
+
+    /// The same, to read.
+    pub fn each_ref(&self) -> [&dyn Runtime; 1] {
+        [&self.python]
+    }
 }

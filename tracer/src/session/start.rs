@@ -81,15 +81,15 @@ pub(super) fn attach(config: &Config) -> Result<Collector> {
         probes.probe_count(),
         describe_targets(&collector.targets()),
         (attached_at - started_at).as_millis(),
-        collector.python_summary(),
+        collector.runtimes_summary(),
         config
             .schedule
             .duration
             .map(|duration| format!(" for {:.1} s", duration.as_secs_f64()))
             .unwrap_or_default(),
     );
-    for (pid, why) in collector.python_unsupported() {
-        eprintln!("tracer: PID {pid}: no Python frames: {why}; native frames only");
+    for note in collector.runtimes_attach_notes() {
+        eprintln!("tracer: {note}");
     }
     for (pid, objects) in probes.copying_stacks_of() {
         eprintln!(

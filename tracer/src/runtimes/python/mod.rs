@@ -2,14 +2,18 @@
 //! (for the kernel's Python-frame walk, `tracer-ebpf/src/python.rs`), and
 //! name the code objects of the Python stacks the kernel walked, while
 //! the target lives; then merge Python frames into native stacks.
+//! `tracking` is the runtime through a run ([`Python`], what the collector
+//! drives), `kernel` its maps in the eBPF object.
 //!
 //! Everything is read from outside with `process_vm_readv`: the target is
 //! never stopped or written.
+mod kernel;
 pub mod layout;
 pub mod lines;
 mod merge;
 #[cfg(test)]
 mod real_bytes;
+mod tracking;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -22,6 +26,7 @@ use tracer_ebpf::{PythonOffsets, PythonStack, python_frame};
 
 pub use layout::VersionLayout;
 pub use merge::merge;
+pub use tracking::Python;
 
 use crate::{
     model::{Frame, Language},
