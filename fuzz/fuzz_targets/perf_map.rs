@@ -3,7 +3,7 @@
 //! appends: the first piece, then the rest).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use tracer::symbolize::perf_map::PerfMaps;
+use tracer::{runtimes::jit::PerfMaps, symbolize::jit::JitNames as _};
 
 fuzz_target!(|data: &[u8]| {
     let mut fields = tracer_fuzz::Fields::new(data);

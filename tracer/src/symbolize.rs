@@ -19,8 +19,8 @@
 //!
 //! Long: the symbolizer's caches and its waits for its worker's answers.
 mod files;
+pub mod jit;
 mod offline;
-pub mod perf_map;
 mod worker;
 
 use files::{Module, dwarf_is_safe, elf_source, fd_path, read_identity};
@@ -119,8 +119,9 @@ pub struct Symbols {
     /// Open mapped files, by (pid, path in the target).
     files: HashMap<(u32, PathBuf), Module>,
     cache: HashMap<(u32, u64), Vec<Frame>>,
-    /// Names of JIT code, from the runtimes' perf maps.
-    perf_maps: perf_map::PerfMaps,
+    /// Names of JIT code, from the runtimes that give them
+    /// (`runtimes::jit`: perf maps).
+    jit: Vec<Box<dyn jit::JitNames>>,
     /// `--debug-dir`s, searched before /usr/lib/debug.
     debug_dirs: Vec<PathBuf>,
     /// Processes forgotten so far.
@@ -136,14 +137,9 @@ fn new_symbolizer() -> Symbolizer {
         .build()
 }
 
-impl Default for Symbols {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Symbols {
-    pub fn new() -> Symbols {
+    /// A symbolizer that names JIT code with `jit` (`runtimes::jit_names`).
+    pub fn new(jit: Vec<Box<dyn jit::JitNames>>) -> Symbols {
         Symbols {
             worker: worker::Worker::start(),
             asked: HashSet::new(),
@@ -153,7 +149,7 @@ impl Symbols {
             mappings: HashMap::new(),
             files: HashMap::new(),
             cache: HashMap::new(),
-            perf_maps: Default::default(),
+            jit,
             debug_dirs: Vec::new(),
             forgotten: 0,
             uses: std::cell::Cell::new(0),
@@ -219,7 +215,9 @@ impl Symbols {
         if !mappings.is_empty() {
             self.mappings.insert(pid, mappings);
         }
-        self.perf_maps.refresh(pid);
+        for jit in &mut self.jit {
+            jit.refresh(pid);
+        }
     }
 
     /// The next tick of the look-up clock.
@@ -422,14 +420,17 @@ impl Symbols {
         }
     }
 
-    /// `frames` of an address, with JIT code named by its runtime's perf
-    /// map, kept for the next time unless nothing is known of it.
+    /// `frames` of an address, with JIT code named by its runtime (`jit`),
+    /// kept for the next time unless nothing is known of it.
     fn finish(&mut self, pid: u32, return_address: u64, mut frames: Vec<Frame>) -> Vec<Frame> {
         if let [frame] = frames.as_mut_slice()
             && frame.function.is_none()
         {
-            // JIT code: named by its runtime's perf map, when it writes one.
-            frame.function = self.perf_maps.name(pid, return_address - 1);
+            // JIT code: named by its runtime, when it says (a perf map).
+            frame.function = self
+                .jit
+                .iter()
+                .find_map(|jit| jit.name(pid, return_address - 1));
         }
         // An address in no known object, unnamed, may belong to a library
         // mapped after the last refresh (a dlopen): it is looked up again
@@ -566,7 +567,7 @@ mod tests {
         let pid = std::process::id();
         // A return address inside this function, as a stack would hold.
         let return_address = a_function_of_this_test() + 1;
-        let mut symbols = Symbols::new();
+        let mut symbols = Symbols::new(Vec::new());
         let before = symbols.stack_frames(pid, &[return_address]);
         assert!(
             before.iter().all(|frame| frame.module.is_none()),

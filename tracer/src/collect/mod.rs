@@ -190,7 +190,7 @@ impl Collector {
                 table,
                 by_stack: Vec::new(),
                 copied,
-                symbols: Symbols::new(),
+                symbols: Symbols::new(crate::runtimes::jit_names()),
                 frames: frames::Interned::default(),
                 apis: HashMap::new(),
                 thread_entries: HashMap::new(),

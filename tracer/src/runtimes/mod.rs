@@ -6,16 +6,19 @@
 //! - the unwinder's seam: `unwind::runtime_code` (which objects a runtime
 //!   built, how its code switches stacks to call native code, a walker of
 //!   its frames in a copied stack): Go (`go/`).
+//! - the symbolizer's: `symbolize::jit::JitNames` (names of JIT code): the
+//!   perf maps JIT runtimes write (`jit/`).
 //! - the collector's: [`Runtime`] (found in a target before its
 //!   allocators are hooked, attached after, looked at again after an
 //!   exec, kept current at each snapshot, its notes at the end): CPython
 //!   (`python/`, with its kernel maps in `python/kernel.rs`).
 //!
-//! [`register`] and [`Runtimes`] are the registrations: a new runtime is
+//! [`register`], [`jit_names`] and [`Runtimes`] are the registrations: a new runtime is
 //! a folder here (and, for what the kernel must know, a file in
 //! `tracer-ebpf/src/`) plus a line in each. docs/development.md ("Adding
 //! a runtime") walks through them.
 pub mod go;
+pub mod jit;
 pub mod python;
 
 use anyhow::Result;
@@ -27,6 +30,11 @@ use crate::{attach::Probes, config::PythonOptions, model::run::NoticedBy};
 /// library's users). Later calls change nothing.
 pub fn register() {
     crate::unwind::runtime_code::register(vec![&go::Go]);
+}
+
+/// The namers of JIT code, for a new symbolizer.
+pub fn jit_names() -> Vec<Box<dyn crate::symbolize::jit::JitNames>> {
+    vec![Box::new(jit::PerfMaps::default())]
 }
 
 /// A language runtime through a run, as the collector drives it: each

@@ -17,7 +17,7 @@ use std::{
     path::PathBuf,
 };
 
-use crate::{procfs, target_files};
+use crate::{procfs, symbolize::jit::JitNames, target_files};
 
 /// The most read from a perf map per refresh.
 pub const MAX_READ_BYTES: u64 = 16 << 20;
@@ -117,11 +117,11 @@ pub struct PerfMaps {
     maps: HashMap<u32, PerfMap>,
 }
 
-impl PerfMaps {
+impl JitNames for PerfMaps {
     /// Reads what `pid`'s runtime appended to its perf map since the last
     /// call. Call while the process lives (its /proc/PID/root is needed
     /// the first time).
-    pub fn refresh(&mut self, pid: u32) {
+    fn refresh(&mut self, pid: u32) {
         let map = self.maps.entry(pid).or_insert_with(|| PerfMap {
             pid,
             path: map_path(pid),
@@ -130,6 +130,13 @@ impl PerfMaps {
         map.read_new();
     }
 
+    /// The JIT function at `address` in `pid`, if its runtime named it.
+    fn name(&self, pid: u32, address: u64) -> Option<String> {
+        self.maps.get(&pid)?.name(address).map(str::to_owned)
+    }
+}
+
+impl PerfMaps {
     /// Takes `data` as what `pid`'s runtime appended to its perf map since
     /// the last call (what `refresh` reads; the fuzz target's way in).
     pub fn add(&mut self, pid: u32, data: &[u8]) {
@@ -140,11 +147,6 @@ impl PerfMaps {
                 ..PerfMap::default()
             })
             .add(data);
-    }
-
-    /// The JIT function at `address` in `pid`, if its runtime named it.
-    pub fn name(&self, pid: u32, address: u64) -> Option<String> {
-        self.maps.get(&pid)?.name(address).map(str::to_owned)
     }
 }
 
