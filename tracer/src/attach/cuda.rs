@@ -9,11 +9,10 @@
 //! reserves address space, not memory. Context destruction and reset are
 //! hooked too: they release the memory the context owns without a free.
 //!
-//! PyTorch's caching allocator hands tensors blocks of the segments it
-//! cudaMallocs: its `DeviceCachingAllocator::malloc` and `free`, unexported
-//! functions of `libc10_cuda.so`, are hooked too (`CACHING_ALLOCATOR`),
-//! their blocks being the gpu-tensor kind.
-use tracer_ebpf::{GPU_API_NAMES, caching_allocator, gpu_api as api, gpu_cookie, kind, program};
+//! PyTorch's caching allocator, which hands tensors blocks of the
+//! segments it cudaMallocs, is a runtime's family (`runtimes::torch`,
+//! through `family`).
+use tracer_ebpf::{GPU_API_NAMES, gpu_api as api, gpu_cookie, kind, program};
 
 use super::function::HookedFunction;
 
@@ -77,29 +76,6 @@ pub const CUDA_FUNCTIONS: [HookedFunction; api::COUNT as usize] = [
     ),
     cuda(api::CUDA_DEVICE_RESET, program::GPU_CONTEXT_ENTER, DEVICE),
 ];
-
-/// PyTorch's caching allocator: the block `malloc` returns (no argument
-/// is needed: no entry program), the block `free` takes.
-pub const CACHING_ALLOCATOR: [HookedFunction; 2] = [
-    HookedFunction {
-        name: caching_allocator::MALLOC,
-        entry_program: None,
-        return_program: Some(program::TENSOR_MALLOC_RETURN),
-        cookie: 0,
-    },
-    HookedFunction {
-        name: caching_allocator::FREE,
-        entry_program: Some(program::TENSOR_FREE_ENTER),
-        return_program: None,
-        cookie: 0,
-    },
-];
-
-/// Whether the file named `file_name` may define the caching allocator's
-/// functions, which only its full symbol table lists.
-pub fn may_define_caching_allocator(file_name: &str) -> bool {
-    file_name.starts_with(caching_allocator::LIBRARY_PREFIX)
-}
 
 /// The name of a `gpu_api` id, `None` for one this build does not know.
 pub fn api_name(api_id: u32) -> Option<&'static str> {

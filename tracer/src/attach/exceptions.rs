@@ -101,7 +101,6 @@ pub const THROWING: &[&str] = &[
     "_ZnamSt11align_val_t",
     "tc_new",
     "tc_newarray",
-    tracer_ebpf::caching_allocator::MALLOC,
 ];
 
 /// What the threads did, for the report's counters.

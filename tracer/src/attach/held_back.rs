@@ -1,5 +1,5 @@
 //! Return probes held back until the C++ unwinder is probed: a function
-//! that can throw (`exceptions::THROWING`) gets its return probe in a
+//! that can throw (`exceptions::THROWING`, `family::throws`) gets its return probe in a
 //! process only once that process's unwinder entry points are probed
 //! (and the kernel's return instances can be walked), else an exception
 //! through the probe's trampoline would terminate it (`exceptions`).
@@ -23,7 +23,8 @@ use std::{
 
 use super::{
     HookSite,
-    exceptions::{THROWING, is_unwinder_start},
+    exceptions::{self, is_unwinder_start},
+    family,
     symbols::Unprobed,
 };
 
@@ -66,7 +67,9 @@ pub struct ThrowingReturns(Arc<Mutex<State>>);
 
 /// Whether `site` is a return-probed function that can throw.
 fn throws(site: &HookSite) -> bool {
-    site.function.return_program.is_some() && THROWING.contains(&site.function.name)
+    site.function.return_program.is_some()
+        && (exceptions::THROWING.contains(&site.function.name)
+            || family::throws(site.function.name))
 }
 
 impl ThrowingReturns {
@@ -230,10 +233,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        attach::{
-            cuda::CACHING_ALLOCATOR, exceptions::UNWINDER_START, function::HookedFunction,
-            symbols::SiteFile,
-        },
+        attach::{exceptions::UNWINDER_START, function::HookedFunction, symbols::SiteFile},
         model::allocators::ALLOCATORS,
     };
 
@@ -292,7 +292,7 @@ mod tests {
             vec![
                 allocator("_Znwm", "/plugin.so"),
                 allocator("_ZnwmRKSt9nothrow_t", "/plugin.so"),
-                site(CACHING_ALLOCATOR[0], "/plugin.so"),
+                allocator("_Znam", "/plugin.so"),
             ],
         );
         assert_eq!(
@@ -330,10 +330,7 @@ mod tests {
             names(&libgcc.released),
             [
                 ("_Znwm", Path::new("/plugin.so")),
-                (
-                    tracer_ebpf::caching_allocator::MALLOC,
-                    Path::new("/plugin.so")
-                ),
+                ("_Znam", Path::new("/plugin.so")),
                 ("_Znam", Path::new("/libstdc++.so")),
             ]
         );

@@ -18,6 +18,7 @@ pub mod ahead;
 pub mod at_open;
 pub mod cuda;
 pub mod exceptions;
+pub mod family;
 pub mod forwarding;
 pub mod function;
 pub mod held_back;

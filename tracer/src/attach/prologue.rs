@@ -197,16 +197,14 @@ pub const SIGNATURES: &[(&str, usize)] = &[
     ("cudaFreeHost", 1),
     ("cudaFreeAsync", 2),
     ("cudaDeviceReset", 0),
-    // PyTorch's caching allocator: (this, size, stream), (this, block).
-    (tracer_ebpf::caching_allocator::MALLOC, 3),
-    (tracer_ebpf::caching_allocator::FREE, 2),
 ];
 
 /// The prefixes a statically linked jemalloc puts before its names
 /// (`--with-jemalloc-prefix`): redis' own build, Rust's tikv-jemallocator.
 pub const JEMALLOC_PREFIXES: [&str; 2] = ["je_", "_rjem_"];
 
-/// The integer argument registers of `symbol`, from `SIGNATURES` (a
+/// The integer argument registers of `symbol`, from `SIGNATURES` or a
+/// runtime's family (`family::signature`) (a
 /// prefixed jemalloc name as the plain one); all six when unknown.
 pub fn argument_registers(symbol: &str) -> &'static [Register] {
     let plain = JEMALLOC_PREFIXES
@@ -216,7 +214,9 @@ pub fn argument_registers(symbol: &str) -> &'static [Register] {
     let count = SIGNATURES
         .iter()
         .find(|(name, _)| *name == plain)
-        .map_or(ARGUMENT_REGISTERS.len(), |&(_, count)| count);
+        .map(|&(_, count)| count)
+        .or_else(|| super::family::signature(plain))
+        .unwrap_or(ARGUMENT_REGISTERS.len());
     &ARGUMENT_REGISTERS[..count]
 }
 

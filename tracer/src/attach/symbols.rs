@@ -17,8 +17,9 @@ use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSymbol as _, SymbolKind};
 
 use super::{
-    cuda::{self, CACHING_ALLOCATOR, CUDA_FUNCTIONS},
+    cuda::CUDA_FUNCTIONS,
     exceptions::UNWINDER_START,
+    family,
     forwarding::{Callees, Forwarding, PassesOn},
     function::HookedFunction,
     prologue,
@@ -30,13 +31,17 @@ use crate::{
 };
 
 /// Every function looked up in a mapped object: the allocators, the CUDA
-/// entry points, PyTorch's caching allocator, then the unwinder's entry
-/// points (`exceptions`).
+/// entry points, the families runtimes registered (`family`: PyTorch's
+/// caching allocator), then the unwinder's entry points (`exceptions`).
 fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
     all_allocators()
         .map(HookedFunction::allocator)
         .chain(CUDA_FUNCTIONS)
-        .chain(CACHING_ALLOCATOR)
+        .chain(
+            family::registered()
+                .iter()
+                .flat_map(|family| family.functions.iter().copied()),
+        )
         .chain(UNWINDER_START)
 }
 
@@ -438,29 +443,34 @@ fn sites_in_file(
         // Shared libraries export their allocator; only the executable
         // (a static build, a custom allocator) may define it unexported,
         // and walking the full symbol table of a huge library is slow.
-        // PyTorch's caching allocator is unexported in its small library.
-        let caching_allocator = path
+        // A runtime's family may be unexported in its own small library
+        // (PyTorch's caching allocator).
+        let unexported = path
             .file_name()
             .and_then(|name| name.to_str())
-            .is_some_and(cuda::may_define_caching_allocator);
-        let search = if executable.as_deref() == Some(path) || caching_allocator {
+            .and_then(family::unexported_in);
+        let search = if executable.as_deref() == Some(path) || unexported.is_some() {
             SymbolTables::DynamicAndFull
         } else {
             SymbolTables::Dynamic
         };
         let found_functions = function_offsets(&data, search, functions)
             .with_context(|| format!("could not read the symbols of {}", path.display()))?;
-        if caching_allocator
-            && functions.contains(&CACHING_ALLOCATOR[0])
+        if let Some(family) = unexported
+            && family
+                .functions
+                .iter()
+                .any(|function| functions.contains(function))
             && !found_functions
                 .iter()
-                .any(|found| CACHING_ALLOCATOR.contains(&found.function))
+                .any(|found| family.contains(&found.function))
         {
             eprintln!(
-                "tracer: note: {} does not list PyTorch's caching allocator in its symbol \
-                 table (a stripped or unknown build): tensor blocks (gpu-tensor) are not \
-                 followed, only the segments it allocates (gpu-device)",
-                path.display()
+                "tracer: note: {} does not list {} in its symbol table (a stripped or \
+                 unknown build): {}",
+                path.display(),
+                family.name,
+                family.missing
             );
         }
         for found in found_functions {
@@ -475,9 +485,10 @@ fn sites_in_file(
             let start = usize::try_from(found.file_offset).unwrap_or(usize::MAX);
             let code = data.get(start..).unwrap_or_default();
             // The CUDA programs take their cookie for the API: only the
-            // malloc family can read a moved argument.
+            // malloc family can read a moved argument (a runtime's family's
+            // programs do not).
             let follow_copies =
-                found.function.cookie == 0 && !CACHING_ALLOCATOR.contains(&found.function);
+                found.function.cookie == 0 && !family::is_registered(&found.function);
             let site = prologue::choose_site(
                 code,
                 found.size_bytes,

@@ -6,6 +6,9 @@
 //! - the unwinder's seam: `unwind::runtime_code` (which objects a runtime
 //!   built, how its code switches stacks to call native code, a walker of
 //!   its frames in a copied stack): Go (`go/`).
+//! - attach's allocator seam: `attach::family` (a family of functions a
+//!   runtime allocates with, where its symbols hide, their arguments and
+//!   throws): PyTorch's caching allocator (`torch/`).
 //! - the symbolizer's: `symbolize::jit::JitNames` (names of JIT code): the
 //!   perf maps JIT runtimes write (`jit/`).
 //! - the collector's: [`Runtime`] (found in a target before its
@@ -20,6 +23,7 @@
 pub mod go;
 pub mod jit;
 pub mod python;
+pub mod torch;
 
 use anyhow::Result;
 
@@ -30,6 +34,7 @@ use crate::{attach::Probes, config::PythonOptions, model::run::NoticedBy};
 /// library's users). Later calls change nothing.
 pub fn register() {
     crate::unwind::runtime_code::register(vec![&go::Go]);
+    crate::attach::family::register(vec![&torch::CACHING_ALLOCATOR]);
 }
 
 /// The namers of JIT code, for a new symbolizer.

@@ -1,0 +1,79 @@
+//! The allocator seam: a family of functions a runtime or library
+//! allocates with, beyond the allocators and CUDA entry points attach
+//! knows itself (`symbols::hooked_functions`), described once: what to
+//! look for, where its symbols hide, what each function's arguments and
+//! throws are. A runtime (`crate::runtimes`, above this layer) registers
+//! its families once, at start (`runtimes::register`: PyTorch's caching
+//! allocator is `runtimes::torch`); the site search, the prologue check
+//! and the held-back throwing returns ask them. Nothing here names one.
+use std::sync::OnceLock;
+
+use super::function::HookedFunction;
+
+/// A family of hooked functions.
+#[derive(Debug)]
+pub struct HookFamily {
+    /// What the family is, for messages.
+    pub name: &'static str,
+    /// Its functions, each with its eBPF programs.
+    pub functions: &'static [HookedFunction],
+    /// Whether the file named so may define them unexported (only its
+    /// full symbol table lists them); other files are searched in their
+    /// dynamic symbol table alone.
+    pub unexported_in: fn(&str) -> bool,
+    /// Said when such a file lists none of them (a stripped build).
+    pub missing: &'static str,
+    /// Integer arguments of each function (`prologue::argument_registers`).
+    pub signatures: &'static [(&'static str, usize)],
+    /// The return-probed ones that can throw (`held_back`).
+    pub throwing: &'static [&'static str],
+}
+
+impl HookFamily {
+    pub fn contains(&self, function: &HookedFunction) -> bool {
+        self.functions.contains(function)
+    }
+}
+
+static REGISTERED: OnceLock<Vec<&'static HookFamily>> = OnceLock::new();
+
+/// Registers the families runtimes hook; the first call decides (later
+/// ones, the same list, change nothing).
+pub fn register(families: Vec<&'static HookFamily>) {
+    let _ = REGISTERED.set(families);
+}
+
+/// The families registered (none before [`register`]).
+pub fn registered() -> &'static [&'static HookFamily] {
+    REGISTERED.get().map_or(&[], Vec::as_slice)
+}
+
+/// The family that may define functions unexported in the file named
+/// `file_name`, if one does.
+pub fn unexported_in(file_name: &str) -> Option<&'static HookFamily> {
+    registered()
+        .iter()
+        .copied()
+        .find(|family| (family.unexported_in)(file_name))
+}
+
+/// Whether `function` is a registered family's.
+pub fn is_registered(function: &HookedFunction) -> bool {
+    registered().iter().any(|family| family.contains(function))
+}
+
+/// The argument count of `name`, if a registered family gives it.
+pub fn signature(name: &str) -> Option<usize> {
+    registered()
+        .iter()
+        .flat_map(|family| family.signatures)
+        .find(|(function, _)| *function == name)
+        .map(|&(_, count)| count)
+}
+
+/// Whether `name` is a registered family's function that can throw.
+pub fn throws(name: &str) -> bool {
+    registered()
+        .iter()
+        .any(|family| family.throwing.contains(&name))
+}
