@@ -17,10 +17,16 @@ pub struct HookFamily {
     pub name: &'static str,
     /// Its functions, each with its eBPF programs.
     pub functions: &'static [HookedFunction],
+    /// Looked for in every object a target maps (else hooked on request,
+    /// by the runtime, in the objects it names: `--python-objects`).
+    pub everywhere: bool,
+    /// Its entry programs read arguments a prologue may move (the malloc
+    /// family's programs do: the moved registers go in the cookie).
+    pub reads_moved_arguments: bool,
     /// Whether the file named so may define them unexported (only its
     /// full symbol table lists them); other files are searched in their
     /// dynamic symbol table alone.
-    pub unexported_in: fn(&str) -> bool,
+    pub unexported_in: Option<fn(&str) -> bool>,
     /// Said when such a file lists none of them (a stripped build).
     pub missing: &'static str,
     /// Integer arguments of each function (`prologue::argument_registers`).
@@ -51,15 +57,27 @@ pub fn registered() -> &'static [&'static HookFamily] {
 /// The family that may define functions unexported in the file named
 /// `file_name`, if one does.
 pub fn unexported_in(file_name: &str) -> Option<&'static HookFamily> {
+    registered().iter().copied().find(|family| {
+        family
+            .unexported_in
+            .is_some_and(|defines| defines(file_name))
+    })
+}
+
+/// The registered family `function` is of, if any.
+pub fn of(function: &HookedFunction) -> Option<&'static HookFamily> {
     registered()
         .iter()
         .copied()
-        .find(|family| (family.unexported_in)(file_name))
+        .find(|family| family.contains(function))
 }
 
-/// Whether `function` is a registered family's.
-pub fn is_registered(function: &HookedFunction) -> bool {
-    registered().iter().any(|family| family.contains(function))
+/// The functions of the families looked for in every object.
+pub fn everywhere() -> impl Iterator<Item = HookedFunction> {
+    registered()
+        .iter()
+        .filter(|family| family.everywhere)
+        .flat_map(|family| family.functions.iter().copied())
 }
 
 /// The argument count of `name`, if a registered family gives it.

@@ -1,5 +1,5 @@
-//! A function tracer hooks (an allocator, a CUDA entry point, PyTorch's
-//! caching allocator) and the eBPF programs that trace it.
+//! A function tracer hooks (an allocator, a CUDA entry point, a runtime's
+//! family: `family`) and the eBPF programs that trace it.
 use tracer_ebpf::program;
 
 use crate::model::allocators::{Allocator, AllocatorCall};
@@ -40,28 +40,6 @@ impl HookedFunction {
                 Some(ALLOC_RETURN_PROGRAM)
             } else {
                 None
-            },
-            cookie: 0,
-        }
-    }
-
-    /// One of CPython's allocator functions (`--python-objects`): the
-    /// malloc family's programs, but its blocks are python objects.
-    pub const fn python_object(allocator: &Allocator) -> HookedFunction {
-        let entry_program = match allocator.call {
-            AllocatorCall::Calloc => program::PYOBJECT_CALLOC_ENTER,
-            AllocatorCall::Realloc | AllocatorCall::ReallocArray => program::PYOBJECT_REALLOC_ENTER,
-            AllocatorCall::Free => program::FREE_ENTER,
-            _ => program::PYOBJECT_MALLOC_ENTER,
-        };
-        let free = matches!(allocator.call, AllocatorCall::Free);
-        HookedFunction {
-            name: allocator.name,
-            entry_program: Some(entry_program),
-            return_program: if free {
-                None
-            } else {
-                Some(ALLOC_RETURN_PROGRAM)
             },
             cookie: 0,
         }

@@ -37,7 +37,6 @@ mod links;
 mod load;
 mod maps;
 mod preflight;
-mod python;
 mod reports;
 mod stack_maps;
 mod trap_cost;
@@ -72,7 +71,6 @@ pub use load::{AttachTimes, Rings};
 use load::{load_error, program};
 pub use maps::KernelMaps;
 pub use preflight::{KernelFeatures, check_kernel, check_privileges, check_target};
-pub use python::PythonObjectHooks;
 use raw::RawPrograms;
 pub use stack_maps::StackMaps;
 pub use symbols::HookSite;
@@ -428,7 +426,7 @@ impl Probes {
     /// can throw waits for `pid`'s unwinder (`held_back`); a batch that
     /// probes the unwinder attaches what waited, after its own. Returns
     /// lines for stderr.
-    fn attach_sites(
+    pub fn attach_sites(
         &mut self,
         pid: u32,
         sites: &[HookSite],

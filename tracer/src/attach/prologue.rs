@@ -134,15 +134,6 @@ pub const SIGNATURES: &[(&str, usize)] = &[
     ("tc_deletearray", 1),
     ("tc_delete_sized", 2),
     ("tc_deletearray_sized", 2),
-    // CPython's allocator (--python-objects).
-    ("PyObject_Malloc", 1),
-    ("PyObject_Calloc", 2),
-    ("PyObject_Realloc", 2),
-    ("PyObject_Free", 1),
-    ("PyMem_Malloc", 1),
-    ("PyMem_Calloc", 2),
-    ("PyMem_Realloc", 2),
-    ("PyMem_Free", 1),
     // mimalloc's own API.
     ("mi_malloc", 1),
     ("mi_zalloc", 1),

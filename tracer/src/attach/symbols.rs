@@ -24,11 +24,7 @@ use super::{
     function::HookedFunction,
     prologue,
 };
-use crate::{
-    model::allocators::{PYTHON_OBJECT_ALLOCATORS, all_allocators},
-    procfs::{self, Mapping},
-    target_files,
-};
+use crate::{model::allocators::all_allocators, procfs::Mapping, target_files};
 
 /// Every function looked up in a mapped object: the allocators, the CUDA
 /// entry points, the families runtimes registered (`family`: PyTorch's
@@ -37,11 +33,7 @@ fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
     all_allocators()
         .map(HookedFunction::allocator)
         .chain(CUDA_FUNCTIONS)
-        .chain(
-            family::registered()
-                .iter()
-                .flat_map(|family| family.functions.iter().copied()),
-        )
+        .chain(family::everywhere())
         .chain(UNWINDER_START)
 }
 
@@ -202,13 +194,6 @@ pub fn find_hook_sites(pid: u32, maps: &[Mapping], forwarding: Forwarding) -> Re
     )
 }
 
-/// CPython's allocator functions (`--python-objects`).
-fn python_object_functions() -> impl Iterator<Item = HookedFunction> {
-    PYTHON_OBJECT_ALLOCATORS
-        .iter()
-        .map(HookedFunction::python_object)
-}
-
 /// The allocator and CUDA functions defined in `paths`, files `pid` maps.
 pub fn hook_sites_in(pid: u32, paths: &[PathBuf], forwarding: Forwarding) -> Result<FoundSites> {
     sites_in(
@@ -220,147 +205,24 @@ pub fn hook_sites_in(pid: u32, paths: &[PathBuf], forwarding: Forwarding) -> Res
     )
 }
 
-/// CPython's allocator functions defined in `path` (the interpreter), a
-/// file `pid` maps. A free that only jumps through CPython's allocator
-/// table is hooked in the function it jumps to (see
-/// [`free_behind_wrapper`]).
-pub fn python_object_sites_in(pid: u32, path: &std::path::Path) -> Result<Vec<HookSite>> {
-    let maps = procfs::read_maps(pid).unwrap_or_default();
-    let sites = sites_in(
+/// The functions of `functions` defined in `path`, a file `pid` maps,
+/// opened as the inode it maps (a runtime's family hooked on request:
+/// `runtimes::python`'s objects).
+pub fn sites_in_mapped(
+    pid: u32,
+    path: &Path,
+    maps: &[Mapping],
+    functions: &[HookedFunction],
+    forwarding: Forwarding,
+) -> Result<Vec<HookSite>> {
+    Ok(sites_in(
         pid,
         &[path.to_path_buf()],
-        |path| target_files::open_named(pid, path, &maps),
-        &python_object_functions().collect::<Vec<_>>(),
-        Forwarding::TailJumpsOnly,
+        |path| target_files::open_named(pid, path, maps),
+        functions,
+        forwarding,
     )?
-    .sites;
-    let mut chosen: Vec<HookSite> = Vec::new();
-    for site in sites {
-        let site = if site.function.entry_program == Some(tracer_ebpf::program::FREE_ENTER) {
-            free_behind_wrapper(pid, &site, &maps).unwrap_or(site)
-        } else {
-            site
-        };
-        // PyObject_Free and PyMem_Free jump to the same function.
-        if chosen
-            .iter()
-            .all(|seen| (&seen.file, seen.offset) != (&site.file, site.offset))
-        {
-            chosen.push(site);
-        }
-    }
-    Ok(chosen)
-}
-
-/// Where a thin `PyObject_Free` or `PyMem_Free` really frees. Built
-/// without LTO, each is `mov %rdi,%rsi; mov ctx(%rip),%rdi; jmp
-/// *free(%rip)` (3.12+: the table's address loaded from the GOT into
-/// `%rax` first, then `jmp *free(%rax)`): the pointer moves to the second
-/// argument and the call goes through CPython's allocator table
-/// (pymalloc's `_PyObject_Free`, unexported). Both instructions after the move read memory relative to
-/// the instruction pointer, which the kernel single-steps (~16 µs per free
-/// on a VM); the function the table points to now, read from the target,
-/// usually starts with instructions it emulates. Its probe reads the
-/// pointer from `%rsi` (the attach cookie). None: not such a wrapper, or
-/// the table could not be read.
-fn free_behind_wrapper(pid: u32, site: &HookSite, maps: &[Mapping]) -> Option<HookSite> {
-    use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Register};
-    let mapping = maps.iter().find(|mapping| {
-        mapping.executable
-            && mapping.path == site.path
-            && (mapping.file_offset..mapping.file_offset + (mapping.end - mapping.start))
-                .contains(&site.function_offset)
-    })?;
-    let runtime = mapping.start + (site.function_offset - mapping.file_offset);
-    // The file the site was read from, which its probe goes in.
-    // SAFETY: read only, as in `sites_in_file`.
-    let data = unsafe { memmap2::Mmap::map(site.file.opened()?) }.ok()?;
-    let code = data.get(usize::try_from(site.function_offset).ok()?..)?;
-    let mut decoder = Decoder::with_ip(
-        64,
-        &code[..code.len().min(32)],
-        runtime,
-        DecoderOptions::NONE,
-    );
-    let mut instruction = Instruction::default();
-    let mut pointer_moved = false;
-    // Registers loaded from memory at a known address (3.12+ load the
-    // table's address from the GOT first), and what they hold.
-    let mut loaded: Vec<(Register, u64)> = Vec::new();
-    let mut slot = None;
-    for _ in 0..5 {
-        if !decoder.can_decode() {
-            break;
-        }
-        decoder.decode_out(&mut instruction);
-        let base = instruction.memory_base();
-        let base_value = || {
-            if base == Register::RIP {
-                Some(0)
-            } else {
-                loaded
-                    .iter()
-                    .find(|(register, _)| *register == base)
-                    .map(|&(_, value)| value)
-            }
-        };
-        match instruction.code() {
-            Code::Mov_r64_rm64 | Code::Mov_rm64_r64
-                if instruction.op0_register() == Register::RSI
-                    && instruction.op1_register() == Register::RDI =>
-            {
-                pointer_moved = true;
-            }
-            // `mov ctx(%rip),%rdi`, `mov GOT(%rip),%rax`, `mov 0xb0(%rax),%rdi`.
-            Code::Mov_r64_rm64 if base_value().is_some() => {
-                let address = base_value()?.wrapping_add(instruction.memory_displacement64());
-                if instruction.op0_register() != Register::RDI {
-                    loaded.push((instruction.op0_register(), read_target_u64(pid, address)?));
-                }
-            }
-            Code::Jmp_rm64 if base_value().is_some() => {
-                slot = Some(base_value()?.wrapping_add(instruction.memory_displacement64()));
-                break;
-            }
-            _ => return None,
-        }
-    }
-    let slot = slot.filter(|_| pointer_moved)?;
-    let target = read_target_u64(pid, slot)?;
-    let behind = maps.iter().find(|mapping| {
-        mapping.executable && mapping.path == site.path && mapping.contains(target)
-    })?;
-    let function_offset = behind.file_offset_of(target);
-    let code = data.get(usize::try_from(function_offset).ok()?..)?;
-    let chosen = prologue::choose_site(code, 0, &[Register::RSI], true);
-    let moved = if chosen.moved_arguments.is_empty() {
-        vec![(0, Register::RSI)]
-    } else {
-        chosen.moved_arguments.clone()
-    };
-    let mut function = site.function;
-    function.cookie = moved_arguments_cookie(&moved);
-    Some(HookSite {
-        function,
-        path: site.path.clone(),
-        file: site.file.clone(),
-        function_offset,
-        offset: function_offset + chosen.offset,
-        emulated: chosen.emulated,
-        reason: format!(
-            "{} (in the function {} jumps to through CPython's allocator table)",
-            chosen.reason, site.function.name
-        ),
-    })
-}
-
-/// Eight bytes of `pid`'s memory at `address`.
-fn read_target_u64(pid: u32, address: u64) -> Option<u64> {
-    use std::os::unix::fs::FileExt as _;
-    let memory = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
-    let mut word = [0u8; 8];
-    memory.read_exact_at(&mut word, address).ok()?;
-    Some(u64::from_ne_bytes(word))
+    .sites)
 }
 
 /// The size in bytes of the function `name` defined in the ELF file at
@@ -487,8 +349,8 @@ fn sites_in_file(
             // The CUDA programs take their cookie for the API: only the
             // malloc family can read a moved argument (a runtime's family's
             // programs do not).
-            let follow_copies =
-                found.function.cookie == 0 && !family::is_registered(&found.function);
+            let follow_copies = found.function.cookie == 0
+                && family::of(&found.function).is_none_or(|family| family.reads_moved_arguments);
             let site = prologue::choose_site(
                 code,
                 found.size_bytes,
@@ -610,7 +472,7 @@ fn function_offsets(
 
 /// The attach cookie that tells a malloc-family entry program where its
 /// moved arguments are (`tracer_ebpf::argument_register`).
-fn moved_arguments_cookie(moved: &[(usize, iced_x86::Register)]) -> u64 {
+pub fn moved_arguments_cookie(moved: &[(usize, iced_x86::Register)]) -> u64 {
     use iced_x86::Register;
     use tracer_ebpf::argument_register as slot;
     moved

@@ -8,7 +8,8 @@
 //!   its frames in a copied stack): Go (`go/`).
 //! - attach's allocator seam: `attach::family` (a family of functions a
 //!   runtime allocates with, where its symbols hide, their arguments and
-//!   throws): PyTorch's caching allocator (`torch/`).
+//!   throws): PyTorch's caching allocator (`torch/`), CPython's
+//!   (`python/objects.rs`, hooked on request: `--python-objects`).
 //! - the symbolizer's: `symbolize::jit::JitNames` (names of JIT code): the
 //!   perf maps JIT runtimes write (`jit/`).
 //! - the collector's: [`Runtime`] (found in a target before its
@@ -34,7 +35,7 @@ use crate::{attach::Probes, config::PythonOptions, model::run::NoticedBy};
 /// library's users). Later calls change nothing.
 pub fn register() {
     crate::unwind::runtime_code::register(vec![&go::Go]);
-    crate::attach::family::register(vec![&torch::CACHING_ALLOCATOR]);
+    crate::attach::family::register(vec![&torch::CACHING_ALLOCATOR, &python::objects::OBJECTS]);
 }
 
 /// The namers of JIT code, for a new symbolizer.

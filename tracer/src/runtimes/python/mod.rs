@@ -3,7 +3,8 @@
 //! name the code objects of the Python stacks the kernel walked, while
 //! the target lives; then merge Python frames into native stacks.
 //! `tracking` is the runtime through a run ([`Python`], what the collector
-//! drives), `kernel` its maps in the eBPF object.
+//! drives), `kernel` its maps in the eBPF object, `objects` CPython's
+//! allocator hooked (`--python-objects`).
 //!
 //! Everything is read from outside with `process_vm_readv`: the target is
 //! never stopped or written.
@@ -11,6 +12,7 @@ mod kernel;
 pub mod layout;
 pub mod lines;
 mod merge;
+pub mod objects;
 #[cfg(test)]
 mod real_bytes;
 mod tracking;

@@ -103,7 +103,7 @@ impl Python {
         noticed_by: NoticedBy,
         notices: &mut Vec<String>,
     ) {
-        match probes.attach_python_objects(pid, object, noticed_by) {
+        match super::objects::attach(probes, pid, object, noticed_by) {
             Ok(hooks) => {
                 self.objects_hooked.push(pid);
                 if let Some(size) = hooks.inlined_bytes {

@@ -37,7 +37,10 @@ fn may_define_caching_allocator(file_name: &str) -> bool {
 pub static CACHING_ALLOCATOR: HookFamily = HookFamily {
     name: "PyTorch's caching allocator",
     functions: &FUNCTIONS,
-    unexported_in: may_define_caching_allocator,
+    everywhere: true,
+    // Its programs read the `Block` (`tensors.rs`), not a moved argument.
+    reads_moved_arguments: false,
+    unexported_in: Some(may_define_caching_allocator),
     missing: "tensor blocks (gpu-tensor) are not followed, only the segments it allocates \
               (gpu-device)",
     // (this, size, stream), (this, block).
@@ -56,7 +59,7 @@ mod tests {
         let family = family::unexported_in("libc10_cuda.so").expect("registered");
         assert_eq!(family.name, super::CACHING_ALLOCATOR.name);
         assert!(family::unexported_in("libc10.so").is_none());
-        assert!(family::is_registered(&super::FUNCTIONS[1]));
+        assert!(family::of(&super::FUNCTIONS[1]).is_some());
         assert!(family::throws(tracer_ebpf::caching_allocator::MALLOC));
         assert!(!family::throws(tracer_ebpf::caching_allocator::FREE));
         assert_eq!(
