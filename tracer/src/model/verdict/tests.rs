@@ -390,3 +390,28 @@ fn dense_counters_fill_every_snapshot() {
         [(0.0, 0), (1.0, 0), (2.0, 1), (3.0, 1), (4.0, 1), (5.0, 3)]
     );
 }
+
+#[test]
+fn equal_small_steps_after_a_warm_up_are_a_leak() {
+    // A 200-block warm-up over the first 5 s (one run of 10 intervals),
+    // then a step of 2 blocks every 2 s, work going on throughout: the
+    // steps are the leak, not noise beside the warm-up (a rule that
+    // weighs a step against the warm-up's whole run says "not a leak").
+    let growth = verdict_of(|t| {
+        let warm = ((t * 2.0).round() as i64).clamp(0, 10) * 20;
+        let steps = if t > 5.0 {
+            ((t - 5.0) / 2.0).floor() as i64 * 2
+        } else {
+            0
+        };
+        At {
+            allocated: warm + steps,
+            live: warm + steps,
+            other_allocs: (t * 1000.0) as u64,
+            cpu_s: t * 0.5,
+        }
+    });
+    assert_eq!(growth.verdict, Verdict::Leak, "{growth:?}");
+    assert_eq!(growth.shape, Some(Shape::Steps), "{growth:?}");
+    assert_eq!(growth.steps.unwrap().count, 8, "{growth:?}");
+}
