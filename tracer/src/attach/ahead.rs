@@ -11,8 +11,8 @@
 //! and `$PLATFORM` expanded as the loader does), and in those of the
 //! candidates themselves (libcudart's `$ORIGIN` finds libcuda), in its
 //! LD_LIBRARY_PATH
-//! (/proc/PID/environ) and in Python's nvidia wheels
-//! (`site-packages/nvidia/*/lib` of the interpreter's prefix), and the CUDA
+//! (/proc/PID/environ) and in the directories a runtime installs them in
+//! (`family::library_dirs`: Python's nvidia wheels), and the CUDA
 //! libraries of the loader cache (allocators installed system-wide are
 //! linked or preloaded, hence mapped before attach, and hooking every one
 //! installed would cost every target their probes). Paths are opened
@@ -64,7 +64,7 @@ pub fn candidates(pid: u32, maps: &[Mapping]) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(executable) = &executable {
         dirs.extend(run_paths(pid, executable));
-        dirs.extend(python_wheel_dirs(pid, executable));
+        dirs.extend(super::family::library_dirs(pid, executable));
     }
     let mut objects: Vec<&Path> = maps
         .iter()
@@ -225,42 +225,6 @@ fn loader_cache(pid: u32) -> Vec<PathBuf> {
         })
         .map(|library| library.path)
         .collect()
-}
-
-/// `site-packages/nvidia/*/lib` and `dist-packages/nvidia/*/lib` of a
-/// Python executable's prefix (a virtual environment or conda's, or the
-/// system's `/usr` and `/usr/local`).
-fn python_wheel_dirs(pid: u32, executable: &Path) -> Vec<PathBuf> {
-    let is_python = executable
-        .file_name()
-        .and_then(|name| name.to_str())
-        .is_some_and(|name| name.starts_with("python"));
-    if !is_python {
-        return Vec::new();
-    }
-    let prefix = executable
-        .parent()
-        .and_then(Path::parent)
-        .unwrap_or(Path::new("/usr"));
-    let mut lib_dirs = vec![prefix.join("lib")];
-    lib_dirs.extend(["/usr/lib", "/usr/local/lib"].map(PathBuf::from));
-    let mut dirs = Vec::new();
-    for lib_dir in lib_dirs {
-        for version in target_files::list_dir(pid, &lib_dir) {
-            if !version.to_string_lossy().starts_with("python") {
-                continue;
-            }
-            for packages in ["site-packages", "dist-packages"] {
-                let nvidia = lib_dir.join(&version).join(packages).join("nvidia");
-                dirs.extend(
-                    target_files::list_dir(pid, &nvidia)
-                        .into_iter()
-                        .map(|wheel| nvidia.join(wheel).join("lib")),
-                );
-            }
-        }
-    }
-    dirs
 }
 
 #[cfg(test)]

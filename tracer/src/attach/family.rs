@@ -2,11 +2,15 @@
 //! allocates with, beyond the allocators and CUDA entry points attach
 //! knows itself (`symbols::hooked_functions`), described once: what to
 //! look for, where its symbols hide, what each function's arguments and
-//! throws are. A runtime (`crate::runtimes`, above this layer) registers
+//! throws are; and where a runtime installs libraries its programs may
+//! load ([`library_dirs`]). A runtime (`crate::runtimes`, above this layer) registers
 //! its families once, at start (`runtimes::register`: PyTorch's caching
 //! allocator is `runtimes::torch`); the site search, the prologue check
 //! and the held-back throwing returns ask them. Nothing here names one.
-use std::sync::OnceLock;
+use std::{
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 use super::function::HookedFunction;
 
@@ -94,4 +98,26 @@ pub fn throws(name: &str) -> bool {
     registered()
         .iter()
         .any(|family| family.throwing.contains(&name))
+}
+
+/// Where a runtime installs libraries a target of it may load (Python's
+/// nvidia wheels), from the target's executable: for the libraries hooked
+/// ahead of their mapping (`ahead`).
+pub type LibraryDirs = fn(pid: u32, executable: &Path) -> Vec<PathBuf>;
+
+static LIBRARY_DIRS: OnceLock<Vec<LibraryDirs>> = OnceLock::new();
+
+/// Registers the runtimes' library directories; the first call decides.
+pub fn register_library_dirs(finders: Vec<LibraryDirs>) {
+    let _ = LIBRARY_DIRS.set(finders);
+}
+
+/// The directories every registered runtime gives for `executable`.
+pub fn library_dirs(pid: u32, executable: &Path) -> Vec<PathBuf> {
+    LIBRARY_DIRS
+        .get()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .flat_map(|finder| finder(pid, executable))
+        .collect()
 }

@@ -9,7 +9,8 @@
 //! - attach's allocator seam: `attach::family` (a family of functions a
 //!   runtime allocates with, where its symbols hide, their arguments and
 //!   throws): PyTorch's caching allocator (`torch/`), CPython's
-//!   (`python/objects.rs`, hooked on request: `--python-objects`).
+//!   (`python/objects.rs`, hooked on request: `--python-objects`); and
+//!   where a runtime installs libraries (`python/wheels.rs`).
 //! - the symbolizer's: `symbolize::jit::JitNames` (names of JIT code): the
 //!   perf maps JIT runtimes write (`jit/`).
 //! - the collector's: [`Runtime`] (found in a target before its
@@ -36,6 +37,7 @@ use crate::{attach::Probes, config::PythonOptions, model::run::NoticedBy};
 pub fn register() {
     crate::unwind::runtime_code::register(vec![&go::Go]);
     crate::attach::family::register(vec![&torch::CACHING_ALLOCATOR, &python::objects::OBJECTS]);
+    crate::attach::family::register_library_dirs(vec![python::wheels::wheel_dirs]);
 }
 
 /// The namers of JIT code, for a new symbolizer.

@@ -4,7 +4,8 @@
 //! the target lives; then merge Python frames into native stacks.
 //! `tracking` is the runtime through a run ([`Python`], what the collector
 //! drives), `kernel` its maps in the eBPF object, `objects` CPython's
-//! allocator hooked (`--python-objects`).
+//! allocator hooked (`--python-objects`), `wheels` where an environment
+//! keeps the CUDA libraries it may load.
 //!
 //! Everything is read from outside with `process_vm_readv`: the target is
 //! never stopped or written.
@@ -16,6 +17,7 @@ pub mod objects;
 #[cfg(test)]
 mod real_bytes;
 mod tracking;
+pub mod wheels;
 
 use std::{
     collections::{HashMap, HashSet},
