@@ -156,8 +156,8 @@ impl Symbols {
         }
     }
 
-    /// Forgets a process that exited (`--comm`): its mappings, open files
-    /// and cached frames. blazesym caches files by the path it was given
+    /// Forgets a process that exited (`--comm`): its mappings, open files,
+    /// cached frames and JIT names. blazesym caches files by the path it was given
     /// (`/proc/PID/root/...`), which differs for every process: every 16
     /// processes forgotten its symbolizer starts afresh, so a service
     /// restarted for days keeps tracer's memory and descriptors flat.
@@ -166,6 +166,9 @@ impl Symbols {
         self.files.retain(|(file_pid, _), _| *file_pid != pid);
         self.cache.retain(|(cache_pid, _), _| *cache_pid != pid);
         self.asked.retain(|(asked_pid, _)| *asked_pid != pid);
+        for jit in &mut self.jit {
+            jit.forget(pid);
+        }
         self.forgotten += 1;
         if self.forgotten.is_multiple_of(16) {
             self.reset_symbolizer();

@@ -10,4 +10,7 @@ pub trait JitNames: Send {
     fn refresh(&mut self, pid: u32);
     /// The JIT function at `address` in `pid`, if its runtime named it.
     fn name(&self, pid: u32, address: u64) -> Option<String>;
+    /// Forgets a process that exited (`--comm`: a service restarted for
+    /// days must not keep every run's names).
+    fn forget(&mut self, pid: u32);
 }

@@ -134,6 +134,10 @@ impl JitNames for PerfMaps {
     fn name(&self, pid: u32, address: u64) -> Option<String> {
         self.maps.get(&pid)?.name(address).map(str::to_owned)
     }
+
+    fn forget(&mut self, pid: u32) {
+        self.maps.remove(&pid);
+    }
 }
 
 impl PerfMaps {
@@ -160,6 +164,18 @@ fn map_path(pid: u32) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forgotten_process_keeps_no_names() {
+        let mut maps = PerfMaps::default();
+        maps.add(7, b"1000 100 first\n");
+        maps.add(8, b"1000 100 other\n");
+        assert_eq!(maps.name(7, 0x1010).as_deref(), Some("first"));
+        maps.forget(7);
+        assert_eq!(maps.name(7, 0x1010), None);
+        assert!(!maps.maps.contains_key(&7));
+        assert_eq!(maps.name(8, 0x1010).as_deref(), Some("other"));
+    }
 
     #[test]
     fn parses_node_and_java_lines() {
