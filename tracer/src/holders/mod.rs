@@ -9,8 +9,9 @@
 //! Memory tracer has no blocks for is read as its allocator sees it where
 //! tracer knows the allocator: glibc's heap (its in-use chunks, made
 //! before attach, become untraced blocks; free chunks and the allocator's
-//! own data hold nothing) and CPython's pymalloc pools (their live objects
-//! become untraced blocks), so that a chain goes on through what was there
+//! own data hold nothing) and a runtime's own allocator (CPython's
+//! pymalloc pools, `runtimes::python::pools` through `runtime_heaps`:
+//! their live objects become untraced blocks), so that a chain goes on through what was there
 //! before attach, and what was there is counted by type (the census).
 //!
 //! Limits, as `--help` states them: the scan is conservative (any word
@@ -23,7 +24,7 @@
 //!
 //! `blocks`: the block table (`index`: its page index); `memory`: /proc
 //! and process_vm_readv; `names`: globals by ELF symbol; `glibc`: malloc's
-//! heap; `pools`: pymalloc's objects; `objects`: Python and C++ objects by
+//! heap; `runtime_heaps`: the seam for a runtime's allocator; `objects`: Python and C++ objects by
 //! type; `census`: owners' data and what was there before attach; `scan`:
 //! the pass over memory; `graph`: the walk; `figures`: the per-stack
 //! figures and chains.
@@ -34,9 +35,9 @@ pub mod glibc;
 pub mod graph;
 mod index;
 pub mod memory;
-mod names;
+pub mod names;
 mod objects;
-mod pools;
+pub mod runtime_heaps;
 mod scan;
 
 use std::time::Instant;
@@ -82,6 +83,7 @@ pub fn scan(
     blocks_gone: u64,
     groups: &[Vec<StackKey>],
     label: &mut dyn FnMut(&StackKey) -> String,
+    heaps: &[&dyn runtime_heaps::RuntimeHeap],
 ) -> Result<(Vec<Reachability>, HoldersScan)> {
     let started = Instant::now();
     let cpu_started = thread_cpu_seconds();
@@ -96,7 +98,15 @@ pub fn scan(
     let heap_seconds = started.elapsed().as_secs_f64() - globals_seconds;
     let room = MAX_UNTRACED - heap.blocks.len();
     let known = traced.with(heap.blocks);
-    let untraced = pools::find(pid, &regions, &known, &heap.parsed, &globals, room);
+    let untraced = runtime_heaps::UntracedObjects::of(
+        heaps,
+        pid,
+        &regions,
+        &known,
+        &heap.parsed,
+        &globals,
+        room,
+    );
     let untraced_objects = untraced.blocks.len() as u64;
     let parsed = glibc::sorted(heap.parsed.into_iter().chain(untraced.ranges).collect());
     let mut blocks = known.with(untraced.blocks);

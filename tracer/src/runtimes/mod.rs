@@ -11,6 +11,8 @@
 //!   throws): PyTorch's caching allocator (`torch/`), CPython's
 //!   (`python/objects.rs`, hooked on request: `--python-objects`); and
 //!   where a runtime installs libraries (`python/wheels.rs`).
+//! - the holders scan's: `holders::runtime_heaps::RuntimeHeap` (the live
+//!   objects of a runtime's own allocator): pymalloc (`python/pools.rs`).
 //! - the symbolizer's: `symbolize::jit::JitNames` (names of JIT code): the
 //!   perf maps JIT runtimes write (`jit/`).
 //! - the collector's: [`Runtime`] (found in a target before its
@@ -18,7 +20,8 @@
 //!   exec, kept current at each snapshot, its notes at the end): CPython
 //!   (`python/`, with its kernel maps in `python/kernel.rs`).
 //!
-//! [`register`], [`jit_names`] and [`Runtimes`] are the registrations: a new runtime is
+//! [`register`], [`jit_names`], [`heaps`] and [`Runtimes`] are the
+//! registrations: a new runtime is
 //! a folder here (and, for what the kernel must know, a file in
 //! `tracer-ebpf/src/`) plus a line in each. docs/development.md ("Adding
 //! a runtime") walks through them.
@@ -43,6 +46,11 @@ pub fn register() {
 /// The namers of JIT code, for a new symbolizer.
 pub fn jit_names() -> Vec<Box<dyn crate::symbolize::jit::JitNames>> {
     vec![Box::new(jit::PerfMaps::default())]
+}
+
+/// The runtimes' own allocators, for the holders scan.
+pub fn heaps() -> Vec<&'static dyn crate::holders::runtime_heaps::RuntimeHeap> {
+    vec![&python::pools::Pymalloc]
 }
 
 /// A language runtime through a run, as the collector drives it: each

@@ -164,6 +164,7 @@ pub fn finish_holders(report: &mut report::Report, pending: PendingHolders) {
             scan.live.gone,
             &scan.groups,
             &mut label,
+            &crate::runtimes::heaps(),
         ) {
             Ok(scanned) => scanned,
             Err(error) => {

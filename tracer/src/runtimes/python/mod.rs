@@ -14,6 +14,7 @@ pub mod layout;
 pub mod lines;
 mod merge;
 pub mod objects;
+pub mod pools;
 #[cfg(test)]
 mod real_bytes;
 mod tracking;

@@ -19,12 +19,15 @@
 //! links to pools or to a module's `usedpools`), and when its free list,
 //! walked, leaves exactly `ref.count` live blocks: random memory, and a
 //! pool that changed while read, are left out (counted).
-use super::{
-    blocks::{Block, Blocks, Origin},
-    memory::{self, MapsLine},
-    names::Globals,
+use crate::{
+    holders::{
+        blocks::{Block, Blocks, Origin},
+        memory::{self, MapsLine},
+        names::Globals,
+        runtime_heaps::{RuntimeHeap, UntracedObjects},
+    },
+    target_memory,
 };
-use crate::target_memory;
 
 const PAGE_BYTES: u64 = 4096;
 /// The pool sizes tried, largest first.
@@ -36,23 +39,6 @@ const ALIGNMENT: u64 = 16;
 const SIZE_CLASSES: u32 = 32;
 /// More arenas than any process has (1 MiB each: 16 TiB).
 const MAX_ARENA_INDEX: u32 = 1 << 24;
-
-/// The live blocks of the pools found, and what finding them took.
-#[derive(Default)]
-pub struct PoolBlocks {
-    /// Sorted by address, none overlapping a traced block.
-    pub blocks: Vec<Block>,
-    pub pools: u64,
-    /// Headers that looked right whose free list did not agree.
-    pub pools_rejected: u64,
-    /// Live objects of the pools past the cap, not added (their pools
-    /// stay untraced memory).
-    pub objects_left_out: u64,
-    pub bytes_read: u64,
-    /// The pools parsed, (start, end) in address order: their memory
-    /// outside live blocks is free blocks and headers.
-    pub ranges: Vec<(u64, u64)>,
-}
 
 /// A pool's header, as read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,18 +126,37 @@ impl Header {
     }
 }
 
+/// CPython's pymalloc, as the holders scan reads it.
+pub struct Pymalloc;
+
+impl RuntimeHeap for Pymalloc {
+    /// The live blocks of the pools found, whole pools up to `limit`
+    /// blocks.
+    fn find(
+        &self,
+        pid: u32,
+        regions: &[MapsLine],
+        known: &Blocks,
+        skip: &[(u64, u64)],
+        globals: &Globals,
+        limit: usize,
+    ) -> UntracedObjects {
+        find(pid, regions, known, skip, globals, limit)
+    }
+}
+
 /// Finds the pools in the anonymous mappings of `regions` outside
 /// `traced` blocks and the `skip` ranges (sorted: a parsed heap) and
 /// returns their live blocks, whole pools up to `limit` blocks.
-pub fn find(
+fn find(
     pid: u32,
     regions: &[MapsLine],
     traced: &Blocks,
     skip: &[(u64, u64)],
     globals: &Globals,
     limit: usize,
-) -> PoolBlocks {
-    let mut found = PoolBlocks::default();
+) -> UntracedObjects {
+    let mut found = UntracedObjects::default();
     let pools = find_pools(pid, regions, traced, skip, globals, &mut found);
     let mut buffer = vec![0u8; POOL_BYTES[0] as usize];
     for (pool, pool_bytes, header) in pools {
@@ -202,7 +207,7 @@ fn find_pools(
     traced: &Blocks,
     skip: &[(u64, u64)],
     globals: &Globals,
-    found: &mut PoolBlocks,
+    found: &mut UntracedObjects,
 ) -> Vec<(u64, u64, Header)> {
     let slot = POOL_OVERHEAD as usize;
     let mut pools = Vec::new();
@@ -210,7 +215,9 @@ fn find_pools(
     let mut buffer = vec![0u8; target_memory::IOVECS * slot];
     let mut lengths = Vec::new();
     let mut pool_end = 0;
-    let mut check = |pages: &mut Vec<(u64, usize)>, pool_end: &mut u64, found: &mut PoolBlocks| {
+    let mut check = |pages: &mut Vec<(u64, usize)>,
+                     pool_end: &mut u64,
+                     found: &mut UntracedObjects| {
         target_memory::read_pieces(pid, pages, slot, &mut buffer, &mut lengths);
         for (index, &(page, _)) in pages.iter().enumerate() {
             found.bytes_read += lengths[index] as u64;
