@@ -415,3 +415,68 @@ fn equal_small_steps_after_a_warm_up_are_a_leak() {
     assert_eq!(growth.shape, Some(Shape::Steps), "{growth:?}");
     assert_eq!(growth.steps.unwrap().count, 8, "{growth:?}");
 }
+
+/// A cache of 300 entries of 64 KiB, one inserted every 50 ms (the
+/// oldest evicted first once full) for 45 s, snapshotted every 250 ms;
+/// the snapshots from `from_s` until `until_s` read it between an
+/// eviction and its insert (an entry short).
+fn an_lru_every_250ms_caught_mid_eviction(from_s: f64, until_s: f64) -> Growth {
+    const ENTRY: i64 = 64 << 10;
+    let mut points = vec![(0.0, Counters::default())];
+    let mut activity = Activity {
+        cpu_s: None,
+        process_allocs: vec![0],
+    };
+    for i in 1..=180 {
+        let t = f64::from(i) * 0.25;
+        let inserted = (t * 20.0) as i64;
+        let live = inserted.min(300) - i64::from(t >= from_s && t < until_s);
+        let counters = Counters {
+            live_bytes: live * ENTRY,
+            live_allocs: live,
+            alloc_bytes_total: (inserted * ENTRY) as u64,
+            alloc_count_total: inserted as u64,
+        };
+        points.push((t, counters));
+        activity.process_allocs.push(inserted as u64);
+    }
+    judge(&points, &activity)
+}
+
+#[test]
+fn a_cache_caught_once_mid_eviction_is_still_not_a_leak() {
+    // Row 8 of shapes:: as its 250 ms tracer once read it: one snapshot
+    // (41 s) an entry short, so what the stack kept rose by one entry
+    // after it; against the fill's 5 entries per interval that rise was
+    // an increment ("leak, medium: rose in 2 steps"). One block in
+    // flight, once, is not a step.
+    let growth = an_lru_every_250ms_caught_mid_eviction(41.0, 41.25);
+    assert_eq!(growth.verdict, Verdict::NotLeak, "{growth:?}");
+    assert_eq!(growth.shape, Some(Shape::Bounded));
+    assert_eq!(growth.steps.unwrap().count, 1, "{growth:?}");
+    // Caught so at every snapshot after the fill but the last.
+    let growth = an_lru_every_250ms_caught_mid_eviction(16.0, 45.0);
+    assert_eq!(growth.verdict, Verdict::NotLeak, "{growth:?}");
+}
+
+#[test]
+fn one_block_steps_that_repeat_are_a_leak() {
+    // 16-block warm-up, then one block every 2 s: each step is a block,
+    // and they repeat.
+    let growth = verdict_of(|t| {
+        let warm = ((t * 2.0).round() as i64).clamp(0, 4) * 4;
+        let steps = if t > 2.0 {
+            ((t - 2.0) / 2.0).floor() as i64
+        } else {
+            0
+        };
+        At {
+            allocated: warm + steps,
+            live: warm + steps,
+            other_allocs: (t * 1000.0) as u64,
+            cpu_s: t * 0.5,
+        }
+    });
+    assert_eq!(growth.verdict, Verdict::Leak, "{growth:?}");
+    assert!(growth.steps.unwrap().count >= 8, "{growth:?}");
+}
