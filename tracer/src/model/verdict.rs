@@ -189,19 +189,20 @@ impl Rises {
         let rise = |index: usize| kept[index] - kept[index - 1];
         let rising: Vec<i64> = (1..kept.len()).map(rise).filter(|&b| b > 0).collect();
         let mean = rising.iter().sum::<i64>() as f64 / rising.len().max(1) as f64;
-        let increments: Vec<usize> = (1..kept.len())
-            .filter(|&index| {
-                let bytes = rise(index);
-                bytes > 0 && bytes as f64 >= MIN_STEP_SHARE * mean
-            })
-            .collect();
-        let mut increments = increments;
-        drop_one_block_in_flight(&mut increments, &kept, points);
-        let steps = increments
-            .iter()
-            .enumerate()
-            .filter(|&(position, &index)| position == 0 || increments[position - 1] + 1 != index)
-            .count();
+        // The steps: runs of consecutive increments, (first, last).
+        let mut steps: Vec<(usize, usize)> = Vec::new();
+        for index in (1..kept.len()).filter(|&index| {
+            let bytes = rise(index);
+            bytes > 0 && bytes as f64 >= MIN_STEP_SHARE * mean
+        }) {
+            match steps.last_mut() {
+                Some((_, end)) if *end + 1 == index => *end = index,
+                _ => steps.push((index, index)),
+            }
+        }
+        drop_one_block_in_flight(&mut steps, &kept, points);
+        let increments: Vec<usize> = steps.iter().flat_map(|&(first, end)| first..=end).collect();
+        let steps = steps.len();
         // Falls from the highest point since the last fall, by what it
         // surely holds: what it kept before the last interval (the rise in
         // it has nothing after to confirm it: a sawtooth sampled in a
@@ -243,39 +244,33 @@ impl Rises {
     }
 }
 
-/// Drops from `increments` a step of at most one block (the stack's mean
-/// block at the end), when it is the only such step beside larger ones:
-/// a snapshot that
-/// caught the stack between a free and the malloc that replaces it (a
-/// cache evicting, then inserting) read it a block short, and what it
-/// kept rises by that block after the snapshot. Rises of one block that
-/// repeat are steps (a leak of one block per request). `kept` is what it
-/// kept from each snapshot on.
-fn drop_one_block_in_flight(increments: &mut Vec<usize>, kept: &[i64], points: &[(f64, Counters)]) {
+/// Drops from `steps` (runs of increments, (first, last)) a step of at
+/// most one block (the stack's mean block at the end), when it is the only
+/// such step beside larger ones: a snapshot that caught the stack between
+/// a free and the malloc that replaces it (a cache evicting, then
+/// inserting) read it a block short, and what it kept rises by that block
+/// after the snapshot. Rises of one block that repeat are steps (a leak of
+/// one block per request). `kept` is what it kept from each snapshot on.
+fn drop_one_block_in_flight(
+    steps: &mut Vec<(usize, usize)>,
+    kept: &[i64],
+    points: &[(f64, Counters)],
+) {
     let Some(&(_, last)) = points.last() else {
         return;
     };
-    if last.live_allocs <= 0 {
+    if last.live_allocs <= 0 || steps.len() < 2 {
         return;
     }
     let block = last.live_bytes / last.live_allocs;
-    // The steps: runs of consecutive increments, (first, last).
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    for &index in increments.iter() {
-        match runs.last_mut() {
-            Some((_, end)) if *end + 1 == index => *end = index,
-            _ => runs.push((index, index)),
-        }
-    }
-    let steps = runs.len();
-    let one_block: Vec<(usize, usize)> = runs
-        .into_iter()
-        .filter(|&(first, end)| kept[end] - kept[first - 1] <= block)
-        .collect();
-    if let [(first, end)] = one_block[..]
-        && steps >= 2
+    let is_one_block = |&(first, end): &(usize, usize)| kept[end] - kept[first - 1] <= block;
+    if let [one] = steps
+        .iter()
+        .filter(|step| is_one_block(step))
+        .collect::<Vec<_>>()[..]
     {
-        increments.retain(|&index| index < first || index > end);
+        let one = *one;
+        steps.retain(|step| *step != one);
     }
 }
 
