@@ -9,9 +9,11 @@ use std::path::Path;
 use libfuzzer_sys::fuzz_target;
 use tracer::{
     attach::{
-        ahead::run_paths_in,
-        forwarding::Forwarding,
-        symbols::{SymbolTables, allocator_offsets},
+        libraries::ahead::run_paths_in,
+        sites::{
+            forwarding::Forwarding,
+            symbols::{SymbolTables, allocator_offsets},
+        },
     },
     debug_files::read_debug_link,
     unwind::{
@@ -48,5 +50,5 @@ fuzz_target!(|data: &[u8]| {
         let _ = read_debug_link(&elf);
     }
     let dirs = run_paths_in(data, Path::new("/opt/app/lib"));
-    assert!(dirs.len() <= tracer::attach::ahead::MAX_RUN_PATH_DIRS);
+    assert!(dirs.len() <= tracer::attach::libraries::ahead::MAX_RUN_PATH_DIRS);
 });

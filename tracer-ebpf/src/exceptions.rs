@@ -14,7 +14,7 @@
 //! thread of the process), marks it held in EXCEPTION_HELD and sends the
 //! words' addresses and original values to userspace (EXCEPTION_UNWINDS).
 //! Userspace writes the original return addresses back and lets the
-//! process go on (`tracer/src/attach/exceptions.rs`). The kernel drops
+//! process go on (`tracer/src/attach/safety/exceptions.rs`). The kernel drops
 //! the return instances left behind by itself at the next trampoline hit
 //! below them, as it does after a longjmp.
 //!

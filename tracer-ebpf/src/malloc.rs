@@ -157,7 +157,7 @@ fn mark_unrecorded_call(ctx: &ProbeContext, pending: &mut Pending) {
 }
 /// `bpf_session_is_return()`: a kfunc, which aya cannot relocate. The
 /// call is emitted with a placeholder helper id that tracer's session
-/// loader (`attach/session.rs`) rewrites into a kfunc call; aya never
+/// loader (`attach/load/raw.rs`) rewrites into a kfunc call; aya never
 /// loads the `*_session` programs.
 #[inline(always)]
 fn session_is_return() -> bool {

@@ -13,8 +13,8 @@ use tracer::{
 };
 
 fn main() -> std::process::ExitCode {
-    if std::env::var_os(attach::watchdog::WATCHDOG_ENV).is_some() {
-        attach::watchdog::run();
+    if std::env::var_os(attach::safety::watchdog::WATCHDOG_ENV).is_some() {
+        attach::safety::watchdog::run();
     }
     // Before any file a target controls is mapped or opened.
     tracer::target_files::sigbus::install();

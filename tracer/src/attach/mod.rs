@@ -14,35 +14,16 @@
 //!
 //! Long: Probes and its parts, and the first attach's sequence; the
 //! event-source seam (issue 46) splits it by source.
-pub mod ahead;
-pub mod at_open;
-pub mod cuda;
-pub mod exceptions;
-pub mod family;
-pub mod forwarding;
-pub mod function;
-pub mod held_back;
+pub mod cost;
+pub mod kernel_maps;
 pub mod libraries;
-pub mod mappings;
-pub mod prologue;
-mod raw;
-pub mod spawn;
-pub mod symbols;
-pub mod watchdog;
-
-mod btf;
-mod cost;
-mod forks;
-mod links;
-mod load;
-mod maps;
-mod preflight;
+pub mod load;
 mod reports;
-mod stack_maps;
-mod trap_cost;
-mod unwind_maps;
-mod unwind_tables;
-mod unwinding;
+pub mod safety;
+pub mod sites;
+pub mod sources;
+pub mod spawn;
+pub mod unwinding;
 
 use std::{num::NonZeroU32, time::Instant};
 
@@ -64,17 +45,17 @@ use crate::{
     procfs,
     unwind::UnwindMode,
 };
-use forwarding::Forwarding;
+pub use kernel_maps::KernelMaps;
+pub use kernel_maps::stacks::StackMaps;
 use libraries::{HookedLibrary, LibraryWatch, NoticedBy};
-use links::TracepointLink;
+use load::links::TracepointLink;
+pub use load::preflight::{KernelFeatures, check_kernel, check_privileges, check_target};
+use load::raw::RawPrograms;
 pub use load::{AttachTimes, Rings};
 use load::{load_error, program};
-pub use maps::KernelMaps;
-pub use preflight::{KernelFeatures, check_kernel, check_privileges, check_target};
-use raw::RawPrograms;
-pub use stack_maps::StackMaps;
-pub use symbols::HookSite;
-use symbols::{FoundSites, Unprobed};
+use sites::forwarding::Forwarding;
+pub use sites::symbols::HookSite;
+use sites::symbols::{FoundSites, Unprobed};
 
 /// The benchmark's empty programs.
 const FLOOR_ENTRY_PROGRAM: &str = tracer_ebpf::program::FLOOR_ENTER;
@@ -195,9 +176,9 @@ pub struct Probes {
     gate: LoaderGate,
     /// Puts back the return addresses of frames an exception unwinds
     /// through (`exceptions`); none where the kernel's layout is unknown.
-    exceptions: Option<exceptions::ExceptionFixer>,
+    exceptions: Option<safety::exceptions::ExceptionFixer>,
     /// Outlives tracer (`watchdog.rs`): dropped last.
-    _watchdog: Option<watchdog::Watchdog>,
+    _watchdog: Option<safety::watchdog::Watchdog>,
 }
 
 /// What was hooked.
@@ -237,7 +218,7 @@ struct UnwindState {
     /// tables, their objects without frame pointers not named).
     lacking_unnamed: Vec<u32>,
     /// `--unwind auto`, `dwarf`: the kernel's unwind tables.
-    kernel: Option<unwind_tables::KernelUnwinding>,
+    kernel: Option<unwinding::tables::KernelUnwinding>,
 }
 
 /// The links that hold the probes.
@@ -262,7 +243,7 @@ struct Measured {
     /// Where the attach time went.
     times: AttachTimes,
     /// What a trap costs here (`measure_traps`).
-    traps: trap_cost::TrapMeasurement,
+    traps: cost::traps::TrapMeasurement,
 }
 
 /// The loader gate: whether a process whose dlopen() completes before its
@@ -287,11 +268,11 @@ impl Probes {
         let reading = Instant::now();
         let forwarding = self.forwarding();
         let (maps, found) = allocator_sites(pid, forwarding)?;
-        let ahead = ahead::candidates(pid, &maps);
+        let ahead = libraries::ahead::candidates(pid, &maps);
         let ahead_found = if ahead.is_empty() {
             FoundSites::default()
         } else {
-            symbols::hook_sites_in(pid, &ahead, forwarding)?
+            sites::symbols::hook_sites_in(pid, &ahead, forwarding)?
         };
         let (sites, ahead_sites) = (found.sites, ahead_found.sites);
         self.hooked.unprobed.extend(
@@ -441,7 +422,7 @@ impl Probes {
         let mut notes: Vec<String> = admitted.warning.iter().cloned().collect();
         if !admitted.released.is_empty() {
             match self.attach_claimed(pid, &admitted.released, noticed_by) {
-                Ok(()) => notes.push(held_back::released_note(pid, &admitted.released)),
+                Ok(()) => notes.push(safety::held_back::released_note(pid, &admitted.released)),
                 Err(error) => {
                     self.watch.throwing.hold_again(pid, &admitted.released);
                     notes.push(format!(
@@ -624,7 +605,7 @@ impl Probes {
     /// Follows `pid`'s mapping calls from now on (from its current program
     /// break on).
     pub fn trace_mappings(&mut self, pid: u32) -> Result<()> {
-        mappings::add_target(&mut self.ebpf, pid)
+        sources::mappings::add_target(&mut self.ebpf, pid)
     }
 
     /// Number of uprobes, uretprobes, uprobe sessions and tracepoints in
@@ -654,7 +635,7 @@ impl Probes {
 fn allocator_sites(pid: u32, forwarding: Forwarding) -> Result<(Vec<procfs::Mapping>, FoundSites)> {
     let maps = procfs::read_maps(pid)
         .map_err(|error| fatal(ExitCode::NoTarget, format!("PID {pid}: {error:#}")))?;
-    let sites = symbols::find_hook_sites(pid, &maps, forwarding)?;
+    let sites = sites::symbols::find_hook_sites(pid, &maps, forwarding)?;
     // An exiting process has no mappings left: not a target without an
     // allocator.
     if maps.is_empty() || !procfs::is_alive(pid) {

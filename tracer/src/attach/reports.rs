@@ -1,6 +1,6 @@
 //! What the probes are, as a report describes them: where each probe went
 //! and why, how allocations are recorded, how stacks are walked.
-use super::{ProbeLinks, Probes, exceptions};
+use crate::attach::{ProbeLinks, Probes, safety::exceptions};
 use crate::{
     model::run::{
         DwarfProcess, ProbeReport, ReturnProbes, SamplingMode, SamplingReport, UnwindingReport,

@@ -31,7 +31,9 @@ use anyhow::{Context as _, Result};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use object::Object as _;
 
-use super::{Probes, load::program, nonzero_pid, prologue::file_offset, symbols::SiteFile};
+use crate::attach::{
+    Probes, load::program, nonzero_pid, sites::prologue::file_offset, sites::symbols::SiteFile,
+};
 use crate::error::{ExitCode, fatal};
 
 const GATE_PROGRAM: &str = tracer_ebpf::program::SPAWN_GATE;
@@ -97,7 +99,7 @@ pub fn spawn_stopped(
     let gate = program(&mut probes.ebpf, GATE_PROGRAM)?;
     if gate.fd().is_err() {
         gate.load()
-            .map_err(|error| super::load::load_error(error.into()))
+            .map_err(|error| crate::attach::load::load_error(error.into()))
             .context("could not load the spawn gate")?;
     }
     let link = gate

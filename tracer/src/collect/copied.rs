@@ -21,7 +21,7 @@ use super::{
     copy_reader::{CopyReader, Message},
 };
 use crate::{
-    attach::cuda,
+    attach::sources::cuda,
     model::{Counters, Frame, Kind, StackId, StackKey},
     symbolize::Symbols,
     unwind::Unwound,

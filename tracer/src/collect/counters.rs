@@ -8,7 +8,7 @@ use tracer_ebpf::stat;
 
 use super::{Collector, contexts, live_pids};
 use crate::{
-    attach::cuda,
+    attach::sources::cuda,
     model::{Counters, Kind, Snapshot, StackId, StackKey},
     procfs,
 };

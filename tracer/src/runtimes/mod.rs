@@ -39,8 +39,11 @@ use crate::{attach::Probes, config::PythonOptions, model::run::NoticedBy};
 /// library's users). Later calls change nothing.
 pub fn register() {
     crate::unwind::runtime_code::register(vec![&go::Go]);
-    crate::attach::family::register(vec![&torch::CACHING_ALLOCATOR, &python::objects::OBJECTS]);
-    crate::attach::family::register_library_dirs(vec![python::wheels::wheel_dirs]);
+    crate::attach::sites::family::register(vec![
+        &torch::CACHING_ALLOCATOR,
+        &python::objects::OBJECTS,
+    ]);
+    crate::attach::sites::family::register_library_dirs(vec![python::wheels::wheel_dirs]);
 }
 
 /// The namers of JIT code, for a new symbolizer.

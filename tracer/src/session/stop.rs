@@ -84,7 +84,7 @@ pub(super) fn exception_holds(collector: &Collector) -> Option<String> {
             "{holds} C++ unwinds through return-probed frames held their process while \
              return addresses were put back (longest {:.2} ms, bound {} ms)",
             longest.as_secs_f64() * 1e3,
-            crate::attach::exceptions::HOLD_BOUND.as_millis()
+            crate::attach::safety::exceptions::HOLD_BOUND.as_millis()
         )
     })
 }

@@ -1,7 +1,7 @@
 //! `--python-objects`: CPython's allocator hooked in an interpreter
 //! (`PyObject_*`, `PyMem_*`: pymalloc, which serves objects from its own
 //! arenas), its blocks of kind python-object. The functions are found as
-//! attach finds any (`attach::symbols::sites_in_mapped`), with the
+//! attach finds any (`attach::sites::symbols::sites_in_mapped`), with the
 //! malloc family's programs; a free that only jumps through CPython's
 //! allocator table is probed in the function it jumps to.
 use std::{fs, path::Path};
@@ -12,11 +12,13 @@ use tracer_ebpf::program;
 use crate::{
     attach::{
         HookSite, Probes,
-        family::HookFamily,
-        forwarding::Forwarding,
-        function::HookedFunction,
-        prologue,
-        symbols::{self, function_size},
+        sites::{
+            family::HookFamily,
+            forwarding::Forwarding,
+            function::HookedFunction,
+            prologue,
+            symbols::{self, function_size},
+        },
     },
     model::{
         allocators::{Allocator, AllocatorCall, PYTHON_OBJECT_ALLOCATORS},

@@ -1,7 +1,7 @@
 //! Where a Python environment keeps the CUDA libraries its programs may
 //! load: NVIDIA's wheels (`nvidia-cuda-runtime-cu12`, `nvidia-cublas-cu12`,
 //! ...) install them in `site-packages/nvidia/*/lib`, and PyTorch dlopens
-//! them from there. Given to attach (`attach::family::library_dirs`) for
+//! them from there. Given to attach (`attach::sites::family::library_dirs`) for
 //! the libraries hooked ahead of their mapping.
 use std::path::{Path, PathBuf};
 
@@ -58,7 +58,7 @@ mod tests {
         let pid = std::process::id();
         let found = wheel_dirs(pid, &python);
         crate::runtimes::register();
-        let from_attach = crate::attach::family::library_dirs(pid, &python);
+        let from_attach = crate::attach::sites::family::library_dirs(pid, &python);
         let not_python = wheel_dirs(pid, &venv.join("bin/node"));
         std::fs::remove_dir_all(&venv).unwrap();
         assert!(found.contains(&lib), "{found:?}");

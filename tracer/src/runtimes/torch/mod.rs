@@ -8,7 +8,7 @@
 //! `tracer_ebpf::caching_allocator`).
 use tracer_ebpf::{caching_allocator, program};
 
-use crate::attach::{family::HookFamily, function::HookedFunction};
+use crate::attach::{sites::family::HookFamily, sites::function::HookedFunction};
 
 /// The block `malloc` returns (no argument is needed: no entry program),
 /// the block `free` takes.
@@ -51,7 +51,7 @@ pub static CACHING_ALLOCATOR: HookFamily = HookFamily {
 
 #[cfg(test)]
 mod tests {
-    use crate::attach::{family, prologue};
+    use crate::attach::{sites::family, sites::prologue};
 
     #[test]
     fn the_caching_allocator_is_found_in_its_library_and_its_malloc_throws() {

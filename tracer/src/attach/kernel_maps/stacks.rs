@@ -15,7 +15,7 @@ use tracer_ebpf::{
     StackTotals, is_copied_stack, map,
 };
 
-use super::Probes;
+use crate::attach::Probes;
 
 /// Reads and writes the stack tables of a loaded object.
 pub struct StackMaps<'a> {

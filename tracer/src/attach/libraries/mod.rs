@@ -15,6 +15,8 @@
 //!
 //! Long: the watch of libraries mapped later: its kernel side, execs, rescans
 //! and the late hook.
+pub mod ahead;
+pub mod at_open;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
@@ -28,14 +30,14 @@ use aya::{
 };
 use tracer_ebpf::{RareEvent, event};
 
-use super::{
+use crate::attach::{
     HookSite, Probes,
-    at_open::{AtOpen, AtOpenNews, HookedFiles, LoaderGate, LookedAt, OpenedHook},
-    forwarding::Forwarding,
-    held_back::{ThrowingReturns, released_note},
-    links::{TracepointLink, attach_tracepoint},
-    raw::{LinkKind, Linker},
-    symbols::{executable_paths, hook_sites_in},
+    libraries::at_open::{AtOpen, AtOpenNews, HookedFiles, LoaderGate, LookedAt, OpenedHook},
+    load::links::{TracepointLink, attach_tracepoint},
+    load::raw::{LinkKind, Linker},
+    safety::held_back::{ThrowingReturns, released_note},
+    sites::forwarding::Forwarding,
+    sites::symbols::{executable_paths, hook_sites_in},
 };
 pub use crate::model::run::NoticedBy;
 use crate::{
@@ -106,13 +108,13 @@ pub struct LibraryWatch {
     /// When every initial probe was in place: time zero of the report.
     attached_at: Option<Instant>,
     /// The files hooked per process, by inode, whichever way.
-    pub(super) files: HookedFiles,
+    pub(in crate::attach) files: HookedFiles,
     /// Per process: whether its unwinder is probed, and the functions
     /// that can throw waiting for it.
-    pub(super) throwing: ThrowingReturns,
+    pub(in crate::attach) throwing: ThrowingReturns,
     open: OpenWatch,
     /// LOADER_HELD, until the watchdog takes it.
-    pub(super) loader_held: Option<std::os::fd::OwnedFd>,
+    pub(in crate::attach) loader_held: Option<std::os::fd::OwnedFd>,
 }
 
 /// The watch's maps: the ring of mmaps of executable files and execs
@@ -161,7 +163,7 @@ impl LibraryWatch {
     /// at open, by a thread of their own. Functions that can throw get
     /// their return probes only where the kernel's return instances can
     /// be walked (`walkable`).
-    pub(super) fn start(
+    pub(in crate::attach) fn start(
         ebpf: &mut Ebpf,
         links: &mut Vec<TracepointLink>,
         linkers: Option<(Linker, Option<Linker>)>,

@@ -206,7 +206,7 @@ pub fn argument_registers(symbol: &str) -> &'static [Register] {
         .iter()
         .find(|(name, _)| *name == plain)
         .map(|&(_, count)| count)
-        .or_else(|| super::family::signature(plain))
+        .or_else(|| crate::attach::sites::family::signature(plain))
         .unwrap_or(ARGUMENT_REGISTERS.len());
     &ARGUMENT_REGISTERS[..count]
 }

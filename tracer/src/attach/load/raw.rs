@@ -44,8 +44,8 @@ use aya_obj::{
 
 mod bpf;
 
-use super::symbols::SiteFile;
-pub(super) use bpf::block_signals;
+use crate::attach::sites::symbols::SiteFile;
+pub(in crate::attach) use bpf::block_signals;
 use bpf::{
     BPF_F_UPROBE_MULTI_RETURN, BPF_LINK_CREATE, BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION,
     SESSION_IS_RETURN_KFUNC, UprobeMultiLinkAttr, bpf, load_btf, load_program, map_fd,
@@ -370,7 +370,7 @@ impl Linker {
     }
 
     /// See [`RawPrograms::prefetch`].
-    pub(super) fn prefetch(&self, names: &[&str]) {
+    pub(in crate::attach) fn prefetch(&self, names: &[&str]) {
         for &name in names {
             let Some(lazy) = self.table.get(name) else {
                 continue;

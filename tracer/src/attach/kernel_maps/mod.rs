@@ -2,6 +2,7 @@
 //! totals, counters, frame-pointer stacks, CUDA context epochs and the API
 //! of each GPU stack. Map values come back as the ABI types of
 //! `tracer_ebpf`; turning them into the model's is collect's work.
+pub mod stacks;
 use std::collections::HashMap;
 
 use anyhow::{Context as _, Result};
@@ -11,7 +12,7 @@ use aya::{
 };
 use tracer_ebpf::{ByStackKey, LiveAlloc, LiveKey, StackFrames, StackTotals, stat};
 
-use super::Probes;
+use crate::attach::Probes;
 
 /// Reads the maps of a loaded object.
 pub struct KernelMaps<'a> {

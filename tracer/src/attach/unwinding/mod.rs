@@ -1,9 +1,11 @@
 //! How the stacks of a target are unwound (`--unwind`): through the
 //! kernel's walk of unwind tables, or copied; and the check, on a thread of
 //! its own, that names the objects without frame pointers.
+pub(in crate::attach) mod maps;
+pub(in crate::attach) mod tables;
 use anyhow::{Context as _, Result};
 
-use super::Probes;
+use crate::attach::Probes;
 use crate::procfs;
 
 /// How long the stop waits for the frame-pointer checks still running
@@ -15,7 +17,11 @@ impl Probes {
     /// through unwind tables, or, for a Go program that calls C (whose
     /// stack switch the kernel's walk does not follow), they are copied
     /// when an object it maps (other than glibc's) lacks frame pointers.
-    pub(super) fn choose_unwinding(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
+    pub(in crate::attach) fn choose_unwinding(
+        &mut self,
+        pid: u32,
+        maps: &[procfs::Mapping],
+    ) -> Result<()> {
         if !self.modes.unwinding.uses_tables() {
             return Ok(());
         }
@@ -92,7 +98,7 @@ impl Probes {
 
     /// Names objects of `pid` without frame pointers in its unwinding
     /// report (its stacks are walked through unwind tables).
-    pub(super) fn name_lacking(&mut self, pid: u32, lacking: Vec<String>) {
+    pub(in crate::attach) fn name_lacking(&mut self, pid: u32, lacking: Vec<String>) {
         if let Some((_, objects)) = self
             .unwind
             .walking_tables_of

@@ -21,11 +21,11 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use super::{
+use crate::attach::{
     HookSite,
-    exceptions::{self, is_unwinder_start},
-    family,
-    symbols::Unprobed,
+    safety::exceptions::{self, is_unwinder_start},
+    sites::family,
+    sites::symbols::Unprobed,
 };
 
 /// Why a held-back function has no probe (the `-v` list of unprobed).
@@ -233,7 +233,10 @@ mod tests {
 
     use super::*;
     use crate::{
-        attach::{exceptions::UNWINDER_START, function::HookedFunction, symbols::SiteFile},
+        attach::{
+            safety::exceptions::UNWINDER_START, sites::function::HookedFunction,
+            sites::symbols::SiteFile,
+        },
         model::allocators::ALLOCATORS,
     };
 

@@ -6,7 +6,7 @@ use anyhow::{Context as _, Result, anyhow};
 use aya::{Ebpf, maps::HashMap, programs::TracePoint};
 use tracer_ebpf::SyscallFieldOffsets;
 
-use super::links::{TracepointLink, attach_tracepoint};
+use crate::attach::load::links::{TracepointLink, attach_tracepoint};
 use crate::tracefs;
 
 /// The programs and the `syscalls` tracepoints they go on.
@@ -73,7 +73,7 @@ pub fn read_field_offsets() -> Result<SyscallFieldOffsets> {
 
 /// Loads the mapping programs and attaches them to their tracepoints;
 /// they do nothing until a process is added to TARGETS.
-pub(super) fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> {
+pub(in crate::attach) fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> {
     let mut links = Vec::new();
     for (program_name, event) in TRACEPOINTS {
         let program: &mut TracePoint = ebpf

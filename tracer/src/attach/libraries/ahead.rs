@@ -64,7 +64,7 @@ pub fn candidates(pid: u32, maps: &[Mapping]) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(executable) = &executable {
         dirs.extend(run_paths(pid, executable));
-        dirs.extend(super::family::library_dirs(pid, executable));
+        dirs.extend(crate::attach::sites::family::library_dirs(pid, executable));
     }
     let mut objects: Vec<&Path> = maps
         .iter()
@@ -109,7 +109,7 @@ pub fn candidates(pid: u32, maps: &[Mapping]) -> Vec<PathBuf> {
 /// container's `ln -s /dev/watchdog x.so` would name a host file.
 /// `openat2(RESOLVE_IN_ROOT)` resolves every link inside the target's
 /// root.
-pub(super) fn resolve(pid: u32, path: &Path) -> Option<PathBuf> {
+pub(in crate::attach) fn resolve(pid: u32, path: &Path) -> Option<PathBuf> {
     target_files::resolve_in_root(pid, path)
 }
 

@@ -16,13 +16,13 @@ use std::{
 use anyhow::{Context as _, Result};
 use object::{Object as _, ObjectSymbol as _, SymbolKind};
 
-use super::{
-    cuda::CUDA_FUNCTIONS,
-    exceptions::UNWINDER_START,
-    family,
-    forwarding::{Callees, Forwarding, PassesOn},
-    function::HookedFunction,
-    prologue,
+use crate::attach::{
+    safety::exceptions::UNWINDER_START,
+    sites::family,
+    sites::forwarding::{Callees, Forwarding, PassesOn},
+    sites::function::HookedFunction,
+    sites::prologue,
+    sources::cuda::CUDA_FUNCTIONS,
 };
 use crate::{model::allocators::all_allocators, procfs::Mapping, target_files};
 

@@ -31,7 +31,7 @@ use iced_x86::{
 };
 use object::{Object as _, ObjectSymbol as _, ObjectSymbolTable as _};
 
-use super::{prologue, prologue::file_offset};
+use crate::attach::{sites::prologue, sites::prologue::file_offset};
 use crate::unwind::UnwindMode;
 
 /// Which functions count as passing their call on.

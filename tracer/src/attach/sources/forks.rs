@@ -7,7 +7,7 @@ use aya::{
     programs::TracePoint,
 };
 
-use super::{Probes, links::attach_tracepoint, load::load_error};
+use crate::attach::{Probes, load::links::attach_tracepoint, load::load_error};
 use crate::{
     error::{ExitCode, fatal},
     tracefs,
@@ -15,7 +15,7 @@ use crate::{
 
 /// The program that announces new tasks of followed processes
 /// (tracer-ebpf/src/forks.rs).
-pub(super) const FORK_PROGRAM: &str = tracer_ebpf::program::PROCESS_FORK;
+pub(in crate::attach) const FORK_PROGRAM: &str = tracer_ebpf::program::PROCESS_FORK;
 
 impl Probes {
     /// Starts announcing the children of followed processes (`follow`):
@@ -70,7 +70,7 @@ impl Probes {
 
 /// The program that announces processes started with a watched name
 /// (`--comm`, tracer-ebpf/src/forks.rs).
-pub(super) const COMM_EXEC_PROGRAM: &str = tracer_ebpf::program::COMM_EXEC;
+pub(in crate::attach) const COMM_EXEC_PROGRAM: &str = tracer_ebpf::program::COMM_EXEC;
 
 impl Probes {
     /// Starts announcing the processes that exec an image named one of

@@ -5,6 +5,10 @@
 //!
 //! Long: the one load of the eBPF object: its tables' sizes, read-only
 //! settings, programs and tracepoints.
+pub(in crate::attach) mod btf;
+pub(in crate::attach) mod links;
+pub mod preflight;
+pub(in crate::attach) mod raw;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
@@ -15,13 +19,13 @@ use aya::{
 };
 use tracer_ebpf::sampling::{PROBABILITY_ONE, SAMPLE_STEPS_PER_PERIOD, SAMPLE_TABLE_LEN};
 
-use super::{Hooked, Links, LoaderGate, Measured, Modes, UnwindState};
-use super::{
+use crate::attach::{Hooked, Links, LoaderGate, Measured, Modes, UnwindState};
+use crate::attach::{
     ProbeLinks, Probes, ReturnProbes,
     libraries::LibraryWatch,
-    links::{TracepointLink, attach_tracepoint},
-    mappings,
-    raw::{LinkKind, RawPrograms},
+    load::links::{TracepointLink, attach_tracepoint},
+    load::raw::{LinkKind, RawPrograms},
+    sources::mappings,
 };
 use crate::{
     config::MapSizes,
@@ -88,7 +92,7 @@ impl Probes {
         let uses_tables = unwinding.uses_tables() && has_bpf_loop();
         // Where the kernel keeps a thread's pending return probes: without
         // it, functions that can throw get no return probe (`exceptions`).
-        let return_instances = match super::btf::return_instance_offsets() {
+        let return_instances = match crate::attach::load::btf::return_instance_offsets() {
             Ok(offsets) => Some(offsets),
             Err(error) => {
                 eprintln!(
@@ -274,7 +278,7 @@ impl Probes {
             &mut ebpf,
             &mut tracepoint_links,
             linkers,
-            super::forwarding::Forwarding::for_unwinding(unwinding.mode),
+            crate::attach::sites::forwarding::Forwarding::for_unwinding(unwinding.mode),
             return_instances.is_some(),
         )?;
         let mapping_links = mappings::attach_tracepoints(&mut ebpf)
@@ -291,7 +295,7 @@ impl Probes {
             exception_held.map().fd().as_fd().try_clone_to_owned()?
         };
         let exceptions = match return_instances {
-            Some(_) => Some(super::exceptions::ExceptionFixer::start(
+            Some(_) => Some(crate::attach::safety::exceptions::ExceptionFixer::start(
                 RingBuf::try_from(
                     ebpf.take_map(tracer_ebpf::map::EXCEPTION_UNWINDS)
                         .context("eBPF object lacks EXCEPTION_UNWINDS")?,
@@ -306,7 +310,7 @@ impl Probes {
                     .iter()
                     .filter_map(|link| link.event_id)
                     .collect();
-                Some(super::watchdog::Watchdog::start(
+                Some(crate::attach::safety::watchdog::Watchdog::start(
                     held,
                     exception_held_fd,
                     &events,
@@ -337,8 +341,8 @@ impl Probes {
                 .context("eBPF object lacks COPY_FREES_MADE")?,
         };
         let kernel_unwinding = if uses_tables {
-            let maps = super::unwind_maps::UnwindMaps::take(&mut ebpf, table_rows)?;
-            Some(super::unwind_tables::KernelUnwinding::new(
+            let maps = crate::attach::unwinding::maps::UnwindMaps::take(&mut ebpf, table_rows)?;
+            Some(crate::attach::unwinding::tables::KernelUnwinding::new(
                 maps,
                 unwinding.mode == UnwindMode::Auto,
             ))
@@ -368,7 +372,7 @@ impl Probes {
             watch,
             measured: Measured {
                 times,
-                traps: super::trap_cost::TrapMeasurement::unavailable(
+                traps: crate::attach::cost::traps::TrapMeasurement::unavailable(
                     "not measured (tracer floor)".to_owned(),
                 ),
             },
@@ -427,7 +431,7 @@ fn load_together(ebpf: &mut Ebpf, wanted: impl Fn(&str, &Program) -> bool) -> Re
             .filter(|(name, program)| wanted(name, program))
             .map(|(name, program)| {
                 let load = scope.spawn(move || {
-                    super::raw::block_signals();
+                    crate::attach::load::raw::block_signals();
                     match program {
                         Program::UProbe(program) => program.load(),
                         Program::TracePoint(program) => program.load(),
@@ -502,7 +506,7 @@ fn raise_memlock_limit() {
 }
 
 /// Maps a load failure to the error a user can act on.
-pub(super) fn load_error(error: anyhow::Error) -> anyhow::Error {
+pub(in crate::attach) fn load_error(error: anyhow::Error) -> anyhow::Error {
     let text = format!("{error:#}");
     if text.contains("Operation not permitted") || text.contains("EPERM") {
         fatal(

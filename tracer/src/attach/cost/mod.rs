@@ -13,6 +13,7 @@
 //! single-stepped as its sites are (`prologue`); each run of a return
 //! program a return trap; a session program's both. What a trap costs is
 //! measured at start (`trap_cost`).
+pub(in crate::attach) mod traps;
 
 use std::collections::BTreeMap;
 
@@ -23,7 +24,7 @@ use aya::{
 };
 use tracer_ebpf::{ProgramRuns, counted};
 
-use super::{Probes, raw::RawPrograms, trap_cost::TrapMeasurement};
+use crate::attach::{Probes, cost::traps::TrapMeasurement, load::raw::RawPrograms};
 use crate::model::cost::{ProgramAccounting, ProgramTrap, Runs, Sites, TrapCosts};
 
 impl Probes {

@@ -55,12 +55,13 @@ use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as KernelHashMap, MapData, RingBuf};
 use tracer_ebpf::OpenedFile;
 
-use super::{
-    HookSite, Stage, ahead, batches,
-    forwarding::Forwarding,
-    held_back::ThrowingReturns,
-    raw::{LinkKind, Linker},
-    symbols::{SiteFile, Unprobed, hook_sites_in_file},
+use crate::attach::{
+    HookSite, Stage, batches,
+    libraries::ahead,
+    load::raw::{LinkKind, Linker},
+    safety::held_back::ThrowingReturns,
+    sites::forwarding::Forwarding,
+    sites::symbols::{SiteFile, Unprobed, hook_sites_in_file},
 };
 use crate::{procfs, target_files};
 

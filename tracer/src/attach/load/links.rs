@@ -11,10 +11,10 @@ use aya::{
     programs::{TracePoint, trace_point::TracePointLinkId},
 };
 
-use super::Probes;
+use crate::attach::Probes;
 
 /// A tracepoint program attached to an event.
-pub(super) struct TracepointLink {
+pub(in crate::attach) struct TracepointLink {
     program: &'static str,
     id: TracePointLinkId,
     /// The event's tracefs id.
@@ -22,7 +22,7 @@ pub(super) struct TracepointLink {
 }
 
 /// Attaches the (loaded) tracepoint program `program` to `category:event`.
-pub(super) fn attach_tracepoint(
+pub(in crate::attach) fn attach_tracepoint(
     ebpf: &mut Ebpf,
     program: &'static str,
     category: &str,
@@ -66,7 +66,7 @@ impl Drop for Probes {
             }
         }
         for (_, program, id) in self.links.perf.drain(..) {
-            if let Ok(link) = super::program(&mut self.ebpf, program)
+            if let Ok(link) = crate::attach::program(&mut self.ebpf, program)
                 .and_then(|uprobe| uprobe.take_link(id).map_err(Into::into))
             {
                 links.push(Box::new(link));
@@ -90,14 +90,14 @@ impl Probes {
     /// Detaches the uprobes of `pid`, which exited (`--comm`): its links
     /// are closed on a thread of their own, since closing each one waits
     /// for a grace period and collection must not.
-    pub(super) fn release_links_of(&mut self, pid: u32) {
+    pub(in crate::attach) fn release_links_of(&mut self, pid: u32) {
         let mut links: Vec<Box<dyn Send>> = Vec::new();
         let (of_pid, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links.perf)
             .into_iter()
             .partition(|(link_pid, _, _)| *link_pid == pid);
         self.links.perf = others;
         for (_, program, id) in of_pid {
-            if let Ok(link) = super::program(&mut self.ebpf, program)
+            if let Ok(link) = crate::attach::program(&mut self.ebpf, program)
                 .and_then(|uprobe| uprobe.take_link(id).map_err(Into::into))
             {
                 links.push(Box::new(link));

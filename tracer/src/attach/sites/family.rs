@@ -12,7 +12,7 @@ use std::{
     sync::OnceLock,
 };
 
-use super::function::HookedFunction;
+use crate::attach::sites::function::HookedFunction;
 
 /// A family of hooked functions.
 #[derive(Debug)]

@@ -21,7 +21,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{raw::Linker, symbols::SiteFile};
+use crate::attach::{load::raw::Linker, sites::symbols::SiteFile};
 use crate::{model::cost::TrapCosts, procfs};
 
 std::arch::global_asm!(
@@ -91,7 +91,7 @@ const ROUNDS: usize = 7;
 const MIN_TRAP_NS: f64 = 20.0;
 
 /// The measurement, under way or done.
-pub(super) struct TrapMeasurement {
+pub(in crate::attach) struct TrapMeasurement {
     running: std::sync::Mutex<Option<JoinHandle<()>>>,
     result: Arc<OnceLock<Result<TrapCosts, String>>>,
 }
@@ -99,13 +99,13 @@ pub(super) struct TrapMeasurement {
 impl TrapMeasurement {
     /// Starts measuring on a thread of its own, with the floor programs
     /// of `linker`.
-    pub(super) fn start(linker: Linker) -> TrapMeasurement {
+    pub(in crate::attach) fn start(linker: Linker) -> TrapMeasurement {
         let result = Arc::new(OnceLock::new());
         let filled = Arc::clone(&result);
         let running = std::thread::Builder::new()
             .name("tracer-trap-cost".to_owned())
             .spawn(move || {
-                super::raw::block_signals();
+                crate::attach::load::raw::block_signals();
                 let _ = filled.set(measure(&linker).map_err(|error| format!("{error:#}")));
             })
             .map_err(|error| {
@@ -119,7 +119,7 @@ impl TrapMeasurement {
     }
 
     /// Not measured (why).
-    pub(super) fn unavailable(why: String) -> TrapMeasurement {
+    pub(in crate::attach) fn unavailable(why: String) -> TrapMeasurement {
         TrapMeasurement {
             running: std::sync::Mutex::new(None),
             result: Arc::new(OnceLock::from(Err(why))),
@@ -128,7 +128,7 @@ impl TrapMeasurement {
 
     /// The costs, or why there are none (yet: unless `wait`, a measurement
     /// under way is not waited for).
-    pub(super) fn costs(&self, wait: bool) -> Result<&TrapCosts, &str> {
+    pub(in crate::attach) fn costs(&self, wait: bool) -> Result<&TrapCosts, &str> {
         if wait
             && let Some(running) = self
                 .running

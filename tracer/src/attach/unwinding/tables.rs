@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{Probes, unwind_maps::UnwindMaps};
+use crate::attach::{Probes, unwinding::maps::UnwindMaps};
 use crate::{
     procfs,
     unwind::registry::{TableState, UnwindMapSizes, UnwindTables},
@@ -113,7 +113,11 @@ impl KernelUnwinding {
 impl Probes {
     /// Starts walking the stacks of `pid` through unwind tables (its
     /// mappings `maps`), waiting a little for the tables of its objects.
-    pub(super) fn track_unwinding(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
+    pub(in crate::attach) fn track_unwinding(
+        &mut self,
+        pid: u32,
+        maps: &[procfs::Mapping],
+    ) -> Result<()> {
         match self.unwind.kernel.as_mut() {
             Some(kernel) => kernel.set_waiting(pid, maps, ATTACH_WAIT),
             None => Ok(()),
@@ -122,7 +126,11 @@ impl Probes {
 
     /// Reads the mappings of a tracked process again (libraries mapped),
     /// waiting a little for the tables of new objects.
-    pub(super) fn refresh_unwinding(&mut self, pid: u32, maps: &[procfs::Mapping]) -> Result<()> {
+    pub(in crate::attach) fn refresh_unwinding(
+        &mut self,
+        pid: u32,
+        maps: &[procfs::Mapping],
+    ) -> Result<()> {
         match self.unwind.kernel.as_mut() {
             Some(kernel) if kernel.processes.contains_key(&pid) => {
                 kernel.set_waiting(pid, maps, MAPPED_WAIT)
@@ -182,7 +190,7 @@ impl Probes {
     }
 
     /// Forgets a process that exited.
-    pub(super) fn forget_unwinding(&mut self, pid: u32) {
+    pub(in crate::attach) fn forget_unwinding(&mut self, pid: u32) {
         if let Some(kernel) = self.unwind.kernel.as_mut() {
             kernel.maps.forget(pid);
             kernel.processes.remove(&pid);
@@ -191,5 +199,5 @@ impl Probes {
 }
 
 #[cfg(test)]
-#[path = "unwind_walk_tests.rs"]
+#[path = "walk_tests.rs"]
 mod walk_tests;

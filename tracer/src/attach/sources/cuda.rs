@@ -14,7 +14,7 @@
 //! through `family`).
 use tracer_ebpf::{GPU_API_NAMES, gpu_api as api, gpu_cookie, kind, program};
 
-use super::function::HookedFunction;
+use crate::attach::sites::function::HookedFunction;
 
 /// The return program shared by every CUDA function.
 const GPU_RETURN_PROGRAM: &str = program::GPU_RETURN;

@@ -53,7 +53,7 @@ use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as KernelHashMap, MapData, RingBuf};
 use tracer_ebpf::{ExceptionUnwind, program};
 
-use super::function::HookedFunction;
+use crate::attach::sites::function::HookedFunction;
 use crate::procfs;
 
 /// The longest a process is held for an unwind: then it goes on, its
