@@ -23,6 +23,8 @@ pub mod map {
         STATS = "STATS",
         PROGRAM_RUNS = "PROGRAM_RUNS",
         STACK_API = "STACK_API",
+        VMM_HANDLES = "VMM_HANDLES",
+        VMM_MAPPINGS = "VMM_MAPPINGS",
         CONTEXT_EPOCH = "CONTEXT_EPOCH",
         EXEC_TIME = "EXEC_TIME",
         COPY_STACKS_OF = "COPY_STACKS_OF",

@@ -143,7 +143,7 @@ impl Collector {
             {
                 continue;
             }
-            if let Err(error) = self.probes.attach_allocators(child) {
+            if let Err(error) = self.probes.attach_functions(child) {
                 if procfs::is_alive(child) {
                     self.notice(format!(
                         "warning: could not follow child PID {child}: {error:#}"
@@ -157,7 +157,7 @@ impl Collector {
                 ));
             }
             self.attach_runtimes(child, crate::model::run::NoticedBy::Attach);
-            if let Err(error) = self.probes.trace_mappings(child) {
+            if let Err(error) = self.probes.follow_events(child) {
                 self.notice(format!(
                     "warning: mappings of child PID {child} not followed: {error:#}"
                 ));

@@ -232,8 +232,8 @@ impl Collector {
         let finding = std::time::Instant::now();
         self.detect_runtimes(pid)?;
         self.probes.add_python_time(finding.elapsed());
-        self.probes.attach_allocators(pid)?;
-        self.probes.trace_mappings(pid)?;
+        self.probes.attach_functions(pid)?;
+        self.probes.follow_events(pid)?;
         self.mappings.start(pid);
         self.stacks.symbols.refresh(pid);
         self.attach_runtimes(pid, crate::model::run::NoticedBy::Attach);

@@ -56,12 +56,13 @@ use aya::maps::{HashMap as KernelHashMap, MapData, RingBuf};
 use tracer_ebpf::OpenedFile;
 
 use crate::attach::{
-    HookSite, Stage, batches,
+    HookSite,
     libraries::ahead,
     load::raw::{LinkKind, Linker},
     safety::held_back::ThrowingReturns,
     sites::forwarding::Forwarding,
     sites::symbols::{SiteFile, Unprobed, hook_sites_in_file},
+    sources::uprobes::{Stage, batches},
 };
 use crate::{procfs, target_files};
 

@@ -22,19 +22,16 @@ use crate::attach::{
     sites::forwarding::{Callees, Forwarding, PassesOn},
     sites::function::HookedFunction,
     sites::prologue,
-    sources::cuda::CUDA_FUNCTIONS,
+    sources::traced_functions,
 };
-use crate::{model::allocators::all_allocators, procfs::Mapping, target_files};
+use crate::{procfs::Mapping, target_files};
 
-/// Every function looked up in a mapped object: the allocators, the CUDA
-/// entry points, the families runtimes registered (`family`: PyTorch's
-/// caching allocator), then the unwinder's entry points (`exceptions`).
+/// Every function looked up in a mapped object: the uprobe sources'
+/// (`sources::traced_functions`: the allocators, the families runtimes
+/// registered, the CUDA entry points), then the unwinder's entry points
+/// (`exceptions`).
 fn hooked_functions() -> impl Iterator<Item = HookedFunction> {
-    all_allocators()
-        .map(HookedFunction::allocator)
-        .chain(CUDA_FUNCTIONS)
-        .chain(family::everywhere())
-        .chain(UNWINDER_START)
+    traced_functions().chain(UNWINDER_START)
 }
 
 /// The file a site is in: the descriptor tracer read its symbols and

@@ -12,9 +12,34 @@
 //! PyTorch's caching allocator, which hands tensors blocks of the
 //! segments it cudaMallocs, is a runtime's family (`runtimes::torch`,
 //! through `family`).
-use tracer_ebpf::{GPU_API_NAMES, gpu_api as api, gpu_cookie, kind, program};
+use aya::Ebpf;
+use tracer_ebpf::{
+    ByStackKey, GPU_API_NAMES, LiveKey, VmmHandle, gpu_api as api, gpu_cookie, kind, map, program,
+};
 
+use super::{Source, remove_entries};
 use crate::attach::sites::function::HookedFunction;
+
+/// The CUDA calls.
+pub struct CudaCalls;
+
+impl Source for CudaCalls {
+    fn name(&self) -> &'static str {
+        "CUDA calls"
+    }
+
+    fn functions(&self) -> Vec<HookedFunction> {
+        CUDA_FUNCTIONS.to_vec()
+    }
+
+    /// The virtual memory handles and mappings (cuMemCreate, cuMemMap)
+    /// and the API of each GPU stack.
+    fn forget(&self, ebpf: &mut Ebpf, pid: u32) {
+        remove_entries::<LiveKey, VmmHandle>(ebpf, map::VMM_HANDLES, |key| key.tgid == pid);
+        remove_entries::<LiveKey, u64>(ebpf, map::VMM_MAPPINGS, |key| key.tgid == pid);
+        remove_entries::<ByStackKey, u32>(ebpf, map::STACK_API, |key| key.tgid == pid);
+    }
+}
 
 /// The return program shared by every CUDA function.
 const GPU_RETURN_PROGRAM: &str = program::GPU_RETURN;

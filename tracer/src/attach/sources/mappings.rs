@@ -1,11 +1,12 @@
 //! The mapping tracepoints: where their fields are (read from tracefs, never
 //! hard-coded), loading and attaching the programs of
 //! `tracer-ebpf/src/mappings.rs`, and the TARGETS filter that keeps them to
-//! the traced processes.
+//! the traced processes: the mapping calls' `Source`.
 use anyhow::{Context as _, Result, anyhow};
 use aya::{Ebpf, maps::HashMap, programs::TracePoint};
 use tracer_ebpf::SyscallFieldOffsets;
 
+use super::{Source, remove_entries};
 use crate::attach::load::links::{TracepointLink, attach_tracepoint};
 use crate::tracefs;
 
@@ -107,8 +108,26 @@ pub(in crate::attach) fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<Trace
     Ok(links)
 }
 
+/// The mapping calls.
+pub struct MappingCalls;
+
+impl Source for MappingCalls {
+    fn name(&self) -> &'static str {
+        "mapping calls"
+    }
+
+    /// From its current program break on (`collect::mappings`).
+    fn follow(&self, ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+        add_target(ebpf, pid)
+    }
+
+    fn forget(&self, ebpf: &mut Ebpf, pid: u32) {
+        remove_entries::<u32, u32>(ebpf, tracer_ebpf::map::TARGETS, |key| *key == pid);
+    }
+}
+
 /// Makes the mapping programs follow `pid`.
-pub fn add_target(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+fn add_target(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
     let mut targets: HashMap<_, u32, u32> = HashMap::try_from(
         ebpf.map_mut(tracer_ebpf::map::TARGETS)
             .context("eBPF object lacks TARGETS")?,
