@@ -16,12 +16,9 @@ use std::collections::HashMap;
 use super::{
     blocks::{Blocks, NO_TYPE},
     graph::{NONE, Node, Owner},
+    objects::TypeNames,
 };
 use crate::model::reachability::{BeforeAttach, HolderKind, TypeCensus};
-
-/// Objects that view another's buffer (a buffer's owner is named before
-/// them).
-const VIEW_TYPES: [&str; 2] = ["memoryview", "managedbuffer"];
 
 /// What the census calls memory without a type.
 const UNTYPED: &str = "untyped";
@@ -29,21 +26,17 @@ const UNTYPED: &str = "untyped";
 /// Each block's type as shown (an index into `names`, NO_TYPE for none):
 /// its own, else `data of OWNER` for the typed object that points at its
 /// start (one that is no view first, then the lowest address); and what
-/// it is to ownership (`python`: whether a type is a Python one). `edges`:
-/// (source, target block, interior).
+/// it is to ownership (`TypeNames::counted`: objects of a runtime that
+/// counts references to them). `edges`: (source, target block, interior).
 pub fn types_of(
     blocks: &Blocks,
-    names: &mut Vec<String>,
-    python: &[bool],
+    names: &mut TypeNames,
     edges: impl Iterator<Item = (u32, u32, bool)>,
 ) -> (Vec<u32>, Vec<Owner>) {
     let own: Vec<u32> = (0..blocks.len() as u32)
         .map(|block| blocks.shape(block).type_id)
         .collect();
-    let is_view: Vec<bool> = names
-        .iter()
-        .map(|name| VIEW_TYPES.contains(&name.as_str()))
-        .collect();
+    let is_view = names.view.clone();
     // Per untyped block, its best owner so far: (is a view, source).
     let mut owner: HashMap<u32, (bool, u32)> = HashMap::new();
     for (source, target, interior) in edges {
@@ -60,12 +53,13 @@ pub fn types_of(
             .and_modify(|best| *best = (*best).min(candidate))
             .or_insert(candidate);
     }
-    let is_python = |type_id: u32| python.get(type_id as usize).copied().unwrap_or(false);
+    let counted = names.counted.clone();
+    let is_counted = |type_id: u32| counted.get(type_id as usize).copied().unwrap_or(false);
     let mut owners: Vec<Owner> = own
         .iter()
         .map(|&type_id| {
-            if type_id != NO_TYPE && is_python(type_id) {
-                Owner::PythonObject
+            if type_id != NO_TYPE && is_counted(type_id) {
+                Owner::CountedObject
             } else {
                 Owner::Unknown
             }
@@ -76,12 +70,12 @@ pub fn types_of(
     for (target, (_, source)) in owner {
         let owner_type = own[source as usize];
         let id = *data_of.entry(owner_type).or_insert_with(|| {
-            names.push(format!("data of {}", names[owner_type as usize]));
-            names.len() as u32 - 1
+            let name = format!("data of {}", names.names[owner_type as usize]);
+            names.push(name)
         });
         types[target as usize] = id;
-        if is_python(owner_type) {
-            owners[target as usize] = Owner::PythonData;
+        if is_counted(owner_type) {
+            owners[target as usize] = Owner::CountedData;
         }
     }
     (types, owners)
@@ -164,7 +158,9 @@ mod tests {
             Shape::default(),
             Shape::default(),
         ]);
-        let mut names = vec!["numpy.ndarray".to_owned(), "memoryview".to_owned()];
+        let mut type_names = TypeNames::default();
+        type_names.intern_runtime("numpy.ndarray", false);
+        type_names.intern_runtime("memoryview", true);
         let edges = [
             (1, 2, false),
             (0, 2, false),
@@ -172,9 +168,10 @@ mod tests {
             (0, 4, true),
             (5, 4, false),
         ];
-        let (types, owners) = types_of(&blocks, &mut names, &[true, true], edges.into_iter());
-        assert_eq!(owners[0], Owner::PythonObject);
-        assert_eq!(owners[2], Owner::PythonData);
+        let (types, owners) = types_of(&blocks, &mut type_names, edges.into_iter());
+        let names = type_names.names;
+        assert_eq!(owners[0], Owner::CountedObject);
+        assert_eq!(owners[2], Owner::CountedData);
         assert_eq!(owners[4], Owner::Unknown);
         let name = |block: usize| names.get(types[block] as usize).map(String::as_str);
         assert_eq!(name(0), Some("numpy.ndarray"));

@@ -16,7 +16,7 @@
 //!
 //! Within a pass the chain preferred is the one with the fewest steps
 //! whose ownership is unknown, then the shortest: a step is owning when
-//! it points at a Python object (which only counted references point at)
+//! it points at a counted object (a Python object: only counted references point at it)
 //! or comes from one or from its data (a container's slots); a C or C++
 //! pointer may own or only list (a registry of live objects). A 0-1
 //! breadth-first walk finds those chains in one pass over the edges.
@@ -41,14 +41,15 @@ pub enum Class {
 /// What a block is to the ownership of its pointers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Owner {
-    /// No Python object: its pointers' ownership is unknown.
+    /// No counted object: its pointers' ownership is unknown.
     #[default]
     Unknown,
-    /// A Python object: pointed at by counted references only.
-    PythonObject,
-    /// A Python object's data (a list's items, a dict's keys table): its
+    /// An object of a runtime that counts references to it (a CPython
+    /// object): pointed at by counted references only.
+    CountedObject,
+    /// Such an object's data (a list's items, a dict's keys table): its
     /// pointers are the object's references.
-    PythonData,
+    CountedData,
 }
 
 /// Edges as they are found, then walked: compressed once walked, the
@@ -171,7 +172,7 @@ impl Graph {
         let out = |node: Node| self.out(node);
         let owner = |node: Node| owners.get(node as usize).copied().unwrap_or_default();
         let owning = |source: Node, target: u32| {
-            owner(target) == Owner::PythonObject
+            owner(target) == Owner::CountedObject
                 || (source < blocks && owner(source) != Owner::Unknown)
         };
         let roots = blocks..blocks + roots;
@@ -379,9 +380,9 @@ mod tests {
         let owners = [
             Owner::Unknown,
             Owner::Unknown,
-            Owner::PythonObject,
-            Owner::PythonData,
-            Owner::PythonObject,
+            Owner::CountedObject,
+            Owner::CountedData,
+            Owner::CountedObject,
         ];
         let walked = graph.walk(5, &[false, false], &owners);
         assert_eq!(walked.parent[1], 2, "through the Python object");

@@ -11,7 +11,8 @@
 //! before attach, become untraced blocks; free chunks and the allocator's
 //! own data hold nothing) and a runtime's own allocator (CPython's
 //! pymalloc pools, `runtimes::python::pools` through `runtime_heaps`:
-//! their live objects become untraced blocks), so that a chain goes on through what was there
+//! their live objects become untraced blocks), so that a chain goes on
+//! through what was there
 //! before attach, and what was there is counted by type (the census).
 //!
 //! Limits, as `--help` states them: the scan is conservative (any word
@@ -24,8 +25,9 @@
 //!
 //! `blocks`: the block table (`index`: its page index); `memory`: /proc
 //! and process_vm_readv; `names`: globals by ELF symbol; `glibc`: malloc's
-//! heap; `runtime_heaps`: the seam for a runtime's allocator; `objects`: Python and C++ objects by
-//! type; `census`: owners' data and what was there before attach; `scan`:
+//! heap; `runtime_heaps`: the seam for a runtime's memory (its allocator's
+//! objects, its objects by type); `objects`: each block's type, a
+//! runtime's or a C++ class; `census`: owners' data and what was there before attach; `scan`:
 //! the pass over memory; `graph`: the walk; `figures`: the per-stack
 //! figures and chains.
 pub mod blocks;
@@ -36,7 +38,7 @@ pub mod graph;
 mod index;
 pub mod memory;
 pub mod names;
-mod objects;
+pub mod objects;
 pub mod runtime_heaps;
 mod scan;
 
@@ -98,19 +100,21 @@ pub fn scan(
     let heap_seconds = started.elapsed().as_secs_f64() - globals_seconds;
     let room = MAX_UNTRACED - heap.blocks.len();
     let known = traced.with(heap.blocks);
-    let untraced = runtime_heaps::UntracedObjects::of(
-        heaps,
+    let context = runtime_heaps::ScanContext {
         pid,
-        &regions,
-        &known,
-        &heap.parsed,
-        &globals,
-        room,
-    );
+        regions: &regions,
+        globals: &globals,
+    };
+    let untraced = runtime_heaps::UntracedObjects::of(heaps, &context, &known, &heap.parsed, room);
     let untraced_objects = untraced.blocks.len() as u64;
     let parsed = glibc::sorted(heap.parsed.into_iter().chain(untraced.ranges).collect());
     let mut blocks = known.with(untraced.blocks);
-    let shapes = objects::read(pid, &blocks, &globals);
+    let mut readers: Vec<_> = heaps
+        .iter()
+        .filter_map(|heap| heap.objects(&context))
+        .collect();
+    let shapes = objects::read(pid, &blocks, &globals, &mut readers);
+    drop(readers);
     blocks.set_shapes(shapes.of_block);
     let untraced_reason = match &heap.parse.not_parsed {
         Some(reason) => reason.clone(),
@@ -125,7 +129,7 @@ pub fn scan(
         block_bytes,
         blocks_gone,
         blocks_overlapping: blocks.overlapping,
-        python_objects: shapes.python_objects,
+        python_objects: shapes.runtime_objects,
         cpp_objects: shapes.cpp_objects,
         untraced_pools: untraced.pools,
         untraced_pools_rejected: untraced.pools_rejected,
@@ -138,8 +142,9 @@ pub fn scan(
         ..HoldersScan::default()
     };
     let (mut graph, roots) = scan::scan(pid, &blocks, &parsed, &globals, &mut cost)?;
-    let mut type_names = shapes.names;
-    let (types, owners) = census::types_of(&blocks, &mut type_names, &shapes.python, graph.edges());
+    let mut type_names = shapes.types;
+    let (types, owners) = census::types_of(&blocks, &mut type_names, graph.edges());
+    let type_names = type_names.names;
     let weak = weak_roots(&roots.names);
     let walked = graph.walk(blocks.len() as u32, &weak, &owners);
     drop(owners);

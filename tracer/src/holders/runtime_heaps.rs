@@ -1,29 +1,44 @@
-//! The holders scan's side of the runtime seam: memory a runtime's own
-//! allocator carved into objects tracer has no blocks for (CPython's
-//! pymalloc pools: `runtimes::python::pools`), found so that a chain goes
-//! on through them and the census counts them. The runtimes are given to
-//! [`super::scan`] by the session (`runtimes::heaps`); nothing here names
-//! one.
+//! The holders scan's side of the runtime seam: what a runtime knows of
+//! the memory it manages, asked through [`RuntimeHeap`]. Its own
+//! allocator's live objects in memory tracer has no blocks for (CPython's
+//! pymalloc pools), found so that a chain goes on through them and the
+//! census counts them; and its objects named by type (CPython's by their
+//! type's `tp_name`), read from each block's first bytes, with what each
+//! type is to ownership. The runtimes are given to [`super::scan`] by the
+//! session (`runtimes::heaps`: `runtimes::python::pools` and
+//! `runtimes::python::types`); nothing here names one.
 use super::{
     blocks::{Block, Blocks},
     memory::MapsLine,
     names::Globals,
+    objects::ObjectReader,
 };
 
-/// A runtime's allocator, as the scan reads it.
+/// What the scan has read of a process when it asks a runtime.
+pub struct ScanContext<'a> {
+    pub pid: u32,
+    /// Its mappings, split at the ends of modules' data.
+    pub regions: &'a [MapsLine],
+    /// The symbols of its modules.
+    pub globals: &'a Globals,
+}
+
+/// A runtime's memory, as the scan reads it.
 pub trait RuntimeHeap: Sync {
-    /// Finds the runtime's live objects in the anonymous mappings of
-    /// `regions` outside the `known` blocks and the `skip` ranges
+    /// Finds the runtime's live objects in the anonymous mappings of the
+    /// scan's regions outside the `known` blocks and the `skip` ranges
     /// (sorted: a parsed heap), at most `limit` of them.
     fn find(
         &self,
-        pid: u32,
-        regions: &[MapsLine],
+        scan: &ScanContext<'_>,
         known: &Blocks,
         skip: &[(u64, u64)],
-        globals: &Globals,
         limit: usize,
     ) -> UntracedObjects;
+
+    /// A reader of the runtime's objects for one scan of the process;
+    /// none where it does not run the runtime.
+    fn objects<'a>(&self, scan: &ScanContext<'a>) -> Option<Box<dyn ObjectReader + 'a>>;
 }
 
 /// The live objects a runtime's allocator holds, and what finding them
@@ -50,23 +65,14 @@ impl UntracedObjects {
     /// objects in all.
     pub fn of(
         heaps: &[&dyn RuntimeHeap],
-        pid: u32,
-        regions: &[MapsLine],
+        scan: &ScanContext<'_>,
         known: &Blocks,
         skip: &[(u64, u64)],
-        globals: &Globals,
         limit: usize,
     ) -> UntracedObjects {
         let mut all = UntracedObjects::default();
         for heap in heaps {
-            let found = heap.find(
-                pid,
-                regions,
-                known,
-                skip,
-                globals,
-                limit.saturating_sub(all.blocks.len()),
-            );
+            let found = heap.find(scan, known, skip, limit.saturating_sub(all.blocks.len()));
             all.blocks.extend(found.blocks);
             all.pools += found.pools;
             all.pools_rejected += found.pools_rejected;

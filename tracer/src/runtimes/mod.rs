@@ -51,9 +51,10 @@ pub fn jit_names() -> Vec<Box<dyn crate::symbolize::jit::JitNames>> {
     vec![Box::new(jit::PerfMaps::default())]
 }
 
-/// The runtimes' own allocators, for the holders scan.
+/// The runtimes' heaps (their own allocators' objects, their objects by
+/// type), for the holders scan.
 pub fn heaps() -> Vec<&'static dyn crate::holders::runtime_heaps::RuntimeHeap> {
-    vec![&python::pools::Pymalloc]
+    vec![&python::heap::PythonHeap]
 }
 
 /// A language runtime through a run, as the collector drives it: each

@@ -9,6 +9,7 @@
 //!
 //! Everything is read from outside with `process_vm_readv`: the target is
 //! never stopped or written.
+pub mod heap;
 mod kernel;
 pub mod layout;
 pub mod lines;
@@ -18,6 +19,7 @@ pub mod pools;
 #[cfg(test)]
 mod real_bytes;
 mod tracking;
+pub mod types;
 pub mod wheels;
 
 use std::{

@@ -24,7 +24,7 @@ use crate::{
         blocks::{Block, Blocks, Origin},
         memory::{self, MapsLine},
         names::Globals,
-        runtime_heaps::{RuntimeHeap, UntracedObjects},
+        runtime_heaps::{ScanContext, UntracedObjects},
     },
     target_memory,
 };
@@ -126,57 +126,55 @@ impl Header {
     }
 }
 
-/// CPython's pymalloc, as the holders scan reads it.
-pub struct Pymalloc;
-
-impl RuntimeHeap for Pymalloc {
-    /// Finds the pools in the anonymous mappings of `regions` outside
-    /// `traced` blocks and the `skip` ranges (sorted: a parsed heap) and
-    /// returns their live blocks, whole pools up to `limit` blocks.
-    fn find(
-        &self,
-        pid: u32,
-        regions: &[MapsLine],
-        traced: &Blocks,
-        skip: &[(u64, u64)],
-        globals: &Globals,
-        limit: usize,
-    ) -> UntracedObjects {
-        let mut found = UntracedObjects::default();
-        let pools = find_pools(pid, regions, traced, skip, globals, &mut found);
-        let mut buffer = vec![0u8; POOL_BYTES[0] as usize];
-        for (pool, pool_bytes, header) in pools {
-            if found.blocks.len() + header.count() as usize > limit {
-                found.objects_left_out += header.count();
-                continue;
+/// Finds pymalloc's pools in the anonymous mappings of the scan's
+/// regions outside `traced` blocks and the `skip` ranges (sorted: a
+/// parsed heap) and returns their live blocks, whole pools up to `limit`
+/// blocks.
+pub fn find(
+    scan: &ScanContext<'_>,
+    traced: &Blocks,
+    skip: &[(u64, u64)],
+    limit: usize,
+) -> UntracedObjects {
+    let ScanContext {
+        pid,
+        regions,
+        globals,
+    } = *scan;
+    let mut found = UntracedObjects::default();
+    let pools = find_pools(pid, regions, traced, skip, globals, &mut found);
+    let mut buffer = vec![0u8; POOL_BYTES[0] as usize];
+    for (pool, pool_bytes, header) in pools {
+        if found.blocks.len() + header.count() as usize > limit {
+            found.objects_left_out += header.count();
+            continue;
+        }
+        let bytes = &mut buffer[..pool_bytes as usize];
+        let read = target_memory::read(pid, pool, bytes);
+        found.bytes_read += read as u64;
+        if read < pool_bytes as usize {
+            found.pools_rejected += 1;
+            continue;
+        }
+        match live_blocks(pool, bytes, globals, pool_bytes) {
+            Some(live) if found.blocks.len() + live.len() > limit => {
+                found.objects_left_out += live.len() as u64;
             }
-            let bytes = &mut buffer[..pool_bytes as usize];
-            let read = target_memory::read(pid, pool, bytes);
-            found.bytes_read += read as u64;
-            if read < pool_bytes as usize {
-                found.pools_rejected += 1;
-                continue;
-            }
-            match live_blocks(pool, bytes, globals, pool_bytes) {
-                Some(live) if found.blocks.len() + live.len() > limit => {
-                    found.objects_left_out += live.len() as u64;
-                }
-                Some(live) => {
-                    found.pools += 1;
-                    found.ranges.push((pool, pool + pool_bytes));
-                    for address in live {
-                        let block =
-                            Block::untraced(address, header.block_bytes(), Origin::PymallocObject);
-                        if !overlaps(traced, &block) {
-                            found.blocks.push(block);
-                        }
+            Some(live) => {
+                found.pools += 1;
+                found.ranges.push((pool, pool + pool_bytes));
+                for address in live {
+                    let block =
+                        Block::untraced(address, header.block_bytes(), Origin::PymallocObject);
+                    if !overlaps(traced, &block) {
+                        found.blocks.push(block);
                     }
                 }
-                None => found.pools_rejected += 1,
             }
+            None => found.pools_rejected += 1,
         }
-        found
     }
+    found
 }
 
 /// Whether `block` overlaps a traced block.
