@@ -215,10 +215,10 @@ impl CopiedStacks {
 
     /// The Python stack ids the copied stacks carry: the kernel keeps them
     /// (`stack_table`).
-    pub fn python_stacks(&self) -> impl Iterator<Item = u32> + '_ {
+    pub fn stored_stacks(&self) -> impl Iterator<Item = u32> + '_ {
         self.stacks
             .iter()
-            .filter_map(|(_, unwound)| super::kernel_stacks::python_tag(&unwound.addresses))
+            .filter_map(|(_, unwound)| crate::runtimes::stored_stack_tag(&unwound.addresses))
     }
 
     /// Whether the copied stack `index` ends before its thread's start

@@ -211,9 +211,10 @@ impl Reader {
                     let stack = &item[size_of::<StackCopy>()..];
                     let mut unwound = self.unwinder.unwind(&copy, stack);
                     if copy.python_stack != 0 {
-                        // Its Python stack, as one more frame (collect::python).
-                        let tag = tracer_ebpf::PYTHON_FRAME_TAG | u64::from(copy.python_stack);
-                        unwound.addresses.push(tag);
+                        // Its stored stack, as one more frame, its tag.
+                        unwound
+                            .addresses
+                            .push(crate::runtimes::stored_stack_frame(copy.python_stack));
                     }
                     Message::Copy(copy, unwound)
                 }

@@ -121,7 +121,7 @@ impl Collector {
             (stat::STACKS_EVICTED, self.stacks.table.evicted),
             (
                 stat::PYTHON_STACKS_EVICTED,
-                self.stacks.table.python_evicted,
+                self.stacks.table.stored_evicted,
             ),
             (stat::EXCEPTION_RETURNS_RESTORED, returns_restored),
             (stat::DROP_EXCEPTION_RESTORE_LOST, restores_lost),

@@ -136,7 +136,7 @@ impl Collector {
                 }
                 _ = clock.mappings.tick() => {
                     self.drain_mappings()?;
-                    self.resolve_python_stacks();
+                    self.resolve_stored_stacks();
                 }
                 _ = clock.copies.tick(), if copying => {
                     self.start_copy_reader()?;
@@ -165,7 +165,7 @@ impl Collector {
             self.pace.queued.push_back(Event::Notice(note));
         }
         self.watch_libraries()?;
-        self.resolve_python_stacks();
+        self.resolve_stored_stacks();
         self.finish_runtimes();
         for pid in live_pids(&self.watching.processes) {
             self.stacks.symbols.refresh(pid);

@@ -139,7 +139,7 @@ impl Collector {
                 )
             }
         };
-        let mut frames = self.merge_python(key.pid, frames);
+        let mut frames = self.merge_stored(key.pid, frames);
         if pending {
             // Outermost: the frames above are the kernel's frame-pointer
             // walk of code whose table was not built yet.
@@ -187,11 +187,9 @@ impl Collector {
             return outermost.is_some_and(|frame| is_thread_entry(frame))
                 || python_reaches_start(frames);
         }
-        // A Python stack is whole from where Python started it, wherever
-        // its native frames stop.
-        if self.runtimes.python.stacks.interpreter(key.pid).is_some()
-            && self.python_reaches_start(key)
-        {
+        // A runtime's stack is whole from where the runtime started it,
+        // wherever its native frames stop.
+        if self.runtimes.stored_stacks().runs_in(key.pid) && self.stored_reaches_start(key) {
             return true;
         }
         let addresses = match key.stack_id {
@@ -205,7 +203,7 @@ impl Collector {
             StackId::Copied(index) => self.stacks.copied.addresses(index).to_vec(),
             StackId::Mapping(_) => return self.frames(key).last().is_some_and(is_thread_entry),
         };
-        let addresses = crate::runtimes::python::without_tag(addresses);
+        let addresses = crate::runtimes::without_stored_tag(addresses);
         let Some(&outermost) = addresses.last() else {
             return false;
         };
@@ -230,33 +228,30 @@ impl Collector {
         reaches
     }
 
-    /// Whether a stack's Python frames reach where Python started it
-    /// (`python_reaches_start` of its frames): read from its Python stack
+    /// Whether a stack's runtime frames reach where the runtime started it
+    /// (`python_reaches_start` of its frames): read from its stored stack
     /// alone for a kernel stack, without symbolizing its native frames
-    /// (the outermost Python frame of the merged stack is the Python
+    /// (the outermost runtime frame of the merged stack is the stored
     /// stack's, or the marker of one cut or unknown).
-    fn python_reaches_start(&mut self, key: &StackKey) -> bool {
+    fn stored_reaches_start(&mut self, key: &StackKey) -> bool {
         let StackId::Kernel(name) = key.stack_id else {
             return python_reaches_start(&self.frames(key));
         };
-        let Some(python) = self
+        let Some(stored) = self
             .stacks
             .kernel
             .addresses(name)
-            .and_then(|stack| super::kernel_stacks::python_tag(stack.addresses))
+            .and_then(|stack| crate::runtimes::stored_stack_tag(stack.addresses))
         else {
             return false;
         };
-        if !self.runtimes.python.stacks.knows(key.pid, python) {
-            self.resolve_python_stack(key.pid, python);
+        if !self.runtimes.stored_stacks().knows(key.pid, stored) {
+            self.resolve_stored_stack(key.pid, stored);
         }
-        match self.runtimes.python.stacks.frames(key.pid, python) {
-            Some((frames, false)) => {
-                let frames: Vec<&Frame> = frames.iter().map(|(frame, _)| &**frame).collect();
-                python_reaches_start(&frames)
-            }
-            _ => false,
-        }
+        self.runtimes
+            .stored_stacks()
+            .reaches_start(key.pid, stored)
+            .unwrap_or(false)
     }
 
     /// Stacks whose unwinding stopped early, by reason: copies unwound

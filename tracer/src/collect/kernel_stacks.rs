@@ -30,6 +30,7 @@ use std::sync::Arc;
 use crate::{
     model::{Counters, Kind},
     procfs,
+    runtimes::{is_stored_stack_tag, stored_stack_tag},
     unwind::UnwindStop,
 };
 
@@ -73,8 +74,8 @@ pub struct KernelStacks {
     /// Names that lost their last incarnation since the last call of
     /// `take_dead`.
     dead: Vec<u32>,
-    /// How many names carry each Python stack id in their frames.
-    python_refs: HashMap<u32, u32>,
+    /// How many names carry each stored stack id in their frames.
+    stored_refs: HashMap<u32, u32>,
     /// Each process's executable ranges, as last read.
     code: HashMap<u32, Vec<(u64, u64)>>,
     /// Stacks cut short, by reason.
@@ -112,8 +113,8 @@ impl KernelStacks {
                 if checked.pending {
                     self.pending += 1;
                 }
-                if let Some(python) = python_tag(&checked.addresses) {
-                    *self.python_refs.entry(python).or_default() += 1;
+                if let Some(stored) = stored_stack_tag(&checked.addresses) {
+                    *self.stored_refs.entry(stored).or_default() += 1;
                 }
                 let checked = Arc::new(checked);
                 self.by_frames.insert(Arc::clone(&checked), name);
@@ -194,12 +195,12 @@ impl KernelStacks {
         if self.by_frames.get(&named.checked) == Some(&name) {
             self.by_frames.remove(&named.checked);
         }
-        if let Some(python) = python_tag(&named.checked.addresses)
-            && let Some(refs) = self.python_refs.get_mut(&python)
+        if let Some(stored) = stored_stack_tag(&named.checked.addresses)
+            && let Some(refs) = self.stored_refs.get_mut(&stored)
         {
             *refs -= 1;
             if *refs == 0 {
-                self.python_refs.remove(&python);
+                self.stored_refs.remove(&stored);
             }
         }
     }
@@ -222,9 +223,9 @@ impl KernelStacks {
         self.code.remove(&pid);
     }
 
-    /// Whether a name's frames carry Python stack `id`.
-    pub fn names_python_stack(&self, id: u32) -> bool {
-        self.python_refs.contains_key(&id)
+    /// Whether a name's frames carry stored stack `id`.
+    pub fn names_stored_stack(&self, id: u32) -> bool {
+        self.stored_refs.contains_key(&id)
     }
 
     /// The totals folded into the names that are held, by process, name and
@@ -279,8 +280,8 @@ impl KernelStacks {
     }
 
     fn check(&mut self, pid: u32, mut addresses: Vec<u64>) -> Checked {
-        // The Python stack's tag (the last frame) is no return address.
-        let python = addresses.pop_if(|last| tracer_ebpf::python_stack_of_frame(*last).is_some());
+        // The stored stack's tag (the last frame) is no return address.
+        let stored = addresses.pop_if(|last| is_stored_stack_tag(*last));
         let pending = addresses
             .pop_if(|last| *last == tracer_ebpf::UNWIND_PENDING_FRAME)
             .is_some();
@@ -294,7 +295,7 @@ impl KernelStacks {
         if let Some(first) = outside {
             addresses.truncate(first);
         }
-        addresses.extend(python);
+        addresses.extend(stored);
         Checked {
             pid,
             addresses,
@@ -319,11 +320,4 @@ impl KernelStacks {
                 .any(|&(start, end)| (start..end).contains(&address))
         })
     }
-}
-
-/// The Python stack id a stack's frames end with, if any.
-pub fn python_tag(addresses: &[u64]) -> Option<u32> {
-    addresses
-        .last()
-        .and_then(|&last| tracer_ebpf::python_stack_of_frame(last))
 }

@@ -108,11 +108,11 @@ impl MappingTracker {
 
     /// The Python stack ids the walked stacks of mapping calls carry: the
     /// kernel keeps them (`stack_table`).
-    pub fn python_stacks(&self) -> impl Iterator<Item = u32> + '_ {
+    pub fn stored_stacks(&self) -> impl Iterator<Item = u32> + '_ {
         self.stacks
             .iter()
             .filter_map(|stack| match &stack.code_stack {
-                CodeStack::Walked(addresses) => super::kernel_stacks::python_tag(addresses),
+                CodeStack::Walked(addresses) => crate::runtimes::stored_stack_tag(addresses),
                 CodeStack::Copied(_) | CodeStack::Lost => None,
             })
     }

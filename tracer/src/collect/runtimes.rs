@@ -1,9 +1,10 @@
 //! The language runtimes (`crate::runtimes::Runtime`) driven through the
 //! run: found before a target's allocators are hooked, attached after,
 //! looked at again after an exec, kept current at each snapshot, their
-//! notes at the end; what each says goes out as a notice. The Python
-//! stacks the kernel stored are named from the stack tables
-//! (`stack_table`) and merged into native stacks here.
+//! notes at the end; what each says goes out as a notice. The stacks a
+//! runtime's kernel program stored (`runtimes::StoredStacks`) are named
+//! from the stack tables (`stack_table`) and merged into native stacks
+//! here.
 use anyhow::Result;
 
 use super::{Collector, Event, live_pids};
@@ -95,31 +96,31 @@ impl Collector {
             .collect()
     }
 
-    /// `frames` with the Python stack its tag frame names merged in.
-    pub(super) fn merge_python(&mut self, pid: u32, frames: Vec<Frame>) -> Vec<Frame> {
+    /// `frames` with the stored stack its tag frame names merged in.
+    pub(super) fn merge_stored(&mut self, pid: u32, frames: Vec<Frame>) -> Vec<Frame> {
         let Collector {
             runtimes,
             probes,
             stacks,
             ..
         } = self;
-        runtimes.python.merge(pid, frames, |python, id| {
+        runtimes.merge_stored(pid, frames, |stored, id| {
             let mut maps = probes.stack_maps();
             // Those stored since the last call first (one of them may be
-            // it), then it alone (an id that did not fit in
-            // PYTHON_NEW_IDS).
-            for new in maps.new_python_ids() {
-                if let Some(stack) = maps.python_stack(new) {
-                    python.resolve(stack.tgid, new, &stack);
-                    stacks.table.learn_python(&mut maps, new);
+            // it), then it alone (an id that did not fit in the queue of
+            // new ids).
+            for new in maps.new_stored_ids() {
+                if let Some(stack) = maps.stored_stack(new) {
+                    stored.resolve(stack.tgid, new, &stack);
+                    stacks.table.learn_stored(&mut maps, new);
                 }
             }
-            if !python.knows(pid, id)
-                && let Some(stack) = maps.python_stack(id)
+            if !stored.knows(pid, id)
+                && let Some(stack) = maps.stored_stack(id)
                 && stack.tgid == pid
             {
-                python.resolve(pid, id, &stack);
-                stacks.table.learn_python(&mut maps, id);
+                stored.resolve(pid, id, &stack);
+                stacks.table.learn_stored(&mut maps, id);
             }
         })
     }

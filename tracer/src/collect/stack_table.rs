@@ -1,7 +1,7 @@
 //! The kernel's stack tables, bounded by what is live: a stack that holds
 //! nothing is evicted when STACKS is over half full, and its id handed out
-//! again; so are the Python stacks (PYTHON_STACKS) that no stack held
-//! names any more. The tables then hold the stacks that hold memory plus
+//! again; so are a runtime's stored stacks (`runtimes::StoredStacks`:
+//! CPython's, PYTHON_STACKS) that no stack held names any more. The tables then hold the stacks that hold memory plus
 //! a working set of at most half the table, however many distinct stacks a
 //! run makes; tracer's own memory per stack follows them (`kernel_stacks`
 //! forgets a stack's frames once the model has folded it).
@@ -35,7 +35,7 @@
 //! run). The exceptions are counted drops: a block whose BY_STACK entry
 //! could not be made (`by_stack_map_full`).
 //!
-//! Python stack ids follow the same steps: one that neither a held stack
+//! Stored stack ids follow the same steps: one that neither a held stack
 //! id, a name's frames, a copied stack nor a mapping stack carries is
 //! unlinked from PYTHON_STACK_IDS, then after `GRACE` (still carried by
 //! none: a stack stored since with it was read by then) deleted, and its
@@ -48,10 +48,11 @@ use std::{
 use anyhow::Result;
 use tracer_ebpf::{NO_STACK, StackFrames, StackTotals, is_copied_stack};
 
-use super::{Collector, kernel_stacks::python_tag};
+use super::Collector;
 use crate::{
     attach::StackMaps,
     model::{Counters, Kind, Retired, StackId, StackKey},
+    runtimes::stored_stack_tag,
 };
 
 /// How long an unlinked id waits at least before it is evicted: probes
@@ -78,8 +79,9 @@ impl Unlinked {
 struct HeldId {
     /// Its key in STACK_IDS.
     hash: u64,
-    /// The Python stack its frames end with.
-    python: Option<u32>,
+    /// The stored stack its frames end with (a runtime's:
+    /// `runtimes::StoredStacks`).
+    stored: Option<u32>,
     /// The processes that named it (`kernel_stacks`).
     pids: Vec<u32>,
     unlinked: Option<Unlinked>,
@@ -89,8 +91,8 @@ struct HeldId {
     active_round: u64,
 }
 
-/// A Python stack id the kernel holds.
-struct HeldPython {
+/// A stored stack id the kernel holds.
+struct HeldStored {
     /// Its key in PYTHON_STACK_IDS.
     hash: u64,
     pid: u32,
@@ -102,13 +104,13 @@ struct HeldPython {
 /// What the tables hold, and how many were evicted.
 #[derive(Default)]
 pub struct StackTable {
-    /// `--max-stacks`: STACKS and PYTHON_STACKS hold as many.
+    /// `--max-stacks`: STACKS and the stored stacks' table hold as many.
     capacity: usize,
     ids: HashMap<u32, HeldId>,
-    python: HashMap<u32, HeldPython>,
+    stored: HashMap<u32, HeldStored>,
     round: u64,
     pub evicted: u64,
-    pub python_evicted: u64,
+    pub stored_evicted: u64,
 }
 
 /// What one stack id holds now, from BY_STACK.
@@ -141,18 +143,18 @@ impl StackTable {
         Some(frames.frames[..count].to_vec())
     }
 
-    /// Learns stack id `id` from its STACKS entry (and the Python stack
-    /// it names, from PYTHON_STACKS).
+    /// Learns stack id `id` from its STACKS entry (and the stored stack
+    /// it names).
     fn learn(&mut self, maps: &mut StackMaps<'_>, id: u32, frames: &StackFrames) {
         if self.ids.contains_key(&id) {
             return;
         }
         let count = (frames.count as usize).min(frames.frames.len());
-        // Counted in the Python stack's `stack_ids` when it is known.
-        let python = python_tag(&frames.frames[..count]).filter(|&python| {
-            self.learn_python(maps, python);
-            self.python
-                .get_mut(&python)
+        // Counted in the stored stack's `stack_ids` when it is known.
+        let stored = stored_stack_tag(&frames.frames[..count]).filter(|&stored| {
+            self.learn_stored(maps, stored);
+            self.stored
+                .get_mut(&stored)
                 .map(|held| held.stack_ids += 1)
                 .is_some()
         });
@@ -160,7 +162,7 @@ impl StackTable {
             id,
             HeldId {
                 hash: frames.hash(),
-                python,
+                stored,
                 pids: Vec::new(),
                 unlinked: None,
                 allocs: 0,
@@ -169,15 +171,16 @@ impl StackTable {
         );
     }
 
-    /// Learns Python stack id `id` (unknown when PYTHON_STACKS lacks it).
-    pub(super) fn learn_python(&mut self, maps: &mut StackMaps<'_>, id: u32) {
-        if self.python.contains_key(&id) {
+    /// Learns stored stack id `id` (unknown when the kernel's table lacks
+    /// it).
+    pub(super) fn learn_stored(&mut self, maps: &mut StackMaps<'_>, id: u32) {
+        if self.stored.contains_key(&id) {
             return;
         }
-        if let Some(stack) = maps.python_stack(id) {
-            self.python.insert(
+        if let Some(stack) = maps.stored_stack(id) {
+            self.stored.insert(
                 id,
-                HeldPython {
+                HeldStored {
                     hash: stack.hash(stack.tgid),
                     pid: stack.tgid,
                     stack_ids: 0,
@@ -221,31 +224,32 @@ impl Collector {
         StackId::Kernel(name)
     }
 
-    /// Names the Python stacks the kernel stored since the last call
-    /// (their code objects may be gone later), learning their ids.
-    pub(super) fn resolve_python_stacks(&mut self) {
-        if self.runtimes.python.stacks.is_empty() {
+    /// Names the stacks the kernel stored since the last call (their
+    /// code objects may be gone later), learning their ids.
+    pub(super) fn resolve_stored_stacks(&mut self) {
+        let stored = self.runtimes.stored_stacks();
+        if stored.is_empty() {
             return;
         }
         let mut maps = self.probes.stack_maps();
-        for id in maps.new_python_ids() {
-            let Some(stack) = maps.python_stack(id) else {
+        for id in maps.new_stored_ids() {
+            let Some(stack) = maps.stored_stack(id) else {
                 continue;
             };
-            self.runtimes.python.stacks.resolve(stack.tgid, id, &stack);
-            self.stacks.table.learn_python(&mut maps, id);
+            stored.resolve(stack.tgid, id, &stack);
+            self.stacks.table.learn_stored(&mut maps, id);
         }
     }
 
-    /// Names Python stack `id` of `pid` now, if the kernel still has it
-    /// (a stack whose id did not fit in PYTHON_NEW_IDS).
-    pub(super) fn resolve_python_stack(&mut self, pid: u32, id: u32) {
+    /// Names stored stack `id` of `pid` now, if the kernel still has it
+    /// (a stack whose id did not fit in the queue of new ids).
+    pub(super) fn resolve_stored_stack(&mut self, pid: u32, id: u32) {
         let mut maps = self.probes.stack_maps();
-        if let Some(stack) = maps.python_stack(id)
+        if let Some(stack) = maps.stored_stack(id)
             && stack.tgid == pid
         {
-            self.runtimes.python.stacks.resolve(pid, id, &stack);
-            self.stacks.table.learn_python(&mut maps, id);
+            self.runtimes.stored_stacks().resolve(pid, id, &stack);
+            self.stacks.table.learn_stored(&mut maps, id);
         }
     }
 
@@ -295,7 +299,7 @@ impl Collector {
             self.evict_stack(id, &entries)?;
         }
         self.unlink_stacks(round, &holds)?;
-        self.evict_python_stacks(round)?;
+        self.evict_stored_stacks(round)?;
         Ok(self.retired())
     }
 
@@ -330,10 +334,10 @@ impl Collector {
         for pid in held.pids {
             self.stacks.kernel.evicted(pid, id);
         }
-        if let Some(python) = held.python
-            && let Some(held_python) = self.stacks.table.python.get_mut(&python)
+        if let Some(stored) = held.stored
+            && let Some(held_stored) = self.stacks.table.stored.get_mut(&stored)
         {
-            held_python.stack_ids -= 1;
+            held_stored.stack_ids -= 1;
         }
         self.stacks.table.evicted += 1;
         Ok(())
@@ -370,21 +374,21 @@ impl Collector {
         Ok(())
     }
 
-    /// Unlinks the Python stacks nothing carries, and evicts those
+    /// Unlinks the stored stacks nothing carries, and evicts those
     /// unlinked long enough that still none does.
-    fn evict_python_stacks(&mut self, round: u64) -> Result<()> {
+    fn evict_stored_stacks(&mut self, round: u64) -> Result<()> {
         let pinned: HashSet<u32> = self
             .stacks
             .copied
-            .python_stacks()
-            .chain(self.mappings.python_stacks())
+            .stored_stacks()
+            .chain(self.mappings.stored_stacks())
             .collect();
-        let carried = |id: &u32, held: &HeldPython| {
-            held.stack_ids > 0 || self.stacks.kernel.names_python_stack(*id) || pinned.contains(id)
+        let carried = |id: &u32, held: &HeldStored| {
+            held.stack_ids > 0 || self.stacks.kernel.names_stored_stack(*id) || pinned.contains(id)
         };
         let mut evict = Vec::new();
         let mut unlink = Vec::new();
-        for (&id, held) in &self.stacks.table.python {
+        for (&id, held) in &self.stacks.table.stored {
             if carried(&id, held) {
                 continue;
             }
@@ -397,15 +401,15 @@ impl Collector {
         let mut maps = self.probes.stack_maps();
         let at = Instant::now();
         for id in unlink {
-            let held = self.stacks.table.python.get_mut(&id).expect("listed");
+            let held = self.stacks.table.stored.get_mut(&id).expect("listed");
             maps.unlink(true, held.hash, id)?;
             held.unlinked = Some(Unlinked { round, at });
         }
         for id in evict {
-            maps.evict_python_stack(id)?;
-            let held = self.stacks.table.python.remove(&id).expect("listed");
-            self.runtimes.python.stacks.forget(held.pid, id);
-            self.stacks.table.python_evicted += 1;
+            maps.evict_stored_stack(id)?;
+            let held = self.stacks.table.stored.remove(&id).expect("listed");
+            self.runtimes.stored_stacks().forget(held.pid, id);
+            self.stacks.table.stored_evicted += 1;
         }
         Ok(())
     }
@@ -452,9 +456,9 @@ impl Collector {
              {names} stacks named ({pairs} ids named); evicted {} stacks, {} Python stacks",
             table.ids.len(),
             table.capacity,
-            table.python.len(),
+            table.stored.len(),
             table.evicted,
-            table.python_evicted,
+            table.stored_evicted,
         ))
     }
 

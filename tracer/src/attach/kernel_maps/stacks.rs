@@ -84,7 +84,7 @@ impl StackMaps<'_> {
     }
 
     /// The PYTHON_STACKS entry of `id`, when there is one.
-    pub fn python_stack(&mut self, id: u32) -> Option<PythonStack> {
+    pub fn stored_stack(&mut self, id: u32) -> Option<PythonStack> {
         self.hash_map::<u32, PythonStack>(map::PYTHON_STACKS)
             .ok()?
             .get(&id, 0)
@@ -95,8 +95,8 @@ impl StackMaps<'_> {
     /// it names `id`: no walk finds the id from then on. Only the kernel
     /// adds entries there, never over one, so the entry read is the one
     /// removed.
-    pub fn unlink(&mut self, python: bool, hash: u64, id: u32) -> Result<()> {
-        let name = if python {
+    pub fn unlink(&mut self, stored: bool, hash: u64, id: u32) -> Result<()> {
+        let name = if stored {
             map::PYTHON_STACK_IDS
         } else {
             map::STACK_IDS
@@ -128,7 +128,7 @@ impl StackMaps<'_> {
     }
 
     /// Deletes Python stack `id` and gives the id back.
-    pub fn evict_python_stack(&mut self, id: u32) -> Result<()> {
+    pub fn evict_stored_stack(&mut self, id: u32) -> Result<()> {
         let _ = self
             .hash_map::<u32, PythonStack>(map::PYTHON_STACKS)?
             .remove(&id);
@@ -139,7 +139,7 @@ impl StackMaps<'_> {
 
     /// The ids of the Python stacks stored since the last call, oldest
     /// first.
-    pub fn new_python_ids(&mut self) -> Vec<u32> {
+    pub fn new_stored_ids(&mut self) -> Vec<u32> {
         let Ok(mut queue) = self.queue(map::PYTHON_NEW_IDS) else {
             return Vec::new();
         };

@@ -45,17 +45,27 @@ impl HookFamily {
     }
 }
 
-static REGISTERED: OnceLock<Vec<&'static HookFamily>> = OnceLock::new();
+/// What the runtimes give attach, once, at start.
+pub struct Registration {
+    /// The families they hook.
+    pub families: Vec<&'static HookFamily>,
+    /// Where they install libraries their programs may load.
+    pub library_dirs: Vec<LibraryDirs>,
+}
 
-/// Registers the families runtimes hook; the first call decides (later
-/// ones, the same list, change nothing).
-pub fn register(families: Vec<&'static HookFamily>) {
-    let _ = REGISTERED.set(families);
+static REGISTERED: OnceLock<Registration> = OnceLock::new();
+
+/// Registers what the runtimes give attach; the first call decides (later
+/// ones, the same lists, change nothing).
+pub fn register(registration: Registration) {
+    let _ = REGISTERED.set(registration);
 }
 
 /// The families registered (none before [`register`]).
 pub fn registered() -> &'static [&'static HookFamily] {
-    REGISTERED.get().map_or(&[], Vec::as_slice)
+    REGISTERED
+        .get()
+        .map_or(&[], |registration| registration.families.as_slice())
 }
 
 /// The family that may define functions unexported in the file named
@@ -105,18 +115,11 @@ pub fn throws(name: &str) -> bool {
 /// ahead of their mapping (`ahead`).
 pub type LibraryDirs = fn(pid: u32, executable: &Path) -> Vec<PathBuf>;
 
-static LIBRARY_DIRS: OnceLock<Vec<LibraryDirs>> = OnceLock::new();
-
-/// Registers the runtimes' library directories; the first call decides.
-pub fn register_library_dirs(finders: Vec<LibraryDirs>) {
-    let _ = LIBRARY_DIRS.set(finders);
-}
-
 /// The directories every registered runtime gives for `executable`.
 pub fn library_dirs(pid: u32, executable: &Path) -> Vec<PathBuf> {
-    LIBRARY_DIRS
+    REGISTERED
         .get()
-        .map_or(&[][..], Vec::as_slice)
+        .map_or(&[][..], |registration| registration.library_dirs.as_slice())
         .iter()
         .flat_map(|finder| finder(pid, executable))
         .collect()

@@ -391,26 +391,37 @@ fn dense_counters_fill_every_snapshot() {
     );
 }
 
+/// A warm-up of `warm_steps` rises of `warm_blocks` blocks, one every
+/// 0.5 s, then from `from_s` on a step of `step_blocks` every 2 s, work
+/// going on throughout: the series at `t` seconds.
+fn warm_up_then_steps(
+    t: f64,
+    warm_steps: i64,
+    warm_blocks: i64,
+    from_s: f64,
+    step_blocks: i64,
+) -> At {
+    let warm = ((t * 2.0).round() as i64).clamp(0, warm_steps) * warm_blocks;
+    let steps = if t > from_s {
+        ((t - from_s) / 2.0).floor() as i64 * step_blocks
+    } else {
+        0
+    };
+    At {
+        allocated: warm + steps,
+        live: warm + steps,
+        other_allocs: (t * 1000.0) as u64,
+        cpu_s: t * 0.5,
+    }
+}
+
 #[test]
 fn equal_small_steps_after_a_warm_up_are_a_leak() {
     // A 200-block warm-up over the first 5 s (one run of 10 intervals),
     // then a step of 2 blocks every 2 s, work going on throughout: the
     // steps are the leak, not noise beside the warm-up (a rule that
     // weighs a step against the warm-up's whole run says "not a leak").
-    let growth = verdict_of(|t| {
-        let warm = ((t * 2.0).round() as i64).clamp(0, 10) * 20;
-        let steps = if t > 5.0 {
-            ((t - 5.0) / 2.0).floor() as i64 * 2
-        } else {
-            0
-        };
-        At {
-            allocated: warm + steps,
-            live: warm + steps,
-            other_allocs: (t * 1000.0) as u64,
-            cpu_s: t * 0.5,
-        }
-    });
+    let growth = verdict_of(|t| warm_up_then_steps(t, 10, 20, 5.0, 2));
     assert_eq!(growth.verdict, Verdict::Leak, "{growth:?}");
     assert_eq!(growth.shape, Some(Shape::Steps), "{growth:?}");
     assert_eq!(growth.steps.unwrap().count, 8, "{growth:?}");
@@ -463,20 +474,7 @@ fn a_cache_caught_once_mid_eviction_is_still_not_a_leak() {
 fn one_block_steps_that_repeat_are_a_leak() {
     // 16-block warm-up, then one block every 2 s: each step is a block,
     // and they repeat.
-    let growth = verdict_of(|t| {
-        let warm = ((t * 2.0).round() as i64).clamp(0, 4) * 4;
-        let steps = if t > 2.0 {
-            ((t - 2.0) / 2.0).floor() as i64
-        } else {
-            0
-        };
-        At {
-            allocated: warm + steps,
-            live: warm + steps,
-            other_allocs: (t * 1000.0) as u64,
-            cpu_s: t * 0.5,
-        }
-    });
+    let growth = verdict_of(|t| warm_up_then_steps(t, 4, 4, 2.0, 1));
     assert_eq!(growth.verdict, Verdict::Leak, "{growth:?}");
     assert!(growth.steps.unwrap().count >= 8, "{growth:?}");
 }

@@ -36,8 +36,9 @@ pub use merge::merge;
 pub use tracking::Python;
 
 use crate::{
-    model::{Frame, Language},
+    model::{Frame, Language, quality::python_reaches_start},
     procfs::{self, Mapping},
+    runtimes::StoredStacks,
     target_memory::{Process, TargetMemory},
 };
 
@@ -221,12 +222,6 @@ fn load_bias(elf: &object::File<'_>, path: &Path, maps: &[Mapping]) -> Option<u6
     let (offset, _) = segment.file_range();
     let address = segment.address() + (first.file_offset - offset);
     Some(first.start.wrapping_sub(address))
-}
-
-/// A stack's return addresses without its Python stack's tag frame.
-pub fn without_tag(mut addresses: Vec<u64>) -> Vec<u64> {
-    addresses.retain(|&address| tracer_ebpf::python_stack_of_frame(address).is_none());
-    addresses
 }
 
 /// Reads `length` bytes of the target at `address`.
@@ -450,39 +445,6 @@ impl Stacks {
         self.interpreters.values()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.interpreters.is_empty()
-    }
-
-    /// Names the frames of a Python stack the kernel walked, while its
-    /// process lives. `pid` is the process the stack's id belongs to.
-    pub fn resolve(&mut self, pid: u32, id: u32, stack: &PythonStack) {
-        if self.frames.contains_key(&(pid, id)) {
-            return;
-        }
-        let Some(interpreter) = self.interpreters.get(&pid).cloned() else {
-            return;
-        };
-        let count = (stack.count as usize).min(stack.frames.len());
-        let mut frames: Vec<SharedFrame> = Vec::with_capacity(count);
-        for &packed in &stack.frames[..count] {
-            let address = packed & python_frame::ADDRESS_MASK;
-            let offset = packed >> python_frame::OFFSET_SHIFT;
-            let entry = packed & python_frame::ENTRY != 0;
-            if entry && interpreter.layout.entry_is_shim {
-                // 3.12+: the C stack's shim below an entry frame.
-                if let Some((_, last_entry)) = frames.last_mut() {
-                    *last_entry = true;
-                }
-                continue;
-            }
-            let frame = self.frame(&interpreter, address, offset);
-            frames.push((self.intern(frame), entry));
-        }
-        self.frames.insert((pid, id), frames);
-        self.truncated.insert((pid, id), stack.truncated != 0);
-    }
-
     /// The one shared copy of `frame`.
     fn intern(&mut self, frame: Frame) -> Arc<Frame> {
         if let Some(known) = self.interned.get(&frame) {
@@ -491,25 +453,6 @@ impl Stacks {
         let frame = Arc::new(frame);
         self.interned.insert(Arc::clone(&frame));
         frame
-    }
-
-    /// Forgets the stack `id` of `pid` (the kernel evicted it: the id
-    /// will name other frames). The frames no stack has any more go once
-    /// as many stacks went as there are frames kept.
-    pub fn forget(&mut self, pid: u32, id: u32) {
-        if self.frames.remove(&(pid, id)).is_some() {
-            self.truncated.remove(&(pid, id));
-            self.forgotten += 1;
-            if self.forgotten >= self.interned.len() {
-                self.interned.retain(|frame| Arc::strong_count(frame) > 1);
-                self.forgotten = 0;
-            }
-        }
-    }
-
-    /// Whether the stack `id` of `pid` was named already.
-    pub fn knows(&self, pid: u32, id: u32) -> bool {
-        self.frames.contains_key(&(pid, id))
     }
 
     /// The named frames of a Python stack, innermost first, each with
@@ -573,6 +516,70 @@ impl Stacks {
                 language: Language::Python,
                 ..Frame::default()
             },
+        }
+    }
+}
+
+impl StoredStacks for Stacks {
+    fn is_empty(&self) -> bool {
+        self.interpreters.is_empty()
+    }
+
+    fn runs_in(&self, pid: u32) -> bool {
+        self.interpreters.contains_key(&pid)
+    }
+
+    /// Names the frames of a Python stack the kernel walked, while its
+    /// process lives. `pid` is the process the stack's id belongs to.
+    fn resolve(&mut self, pid: u32, id: u32, stack: &PythonStack) {
+        if self.frames.contains_key(&(pid, id)) {
+            return;
+        }
+        let Some(interpreter) = self.interpreters.get(&pid).cloned() else {
+            return;
+        };
+        let count = (stack.count as usize).min(stack.frames.len());
+        let mut frames: Vec<SharedFrame> = Vec::with_capacity(count);
+        for &packed in &stack.frames[..count] {
+            let address = packed & python_frame::ADDRESS_MASK;
+            let offset = packed >> python_frame::OFFSET_SHIFT;
+            let entry = packed & python_frame::ENTRY != 0;
+            if entry && interpreter.layout.entry_is_shim {
+                // 3.12+: the C stack's shim below an entry frame.
+                if let Some((_, last_entry)) = frames.last_mut() {
+                    *last_entry = true;
+                }
+                continue;
+            }
+            let frame = self.frame(&interpreter, address, offset);
+            frames.push((self.intern(frame), entry));
+        }
+        self.frames.insert((pid, id), frames);
+        self.truncated.insert((pid, id), stack.truncated != 0);
+    }
+
+    /// Whether the stack `id` of `pid` was named already.
+    fn knows(&self, pid: u32, id: u32) -> bool {
+        self.frames.contains_key(&(pid, id))
+    }
+
+    fn reaches_start(&self, pid: u32, id: u32) -> Option<bool> {
+        let (frames, truncated) = self.frames(pid, id)?;
+        let frames: Vec<&Frame> = frames.iter().map(|(frame, _)| &**frame).collect();
+        Some(!truncated && python_reaches_start(&frames))
+    }
+
+    /// Forgets the stack `id` of `pid` (the kernel evicted it: the id
+    /// will name other frames). The frames no stack has any more go once
+    /// as many stacks went as there are frames kept.
+    fn forget(&mut self, pid: u32, id: u32) {
+        if self.frames.remove(&(pid, id)).is_some() {
+            self.truncated.remove(&(pid, id));
+            self.forgotten += 1;
+            if self.forgotten >= self.interned.len() {
+                self.interned.retain(|frame| Arc::strong_count(frame) > 1);
+                self.forgotten = 0;
+            }
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::{
     attach::Probes,
     config::{PythonMode, PythonOptions},
     model::{Frame, Language, run::NoticedBy},
-    runtimes::Runtime,
+    runtimes::{Runtime, StoredStacks},
 };
 
 /// What `--python` found and keeps per target.
@@ -185,7 +185,7 @@ impl Python {
         &mut self,
         pid: u32,
         mut frames: Vec<Frame>,
-        resolve: impl FnOnce(&mut Stacks, u32),
+        resolve: impl FnOnce(&mut dyn StoredStacks, u32),
     ) -> Vec<Frame> {
         let Some(tagged) = frames
             .iter()
