@@ -179,3 +179,53 @@ fn cpp_objects_made_before_attach_are_counted_by_class_and_held_from_the_global(
         "{text}"
     );
 }
+
+#[test]
+fn blocks_outside_the_size_filters_are_not_counted_as_made_before_attach() {
+    // Kernel objects and the map's nodes (24 bytes) are below --min-size:
+    // those made after attach are no more recorded than those before, so
+    // the census counts them apart, not as memory made before attach.
+    const BEFORE: i64 = 40;
+    const AFTER: i64 = 10;
+    let mut fixture = Fixture::start("cpp_kernel_cache", &[]);
+    let loaded_before = fixture.cmd(&format!("load {BEFORE}"));
+    let trace = Record::pid(fixture.pid)
+        .args(["--holders", "--min-size", "100"])
+        .attach();
+    let loaded = fixture.cmd(&format!("load {AFTER}"));
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let traced = trace.stop();
+    fixture.cmd("quit");
+
+    let scan = the_scan(&traced);
+    let census = &scan["before_attach"];
+    let rows = census["by_type"].as_array().expect("by_type");
+    assert!(
+        rows.iter()
+            .all(|row| row["type"] != "(anonymous namespace)::Kernel"),
+        "Kernel objects are below --min-size: {census}"
+    );
+    let outside = &census["outside_size_filters"];
+    let kernel_bytes = field(&loaded, "kernel_bytes");
+    assert!(
+        int(outside, "blocks") >= BEFORE + AFTER,
+        "every Kernel object, before attach and after: {census}"
+    );
+    assert!(int(outside, "bytes") >= kernel_bytes, "{census}");
+    // Their code buffers (3000 bytes) are within the filters: those made
+    // before attach are counted, named after the Kernel objects.
+    let code = census_row(scan, "data of (anonymous namespace)::Kernel");
+    assert_eq!(int(code, "blocks"), BEFORE, "{code}");
+    assert_eq!(
+        int(code, "bytes"),
+        field(&loaded_before, "code_bytes"),
+        "{code}"
+    );
+    assert_eq!(census["or_unrecorded"], serde_json::json!([]), "{census}");
+    let text = &traced.output.stdout;
+    assert!(text.contains("before attach (PID "), "{text}");
+    assert!(
+        text.contains("outside --min-size/--max-size (PID "),
+        "{text}"
+    );
+}

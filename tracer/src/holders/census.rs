@@ -11,14 +11,68 @@
 //! tracer has no block for, chunks malloc mapped on their own, pymalloc
 //! objects in arenas mapped before attach) by that type, "untyped" where
 //! there is none, each type with the root that holds most of its bytes.
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::{
     blocks::{Blocks, NO_TYPE},
     graph::{NONE, Node, Owner},
     objects::TypeNames,
 };
-use crate::model::reachability::{BeforeAttach, HolderKind, TypeCensus};
+use crate::model::{
+    reachability::{BeforeAttach, HolderKind, TypeCensus},
+    run::SamplingReport,
+};
+
+/// What tracer did not record after attach: the blocks outside the size
+/// filters, and why blocks within them may be unrecorded too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unrecorded {
+    pub min_size_bytes: u64,
+    pub max_size_bytes: u64,
+    /// Sampling, drops of blocks: `BeforeAttach::or_unrecorded`.
+    pub reasons: Vec<String>,
+}
+
+/// The drops that leave a block made after attach out of the live set.
+const UNRECORDED_DROPS: [&str; 3] = ["live_map_full", "pending_map_full", "out_param_unreadable"];
+
+impl Unrecorded {
+    /// Every call recorded: what tracer has no record of was there before.
+    pub const NONE: Unrecorded = Unrecorded {
+        min_size_bytes: 0,
+        max_size_bytes: u64::MAX,
+        reasons: Vec::new(),
+    };
+
+    /// What a run that recorded as `sampling` says and dropped `drops`
+    /// (by name) left unrecorded.
+    pub fn of(sampling: &SamplingReport, drops: &BTreeMap<String, u64>) -> Unrecorded {
+        let mut reasons = Vec::new();
+        if let Some(bytes) = sampling.sample_bytes {
+            reasons.push(format!("sampled out (--sample-bytes {bytes})"));
+        }
+        let dropped: Vec<String> = UNRECORDED_DROPS
+            .iter()
+            .filter_map(|name| {
+                let count = drops.get(*name).copied().unwrap_or(0);
+                (count > 0).then(|| format!("{name}={count}"))
+            })
+            .collect();
+        if !dropped.is_empty() {
+            reasons.push(format!("dropped ({})", dropped.join(", ")));
+        }
+        Unrecorded {
+            min_size_bytes: sampling.min_size_bytes,
+            max_size_bytes: sampling.max_size_bytes.unwrap_or(u64::MAX),
+            reasons,
+        }
+    }
+
+    /// Whether tracer records a block of `size` bytes.
+    pub fn within_filters(&self, size: u64) -> bool {
+        (self.min_size_bytes..=self.max_size_bytes).contains(&size)
+    }
+}
 
 /// What the census calls memory without a type.
 const UNTYPED: &str = "untyped";
@@ -83,19 +137,30 @@ pub fn types_of(
 
 /// The census of the untraced blocks: by type (`types`, `names`), each
 /// with the root (`roots_of`: each block's root node, `root_names` after
-/// the blocks) that holds most of its bytes.
+/// the blocks) that holds most of its bytes. Blocks tracer would not have
+/// recorded after attach either (`unrecorded`: outside the size filters)
+/// are counted apart.
 pub fn before_attach(
     blocks: &Blocks,
     types: &[u32],
     names: &[String],
     roots_of: &[(Node, Node)],
     root_names: &[(HolderKind, String)],
+    unrecorded: &Unrecorded,
 ) -> BeforeAttach {
     // Per type: bytes, blocks, and bytes per root.
     let mut by_type: HashMap<u32, (u64, u64, HashMap<Node, u64>)> = HashMap::new();
-    let mut census = BeforeAttach::default();
+    let mut census = BeforeAttach {
+        or_unrecorded: unrecorded.reasons.clone(),
+        ..BeforeAttach::default()
+    };
     for (index, block) in blocks.iter().enumerate() {
         if block.origin().is_none() {
+            continue;
+        }
+        if !unrecorded.within_filters(block.size) {
+            census.outside_size_filters.bytes += block.size;
+            census.outside_size_filters.blocks += 1;
             continue;
         }
         census.bytes += block.size;
@@ -182,7 +247,14 @@ mod tests {
         // Blocks 0..3 held from root 5, block 4 from none.
         let roots_of = [(5, 0), (5, 0), (5, 0), (5, 1), (NONE, NONE)];
         let root_names = [(HolderKind::Global, "g_arrays in prog".to_owned())];
-        let census = before_attach(&blocks, &types, &names, &roots_of, &root_names);
+        let census = before_attach(
+            &blocks,
+            &types,
+            &names,
+            &roots_of,
+            &root_names,
+            &Unrecorded::NONE,
+        );
         assert_eq!((census.bytes, census.blocks), (320, 5));
         let row = |type_name: &str| {
             census
@@ -194,5 +266,55 @@ mod tests {
         assert_eq!(row("data of numpy.ndarray").root, "g_arrays in prog");
         assert_eq!(row("untyped").root, "unreachable");
         assert_eq!(row("untyped").blocks, 1);
+    }
+
+    #[test]
+    fn what_tracer_would_not_have_recorded_is_counted_apart() {
+        let mut sampling = SamplingReport::exact();
+        assert_eq!(
+            Unrecorded::of(&sampling, &BTreeMap::new()),
+            Unrecorded::NONE
+        );
+        sampling.sample_bytes = Some(524288);
+        sampling.min_size_bytes = 32;
+        sampling.max_size_bytes = Some(1 << 20);
+        let drops = BTreeMap::from([
+            ("live_map_full".to_owned(), 3),
+            ("mapping_events_lost".to_owned(), 9),
+        ]);
+        let unrecorded = Unrecorded::of(&sampling, &drops);
+        assert_eq!(
+            unrecorded.reasons,
+            [
+                "sampled out (--sample-bytes 524288)",
+                "dropped (live_map_full=3)"
+            ],
+            "a mapping event lost leaves no heap block out"
+        );
+        assert!(!unrecorded.within_filters(24));
+        assert!(unrecorded.within_filters(32) && unrecorded.within_filters(1 << 20));
+        assert!(!unrecorded.within_filters((1 << 20) + 1));
+
+        // Two 64-byte blocks and one of 24 bytes, none traced.
+        let blocks = Blocks::new(vec![
+            Block::untraced(0x1000, 64, Origin::HeapChunk),
+            Block::untraced(0x2000, 24, Origin::HeapChunk),
+            Block::untraced(0x3000, 64, Origin::HeapChunk),
+        ]);
+        let types = [NO_TYPE; 3];
+        let roots_of = [(NONE, NONE); 3];
+        let census = before_attach(&blocks, &types, &[], &roots_of, &[], &unrecorded);
+        assert_eq!((census.bytes, census.blocks), (128, 2));
+        assert_eq!(
+            (
+                census.outside_size_filters.bytes,
+                census.outside_size_filters.blocks
+            ),
+            (24, 1)
+        );
+        assert_eq!(census.or_unrecorded, unrecorded.reasons);
+        let all = before_attach(&blocks, &types, &[], &roots_of, &[], &Unrecorded::NONE);
+        assert_eq!((all.bytes, all.blocks), (152, 3));
+        assert_eq!(all.outside_size_filters.blocks, 0);
     }
 }

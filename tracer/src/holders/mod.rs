@@ -52,6 +52,7 @@ use crate::model::{
 };
 pub use blocks::Block;
 use blocks::Blocks;
+pub use census::Unrecorded;
 use graph::{Graph, Walked};
 
 /// The most untraced blocks (heap chunks, pymalloc objects) one scan adds
@@ -78,7 +79,8 @@ struct Scan {
 /// (`blocks_gone`: LIVE entries that went away while read) and returns
 /// the reachability of each group of stacks in `groups` (a listed stack
 /// and those merged into it; `label` names a traced block's stack) and
-/// what the scan read, found and cost.
+/// what the scan read, found and cost; `unrecorded` is what the run did
+/// not record after attach (the census counts it apart).
 pub fn scan(
     pid: u32,
     blocks: Vec<Block>,
@@ -86,6 +88,7 @@ pub fn scan(
     groups: &[Vec<StackKey>],
     label: &mut dyn FnMut(&StackKey) -> String,
     heaps: &[&dyn runtime_heaps::RuntimeHeap],
+    unrecorded: &Unrecorded,
 ) -> Result<(Vec<Reachability>, HoldersScan)> {
     let started = Instant::now();
     let cpu_started = thread_cpu_seconds();
@@ -166,6 +169,7 @@ pub fn scan(
         &scan.type_names,
         &roots_of,
         &scan.roots,
+        unrecorded,
     );
     let found = scan.reachability(groups, &roots_of, label);
     drop(roots_of);

@@ -234,6 +234,22 @@ pub struct BeforeAttach {
     pub blocks: u64,
     /// Most bytes first; memory without a type is listed as "untyped".
     pub by_type: Vec<TypeCensus>,
+    /// Why the blocks above may also have been made after attach, by calls
+    /// tracer did not record (`sampled out (--sample-bytes N)`, `dropped
+    /// (live_map_full=N)`); empty: every call within the size filters was
+    /// recorded, so they were there before attach.
+    pub or_unrecorded: Vec<String>,
+    /// The blocks outside the size filters (`--min-size`, `--max-size`,
+    /// by their chunk's size): tracer records none of them, so they may
+    /// be from before attach or after; not in the figures above.
+    pub outside_size_filters: UntracedTotals,
+}
+
+/// Bytes and blocks of untraced memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UntracedTotals {
+    pub bytes: u64,
+    pub blocks: u64,
 }
 
 /// One type's share of what was there before attach.

@@ -149,6 +149,7 @@ pub(super) fn prepare_holders(
 /// Scans each process of `pending` and puts what holds each listed stack
 /// of `report` (the one `pending` was prepared from) on it.
 pub fn finish_holders(report: &mut report::Report, pending: PendingHolders) {
+    let unrecorded = holders::Unrecorded::of(&report.sampling, &report.drops);
     for scan in pending.scans {
         let pid = scan.pid;
         let labels = scan.labels;
@@ -165,6 +166,7 @@ pub fn finish_holders(report: &mut report::Report, pending: PendingHolders) {
             &scan.groups,
             &mut label,
             &crate::runtimes::heaps(),
+            &unrecorded,
         ) {
             Ok(scanned) => scanned,
             Err(error) => {

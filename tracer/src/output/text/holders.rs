@@ -55,10 +55,19 @@ fn heap_line(pid: u32, heap: &HeapParse) -> String {
     )
 }
 
-/// "before attach: 612 MiB in 1.9 M blocks", then its largest types.
+/// "before attach: 612 MiB in 1.9 M blocks", then its largest types;
+/// what may have been made after attach and not recorded says so.
 fn census_lines(pid: u32, census: &BeforeAttach, lines: &mut Vec<String>) {
+    let when = if census.or_unrecorded.is_empty() {
+        "before attach".to_owned()
+    } else {
+        format!(
+            "before attach, or after it and not recorded: {},",
+            census.or_unrecorded.join("; ")
+        )
+    };
     lines.push(format!(
-        "before attach (PID {pid}): {} in {} blocks tracer has no record of{}",
+        "{when} (PID {pid}): {} in {} blocks tracer has no record of{}",
         human_bytes(census.bytes as f64),
         census.blocks,
         if census.by_type.is_empty() {
@@ -67,6 +76,15 @@ fn census_lines(pid: u32, census: &BeforeAttach, lines: &mut Vec<String>) {
             ", by type:"
         }
     ));
+    let outside = census.outside_size_filters;
+    if outside.blocks > 0 {
+        lines.push(format!(
+            "outside --min-size/--max-size (PID {pid}): {} in {} blocks, before attach or \
+             after (tracer records none of them)",
+            human_bytes(outside.bytes as f64),
+            outside.blocks
+        ));
+    }
     for row in census.by_type.iter().take(TYPES_SHOWN) {
         let held = if row.root == "unreachable" {
             "nothing holds most of it".to_owned()
@@ -275,6 +293,39 @@ mod tests {
                 step(HolderKind::Untraced, "untraced memory in [heap]", false)
             ]),
             "dict from track (f.py:9) <- untraced memory in [heap]"
+        );
+    }
+
+    #[test]
+    fn the_census_says_what_may_have_been_made_after_attach() {
+        let mut census = BeforeAttach {
+            bytes: 4096,
+            blocks: 2,
+            ..BeforeAttach::default()
+        };
+        let mut lines = Vec::new();
+        census_lines(7, &census, &mut lines);
+        assert_eq!(
+            lines,
+            ["before attach (PID 7): 4.0 KiB in 2 blocks tracer has no record of"]
+        );
+        census.or_unrecorded = vec![
+            "sampled out (--sample-bytes 524288)".to_owned(),
+            "dropped (live_map_full=3)".to_owned(),
+        ];
+        census.outside_size_filters.bytes = 240;
+        census.outside_size_filters.blocks = 10;
+        let mut lines = Vec::new();
+        census_lines(7, &census, &mut lines);
+        assert_eq!(
+            lines,
+            [
+                "before attach, or after it and not recorded: sampled out (--sample-bytes \
+                 524288); dropped (live_map_full=3), (PID 7): 4.0 KiB in 2 blocks tracer has \
+                 no record of",
+                "outside --min-size/--max-size (PID 7): 240 B in 10 blocks, before attach or \
+                 after (tracer records none of them)"
+            ]
         );
     }
 }
