@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use harness::{
-    Fixture, Rhythms, Said, Seen, TORCH_SCRIPT, field, marked_line, said, start_python,
+    Fixture, INTERVALS, Rhythms, Said, Seen, TORCH_SCRIPT, field, marked_line, said, start_python,
     start_torch_models, top_flags, torch_script,
 };
 use serde_json::Value;
@@ -49,14 +49,16 @@ fn words(text: &str) -> String {
 
 /// Prints the row's line of the confusion table, then checks that every
 /// output of every interval gives the site (the groups `picks` selects,
-/// named `function` in text) the `expected` verdict.
+/// named `function` in text) the `expected` verdict, with `high`
+/// confidence at the intervals `high_at` names (the confidence
+/// docs/reading-reports.md's table gives the row).
 fn check(
     row: u32,
     seen: &[Seen],
     top: &str,
     function: &str,
     picks: &dyn Fn(&Value) -> bool,
-    expected: Expected,
+    (expected, high_at): (Expected, &[&str]),
 ) -> Vec<Said> {
     let said: Vec<Said> = seen
         .iter()
@@ -81,6 +83,14 @@ fn check(
         let output = &seen.traced.output;
         let interval = said.interval;
         let verdict = said.verdict();
+        if high_at.contains(&interval) {
+            for (_, confidence, evidence, _) in &said.groups {
+                assert_eq!(
+                    confidence, "high",
+                    "row {row} at {interval}: the table says high: {evidence}"
+                );
+            }
+        }
         match expected {
             Expected::Leak => {
                 assert_eq!(verdict, "leak", "row {row} at {interval}:\n{output}");
@@ -154,7 +164,7 @@ fn row_1_a_steady_ramp_to_the_end_is_a_leak() {
         &top,
         "ramp_keep",
         &at_site("ramp_keep"),
-        Expected::Leak,
+        (Expected::Leak, &INTERVALS),
     );
     for said in said {
         assert_eq!(said.groups[0].3, field(&answer, "kept_bytes"), "{answer}");
@@ -165,7 +175,7 @@ fn row_1_a_steady_ramp_to_the_end_is_a_leak() {
         &top,
         "work_buffer",
         &at_site("work_buffer"),
-        Expected::NotFlagged,
+        (Expected::NotFlagged, &[]),
     );
 }
 
@@ -196,7 +206,7 @@ fn row_2_equal_steps_separated_by_flat_pauses_are_a_leak() {
         &top,
         "leak_step",
         &at_site("leak_step"),
-        Expected::Leak,
+        (Expected::Leak, &["250ms", "1s"]),
     ) {
         assert_eq!(said.groups[0].3, leaked);
     }
@@ -206,7 +216,7 @@ fn row_2_equal_steps_separated_by_flat_pauses_are_a_leak() {
         &top,
         "step_scratch",
         &at_site("step_scratch"),
-        Expected::NotFlagged,
+        (Expected::NotFlagged, &[]),
     );
 }
 
@@ -247,7 +257,7 @@ fn row_3_equal_increments_in_consecutive_intervals_then_idle_are_a_leak_in_torch
         &top,
         "build_model",
         &torch_leak_site,
-        Expected::Leak,
+        (Expected::Leak, &[]),
     );
     for (said, seen) in said.iter().zip(&seen) {
         let flagged: i64 = said
@@ -291,7 +301,7 @@ fn row_4_a_slow_drip_among_churn_at_other_sites_is_a_leak() {
         &top,
         "drip_keep",
         &at_site("drip_keep"),
-        Expected::Leak,
+        (Expected::Leak, &INTERVALS),
     ) {
         assert_eq!(said.groups[0].3, field(&answer, "kept_bytes"), "{answer}");
     }
@@ -301,7 +311,7 @@ fn row_4_a_slow_drip_among_churn_at_other_sites_is_a_leak() {
         &top,
         "work_buffer",
         &at_site("work_buffer"),
-        Expected::NotFlagged,
+        (Expected::NotFlagged, &[]),
     );
 }
 
@@ -315,7 +325,7 @@ fn row_5_a_leaking_stack_beside_a_churning_one_at_the_same_site_is_a_leak() {
         &top,
         "site_alloc",
         &at_site("site_alloc"),
-        Expected::Leak,
+        (Expected::Leak, &[]),
     );
     for seen in &seen {
         let group = seen.traced.report.json["suspected_leak_groups"]
@@ -356,7 +366,7 @@ fn row_6_a_target_that_exits_while_traced_is_a_leak_judged_at_its_peak() {
         &top,
         "leak_step",
         &at_site("leak_step"),
-        Expected::Leak,
+        (Expected::Leak, &[]),
     ) {
         assert_eq!(said.groups[0].3, leaked);
     }
@@ -383,7 +393,7 @@ fn row_7_a_warm_up_then_serving_is_not_a_leak() {
         &top,
         "load_layer",
         &at_site("load_layer"),
-        Expected::NotLeak,
+        (Expected::NotLeak, &INTERVALS),
     );
     for (said, seen) in said.iter().zip(&seen) {
         assert!(
@@ -407,7 +417,7 @@ fn row_8_a_bounded_cache_that_evicts_is_not_a_leak() {
         &top,
         "lru_insert",
         &at_site("lru_insert"),
-        Expected::NotLeak,
+        (Expected::NotLeak, &[]),
     );
 }
 
@@ -422,7 +432,7 @@ fn row_9_a_pool_at_its_high_water_mark_is_not_a_leak() {
         &top,
         "pool_grow",
         &at_site("pool_grow"),
-        Expected::NotLeak,
+        (Expected::NotLeak, &[]),
     );
 }
 
@@ -437,6 +447,6 @@ fn row_10_a_sawtooth_with_a_constant_peak_is_not_a_leak() {
         &top,
         "batch_alloc",
         &at_site("batch_alloc"),
-        Expected::NotLeak,
+        (Expected::NotLeak, &[]),
     );
 }
