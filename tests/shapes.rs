@@ -450,3 +450,79 @@ fn row_10_a_sawtooth_with_a_constant_peak_is_not_a_leak() {
         (Expected::NotLeak, &[]),
     );
 }
+
+/// The stacks of the site `function` in a JSON report's `stacks[]`, each
+/// with its verdict and evidence.
+fn stacks_at_site(report: &Value, function: &str) -> Vec<(String, String)> {
+    report["stacks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no stacks in {report}"))
+        .iter()
+        .filter(|stack| stack["site"]["function"] == function)
+        .map(|stack| {
+            (
+                stack["verdict"].as_str().unwrap_or("-").to_owned(),
+                stack["evidence"].as_str().unwrap_or("-").to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_site_whose_stacks_take_turns_is_a_leak_on_every_stack() {
+    // One site on two call paths: the first keeps a block every 50 ms for
+    // 9 s, then the second for 18 s (the metrics, read before the end,
+    // see 5 snapshots at 5 s: enough to judge). Alone, the first path's stack is
+    // flat for twice the work it grew with (the second path's calls): it
+    // carries its site's verdict instead (issue 51, must-have 3), in the
+    // JSON's stacks[], the recording's report, the per-stack metric and
+    // `top`, all grouped by stack.
+    let _one = ONE_AT_A_TIME.lock();
+    let mut fixture = Fixture::start("shapes", &[]);
+    let rhythms = Rhythms::attach(fixture.pid, &["--group-by", "stack"]);
+    let answer = fixture.cmd("turns 9000 27000");
+    let (seen, top) = rhythms.stop();
+    assert!(field(&answer, "first_blocks") >= 100, "{answer}");
+    for seen in &seen {
+        let interval = seen.interval;
+        let output = &seen.traced.output;
+        let stacks = stacks_at_site(&seen.traced.report.json, "turn_keep");
+        eprintln!("turns at {interval}: {stacks:?}");
+        assert_eq!(stacks.len(), 2, "{interval}: the two paths:\n{output}");
+        for (verdict, evidence) in &stacks {
+            assert_eq!(verdict, "leak", "{interval}: {evidence}\n{output}");
+        }
+        assert!(
+            stacks
+                .iter()
+                .any(|(_, evidence)| evidence.contains("of its site's")),
+            "{interval}: the first path carries the site's verdict: {stacks:?}"
+        );
+        let replayed = stacks_at_site(&seen.replayed.json, "turn_keep");
+        assert_eq!(
+            replayed, stacks,
+            "{interval}: tracer report of the recording"
+        );
+        let metrics = seen.metrics.as_deref().expect("metrics");
+        let flags: Vec<&str> = metrics
+            .lines()
+            .filter(|line| line.starts_with("tracer_stack_suspected_leak{"))
+            .filter(|line| line.contains("turn_keep"))
+            .collect();
+        assert_eq!(flags.len(), 2, "{interval}: {flags:?}");
+        assert!(
+            flags.iter().all(|line| line.ends_with(" 1")),
+            "{interval}: {flags:?}"
+        );
+    }
+    let rows: Vec<&str> = top
+        .lines()
+        .filter(|line| line.contains("turn_keep"))
+        .collect();
+    assert_eq!(rows.len(), 2, "top:\n{top}");
+    assert!(
+        rows.iter()
+            .all(|row| row.split_whitespace().any(|word| word == "yes")),
+        "top:\n{top}"
+    );
+}

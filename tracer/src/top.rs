@@ -87,17 +87,21 @@ fn draw(live: &mut Live<'_>, config: &Config, interactive: bool) -> Result<()> {
         frames
     });
     let merged = merged.as_ref().unwrap_or(model);
-    let into_site =
-        match config.show.layout.group_by {
-            GroupBy::Site => by_site_label(merged.latest_counters().filter_map(|(key, latest)| {
-                Some((key, latest.live_bytes, labels.get(&key)?.clone()))
-            })),
-            GroupBy::Stack => HashMap::new(),
-        };
-    let mut members_of: HashMap<StackKey, Vec<StackKey>> = HashMap::new();
-    for (member, into) in &into_site {
-        members_of.entry(*into).or_default().push(*member);
+    // Every stack's site: the rows with --group-by site, and the verdicts
+    // the stacks of a leaking site carry (`Model::carried_verdicts`).
+    let sites = by_site_label(
+        merged
+            .latest_counters()
+            .filter_map(|(key, latest)| Some((key, latest.live_bytes, labels.get(&key)?.clone()))),
+    );
+    let mut stacks_of_site: HashMap<StackKey, Vec<StackKey>> = HashMap::new();
+    for (member, into) in &sites {
+        stacks_of_site.entry(*into).or_default().push(*member);
     }
+    let (into_site, members_of) = match config.show.layout.group_by {
+        GroupBy::Site => (sites, stacks_of_site.clone()),
+        GroupBy::Stack => (HashMap::new(), HashMap::new()),
+    };
     let grouped = (!into_site.is_empty())
         .then(|| merged.merged(|key| into_site.get(key).copied().unwrap_or(*key)));
     let shown = grouped.as_ref().unwrap_or(merged);
@@ -105,6 +109,7 @@ fn draw(live: &mut Live<'_>, config: &Config, interactive: bool) -> Result<()> {
     let judged = judgement.map(|judged| shown.as_of(judged.at_s));
     let judged_stacks = judgement.map(|judged| merged.as_of(judged.at_s));
     let stacks = judged_stacks.as_ref().unwrap_or(merged);
+    let carried = stacks.carried_verdicts(&stacks_of_site);
     let table = render_table(
         judged.as_ref().unwrap_or(shown),
         &watched,
@@ -112,7 +117,10 @@ fn draw(live: &mut Live<'_>, config: &Config, interactive: bool) -> Result<()> {
         judgement,
         |key| match members_of.get(key) {
             Some(members) => stacks.site_growth(members, &stacks.activity(key.pid)),
-            None => stacks.growth(key),
+            None => carried
+                .get(key)
+                .copied()
+                .unwrap_or_else(|| stacks.growth(key)),
         },
         |keys| {
             let base: Vec<String> = keys

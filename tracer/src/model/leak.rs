@@ -43,6 +43,17 @@ pub struct Growth {
     /// For a site whose sum is not a leak but some of whose stacks are:
     /// those stacks (the verdict and evidence are theirs).
     pub leaking_part: Option<LeakingPart>,
+    /// For a stack of a leaking site that reads otherwise on its own (it
+    /// stopped when the path beneath the site changed): the site's rises
+    /// it grew at (its verdict is the site's, its evidence its own).
+    pub site_share: Option<SiteShare>,
+}
+
+/// The rises of a leaking site a stack of it grew at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SiteShare {
+    pub rises: usize,
+    pub of_site_rises: usize,
 }
 
 /// What the verdict says about a stack or a site.
@@ -232,6 +243,7 @@ pub fn assess(points: &[(f64, i64)]) -> Growth {
         steps: None,
         work: None,
         leaking_part: None,
+        site_share: None,
     }
 }
 

@@ -478,5 +478,6 @@ fn sum<'a>(series: impl Iterator<Item = &'a Vec<(f64, Counters)>>) -> Vec<(f64, 
     total
 }
 
+mod carried;
 #[cfg(test)]
 mod tests;

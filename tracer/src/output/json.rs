@@ -197,6 +197,7 @@ mod tests {
                 "r_squared",
                 "rate_bytes_per_s",
                 "shape",
+                "site_share",
                 "steps",
                 "suspected_leak",
                 "verdict",

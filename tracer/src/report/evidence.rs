@@ -64,6 +64,13 @@ pub fn work_words(growth: &Growth) -> String {
             human_bytes(part.live_bytes as f64)
         )
     });
+    let share = growth.site_share.map_or_else(String::new, |share| {
+        format!(
+            "grew at {} of its site's {} rises (the site leaks, through its other stacks \
+             since): ",
+            share.rises, share.of_site_rises
+        )
+    });
     let words = match growth.verdict {
         Verdict::Empty => String::new(),
         // Within the rounding of "0.0 s ago" (a final snapshot taken
@@ -107,7 +114,7 @@ pub fn work_words(growth: &Growth) -> String {
             ),
         },
     };
-    format!("{part}{words}")
+    format!("{part}{share}{words}")
 }
 
 /// The verdict and its confidence: `leak, high confidence`.

@@ -40,25 +40,26 @@ pub(super) fn site_groups(
     views: Views<'_>,
     canonical: &BTreeMap<StackKey, StackKey>,
     judged_elsewhere: bool,
+    sites: Option<&SiteMap>,
 ) -> (Vec<SiteGroup>, Vec<SiteGroup>) {
-    if views.model.latest_counters().count() > MAX_GROUPED_STACKS {
+    let Some(SiteMap {
+        into_site,
+        members_of,
+    }) = sites
+    else {
         return (Vec::new(), Vec::new());
-    }
-    let into_site = site_map(input, views);
+    };
     let site_of = |key: &StackKey| into_site.get(key).copied().unwrap_or(*key);
     let model = views.model.merged(site_of);
     let judged = judged_elsewhere.then(|| views.judged.merged(site_of));
-    let mut members_of: HashMap<StackKey, Vec<StackKey>> = HashMap::new();
-    for (member, into) in &into_site {
-        members_of.entry(*into).or_default().push(*member);
-    }
     let site_views = Views {
         model: &model,
         judged: judged.as_ref().unwrap_or(&model),
         sites: Some(Sites {
             stacks: views.judged,
-            members: &members_of,
+            members: members_of,
         }),
+        carried: None,
     };
     // Every stack, as merged for frames, to its group's.
     let mut members: BTreeMap<StackKey, StackKey> = views
@@ -114,6 +115,32 @@ pub(super) fn site_groups(
         listed.stacks.into_iter().map(group).collect(),
         listed.suspected_leaks.into_iter().map(group).collect(),
     )
+}
+
+/// The site each stack of a model is of, and each site's stacks.
+pub(super) struct SiteMap {
+    /// Each stack (merged for frames) to the stack its site group is
+    /// named by.
+    pub into_site: HashMap<StackKey, StackKey>,
+    pub members_of: HashMap<StackKey, Vec<StackKey>>,
+}
+
+impl SiteMap {
+    /// The sites of `views`' stacks; none beyond `MAX_GROUPED_STACKS`.
+    pub(super) fn of(input: &ReportInput<'_>, views: Views<'_>) -> Option<SiteMap> {
+        if views.model.latest_counters().count() > MAX_GROUPED_STACKS {
+            return None;
+        }
+        let into_site = site_map(input, views);
+        let mut members_of: HashMap<StackKey, Vec<StackKey>> = HashMap::new();
+        for (member, into) in &into_site {
+            members_of.entry(*into).or_default().push(*member);
+        }
+        Some(SiteMap {
+            into_site,
+            members_of,
+        })
+    }
 }
 
 /// Each stack of the model (merged for frames) to the stack its site

@@ -25,6 +25,7 @@ use crate::model::{
     merge,
     peak::{self, Judgement},
     quality::{StackQuality, stack_quality},
+    ranking::sort_leaks,
     reachability::{HoldersScan, Reachability},
     run::{LibraryReport, LoaderPauses, ProbeReport, RunFacts, SamplingReport, UnwindingReport},
     site, trim_allocator_frames,
@@ -261,10 +262,22 @@ impl Report {
             }
         });
         let judged = judged_model.as_ref().unwrap_or(model);
-        let views = Views {
+        let plain = Views {
             model,
             judged,
             sites: None,
+            carried: None,
+        };
+        let site_map = groups::SiteMap::of(&input, plain);
+        // A stack of a leaking site that reads otherwise alone carries the
+        // site's verdict (`Model::carried_verdicts`).
+        let carried = site_map
+            .as_ref()
+            .map(|sites| judged.carried_verdicts(&sites.members_of))
+            .unwrap_or_default();
+        let views = Views {
+            carried: Some(&carried),
+            ..plain
         };
         let targets = input
             .run
@@ -282,21 +295,24 @@ impl Report {
                 stack_quality: quality.get(&target.pid).copied(),
             })
             .collect();
-        let mut listed = ranked_lists(
-            &input,
-            views,
-            &canonical,
-            judged_model.is_some(),
-            judged.suspected_leaks(input.view.top),
-        );
+        let mut leaks = judged.suspected_leaks_among(judged.latest_counters().map(|(key, _)| key));
+        leaks.extend(carried.iter().map(|(key, growth)| (*key, *growth)));
+        sort_leaks(&mut leaks);
+        leaks.truncate(input.view.top);
+        let mut listed = ranked_lists(&input, views, &canonical, judged_model.is_some(), leaks);
         let left_out: Vec<StackSummary> = model
             .top_stacks(usize::MAX)
             .into_iter()
             .filter(|summary| !listed.keys.contains(&summary.key))
             .collect();
         let unlisted = unlisted(&left_out);
-        let (mut groups, mut suspected_leak_groups) =
-            groups::site_groups(&input, views, &canonical, judged_model.is_some());
+        let (mut groups, mut suspected_leak_groups) = groups::site_groups(
+            &input,
+            plain,
+            &canonical,
+            judged_model.is_some(),
+            site_map.as_ref(),
+        );
         distinguish_labels(
             listed
                 .stacks
@@ -458,6 +474,8 @@ struct Views<'a> {
     model: &'a Model,
     judged: &'a Model,
     sites: Option<Sites<'a>>,
+    /// The verdicts stacks of leaking sites carry (`Model::carried_verdicts`).
+    carried: Option<&'a HashMap<StackKey, Growth>>,
 }
 
 /// The stacks each site group of a model is made of.
@@ -478,7 +496,10 @@ impl Views<'_> {
             .and_then(|sites| Some((sites.stacks, sites.members.get(key)?)))
         {
             Some((stacks, members)) => stacks.site_growth(members, &stacks.activity(key.pid)),
-            None => self.judged.growth(key),
+            None => match self.carried.and_then(|carried| carried.get(key)) {
+                Some(carried) => *carried,
+                None => self.judged.growth(key),
+            },
         }
     }
 }

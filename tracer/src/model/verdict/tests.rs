@@ -1,7 +1,7 @@
 //! The verdict on synthetic series of every shape of the table in
 //! docs/reading-reports.md, each with the work its target did.
 use super::*;
-use crate::model::{Snapshot, fixtures::heap_key};
+use crate::model::{Snapshot, fixtures::heap_key, leak::SiteShare};
 
 const MIB: i64 = 1 << 20;
 
@@ -363,6 +363,56 @@ fn a_site_with_a_leaking_stack_beside_churn_is_a_leak_for_its_part() {
         model.site_growth(&[churn], &activity).verdict,
         Verdict::NotLeak
     );
+    // The sum is no leak: the churning stack carries nothing.
+    let sites = HashMap::from([(leak, vec![leak, churn])]);
+    assert!(model.carried_verdicts(&sites).is_empty());
+}
+
+#[test]
+fn stacks_that_take_turns_at_a_leaking_site_carry_its_verdict() {
+    // One site, two paths beneath it: the first keeps a block per
+    // snapshot for 6 s, then the second does, to the end.
+    let (first, second) = (heap_key(1, 1), heap_key(1, 2));
+    let mut model = Model::new();
+    for i in 1..=40 {
+        let t = f64::from(i) * 0.5;
+        let (a, b) = (i64::from(i).min(12), (i64::from(i) - 12).max(0));
+        model.push(Snapshot {
+            elapsed_s: t,
+            stacks: vec![(first, blocks(a, a)), (second, blocks(b, b))],
+            cpu_s: vec![(1, t * 0.5)],
+            ..Snapshot::default()
+        });
+    }
+    let activity = model.activity(1);
+    let alone = model.growth(&first);
+    assert_eq!(
+        alone.verdict,
+        Verdict::NotLeak,
+        "the first path alone: flat while the target (the second path) worked: {alone:?}"
+    );
+    let site = model.site_growth(&[first, second], &activity);
+    assert_eq!(site.verdict, Verdict::Leak, "{site:?}");
+    let sites = HashMap::from([(second, vec![first, second])]);
+    let carried = model.carried_verdicts(&sites);
+    assert_eq!(
+        carried.len(),
+        1,
+        "the second path leaks on its own: {carried:?}"
+    );
+    let growth = carried[&first];
+    assert_eq!(growth.verdict, Verdict::Leak);
+    assert!(growth.suspected_leak);
+    assert_eq!(growth.confidence, site.confidence);
+    assert_eq!(
+        growth.site_share,
+        Some(SiteShare {
+            rises: 12,
+            of_site_rises: 40
+        })
+    );
+    assert_eq!(growth.steps, alone.steps, "its own evidence");
+    assert_eq!(growth.work.unwrap().decided_by, None);
 }
 
 #[test]
