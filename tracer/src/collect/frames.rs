@@ -246,7 +246,12 @@ impl Collector {
             return false;
         };
         if !self.runtimes.stored_stacks().knows(key.pid, stored) {
-            self.resolve_stored_stack(key.pid, stored);
+            self.stacks.table.resolve_stored(
+                &mut self.probes.stack_maps(),
+                self.runtimes.stored_stacks(),
+                key.pid,
+                stored,
+            );
         }
         self.runtimes
             .stored_stacks()

@@ -107,20 +107,10 @@ impl Collector {
         runtimes.merge_stored(pid, frames, |stored, id| {
             let mut maps = probes.stack_maps();
             // Those stored since the last call first (one of them may be
-            // it), then it alone (an id that did not fit in the queue of
-            // new ids).
-            for new in maps.new_stored_ids() {
-                if let Some(stack) = maps.stored_stack(new) {
-                    stored.resolve(stack.tgid, new, &stack);
-                    stacks.table.learn_stored(&mut maps, new);
-                }
-            }
-            if !stored.knows(pid, id)
-                && let Some(stack) = maps.stored_stack(id)
-                && stack.tgid == pid
-            {
-                stored.resolve(pid, id, &stack);
-                stacks.table.learn_stored(&mut maps, id);
+            // it), then it alone.
+            stacks.table.resolve_new_stored(&mut maps, stored);
+            if !stored.knows(pid, id) {
+                stacks.table.resolve_stored(&mut maps, stored, pid, id);
             }
         })
     }

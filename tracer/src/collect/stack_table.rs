@@ -1,10 +1,11 @@
 //! The kernel's stack tables, bounded by what is live: a stack that holds
 //! nothing is evicted when STACKS is over half full, and its id handed out
 //! again; so are a runtime's stored stacks (`runtimes::StoredStacks`:
-//! CPython's, PYTHON_STACKS) that no stack held names any more. The tables then hold the stacks that hold memory plus
-//! a working set of at most half the table, however many distinct stacks a
-//! run makes; tracer's own memory per stack follows them (`kernel_stacks`
-//! forgets a stack's frames once the model has folded it).
+//! CPython's, PYTHON_STACKS) that no stack held names any more. The
+//! tables then hold the stacks that hold memory plus a working set of at
+//! most half the table, however many distinct stacks a run makes;
+//! tracer's own memory per stack follows them (`kernel_stacks` forgets a
+//! stack's frames once the model has folded it).
 //!
 //! The protocol, at each snapshot (probes run at every malloc: they only
 //! pop an id from a queue where they took a new one from a counter):
@@ -52,7 +53,7 @@ use super::Collector;
 use crate::{
     attach::StackMaps,
     model::{Counters, Kind, Retired, StackId, StackKey},
-    runtimes::stored_stack_tag,
+    runtimes::{StoredStacks, stored_stack_tag},
 };
 
 /// How long an unlinked id waits at least before it is evicted: probes
@@ -171,6 +172,39 @@ impl StackTable {
         );
     }
 
+    /// Names, through `stored`, the stacks the kernel stored since the
+    /// last call, learning their ids.
+    pub(super) fn resolve_new_stored(
+        &mut self,
+        maps: &mut StackMaps<'_>,
+        stored: &mut dyn StoredStacks,
+    ) {
+        for id in maps.new_stored_ids() {
+            if let Some(stack) = maps.stored_stack(id) {
+                stored.resolve(stack.tgid, id, &stack);
+                self.learn_stored(maps, id);
+            }
+        }
+    }
+
+    /// Names stored stack `id` of `pid` through `stored`, if the kernel
+    /// still has it (a stack whose id did not fit in the queue of new
+    /// ids), learning the id.
+    pub(super) fn resolve_stored(
+        &mut self,
+        maps: &mut StackMaps<'_>,
+        stored: &mut dyn StoredStacks,
+        pid: u32,
+        id: u32,
+    ) {
+        if let Some(stack) = maps.stored_stack(id)
+            && stack.tgid == pid
+        {
+            stored.resolve(pid, id, &stack);
+            self.learn_stored(maps, id);
+        }
+    }
+
     /// Learns stored stack id `id` (unknown when the kernel's table lacks
     /// it).
     pub(super) fn learn_stored(&mut self, maps: &mut StackMaps<'_>, id: u32) {
@@ -228,28 +262,10 @@ impl Collector {
     /// code objects may be gone later), learning their ids.
     pub(super) fn resolve_stored_stacks(&mut self) {
         let stored = self.runtimes.stored_stacks();
-        if stored.is_empty() {
-            return;
-        }
-        let mut maps = self.probes.stack_maps();
-        for id in maps.new_stored_ids() {
-            let Some(stack) = maps.stored_stack(id) else {
-                continue;
-            };
-            stored.resolve(stack.tgid, id, &stack);
-            self.stacks.table.learn_stored(&mut maps, id);
-        }
-    }
-
-    /// Names stored stack `id` of `pid` now, if the kernel still has it
-    /// (a stack whose id did not fit in the queue of new ids).
-    pub(super) fn resolve_stored_stack(&mut self, pid: u32, id: u32) {
-        let mut maps = self.probes.stack_maps();
-        if let Some(stack) = maps.stored_stack(id)
-            && stack.tgid == pid
-        {
-            self.runtimes.stored_stacks().resolve(pid, id, &stack);
-            self.stacks.table.learn_stored(&mut maps, id);
+        if !stored.is_empty() {
+            self.stacks
+                .table
+                .resolve_new_stored(&mut self.probes.stack_maps(), stored);
         }
     }
 

@@ -141,8 +141,7 @@ impl Runtimes {
         frames: Vec<Frame>,
         resolve: impl FnOnce(&mut dyn StoredStacks, u32),
     ) -> Vec<Frame> {
-        self.python
-            .merge(pid, frames, |stacks, id| resolve(stacks, id))
+        self.python.merge(pid, frames, resolve)
     }
 }
 
