@@ -27,7 +27,7 @@ use crate::{
         peak::{self, Judgement},
         site, trim_allocator_frames,
     },
-    output::{self, GroupBy, by_site_label, human_bytes},
+    output::{self, GroupBy, by_site_label, human_bytes, stacks_of_sites},
     session::{self, Live, Session, Step},
 };
 
@@ -87,20 +87,18 @@ fn draw(live: &mut Live<'_>, config: &Config, interactive: bool) -> Result<()> {
         frames
     });
     let merged = merged.as_ref().unwrap_or(model);
-    // Every stack's site: the rows with --group-by site, and the verdicts
-    // the stacks of a leaking site carry (`Model::carried_verdicts`).
+    // Every stack's site: the rows with --group-by site; with --group-by
+    // stack, a stack of a leaking site carries its verdict
+    // (`Model::carried_verdicts`).
     let sites = by_site_label(
         merged
             .latest_counters()
             .filter_map(|(key, latest)| Some((key, latest.live_bytes, labels.get(&key)?.clone()))),
     );
-    let mut stacks_of_site: HashMap<StackKey, Vec<StackKey>> = HashMap::new();
-    for (member, into) in &sites {
-        stacks_of_site.entry(*into).or_default().push(*member);
-    }
-    let (into_site, members_of) = match config.show.layout.group_by {
-        GroupBy::Site => (sites, stacks_of_site.clone()),
-        GroupBy::Stack => (HashMap::new(), HashMap::new()),
+    let stacks_of_site = stacks_of_sites(&sites);
+    let (into_site, members_of, lending) = match config.show.layout.group_by {
+        GroupBy::Site => (sites, stacks_of_site, None),
+        GroupBy::Stack => (HashMap::new(), HashMap::new(), Some(stacks_of_site)),
     };
     let grouped = (!into_site.is_empty())
         .then(|| merged.merged(|key| into_site.get(key).copied().unwrap_or(*key)));
@@ -109,7 +107,9 @@ fn draw(live: &mut Live<'_>, config: &Config, interactive: bool) -> Result<()> {
     let judged = judgement.map(|judged| shown.as_of(judged.at_s));
     let judged_stacks = judgement.map(|judged| merged.as_of(judged.at_s));
     let stacks = judged_stacks.as_ref().unwrap_or(merged);
-    let carried = stacks.carried_verdicts(&stacks_of_site);
+    let carried = lending
+        .map(|sites| stacks.carried_verdicts(&sites))
+        .unwrap_or_default();
     let table = render_table(
         judged.as_ref().unwrap_or(shown),
         &watched,

@@ -18,5 +18,5 @@ pub use crate::config::{GroupBy, NativeFrames, ReportLayout};
 pub use crate::model::Wrappers;
 pub use crate::report::{
     Entry, MemoryReconciliation, Report, ReportInput, SiteGroup, StackReport, TargetReport,
-    by_site_label, evidence, human_bytes, live_totals,
+    by_site_label, evidence, human_bytes, live_totals, stacks_of_sites,
 };

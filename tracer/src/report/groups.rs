@@ -132,10 +132,7 @@ impl SiteMap {
             return None;
         }
         let into_site = site_map(input, views);
-        let mut members_of: HashMap<StackKey, Vec<StackKey>> = HashMap::new();
-        for (member, into) in &into_site {
-            members_of.entry(*into).or_default().push(*member);
-        }
+        let members_of = stacks_of_sites(&into_site);
         Some(SiteMap {
             into_site,
             members_of,
@@ -156,6 +153,17 @@ fn site_map(input: &ReportInput<'_>, views: Views<'_>) -> HashMap<StackKey, Stac
             .map_or(latest.live_bytes, |series| series.latest().live_bytes);
         Some((key, ranked_bytes, site.label))
     }))
+}
+
+/// The stacks of each site group, from each stack's (`into_site`).
+pub fn stacks_of_sites(
+    into_site: &HashMap<StackKey, StackKey>,
+) -> HashMap<StackKey, Vec<StackKey>> {
+    let mut members_of: HashMap<StackKey, Vec<StackKey>> = HashMap::new();
+    for (member, into) in into_site {
+        members_of.entry(*into).or_default().push(*member);
+    }
+    members_of
 }
 
 /// Each stack to the stack its site group is named by: of the stacks

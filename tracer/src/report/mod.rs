@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 mod drops;
 mod groups;
 
-pub use groups::{Entry, SiteGroup, by_site_label};
+pub use groups::{Entry, SiteGroup, by_site_label, stacks_of_sites};
 
 pub mod evidence;
 #[cfg(test)]
