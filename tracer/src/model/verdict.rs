@@ -71,22 +71,28 @@ const SURE_FALLS: usize = 2;
 /// the attach point (0 s, all zero) first, against its process's work at
 /// the same snapshots.
 pub fn judge(points: &[(f64, Counters)], activity: &Activity) -> Growth {
+    judge_with_increments(points, activity).0
+}
+
+/// [`judge`], with the intervals in which what the stack kept rose
+/// materially (its increments; none where there is nothing to judge).
+fn judge_with_increments(points: &[(f64, Counters)], activity: &Activity) -> (Growth, Vec<usize>) {
     let live: Vec<(f64, i64)> = points
         .iter()
         .map(|&(time_s, counters)| (time_s, counters.live_bytes))
         .collect();
     let mut growth = leak::assess(&live);
     let Some(&(_, last)) = points.last() else {
-        return growth;
+        return (growth, Vec::new());
     };
     let snapshots = points.len() - 1;
     if last.live_bytes <= 0 || snapshots == 0 {
-        return growth;
+        return (growth, Vec::new());
     }
     let rises = Rises::of(points);
     let (Some(&first), Some(&last_increment)) = (rises.increments.first(), rises.increments.last())
     else {
-        return growth;
+        return (growth, Vec::new());
     };
     growth.steps = Some(rises.evidence(last));
     let clocks = Clocks::new(points, activity);
@@ -127,7 +133,7 @@ pub fn judge(points: &[(f64, Counters)], activity: &Activity) -> Growth {
         (_, false) => Confidence::Medium,
     });
     growth.work = Some(WorkEvidence { decided_by, ..work });
-    growth
+    (growth, rises.increments)
 }
 
 impl Growth {

@@ -3,7 +3,7 @@
 //! stacks that take turns.
 use std::collections::HashMap;
 
-use super::{Rises, judge, sum};
+use super::{judge_with_increments, sum};
 use crate::model::{
     Counters, Model, StackKey,
     leak::{Growth, SiteShare, Verdict, WorkEvidence},
@@ -32,20 +32,17 @@ impl Model {
                 .iter()
                 .map(|member| self.counters_at_every_snapshot(member))
                 .collect();
-            let summed = sum(dense.iter());
-            let site = judge(&summed, &activity);
+            let (site, site_rises) = judge_with_increments(&sum(dense.iter()), &activity);
             if site.verdict != Verdict::Leak || site.leaking_part.is_some() {
                 continue;
             }
-            let site_rises = Rises::of(&summed).increments;
             for (member, points) in members.iter().zip(&dense) {
-                let own = judge(points, &activity);
+                let (own, own_rises) = judge_with_increments(points, &activity);
                 let gave_back = own.steps.is_none_or(|steps| steps.falls > 0);
                 if own.verdict == Verdict::Leak || own.verdict == Verdict::Empty || gave_back {
                     continue;
                 }
-                let rises = Rises::of(points)
-                    .increments
+                let rises = own_rises
                     .iter()
                     .filter(|rise| site_rises.contains(rise))
                     .count();
