@@ -122,16 +122,27 @@ fn census_row<'a>(scan: &'a Value, type_name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_name} in {}", scan["before_attach"]))
 }
 
-#[test]
-fn cpp_objects_made_before_attach_are_counted_by_class_and_held_from_the_global() {
-    const BEFORE: i64 = 40;
+/// The C++ kernel cache with `before` kernels loaded before `record
+/// --holders` (and `args`) attaches and `after` loaded after: its two
+/// answers, and the trace.
+fn kernel_cache_traced(before: i64, after: i64, args: &[&str]) -> (String, String, Traced) {
     let mut fixture = Fixture::start("cpp_kernel_cache", &[]);
-    let loaded_before = fixture.cmd(&format!("load {BEFORE}"));
-    let trace = Record::pid(fixture.pid).args(["--holders"]).attach();
-    let loaded = fixture.cmd("load 10");
+    let loaded_before = fixture.cmd(&format!("load {before}"));
+    let trace = Record::pid(fixture.pid)
+        .args(["--holders"])
+        .args(args.iter().copied())
+        .attach();
+    let loaded = fixture.cmd(&format!("load {after}"));
     std::thread::sleep(std::time::Duration::from_millis(600));
     let traced = trace.stop();
     fixture.cmd("quit");
+    (loaded_before, loaded, traced)
+}
+
+#[test]
+fn cpp_objects_made_before_attach_are_counted_by_class_and_held_from_the_global() {
+    const BEFORE: i64 = 40;
+    let (loaded_before, loaded, traced) = kernel_cache_traced(BEFORE, 10, &[]);
 
     // Kernel objects (24 bytes: vtable, key, code) by their vtable's
     // class; their code buffers (3000 bytes) as the kernels' data; both
@@ -187,15 +198,8 @@ fn blocks_outside_the_size_filters_are_not_counted_as_made_before_attach() {
     // the census counts them apart, not as memory made before attach.
     const BEFORE: i64 = 40;
     const AFTER: i64 = 10;
-    let mut fixture = Fixture::start("cpp_kernel_cache", &[]);
-    let loaded_before = fixture.cmd(&format!("load {BEFORE}"));
-    let trace = Record::pid(fixture.pid)
-        .args(["--holders", "--min-size", "100"])
-        .attach();
-    let loaded = fixture.cmd(&format!("load {AFTER}"));
-    std::thread::sleep(std::time::Duration::from_millis(600));
-    let traced = trace.stop();
-    fixture.cmd("quit");
+    let (loaded_before, loaded, traced) =
+        kernel_cache_traced(BEFORE, AFTER, &["--min-size", "100"]);
 
     let scan = the_scan(&traced);
     let census = &scan["before_attach"];

@@ -90,7 +90,7 @@ pub fn types_of(
     let own: Vec<u32> = (0..blocks.len() as u32)
         .map(|block| blocks.shape(block).type_id)
         .collect();
-    let is_view = names.view.clone();
+    let is_view = &names.view;
     // Per untyped block, its best owner so far: (is a view, source).
     let mut owner: HashMap<u32, (bool, u32)> = HashMap::new();
     for (source, target, interior) in edges {
@@ -107,12 +107,12 @@ pub fn types_of(
             .and_modify(|best| *best = (*best).min(candidate))
             .or_insert(candidate);
     }
-    let counted = names.counted.clone();
-    let is_counted = |type_id: u32| counted.get(type_id as usize).copied().unwrap_or(false);
+    let is_counted =
+        |names: &TypeNames, type_id: u32| names.counted.get(type_id as usize) == Some(&true);
     let mut owners: Vec<Owner> = own
         .iter()
         .map(|&type_id| {
-            if type_id != NO_TYPE && is_counted(type_id) {
+            if type_id != NO_TYPE && is_counted(names, type_id) {
                 Owner::CountedObject
             } else {
                 Owner::Unknown
@@ -128,7 +128,7 @@ pub fn types_of(
             names.push(name)
         });
         types[target as usize] = id;
-        if is_counted(owner_type) {
+        if is_counted(names, owner_type) {
             owners[target as usize] = Owner::CountedData;
         }
     }

@@ -16,10 +16,11 @@
 //!
 //! Within a pass the chain preferred is the one with the fewest steps
 //! whose ownership is unknown, then the shortest: a step is owning when
-//! it points at a counted object (a Python object: only counted references point at it)
-//! or comes from one or from its data (a container's slots); a C or C++
-//! pointer may own or only list (a registry of live objects). A 0-1
-//! breadth-first walk finds those chains in one pass over the edges.
+//! it points at a counted object (a Python object: only counted
+//! references point at it) or comes from one or from its data (a
+//! container's slots); a C or C++ pointer may own or only list (a registry
+//! of live objects). A 0-1 breadth-first walk finds those chains in one
+//! pass over the edges.
 use std::collections::VecDeque;
 
 /// A node's index: blocks first, then roots.

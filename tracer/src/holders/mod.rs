@@ -12,8 +12,8 @@
 //! own data hold nothing) and a runtime's own allocator (CPython's
 //! pymalloc pools, `runtimes::python::pools` through `runtime_heaps`:
 //! their live objects become untraced blocks), so that a chain goes on
-//! through what was there
-//! before attach, and what was there is counted by type (the census).
+//! through what was there before attach, and what was there is counted by
+//! type (the census).
 //!
 //! Limits, as `--help` states them: the scan is conservative (any word
 //! that looks like a pointer into a block counts, an integer too); memory
@@ -27,9 +27,9 @@
 //! and process_vm_readv; `names`: globals by ELF symbol; `glibc`: malloc's
 //! heap; `runtime_heaps`: the seam for a runtime's memory (its allocator's
 //! objects, its objects by type); `objects`: each block's type, a
-//! runtime's or a C++ class; `census`: owners' data and what was there before attach; `scan`:
-//! the pass over memory; `graph`: the walk; `figures`: the per-stack
-//! figures and chains.
+//! runtime's or a C++ class; `census`: owners' data and what was there
+//! before attach; `scan`: the pass over memory; `graph`: the walk;
+//! `figures`: the per-stack figures and chains.
 pub mod blocks;
 mod census;
 mod figures;
