@@ -39,6 +39,7 @@ mod record;
 mod recording;
 mod recording_limits;
 mod reliability;
+mod resident;
 mod rust_stacks;
 mod sampling;
 mod shapes;

@@ -9,6 +9,11 @@
 //! microseconds; the kernel only carries the arguments from entry to exit,
 //! takes the stack and notes whether the thread was inside an allocator
 //! call (`inside_allocator_call`): such a mapping is the allocator's.
+//!
+//! `--resident` adds madvise (advice that gives pages back, or asks for
+//! huge pages) and the user page faults of the traced processes: each
+//! fault goes to userspace with its stack (the same walk as a mapping
+//! call's), which charges the page to that stack on its first touch.
 use aya_ebpf::{
     Global,
     bindings::{BPF_ANY, BPF_RB_NO_WAKEUP},
@@ -40,6 +45,11 @@ static SYSCALL_FIELD_OFFSETS: Global<SyscallFieldOffsets> = Global::new(SyscallF
     mprotect_start: 0,
     mprotect_len: 0,
     mprotect_prot: 0,
+    madvise_start: 0,
+    madvise_len: 0,
+    madvise_behavior: 0,
+    fault_address: 0,
+    fault_error_code: 0,
     exit_ret: 0,
     syscall_nr: 0,
     brk_syscall: 0,
@@ -81,24 +91,35 @@ fn enter(ctx: &TracePointContext, mut event: MappingEvent, with_stack: bool) {
     if inside_allocator_call(thread) {
         event.in_allocator = 1;
     } else if with_stack {
-        // A copied stack is unwound through the syscall wrapper itself.
-        match crate::stacks::copy_at_syscall(tgid) {
-            Some(stack_ref) => event.stack_id = stack_ref,
-            None => match crate::stacks::walk_at_syscall(ctx, tgid) {
-                // Walked through the wrapper by its table.
-                Some(stack_id) => event.stack_id = stack_id,
-                None => {
-                    event.stack_id = crate::stacks::walk_frame_pointers(ctx);
-                    event.caller_address = word_at_user_sp();
-                }
-            },
-        }
+        take_stack(ctx, tgid, &mut event, true);
     }
     if MAPPING_PENDING
         .insert(&thread, &event, BPF_ANY as u64)
         .is_err()
     {
         count(stat::DROP_MAPPING_PENDING_FULL);
+    }
+}
+
+/// The user stack of the current thread, from its registers at the
+/// system call or fault: copied, walked through unwind tables, or by
+/// frame pointers; `leaf_caller` also keeps the word at the stack pointer
+/// for a frame-pointer walk (a leaf syscall wrapper's caller).
+#[inline(always)]
+fn take_stack(ctx: &TracePointContext, tgid: u32, event: &mut MappingEvent, leaf_caller: bool) {
+    // A copied stack is unwound through the syscall wrapper itself.
+    match crate::stacks::copy_at_syscall(tgid) {
+        Some(stack_ref) => event.stack_id = stack_ref,
+        None => match crate::stacks::walk_at_syscall(ctx, tgid) {
+            // Walked through the wrapper by its table.
+            Some(stack_id) => event.stack_id = stack_id,
+            None => {
+                event.stack_id = crate::stacks::walk_frame_pointers(ctx);
+                if leaf_caller {
+                    event.caller_address = word_at_user_sp();
+                }
+            }
+        },
     }
 }
 
@@ -248,6 +269,62 @@ pub fn mprotect_enter(ctx: TracePointContext) -> u32 {
 pub fn mapping_exit(ctx: TracePointContext) -> u32 {
     counted_run(counted::MAPPING_EXIT, || {
         exit(&ctx);
+        0
+    })
+}
+
+/// madvise (`--resident` only): its advice tells userspace whether the
+/// range's pages were given back.
+#[tracepoint]
+pub fn madvise_enter(ctx: TracePointContext) -> u32 {
+    counted_run(counted::MADVISE_ENTER, || {
+        let offsets = SYSCALL_FIELD_OFFSETS.load();
+        let event = MappingEvent {
+            call: mapping_call::MADVISE,
+            address: field(&ctx, offsets.madvise_start),
+            length: field(&ctx, offsets.madvise_len),
+            prot: field(&ctx, offsets.madvise_behavior),
+            ..MappingEvent::default()
+        };
+        enter(&ctx, event, false);
+        0
+    })
+}
+
+/// The page fault error code's bit for a write access (x86).
+const FAULT_WRITE: u64 = 1 << 1;
+
+/// A user page fault of a target (`--resident`): sent with its stack, no
+/// matter whether the page is new (userspace charges a page once, at its
+/// first fault, and ignores the faults of pages it holds).
+#[tracepoint]
+pub fn page_fault(ctx: TracePointContext) -> u32 {
+    counted_run(counted::PAGE_FAULT, || {
+        let thread = bpf_get_current_pid_tgid();
+        let tgid = (thread >> 32) as u32;
+        if unsafe { TARGETS.get(&tgid) }.is_none() {
+            return 0;
+        }
+        let offsets = SYSCALL_FIELD_OFFSETS.load();
+        let address = field(&ctx, offsets.fault_address);
+        let write = field(&ctx, offsets.fault_error_code) & FAULT_WRITE != 0;
+        let mut event = MappingEvent {
+            tgid,
+            call: mapping_call::FAULT,
+            address,
+            length: 4096,
+            prot: write as u64,
+            stack_id: NO_STACK,
+            ..MappingEvent::default()
+        };
+        take_stack(&ctx, tgid, &mut event, false);
+        count(stat::PAGE_FAULTS);
+        if MAPPING_EVENTS
+            .output::<MappingEvent>(&event, BPF_RB_NO_WAKEUP as u64)
+            .is_err()
+        {
+            count(stat::DROP_FAULT_EVENTS);
+        }
         0
     })
 }

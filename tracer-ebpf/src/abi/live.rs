@@ -34,6 +34,11 @@ pub mod kind {
     /// carved out of the gpu-device segments it allocated, so their bytes
     /// are part of gpu-device, never added to it.
     pub const GPU_TENSOR: u32 = 9;
+    /// Pages resident since a fault (`--resident`): each charged to the
+    /// stack that first touched it, until it is unmapped or given back
+    /// (madvise). Counted by userspace from the fault events; no allocator
+    /// call is traced in that mode.
+    pub const RESIDENT: u32 = 10;
 }
 
 /// Key of the LIVE map: one outstanding allocation.

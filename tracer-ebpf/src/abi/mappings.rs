@@ -8,6 +8,13 @@ pub mod mapping_call {
     pub const MREMAP: u32 = 3;
     pub const BRK: u32 = 4;
     pub const MPROTECT: u32 = 5;
+    /// madvise (`--resident`): advice that gives pages back or asks for
+    /// huge pages (`MappingEvent::prot` holds the advice).
+    pub const MADVISE: u32 = 6;
+    /// A user page fault (`--resident`): `address` is the faulting
+    /// address, `length` 4 KiB, `prot` 1 for a write fault; sent at the
+    /// fault, with its stack.
+    pub const FAULT: u32 = 7;
 }
 
 /// Byte offsets of the tracepoint fields the mapping programs read, from
@@ -31,6 +38,12 @@ pub struct SyscallFieldOffsets {
     pub mprotect_start: u64,
     pub mprotect_len: u64,
     pub mprotect_prot: u64,
+    pub madvise_start: u64,
+    pub madvise_len: u64,
+    pub madvise_behavior: u64,
+    /// `address` and `error_code` of `exceptions:page_fault_user`.
+    pub fault_address: u64,
+    pub fault_error_code: u64,
     /// `ret` of every `sys_exit_*` tracepoint (one offset for all: userspace
     /// checks that they agree).
     pub exit_ret: u64,

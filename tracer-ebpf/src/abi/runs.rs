@@ -81,6 +81,8 @@ pub mod counted {
             MPROTECT_ENTER => "mprotect_enter",
             MAPPING_EXIT => "mapping_exit",
             PROCESS_EXIT => "process_exit",
+            MADVISE_ENTER => "madvise_enter",
+            PAGE_FAULT => "page_fault",
         }
     }
 

@@ -167,6 +167,17 @@ pub mod stat {
             /// Allocator calls in progress when an unwind started: their
             /// return never comes; nothing of them is counted.
             CALLS_LEFT_BY_EXCEPTION => ("calls_left_by_exception", Event),
+            /// User page faults of a target (`--resident`): each sent to
+            /// userspace with its stack, which charges the page to it on
+            /// its first touch.
+            PAGE_FAULTS => ("page_faults", Event),
+            /// Write faults that a transparent huge page served (`--resident`):
+            /// 2 MiB charged at once. Counted by userspace, which reads the
+            /// page's flags (/proc/kpageflags).
+            HUGE_PAGE_FAULTS => ("huge_page_faults", Event),
+            /// Page faults not sent: the MAPPING_EVENTS ring buffer was full
+            /// (their pages are not charged).
+            DROP_FAULT_EVENTS => ("fault_events_lost", Drop),
         }
     }
 }
@@ -196,7 +207,7 @@ mod tests {
             assert_eq!(STAT_NAMES[id as usize].0, name);
         }
         // Ids are appended: a recording keeps its counters by index.
-        assert_eq!(CALLS_LEFT_BY_EXCEPTION, COUNT - 1, "the last id");
+        assert_eq!(DROP_FAULT_EVENTS, COUNT - 1, "the last id");
     }
 
     #[test]

@@ -114,6 +114,17 @@ struct Modes {
     sampling: Sampling,
     /// How stacks are taken.
     unwinding: Unwinding,
+    /// `--resident`: pages charged at their first fault; no allocator
+    /// call is probed (`Probes::trace_resident_pages`).
+    resident: Option<ResidentPages>,
+}
+
+/// What the resident mode sees here.
+#[derive(Clone, Copy, Debug)]
+pub struct ResidentPages {
+    /// Write faults that transparent huge pages served are told apart
+    /// (they are on, and tracer can read the frames' flags).
+    pub huge_pages: bool,
 }
 
 /// How each process's stacks are unwound, and the kernel's tables.
@@ -261,6 +272,34 @@ impl Probes {
                 .iter()
                 .any(|(copied, _)| *copied == pid),
         }
+    }
+
+    /// `--resident`: follows the user page faults and madvise calls of
+    /// every process the mapping calls follow (`sources::faults`), and
+    /// from now on puts no probe on an allocator function, only on the
+    /// CUDA calls. Before the first process is attached.
+    pub fn trace_resident_pages(&mut self) -> Result<ResidentPages> {
+        let links = sources::faults::attach(&mut self.ebpf)?;
+        let huge_pages = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|modes| !modes.contains("[never]"))
+            && std::fs::File::open("/proc/kpageflags").is_ok();
+        self.links.mapping_tracepoints += links.len();
+        self.links.tracepoints.extend(links);
+        if !huge_pages {
+            eprintln!(
+                "tracer: note: --resident: transparent huge pages are off, or their frames \
+                 cannot be read (/proc/kpageflags): a huge page would count as its faulted \
+                 4 KiB page"
+            );
+        }
+        let resident = ResidentPages { huge_pages };
+        self.modes.resident = Some(resident);
+        Ok(resident)
+    }
+
+    /// What `--resident` sees, when it is on.
+    pub fn resident_pages(&self) -> Option<ResidentPages> {
+        self.modes.resident
     }
 
     /// Starts the sources of the kernel's events (`Source::follow`: the

@@ -71,7 +71,9 @@ impl Probes {
     pub fn sampling_report(&self) -> SamplingReport {
         let sampling = &self.modes.sampling;
         SamplingReport {
-            mode: if sampling.sample_bytes == 0 {
+            mode: if self.modes.resident.is_some() {
+                SamplingMode::Resident
+            } else if sampling.sample_bytes == 0 {
                 SamplingMode::Exact
             } else {
                 SamplingMode::Sampled

@@ -14,7 +14,10 @@ use self::convert::{config_of, report_config};
 use super::{
     Parsed,
     generate::{GenerateArgs, generate},
-    help::{ABOUT, COMM_HELP, EXIT_CODES, LISTEN_HELP, LONG_ABOUT, SAMPLING_HELP, UNWIND_HELP},
+    help::{
+        ABOUT, COMM_HELP, EXIT_CODES, LISTEN_HELP, LONG_ABOUT, RESIDENT_HELP, SAMPLING_HELP,
+        UNWIND_HELP,
+    },
     values::{parse_duration, parse_interval, parse_kind, parse_ring_kib, parse_time},
 };
 use crate::{
@@ -270,6 +273,16 @@ struct TargetArgs {
     #[arg(long, value_name = "KIB", default_value_t = 1024, value_parser = parse_ring_kib)]
     ring_buffer_kib: u32,
 
+    /// Count resident pages instead of allocations: no allocator call is
+    /// trapped, cheap enough to stay attached (see the long help: what it
+    /// sees and misses).
+    #[arg(
+        long,
+        long_help = RESIDENT_HELP,
+        conflicts_with_all = ["sample_bytes", "min_size", "max_size", "python_objects"]
+    )]
+    resident: bool,
+
     /// Sampling period in bytes (at most 128 MiB).
     #[arg(long, value_name = "N", long_help = SAMPLING_HELP)]
     sample_bytes: Option<u64>,
@@ -446,7 +459,7 @@ struct RecordArgs {
     /// otherwise). Cost (`cargo xtask bench`), per GiB read in 500 k
     /// blocks: 1.2 s reading LIVE, 1.6 s a pass (two passes), 74 MiB of
     /// tracer memory (about 150 bytes per traced block).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resident")]
     holders: bool,
 
     // --- Spawned commands: where the report goes ---

@@ -77,6 +77,25 @@ standard deviation is at most sqrt(N * L): with N = 512 KiB, a stack holding \
 1 GiB is within +-2.2 % (3 standard deviations). live_allocs then counts \
 sampled blocks. Default: every allocation is recorded (exact mode).";
 
+pub(super) const RESIDENT_HELP: &str = "\
+Resident-growth mode: instead of trapping every malloc and free, count the \
+pages the target makes resident. Each user page fault of the target is \
+walked like an allocation (native, unwound and Python frames) and its page \
+charged to that stack the first time it is touched, as kind `resident`; \
+pages are credited back when they are unmapped, given back with madvise \
+(DONTNEED, FREE, REMOVE, PAGEOUT) or cut off by a shrinking break, and move \
+with mremap; a write fault a transparent huge page serves charges 2 MiB. \
+The CUDA calls stay traced. Faults are far rarer than allocations (a process \
+whose memory is flat faults almost never), so this costs a fraction of exact \
+mode and can stay attached. What it sees: which code's resident memory keeps \
+growing, with the same verdicts, plots, top, metrics and pprof. What it \
+misses: memory made resident before attach, growth that reuses freed memory \
+without touching a new page, and frees inside the heap that give no page \
+back (the page stays charged: it is still resident). The stack is the code \
+that first touched the page (often the copy that filled a block, or the \
+allocator carving a new chunk under the leaking caller), not always the \
+caller of malloc: run exact mode on the flagged stack for the block.";
+
 pub(super) const UNWIND_HELP: &str = "\
 How call stacks are walked. Every mode but copy walks them in the kernel at \
 each allocation and aggregates them there: nothing per allocation reaches \

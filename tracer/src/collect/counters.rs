@@ -125,6 +125,7 @@ impl Collector {
             ),
             (stat::EXCEPTION_RETURNS_RESTORED, returns_restored),
             (stat::DROP_EXCEPTION_RESTORE_LOST, restores_lost),
+            (stat::HUGE_PAGE_FAULTS, self.mappings.huge_page_faults()),
         ] {
             if let Some(counter) = stats.get_mut(index as usize) {
                 *counter += count;

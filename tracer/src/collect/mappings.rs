@@ -14,15 +14,23 @@ use std::collections::HashMap;
 use aya::maps::{MapData, RingBuf};
 use tracer_ebpf::{MappingEvent, NO_STACK, is_copied_stack, mapping_call};
 
-use super::copied::CopiedStacks;
+use super::{
+    copied::CopiedStacks,
+    huge_pages::{HUGE_PAGE_BYTES, HugePages},
+};
 use crate::{
     model::{
         Counters, Frame, StackId, StackKey,
         mappings::{MappingLedger, maps_file},
+        resident::{GIVES_BACK, ResidentLedger},
     },
     procfs,
     symbolize::Symbols,
 };
+
+/// Drains a write fault whose page is not mapped yet is asked about
+/// again (a drain every 20 ms: 100 ms).
+const UNSETTLED_DRAINS: u8 = 5;
 
 /// Syscall wrappers that keep no frame of their own (glibc's): the word at
 /// the stack pointer in them is the return address into their caller.
@@ -51,25 +59,38 @@ enum CodeStack {
 pub struct MappingTracker {
     events: RingBuf<MapData>,
     ledger: MappingLedger,
+    /// `--resident`: the pages charged to the faults' stacks, and which
+    /// faults huge pages served.
+    resident: Option<(ResidentLedger, HugePages)>,
+    /// Write faults whose page was not in the page table yet when their
+    /// event was read: asked again at the next drains (pid, address,
+    /// drains left).
+    unsettled: Vec<(u32, u64, u8)>,
     stacks: Vec<MappingStack>,
     stack_ids: HashMap<MappingStack, StackId>,
 }
 
 impl MappingTracker {
-    pub fn new(events: RingBuf<MapData>) -> Self {
+    pub fn new(events: RingBuf<MapData>, resident: bool) -> Self {
         MappingTracker {
             events,
             ledger: MappingLedger::default(),
+            resident: resident.then(|| (ResidentLedger::default(), HugePages::new())),
+            unsettled: Vec::new(),
             stacks: Vec::new(),
             stack_ids: HashMap::new(),
         }
     }
 
     /// Starts following `pid` (again, after an exec): growth of its break
-    /// from now on counts.
+    /// from now on counts; the pages of an image it replaced are gone.
     pub fn start(&mut self, pid: u32) {
         self.ledger
             .set_program_break(pid, procfs::program_break(pid));
+        if let Some((resident, huge)) = &mut self.resident {
+            resident.forget(pid);
+            huge.forget(pid);
+        }
     }
 
     /// Applies every event the kernel sent since the last drain; the
@@ -88,8 +109,12 @@ impl MappingTracker {
             }
         }
         copied.drain();
+        self.settle_huge_pages();
         let mut flushed = false;
-        for event in events {
+        for mut event in events {
+            if self.resident.is_some() {
+                self.apply_resident(&mut event, copied, &mut flushed, read_stack);
+            }
             let adds = matches!(event.call, mapping_call::MMAP | mapping_call::BRK)
                 && event.in_allocator == 0;
             let stack_id = if adds {
@@ -101,9 +126,117 @@ impl MappingTracker {
         }
     }
 
-    /// Counters of every stack that held a mapping kind.
-    pub fn counters(&self) -> impl Iterator<Item = (StackKey, Counters)> + '_ {
-        self.ledger.counters()
+    /// What one event changes in the resident pages (`--resident`),
+    /// before the mapping ledger applies it (a shrinking break is told by
+    /// the break it had). A fault's stack is read only when it charges a
+    /// page.
+    fn apply_resident(
+        &mut self,
+        event: &mut MappingEvent,
+        copied: &mut CopiedStacks,
+        flushed: &mut bool,
+        read_stack: &mut dyn FnMut(u32) -> Vec<u64>,
+    ) {
+        let Some((resident, huge)) = &mut self.resident else {
+            return;
+        };
+        let pid = event.tgid;
+        let given_back = match event.call {
+            mapping_call::FAULT => {
+                if resident.is_charged(pid, event.address) {
+                    // The stack is not needed: a copied one is dropped
+                    // with the others not taken.
+                    return;
+                }
+                // The word at the stack pointer means nothing at a fault.
+                event.caller_address = 0;
+                let stack = code_stack(event, copied, flushed, read_stack);
+                let stack_id = self.stack_id(event, stack);
+                let Some((resident, huge)) = &mut self.resident else {
+                    return;
+                };
+                resident.fault(pid, event.address, stack_id);
+                if event.prot == 1 {
+                    match huge.served_by_huge_page(pid, event.address) {
+                        Some(true) => resident.huge_fault(pid, event.address, HUGE_PAGE_BYTES),
+                        Some(false) => {}
+                        None => self.unsettled.push((pid, event.address, UNSETTLED_DRAINS)),
+                    }
+                }
+                return;
+            }
+            mapping_call::MADVISE if GIVES_BACK.contains(&event.prot) => {
+                Some((event.address, event.length))
+            }
+            mapping_call::MUNMAP => Some((event.address, event.length)),
+            // A new mapping replaces whatever was there (MAP_FIXED).
+            mapping_call::MMAP => Some((event.result, event.length)),
+            mapping_call::MREMAP => {
+                resident.remap(
+                    pid,
+                    event.address,
+                    event.length,
+                    event.result,
+                    event.new_length,
+                );
+                huge.release(
+                    pid,
+                    event.address,
+                    event.address.saturating_add(event.length),
+                );
+                None
+            }
+            mapping_call::BRK => self
+                .ledger
+                .program_break(pid)
+                .filter(|&old_break| event.result < old_break)
+                .map(|old_break| (event.result, old_break - event.result)),
+            _ => None,
+        };
+        if let Some((start, length)) = given_back {
+            let end = start.saturating_add(length);
+            resident.release(pid, start, end);
+            huge.release(pid, start, end);
+        }
+    }
+
+    /// Asks again about the write faults whose page was not mapped yet;
+    /// one still unmapped after `UNSETTLED_DRAINS` drains was given back
+    /// meanwhile, or never made resident.
+    fn settle_huge_pages(&mut self) {
+        let Some((resident, huge)) = &mut self.resident else {
+            return;
+        };
+        self.unsettled.retain_mut(|(pid, address, left)| {
+            if !resident.is_charged(*pid, *address) {
+                return false;
+            }
+            match huge.served_by_huge_page(*pid, *address) {
+                Some(true) => {
+                    resident.huge_fault(*pid, *address, HUGE_PAGE_BYTES);
+                    false
+                }
+                Some(false) => false,
+                None => {
+                    *left -= 1;
+                    *left > 0
+                }
+            }
+        });
+    }
+
+    /// Faults found served by a transparent huge page (`--resident`).
+    pub fn huge_page_faults(&self) -> u64 {
+        self.resident.as_ref().map_or(0, |(_, huge)| huge.found)
+    }
+
+    /// Counters of every stack that held a mapping kind, or with
+    /// `--resident` resident pages.
+    pub fn counters(&self) -> Box<dyn Iterator<Item = (StackKey, Counters)> + '_> {
+        match &self.resident {
+            Some((resident, _)) => Box::new(resident.counters()),
+            None => Box::new(self.ledger.counters()),
+        }
     }
 
     /// The Python stack ids the walked stacks of mapping calls carry: the

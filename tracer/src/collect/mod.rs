@@ -22,6 +22,7 @@ mod events;
 mod facts;
 mod follow;
 mod frames;
+mod huge_pages;
 mod kernel_stacks;
 mod live;
 mod mappings;
@@ -179,6 +180,7 @@ impl Collector {
             copied.activate()?;
         }
         let table = StackTable::new(probes.stack_capacity());
+        let resident = probes.resident_pages().is_some();
         Ok(Collector {
             probes,
             watching: Watching {
@@ -195,7 +197,7 @@ impl Collector {
                 apis: HashMap::new(),
                 thread_entries: HashMap::new(),
             },
-            mappings: MappingTracker::new(rings.mapping_events),
+            mappings: MappingTracker::new(rings.mapping_events, resident),
             runtimes: crate::runtimes::Runtimes::new(crate::config::PythonOptions::default()),
             pace: Pace {
                 schedule,

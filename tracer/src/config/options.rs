@@ -215,6 +215,8 @@ pub struct Probing {
     pub unwinding: Unwinding,
     /// Processes may be held at the loader gate (`--no-loader-pause`: not).
     pub loader_pause: bool,
+    /// `--resident`: resident pages from page faults, no allocator probe.
+    pub resident: bool,
     /// Separate debug files are searched here first (`--debug-dir`).
     pub debug_dirs: Vec<std::path::PathBuf>,
     pub python: PythonOptions,

@@ -111,6 +111,13 @@ impl MappingLedger {
             .map_or_else(Vec::new, |process| process.ranges.iter().collect())
     }
 
+    /// The program break of `pid` as last seen, when known.
+    pub fn program_break(&self, pid: u32) -> Option<u64> {
+        self.processes
+            .get(&pid)
+            .and_then(|process| process.program_break)
+    }
+
     /// The program break at attach (or after an exec), when known: growth
     /// from it counts. None (no heap yet, a new image): the next brk call
     /// sets it.

@@ -24,6 +24,7 @@ pub mod quality;
 pub mod ranges;
 pub mod ranking;
 pub mod reachability;
+pub mod resident;
 pub mod run;
 pub mod site;
 mod sum;
@@ -68,6 +69,9 @@ pub enum Kind {
     /// Blocks PyTorch's CUDA caching allocator handed to tensors: inside
     /// its gpu-device segments, so part of gpu-device, never added to it.
     GpuTensor,
+    /// Pages made resident by a fault, charged to the stack that first
+    /// touched them (`--resident`, `resident`).
+    Resident,
 }
 
 impl Kind {
@@ -85,6 +89,7 @@ impl Kind {
             tracer_ebpf::kind::MMAP_RESERVED => Some(Kind::MmapReserved),
             tracer_ebpf::kind::PYTHON_OBJECT => Some(Kind::PythonObject),
             tracer_ebpf::kind::GPU_TENSOR => Some(Kind::GpuTensor),
+            tracer_ebpf::kind::RESIDENT => Some(Kind::Resident),
             _ => None,
         }
     }
@@ -102,6 +107,7 @@ impl Kind {
             Kind::MmapReserved => tracer_ebpf::kind::MMAP_RESERVED,
             Kind::PythonObject => tracer_ebpf::kind::PYTHON_OBJECT,
             Kind::GpuTensor => tracer_ebpf::kind::GPU_TENSOR,
+            Kind::Resident => tracer_ebpf::kind::RESIDENT,
         }
     }
 
@@ -118,6 +124,7 @@ impl Kind {
             Kind::MmapReserved => "mmap-reserved",
             Kind::PythonObject => "python-object",
             Kind::GpuTensor => "gpu-tensor",
+            Kind::Resident => "resident",
         }
     }
 

@@ -131,9 +131,53 @@ impl<V: Copy> RangeMap<V> {
     }
 }
 
+impl<V: Copy + PartialEq> RangeMap<V> {
+    /// Puts `value` on the empty `[start, end)` and joins it with the
+    /// pieces that touch it with the same value: one piece for a run of
+    /// pages faulted one by one under one stack (`resident`).
+    pub fn insert_merging(&mut self, mut start: u64, mut end: u64, value: V) {
+        if start >= end {
+            return;
+        }
+        debug_assert!(self.overlapping(start, end).is_empty());
+        if let Some((&before, &(before_end, before_value))) = self.pieces.range(..start).next_back()
+            && before_end == start
+            && before_value == value
+        {
+            self.pieces.remove(&before);
+            start = before;
+        }
+        if let Some(&(after_end, after_value)) = self.pieces.get(&end)
+            && after_value == value
+        {
+            self.pieces.remove(&end);
+            end = after_end;
+        }
+        self.pieces.insert(start, (end, value));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merging_inserts_join_touching_pieces_of_one_value_only() {
+        let mut map = RangeMap::default();
+        map.insert_merging(0x2000, 0x3000, 1u8);
+        map.insert_merging(0x4000, 0x5000, 1);
+        map.insert_merging(0x3000, 0x4000, 1);
+        map.insert_merging(0x5000, 0x6000, 2);
+        map.insert_merging(0x1000, 0x2000, 2);
+        assert_eq!(
+            ranges(&map),
+            [
+                (0x1000, 0x2000, 2),
+                (0x2000, 0x5000, 1),
+                (0x5000, 0x6000, 2)
+            ]
+        );
+    }
 
     fn ranges(map: &RangeMap<u8>) -> Vec<(u64, u64, u8)> {
         map.iter()

@@ -64,10 +64,12 @@ macro_rules! worded_enum {
 }
 
 worded_enum! {
-    /// Whether every allocation is recorded or a sample.
+    /// Whether every allocation is recorded or a sample, or (`--resident`)
+    /// no allocation but the pages made resident.
     pub enum SamplingMode {
         Exact = "exact",
         Sampled = "sampled",
+        Resident = "resident",
     }
 }
 

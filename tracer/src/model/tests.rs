@@ -62,6 +62,7 @@ fn kind_round_trips_and_serializes_as_its_name() {
             "python-object",
         ),
         (tracer_ebpf::kind::GPU_TENSOR, Kind::GpuTensor, "gpu-tensor"),
+        (tracer_ebpf::kind::RESIDENT, Kind::Resident, "resident"),
     ] {
         assert_eq!(Kind::from_raw(raw), Some(kind));
         assert_eq!(kind.as_str(), name);

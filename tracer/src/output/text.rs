@@ -4,6 +4,7 @@
 //! innermost frame first. Lines stay readable at 100 columns.
 
 use super::{Entry, GroupBy, Report, StackReport, human_bytes};
+use crate::model::Kind;
 
 mod cost;
 mod evidence;
@@ -107,11 +108,19 @@ fn as_of(report: &Report) -> Option<String> {
 /// `live 358.2 MiB in 248 allocs`, with the end state beside it when the
 /// report is judged at another moment.
 fn live_words(report: &Report, stack: &StackReport) -> String {
-    let live = format!(
-        "live {} in {} allocs",
-        human_bytes(stack.live_bytes as f64),
-        stack.live_allocs
-    );
+    let live = if stack.kind == Kind::Resident {
+        format!(
+            "live {} in {} pages",
+            human_bytes(stack.live_bytes as f64),
+            stack.live_allocs
+        )
+    } else {
+        format!(
+            "live {} in {} allocs",
+            human_bytes(stack.live_bytes as f64),
+            stack.live_allocs
+        )
+    };
     match &report.judged_at {
         Some(judged) => format!(
             "live {} at {:.1} s, {} at end",
@@ -202,8 +211,13 @@ fn render_stack(report: &Report, entry: Entry<'_>, lines: &mut Vec<String>) {
         }
         None => String::new(),
     };
+    let (made, calls) = if stack.kind == Kind::Resident {
+        ("made resident", "faults")
+    } else {
+        ("allocated", "calls")
+    };
     lines.push(format!(
-        "    allocated {} in {} calls since attach, from{}{from}:",
+        "    {made} {} in {} {calls} since attach, from{}{from}:",
         human_bytes(stack.alloc_bytes_total as f64),
         stack.alloc_count_total,
         if from.is_empty() { "" } else { " " }

@@ -4,15 +4,47 @@
 //! halves on two lines; JSON carries them joined as `evidence`.
 
 use super::human_bytes;
-use crate::model::leak::{Clock, Growth, Shape, StepGrowth, Verdict, Work};
+use crate::model::{
+    Kind,
+    leak::{Clock, Growth, Shape, StepGrowth, Verdict, Work},
+};
+
+/// What a kind's counters count, in words: allocation calls and blocks,
+/// or (`resident`) the page faults that charged pages, and pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Units {
+    pub call: &'static str,
+    pub calls: &'static str,
+    pub block: &'static str,
+    pub blocks: &'static str,
+}
+
+impl Units {
+    pub fn of(kind: Kind) -> Units {
+        match kind {
+            Kind::Resident => Units {
+                call: "page fault",
+                calls: "page faults",
+                block: "page",
+                blocks: "pages",
+            },
+            _ => Units {
+                call: "allocation call",
+                calls: "allocation calls",
+                block: "block",
+                blocks: "blocks",
+            },
+        }
+    }
+}
 
 /// What the stack kept: `rose in 4 steps of ~20.0 MiB, none freed (80 of
 /// 80 blocks since attach still live)`; empty for a verdict on nothing.
-pub fn growth_words(growth: &Growth) -> String {
+pub fn growth_words(growth: &Growth, units: Units) -> String {
     let Some(steps) = growth.steps else {
         return String::new();
     };
-    let blocks = blocks_words(&steps);
+    let blocks = blocks_words(&steps, units);
     match growth.shape {
         Some(Shape::Churn) => format!(
             "gave back {} from a peak of {}, {}",
@@ -35,7 +67,7 @@ pub fn growth_words(growth: &Growth) -> String {
 }
 
 /// `none freed (80 of 80 blocks since attach still live)`.
-fn blocks_words(steps: &StepGrowth) -> String {
+fn blocks_words(steps: &StepGrowth, units: Units) -> String {
     let freed = steps
         .alloc_count_total
         .saturating_sub(steps.live_allocs.max(0) as u64);
@@ -45,17 +77,17 @@ fn blocks_words(steps: &StepGrowth) -> String {
         format!("{freed} freed")
     };
     format!(
-        "{how} ({} of {} blocks since attach still live)",
-        steps.live_allocs, steps.alloc_count_total
+        "{how} ({} of {} {} since attach still live)",
+        steps.live_allocs, steps.alloc_count_total, units.blocks
     )
 }
 
 /// Why the verdict: how the growth tracked the target's work.
-pub fn work_words(growth: &Growth) -> String {
+pub fn work_words(growth: &Growth, units: Units) -> String {
     let (Some(steps), Some(work)) = (growth.steps, growth.work) else {
         return String::new();
     };
-    let since = work_phrase(&work.since_last_increment);
+    let since = work_phrase(&work.since_last_increment, units);
     let part = growth.leaking_part.map_or_else(String::new, |part| {
         format!(
             "{} of its {} stacks, holding {}: ",
@@ -77,11 +109,11 @@ pub fn work_words(growth: &Growth) -> String {
         // right after the one before) it is still growing.
         Verdict::Leak if work.since_s < 0.05 => format!(
             "grew with the target's work ({}) and was still growing at the end",
-            work_phrase(&work.while_growing)
+            work_phrase(&work.while_growing, units)
         ),
         Verdict::Leak => format!(
             "grew with the target's work ({}); since its last rise {:.1} s ago: {since}",
-            work_phrase(&work.while_growing),
+            work_phrase(&work.while_growing, units),
             work.since_s
         ),
         Verdict::NotLeak if growth.shape == Some(Shape::Churn) => {
@@ -89,8 +121,12 @@ pub fn work_words(growth: &Growth) -> String {
         }
         Verdict::NotLeak => {
             let clock = work.decided_by.unwrap_or(Clock::Allocs);
-            let (since, during) =
-                clock_phrases(clock, &work.since_last_increment, &work.while_growing);
+            let (since, during) = clock_phrases(
+                clock,
+                &work.since_last_increment,
+                &work.while_growing,
+                units,
+            );
             format!(
                 "flat for {:.1} s of work after it grew ({since} against {during} while growing)",
                 work.since_s,
@@ -130,8 +166,8 @@ pub fn verdict_words(growth: &Growth) -> String {
 }
 
 /// Both halves, one line: what JSON's `evidence` says.
-pub fn evidence_line(growth: &Growth) -> String {
-    let (kept, why) = (growth_words(growth), work_words(growth));
+pub fn evidence_line(growth: &Growth, units: Units) -> String {
+    let (kept, why) = (growth_words(growth, units), work_words(growth, units));
     match (kept.is_empty(), why.is_empty()) {
         (true, _) => why,
         (_, true) => kept,
@@ -140,11 +176,11 @@ pub fn evidence_line(growth: &Growth) -> String {
 }
 
 /// `1200 allocation calls, 3.4 s CPU`.
-fn work_phrase(work: &Work) -> String {
+fn work_phrase(work: &Work, units: Units) -> String {
     let calls = format!(
-        "{} allocation {}",
+        "{} {}",
         work.allocs,
-        plural(work.allocs as usize, "call", "calls")
+        plural(work.allocs as usize, units.call, units.calls)
     );
     match work.cpu_s {
         Some(cpu_s) => format!("{calls}, {cpu_s:.1} s CPU"),
@@ -153,18 +189,18 @@ fn work_phrase(work: &Work) -> String {
 }
 
 /// The work since and during on one clock: `1.2 s CPU`, `0.3 s`.
-fn clock_phrases(clock: Clock, since: &Work, during: &Work) -> (String, String) {
+fn clock_phrases(clock: Clock, since: &Work, during: &Work, units: Units) -> (String, String) {
     match clock {
         Clock::Cpu => (
             format!("{:.1} s CPU", since.cpu_s.unwrap_or(0.0)),
             format!("{:.1} s", during.cpu_s.unwrap_or(0.0)),
         ),
         Clock::Allocs => (
-            format!("{} allocation calls", since.allocs),
+            format!("{} {}", since.allocs, units.calls),
             during.allocs.to_string(),
         ),
         Clock::SiteAllocs => (
-            format!("{} allocations of its own", since.site_allocs),
+            format!("{} {} of its own", since.site_allocs, units.calls),
             during.site_allocs.to_string(),
         ),
     }
@@ -216,10 +252,16 @@ mod tests {
         );
         assert_eq!(verdict_words(&growth), "leak, high confidence");
         assert_eq!(
-            evidence_line(&growth),
+            evidence_line(&growth, Units::of(Kind::Heap)),
             "rose in 3 steps of ~10.0 MiB, none freed (30 of 30 blocks since attach still \
              live); grew with the target's work (300 allocation calls, 1.5 s CPU); since its \
              last rise 2.0 s ago: 0 allocation calls, 0.0 s CPU"
+        );
+        assert_eq!(
+            evidence_line(&growth, Units::of(Kind::Resident)),
+            "rose in 3 steps of ~10.0 MiB, none freed (30 of 30 pages since attach still \
+             live); grew with the target's work (300 page faults, 1.5 s CPU); since its \
+             last rise 2.0 s ago: 0 page faults, 0.0 s CPU"
         );
     }
 
@@ -232,7 +274,7 @@ mod tests {
         );
         assert_eq!(verdict_words(&growth), "not a leak, high confidence");
         assert_eq!(
-            work_words(&growth),
+            work_words(&growth, Units::of(Kind::Heap)),
             "flat for 5.0 s of work after it grew (1000 allocation calls against 300 while \
              growing)"
         );
@@ -243,7 +285,7 @@ mod tests {
         let growth = judged(&[0, 0, 10, 10, 10, 10], &[0, 0, 10, 10, 10, 10], &[0.0; 6]);
         assert_eq!(verdict_words(&growth), "too early to tell, low confidence");
         assert_eq!(
-            work_words(&growth),
+            work_words(&growth, Units::of(Kind::Heap)),
             "2 more rises would decide (since its last, 3.0 s: 0 allocation calls, 0.0 s CPU)"
         );
     }

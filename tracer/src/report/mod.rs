@@ -563,7 +563,7 @@ fn stack_report(
         suspected_leak: growth.suspected_leak,
         verdict: growth.verdict,
         confidence: growth.confidence,
-        evidence: evidence_line(&growth),
+        evidence: evidence_line(&growth, evidence::Units::of(key.kind)),
         growth,
         series,
         frames,

@@ -25,7 +25,16 @@ pub(super) fn attach(config: &Config) -> Result<Collector> {
     }
     let started_at = Instant::now();
     let probing = &config.probing;
-    let (probes, rings) = Probes::load(config.map_sizes, &probing.sampling, &probing.unwinding)?;
+    let (mut probes, rings) =
+        Probes::load(config.map_sizes, &probing.sampling, &probing.unwinding)?;
+    if probing.resident {
+        probes.trace_resident_pages().map_err(|error| {
+            crate::error::fatal(
+                crate::error::ExitCode::KernelUnsupported,
+                format!("--resident: {error:#}"),
+            )
+        })?;
+    }
     let mut collector = Collector::new(probes, rings, config.schedule)?;
     // While the targets are attached: what a trap costs here.
     collector.probes_mut().measure_traps();

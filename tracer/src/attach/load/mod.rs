@@ -356,6 +356,7 @@ impl Probes {
                 return_probes,
                 sampling: *sampling,
                 unwinding: *unwinding,
+                resident: None,
             },
             unwind: UnwindState {
                 kernel: kernel_unwinding,

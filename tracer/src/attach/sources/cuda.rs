@@ -60,6 +60,11 @@ const DEVICE: u32 = kind::GPU_DEVICE;
 const MANAGED: u32 = kind::GPU_MANAGED;
 const PINNED: u32 = kind::GPU_HOST_PINNED;
 
+/// Whether `name` is one of the CUDA calls this source traces.
+pub fn is_cuda_function(name: &str) -> bool {
+    CUDA_FUNCTIONS.iter().any(|function| function.name == name)
+}
+
 pub const CUDA_FUNCTIONS: [HookedFunction; api::COUNT as usize] = [
     cuda(api::CUDA_MALLOC, program::GPU_ALLOC_ENTER, DEVICE),
     cuda(api::CUDA_MALLOC_MANAGED, program::GPU_ALLOC_ENTER, MANAGED),

@@ -66,6 +66,23 @@ pub fn read_field_offsets() -> Result<SyscallFieldOffsets> {
         mprotect_start: field("sys_enter_mprotect", "start")?,
         mprotect_len: field("sys_enter_mprotect", "len")?,
         mprotect_prot: field("sys_enter_mprotect", "prot")?,
+        madvise_start: field("sys_enter_madvise", "start")?,
+        madvise_len: field("sys_enter_madvise", "len_in")
+            .or_else(|_| field("sys_enter_madvise", "len"))?,
+        madvise_behavior: field("sys_enter_madvise", "behavior")?,
+        // Read only with --resident (`faults`), which checks the event.
+        fault_address: crate::tracefs::event_field_offset(
+            "exceptions",
+            "page_fault_user",
+            "address",
+        )
+        .map_or(0, u64::from),
+        fault_error_code: crate::tracefs::event_field_offset(
+            "exceptions",
+            "page_fault_user",
+            "error_code",
+        )
+        .map_or(0, u64::from),
         exit_ret,
         syscall_nr,
         brk_syscall: libc::SYS_brk as u64,

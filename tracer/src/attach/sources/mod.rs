@@ -23,6 +23,11 @@
 //!   mprotect tracepoints, filtered in the kernel to the followed
 //!   processes.
 //!
+//! - page faults (`faults`, `--resident` only): the followed processes'
+//!   user page faults and madvise calls, through the mapping calls' ring
+//!   and filter, charged to the stack that first touched each page
+//!   (`model::resident`).
+//!
 //! The uprobe sources are attached together (`uprobes`: one reading of
 //! each object's symbols for all of them). `forks` is not a source of
 //! memory events: it announces the children of followed processes.
@@ -40,6 +45,7 @@ use crate::attach::sites::function::HookedFunction;
 
 pub mod allocators;
 pub mod cuda;
+pub(in crate::attach) mod faults;
 pub(in crate::attach) mod forks;
 pub mod mappings;
 pub(in crate::attach) mod uprobes;

@@ -184,6 +184,24 @@ impl Probes {
         sites: &[HookSite],
         noticed_by: NoticedBy,
     ) -> Result<Vec<String>> {
+        let kept: Vec<HookSite>;
+        let sites = if self.modes.resident.is_some() {
+            // Only the CUDA calls (and the unwinder's entries, which keep
+            // their return probes safe): no allocator call is trapped.
+            kept = sites
+                .iter()
+                .filter(|site| {
+                    super::cuda::is_cuda_function(site.function.name)
+                        || crate::attach::safety::exceptions::UNWINDER_START
+                            .iter()
+                            .any(|function| function.name == site.function.name)
+                })
+                .cloned()
+                .collect();
+            &kept[..]
+        } else {
+            sites
+        };
         let claimed = self.watch.files.claim_sites(pid, sites);
         let admitted = self.watch.throwing.admit(pid, claimed);
         if let Err(error) = self.attach_claimed(pid, &admitted.now, noticed_by) {

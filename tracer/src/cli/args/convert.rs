@@ -128,6 +128,7 @@ pub(super) fn config_of(args: TargetArgs) -> Result<Config> {
             sampling,
             unwinding,
             loader_pause: !args.no_loader_pause,
+            resident: args.resident,
             debug_dirs: args.labels.debug_dirs,
             python: PythonOptions {
                 mode: args.python,

@@ -8,7 +8,7 @@ use crate::model::{
 };
 use crate::output::{
     Report, StackReport,
-    evidence::{growth_words, verdict_words, work_words},
+    evidence::{Units, growth_words, verdict_words, work_words},
     human_bytes,
 };
 
@@ -76,11 +76,12 @@ pub fn verdict_lines(stack: &StackReport, with_growth: bool, lines: &mut Vec<Str
     if growth.verdict == Verdict::Empty {
         return;
     }
+    let units = Units::of(stack.kind);
     if with_growth {
-        wrap(&growth_words(growth), lines);
+        wrap(&growth_words(growth, units), lines);
     }
     wrap(
-        &format!("{}: {}", verdict_words(growth), work_words(growth)),
+        &format!("{}: {}", verdict_words(growth), work_words(growth, units)),
         lines,
     );
 }

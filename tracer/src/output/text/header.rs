@@ -6,7 +6,11 @@ use std::{collections::BTreeMap, path::Path};
 use tracer_ebpf::{GPU_API_NAMES, STAT_NAMES, stat};
 
 use super::super::{MemoryReconciliation, Report, human_bytes};
-use crate::model::{Kind, quality::StackQuality, run::NoticedBy};
+use crate::model::{
+    Kind,
+    quality::StackQuality,
+    run::{NoticedBy, SamplingMode},
+};
 
 /// The lines above the stacks.
 pub fn lines(report: &Report) -> Vec<String> {
@@ -94,11 +98,21 @@ pub fn lines(report: &Report) -> Vec<String> {
         }
         lines.push(line);
     }
-    lines.push(format!(
-        "window: {:.1} s from attach, {} snapshots every {} ms; \
-         allocations made before attach are not seen",
-        report.window_s, report.snapshots, report.interval_ms
-    ));
+    if report.sampling.mode == SamplingMode::Resident {
+        lines.push(format!(
+            "window: {:.1} s from attach, {} snapshots every {} ms; pages made resident \
+             before attach are not seen",
+            report.window_s, report.snapshots, report.interval_ms
+        ));
+        let huge_faults = stat_count(report, "huge_page_faults");
+        lines.extend(resident_lines(huge_faults));
+    } else {
+        lines.push(format!(
+            "window: {:.1} s from attach, {} snapshots every {} ms; \
+             allocations made before attach are not seen",
+            report.window_s, report.snapshots, report.interval_ms
+        ));
+    }
     if let Some(cost) = &report.cost {
         lines.push(format!("cost: {}", super::cost::cost_line(cost)));
         lines.push(super::cost::cost_detail(cost));
@@ -245,6 +259,12 @@ pub fn lines(report: &Report) -> Vec<String> {
                 human_bytes(totals.live_bytes as f64),
                 totals.live_allocs
             ));
+        } else if kind == Kind::Resident.as_str() {
+            lines.push(format!(
+                "live {kind} at end: {} in {} pages",
+                human_bytes(totals.live_bytes as f64),
+                totals.live_allocs
+            ));
         } else {
             lines.push(format!(
                 "live {kind} at end: {} in {} allocs",
@@ -291,6 +311,27 @@ fn describe_memory(pid: u32, memory: &MemoryReconciliation) -> String {
     )
 }
 
+/// What `--resident` sees and misses, said before any figure.
+fn resident_lines(huge_faults: u64) -> [String; 2] {
+    [
+        format!(
+            "resident mode (--resident): each page is charged to the stack that first touched \
+             it, and credited back when unmapped or given back (madvise); a transparent huge \
+             page counts 2 MiB ({huge_faults} {} served by one); no allocator call is traced",
+            if huge_faults == 1 { "fault" } else { "faults" }
+        ),
+        "it misses growth that reuses freed memory without a new page, and frees inside the \
+         heap that give no page back (still resident, still charged); the stack is the code \
+         that touched the page (run exact mode on a flagged one for its blocks)"
+            .to_owned(),
+    ]
+}
+
+/// The count of the STATS counter `name` in the report's events.
+fn stat_count(report: &Report, name: &str) -> u64 {
+    report.events.get(name).copied().unwrap_or(0)
+}
+
 /// What to do about a kind of drop.
 fn drop_hint(name: &str) -> Option<&'static str> {
     Some(match name {
@@ -307,6 +348,9 @@ fn drop_hint(name: &str) -> Option<&'static str> {
             "mapping calls came faster than tracer drained them: raise --ring-buffer-kib"
         }
         "mapping_pending_full" => "more threads were inside a mapping call at once than tracked",
+        "fault_events_lost" => {
+            "page faults came faster than tracer drained them (--resident): their pages are not counted"
+        }
         "out_param_unreadable" => "posix_memalign results that could not be read",
         "stack_copy_ring_full" => {
             "stack copies came faster than tracer unwound them: raise --stack-ring-mib"
