@@ -164,3 +164,41 @@ fn a_steady_heap_is_not_flagged() {
         "{steady:?}\n{report}"
     );
 }
+
+/// Faults that come fast are sampled by page (one in 2^s, each standing
+/// for 2^s pages): fewer walks, the same bytes within a few percent.
+#[test]
+fn fast_faults_are_sampled_and_the_bytes_stay_unbiased() {
+    let (mut fixture, trace) = traced();
+    let mut touched = 0;
+    for _ in 0..3 {
+        touched += field(&fixture.cmd("touch 1000"), "bytes");
+        // A snapshot (every 250 ms) sees the rate and raises the shift.
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    let Traced { output, report } = trace.stop();
+    let events = &report.json["events"];
+    let shift = events["fault_sample_shift"].as_i64().unwrap_or(0);
+    assert!(
+        shift > 0,
+        "1000 faults in a burst raise the shift: {events}"
+    );
+    let faults = events["page_faults"].as_i64().unwrap_or(0);
+    assert!(
+        faults < touched / PAGE,
+        "fewer faults walked ({faults}) than pages touched: {events}"
+    );
+    let live = report.live_with("resident", "touch_heap_leak").bytes;
+    let error = (live - touched).abs() as f64 / touched as f64;
+    assert!(
+        error < 0.1,
+        "estimated {live} bytes of {touched} ({:.1} % off, shift {shift})\n{output}",
+        error * 100.0
+    );
+    assert!(
+        output
+            .to_string()
+            .contains("sampled where faults came fast"),
+        "{output}"
+    );
+}

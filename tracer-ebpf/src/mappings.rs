@@ -25,7 +25,9 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, RingBuf},
     programs::TracePointContext,
 };
-use tracer_ebpf::{MappingEvent, NO_STACK, SyscallFieldOffsets, counted, mapping_call, stat};
+use tracer_ebpf::{
+    MappingEvent, NO_STACK, SyscallFieldOffsets, counted, mapping_call, stat, target,
+};
 
 use crate::{counters::count, pending::PENDING, runs::counted_run};
 
@@ -55,7 +57,8 @@ static SYSCALL_FIELD_OFFSETS: Global<SyscallFieldOffsets> = Global::new(SyscallF
     brk_syscall: 0,
 });
 
-/// The traced processes (tgid -> 1), filled by userspace.
+/// The traced processes (tgid -> `tracer_ebpf::target`), filled by
+/// userspace.
 #[map]
 pub(crate) static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 
@@ -83,14 +86,14 @@ fn field(ctx: &TracePointContext, offset: u64) -> u64 {
 fn enter(ctx: &TracePointContext, mut event: MappingEvent, with_stack: bool) {
     let thread = bpf_get_current_pid_tgid();
     let tgid = (thread >> 32) as u32;
-    if unsafe { TARGETS.get(&tgid) }.is_none() {
+    let Some(&how) = (unsafe { TARGETS.get(&tgid) }) else {
         return;
-    }
+    };
     event.tgid = tgid;
     event.stack_id = NO_STACK;
     if inside_allocator_call(thread) {
         event.in_allocator = 1;
-    } else if with_stack {
+    } else if with_stack && how & target::RESIDENT == 0 {
         take_stack(ctx, tgid, &mut event, true);
     }
     if MAPPING_PENDING
@@ -273,17 +276,27 @@ pub fn mapping_exit(ctx: TracePointContext) -> u32 {
     })
 }
 
+/// The madvise advice userspace follows: what gives pages back
+/// (DONTNEED, FREE, REMOVE, PAGEOUT, DONTNEED_LOCKED) and what asks for
+/// huge pages or takes the ask back (HUGEPAGE, NOHUGEPAGE). Allocators
+/// call madvise often with other advice (WILLNEED, ...): not sent.
+const FOLLOWED_ADVICE: [u64; 7] = [4, 8, 9, 21, 24, 14, 15];
+
 /// madvise (`--resident` only): its advice tells userspace whether the
-/// range's pages were given back.
+/// range's pages were given back, or may be huge pages.
 #[tracepoint]
 pub fn madvise_enter(ctx: TracePointContext) -> u32 {
     counted_run(counted::MADVISE_ENTER, || {
         let offsets = SYSCALL_FIELD_OFFSETS.load();
+        let advice = field(&ctx, offsets.madvise_behavior);
+        if !FOLLOWED_ADVICE.contains(&advice) {
+            return 0;
+        }
         let event = MappingEvent {
             call: mapping_call::MADVISE,
             address: field(&ctx, offsets.madvise_start),
             length: field(&ctx, offsets.madvise_len),
-            prot: field(&ctx, offsets.madvise_behavior),
+            prot: advice,
             ..MappingEvent::default()
         };
         enter(&ctx, event, false);
@@ -302,11 +315,23 @@ pub fn page_fault(ctx: TracePointContext) -> u32 {
     counted_run(counted::PAGE_FAULT, || {
         let thread = bpf_get_current_pid_tgid();
         let tgid = (thread >> 32) as u32;
-        if unsafe { TARGETS.get(&tgid) }.is_none() {
+        let Some(&how) = (unsafe { TARGETS.get(&tgid) }) else {
+            return 0;
+        };
+        if how & target::RESIDENT == 0 {
             return 0;
         }
         let offsets = SYSCALL_FIELD_OFFSETS.load();
         let address = field(&ctx, offsets.fault_address);
+        let shift = (how >> target::SAMPLE_SHIFT_BIT) & 0x7f;
+        let shift = if shift > target::MAX_SAMPLE_SHIFT {
+            target::MAX_SAMPLE_SHIFT
+        } else {
+            shift
+        };
+        if !target::page_sampled(address, shift) {
+            return 0;
+        }
         let write = field(&ctx, offsets.fault_error_code) & FAULT_WRITE != 0;
         let mut event = MappingEvent {
             tgid,
@@ -314,6 +339,7 @@ pub fn page_fault(ctx: TracePointContext) -> u32 {
             address,
             length: 4096,
             prot: write as u64,
+            new_length: u64::from(shift),
             stack_id: NO_STACK,
             ..MappingEvent::default()
         };

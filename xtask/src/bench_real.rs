@@ -36,12 +36,14 @@ enum RedisMode {
     Sampled,
     FramePointers,
     NaiveFloor,
+    Resident,
 }
 
-const REDIS_MODES: [RedisMode; 5] = [
+const REDIS_MODES: [RedisMode; 6] = [
     RedisMode::NoTracer,
     RedisMode::Default,
     RedisMode::Sampled,
+    RedisMode::Resident,
     RedisMode::FramePointers,
     RedisMode::NaiveFloor,
 ];
@@ -54,6 +56,7 @@ impl RedisMode {
             RedisMode::Sampled => "tracer --sample-bytes 524288",
             RedisMode::FramePointers => "tracer --unwind fp",
             RedisMode::NaiveFloor => "naive floor (entries)",
+            RedisMode::Resident => "tracer --resident",
         }
     }
 
@@ -72,6 +75,7 @@ impl RedisMode {
             RedisMode::Default => Some(record(&[])),
             RedisMode::Sampled => Some(record(&["--sample-bytes", SAMPLE_BYTES])),
             RedisMode::FramePointers => Some(record(&["--unwind", "fp"])),
+            RedisMode::Resident => Some(record(&["--resident"])),
             RedisMode::NaiveFloor => Some(
                 ["floor", "--pid", &pid, "--sites", "entry"]
                     .map(str::to_owned)

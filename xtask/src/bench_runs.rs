@@ -40,12 +40,15 @@ pub(crate) enum Mode {
     NaiveFloor,
     SiteFloor,
     SiteEntryFloor,
+    /// `--resident`: page faults, no allocator probe.
+    Resident,
 }
 
-pub(crate) const MODES: [Mode; 9] = [
+pub(crate) const MODES: [Mode; 10] = [
     Mode::Baseline,
     Mode::Exact,
     Mode::Sampled,
+    Mode::Resident,
     Mode::BaselineNoFp,
     Mode::AutoNoFp,
     Mode::CopyNoFp,
@@ -67,6 +70,7 @@ impl Mode {
             Mode::NaiveFloor => "naive floor (entries)",
             Mode::SiteFloor => "site floor",
             Mode::SiteEntryFloor => "site floor, entry only",
+            Mode::Resident => "tracer --resident",
         }
     }
 
@@ -92,6 +96,7 @@ impl Mode {
             Mode::NaiveFloor => Some(floor("entry", &[])),
             Mode::SiteFloor => Some(floor("chosen", &[])),
             Mode::SiteEntryFloor => Some(floor("chosen", &["--entry-only"])),
+            Mode::Resident => Some(record(&["--resident"])),
         }
     }
 

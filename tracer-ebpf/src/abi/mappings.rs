@@ -1,6 +1,30 @@
 //! The mapping system calls' events (MAPPING_EVENTS) and the tracepoint
 //! fields they are read from.
 
+/// TARGETS values: how a process is followed.
+pub mod target {
+    /// Its mapping calls, with the stacks of those that add mappings.
+    pub const MAPPINGS: u32 = 1;
+    /// `--resident`: its page faults, with their stacks, and its mapping
+    /// calls without stacks (what they take back is all that counts).
+    pub const RESIDENT: u32 = 2;
+    /// With RESIDENT: bits 8..14 hold a sampling shift s: the faults of one
+    /// page in 2^s are sent (chosen by the page's address, so all of a
+    /// page's faults or none), each standing for 2^s pages.
+    pub const SAMPLE_SHIFT_BIT: u32 = 8;
+    pub const MAX_SAMPLE_SHIFT: u32 = 6;
+
+    /// Whether the page at `address` is sampled at shift `shift`: a
+    /// multiplicative hash of its page number (Fibonacci hashing), whose
+    /// top `shift` bits are zero for one page in 2^shift.
+    pub const fn page_sampled(address: u64, shift: u32) -> bool {
+        if shift == 0 {
+            return true;
+        }
+        ((address >> 12).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - shift)) == 0
+    }
+}
+
 /// The mapping system calls, as `MappingEvent::call`.
 pub mod mapping_call {
     pub const MMAP: u32 = 1;
@@ -12,8 +36,9 @@ pub mod mapping_call {
     /// huge pages (`MappingEvent::prot` holds the advice).
     pub const MADVISE: u32 = 6;
     /// A user page fault (`--resident`): `address` is the faulting
-    /// address, `length` 4 KiB, `prot` 1 for a write fault; sent at the
-    /// fault, with its stack.
+    /// address, `length` 4 KiB, `prot` 1 for a write fault, `new_length`
+    /// the sampling shift it was sent at (it stands for 2^shift pages);
+    /// sent at the fault, with its stack.
     pub const FAULT: u32 = 7;
 }
 

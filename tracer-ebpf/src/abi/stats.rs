@@ -178,6 +178,10 @@ pub mod stat {
             /// Page faults not sent: the MAPPING_EVENTS ring buffer was full
             /// (their pages are not charged).
             DROP_FAULT_EVENTS => ("fault_events_lost", Drop),
+            /// The largest sampling shift of page faults so far
+            /// (`--resident`): one page in 2^shift was followed where
+            /// faults came fast. Set by userspace.
+            FAULT_SAMPLE_SHIFT => ("fault_sample_shift", Event),
         }
     }
 }
@@ -207,7 +211,7 @@ mod tests {
             assert_eq!(STAT_NAMES[id as usize].0, name);
         }
         // Ids are appended: a recording keeps its counters by index.
-        assert_eq!(DROP_FAULT_EVENTS, COUNT - 1, "the last id");
+        assert_eq!(FAULT_SAMPLE_SHIFT, COUNT - 1, "the last id");
     }
 
     #[test]

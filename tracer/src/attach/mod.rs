@@ -125,6 +125,8 @@ pub struct ResidentPages {
     /// Write faults that transparent huge pages served are told apart
     /// (they are on, and tracer can read the frames' flags).
     pub huge_pages: bool,
+    /// Faults of one page in 2^shift are followed (`collect` sets it).
+    pub sample_shift: u32,
 }
 
 /// How each process's stacks are unwound, and the kernel's tables.
@@ -292,9 +294,22 @@ impl Probes {
                  4 KiB page"
             );
         }
-        let resident = ResidentPages { huge_pages };
+        let resident = ResidentPages {
+            huge_pages,
+            sample_shift: 0,
+        };
         self.modes.resident = Some(resident);
         Ok(resident)
+    }
+
+    /// `--resident`: follows the faults of one page in 2^`shift` from now
+    /// on (each stands for 2^shift pages: `model::resident`).
+    pub fn set_fault_sample_shift(&mut self, shift: u32) -> Result<()> {
+        let Some(resident) = &mut self.modes.resident else {
+            return Ok(());
+        };
+        resident.sample_shift = shift.min(tracer_ebpf::target::MAX_SAMPLE_SHIFT);
+        sources::faults::set_sample_shift(&mut self.ebpf, resident.sample_shift)
     }
 
     /// What `--resident` sees, when it is on.
@@ -309,6 +324,10 @@ impl Probes {
             source
                 .follow(&mut self.ebpf, pid)
                 .with_context(|| format!("{} of PID {pid}", source.name()))?;
+        }
+        if let Some(resident) = self.modes.resident {
+            sources::faults::follow(&mut self.ebpf, pid, resident.sample_shift)
+                .with_context(|| format!("page faults of PID {pid}"))?;
         }
         Ok(())
     }

@@ -15,6 +15,14 @@ use crate::{
 
 use contexts::EpochEntry;
 
+/// Page faults walked a second at most with `--resident` (about 4 µs each
+/// on a torch process: under 1 % of a core).
+const FAULT_WALKS_PER_S: f64 = 2000.0;
+/// Faults between two snapshots that are walked, all of them, however
+/// fast they came (a burst of 2 000: about 8 ms of walks): the shift rises
+/// only past them.
+const FAULTS_ALWAYS_WALKED: u64 = 2000;
+
 impl Collector {
     /// Every per-stack entry by CUDA context epoch: the kernel's (each
     /// stack id as its name, with the totals folded into the names from
@@ -96,6 +104,35 @@ impl Collector {
         Ok(stacks)
     }
 
+    /// `--resident`: follows fewer pages where faults come fast, more
+    /// where they slow down, so that the kernel walks about
+    /// `FAULT_WALKS_PER_S` stacks a second at most: a rate over twice that
+    /// (and more than `FAULTS_ALWAYS_WALKED` faults since the last
+    /// snapshot) raises the sampling shift at once by what brings it back
+    /// under
+    /// (a burst of a million faults a second: 9 halvings, capped at
+    /// `MAX_SAMPLE_SHIFT`), one under half of it lowers the shift by one.
+    fn pace_fault_sampling(&mut self) -> Result<()> {
+        let Some(resident) = self.probes.resident_pages() else {
+            return Ok(());
+        };
+        let (faults, rate) = self.mappings.take_fault_rate();
+        let shift = resident.sample_shift;
+        let next = if rate > 2.0 * FAULT_WALKS_PER_S && faults > FAULTS_ALWAYS_WALKED {
+            shift + (rate / FAULT_WALKS_PER_S).log2().ceil() as u32
+        } else if rate < 0.5 * FAULT_WALKS_PER_S {
+            shift.saturating_sub(1)
+        } else {
+            shift
+        }
+        .min(tracer_ebpf::target::MAX_SAMPLE_SHIFT);
+        if next != shift {
+            self.probes.set_fault_sample_shift(next)?;
+            self.fault_sample_shift_max = self.fault_sample_shift_max.max(next);
+        }
+        Ok(())
+    }
+
     /// Reads the stacks' counters, STATS, and the RSS and CPU time of the
     /// live targets, then evicts what the stack tables need not hold
     /// (`stack_table`).
@@ -109,6 +146,7 @@ impl Collector {
             HashSet::new()
         };
         let stacks = self.stack_counters()?;
+        self.pace_fault_sampling()?;
         self.read_apis();
         let mut stats = self.probes.maps().stats()?;
         let by_stack = std::mem::take(&mut self.stacks.by_stack);
@@ -126,6 +164,10 @@ impl Collector {
             (stat::EXCEPTION_RETURNS_RESTORED, returns_restored),
             (stat::DROP_EXCEPTION_RESTORE_LOST, restores_lost),
             (stat::HUGE_PAGE_FAULTS, self.mappings.huge_page_faults()),
+            (
+                stat::FAULT_SAMPLE_SHIFT,
+                u64::from(self.fault_sample_shift_max),
+            ),
         ] {
             if let Some(counter) = stats.get_mut(index as usize) {
                 *counter += count;

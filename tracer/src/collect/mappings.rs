@@ -16,7 +16,7 @@ use tracer_ebpf::{MappingEvent, NO_STACK, is_copied_stack, mapping_call};
 
 use super::{
     copied::CopiedStacks,
-    huge_pages::{HUGE_PAGE_BYTES, HugePages},
+    huge_pages::{HUGE_PAGE_BYTES, HugePages, MADV_HUGEPAGE, MADV_NOHUGEPAGE},
 };
 use crate::{
     model::{
@@ -66,6 +66,9 @@ pub struct MappingTracker {
     /// event was read: asked again at the next drains (pid, address,
     /// drains left).
     unsettled: Vec<(u32, u64, u8)>,
+    /// Fault events that charged a page since `sampled_since`.
+    sampled_faults: u64,
+    sampled_since: std::time::Instant,
     stacks: Vec<MappingStack>,
     stack_ids: HashMap<MappingStack, StackId>,
 }
@@ -77,6 +80,8 @@ impl MappingTracker {
             ledger: MappingLedger::default(),
             resident: resident.then(|| (ResidentLedger::default(), HugePages::new())),
             unsettled: Vec::new(),
+            sampled_faults: 0,
+            sampled_since: std::time::Instant::now(),
             stacks: Vec::new(),
             stack_ids: HashMap::new(),
         }
@@ -111,9 +116,20 @@ impl MappingTracker {
         copied.drain();
         self.settle_huge_pages();
         let mut flushed = false;
+        // With --resident: the stacks the faults of this drain walked, by
+        // their kernel id (one id names one stack until the next eviction,
+        // after the drain): one read of each.
+        let mut walked: HashMap<u32, StackId> = HashMap::new();
         for mut event in events {
             if self.resident.is_some() {
-                self.apply_resident(&mut event, copied, &mut flushed, read_stack);
+                self.apply_resident(&mut event, copied, &mut flushed, read_stack, &mut walked);
+                // The mappings' own kinds are not counted then: only the
+                // program break is followed (what a shrinking one gives
+                // back), with no stack.
+                if event.call == mapping_call::BRK {
+                    self.ledger.apply(&event, StackId::Lost);
+                }
+                continue;
             }
             let adds = matches!(event.call, mapping_call::MMAP | mapping_call::BRK)
                 && event.in_allocator == 0;
@@ -136,6 +152,7 @@ impl MappingTracker {
         copied: &mut CopiedStacks,
         flushed: &mut bool,
         read_stack: &mut dyn FnMut(u32) -> Vec<u64>,
+        walked: &mut HashMap<u32, StackId>,
     ) {
         let Some((resident, huge)) = &mut self.resident else {
             return;
@@ -150,12 +167,24 @@ impl MappingTracker {
                 }
                 // The word at the stack pointer means nothing at a fault.
                 event.caller_address = 0;
-                let stack = code_stack(event, copied, flushed, read_stack);
-                let stack_id = self.stack_id(event, stack);
+                let kernel_id = (event.stack_id != NO_STACK && !is_copied_stack(event.stack_id))
+                    .then_some(event.stack_id);
+                let stack_id = match kernel_id.and_then(|id| walked.get(&id)) {
+                    Some(&stack_id) => stack_id,
+                    None => {
+                        let stack = code_stack(event, copied, flushed, read_stack);
+                        let stack_id = self.stack_id(event, stack);
+                        if let Some(id) = kernel_id {
+                            walked.insert(id, stack_id);
+                        }
+                        stack_id
+                    }
+                };
                 let Some((resident, huge)) = &mut self.resident else {
                     return;
                 };
-                resident.fault(pid, event.address, stack_id);
+                resident.fault(pid, event.address, stack_id, event.new_length.min(63) as u8);
+                self.sampled_faults += 1;
                 if event.prot == 1 {
                     match huge.served_by_huge_page(pid, event.address) {
                         Some(true) => resident.huge_fault(pid, event.address, HUGE_PAGE_BYTES),
@@ -167,6 +196,13 @@ impl MappingTracker {
             }
             mapping_call::MADVISE if GIVES_BACK.contains(&event.prot) => {
                 Some((event.address, event.length))
+            }
+            mapping_call::MADVISE
+                if event.prot == MADV_HUGEPAGE || event.prot == MADV_NOHUGEPAGE =>
+            {
+                let end = event.address.saturating_add(event.length);
+                huge.advise(pid, event.address, end, event.prot == MADV_HUGEPAGE);
+                None
             }
             mapping_call::MUNMAP => Some((event.address, event.length)),
             // A new mapping replaces whatever was there (MAP_FIXED).
@@ -223,6 +259,15 @@ impl MappingTracker {
                 }
             }
         });
+    }
+
+    /// The fault events that charged a page since the last call
+    /// (`--resident`), and their rate a second.
+    pub fn take_fault_rate(&mut self) -> (u64, f64) {
+        let seconds = self.sampled_since.elapsed().as_secs_f64().max(1e-3);
+        self.sampled_since = std::time::Instant::now();
+        let faults = std::mem::take(&mut self.sampled_faults);
+        (faults, faults as f64 / seconds)
     }
 
     /// Faults found served by a transparent huge page (`--resident`).

@@ -125,6 +125,8 @@ pub struct Collector {
     pace: Pace,
     /// What tracer costs the targets.
     cost: cost::CostMeter,
+    /// `--resident`: the largest sampling shift of page faults so far.
+    fault_sample_shift_max: u32,
 }
 
 /// The processes traced.
@@ -207,6 +209,7 @@ impl Collector {
                 stopped: None,
             },
             cost: cost::CostMeter::default(),
+            fault_sample_shift_max: 0,
         })
     }
 

@@ -51,3 +51,35 @@ pub(in crate::attach) fn attach(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> 
     }
     Ok(links)
 }
+
+/// Follows the page faults of `pid` at sampling shift `shift`, and its
+/// mapping calls without their stacks (only what they give back counts).
+pub(in crate::attach) fn follow(ebpf: &mut Ebpf, pid: u32, shift: u32) -> Result<()> {
+    super::mappings::set_target(ebpf, pid, how(shift))
+}
+
+/// Every process followed for its faults follows them at `shift` now.
+pub(in crate::attach) fn set_sample_shift(ebpf: &mut Ebpf, shift: u32) -> Result<()> {
+    let mut targets: aya::maps::HashMap<_, u32, u32> = aya::maps::HashMap::try_from(
+        ebpf.map_mut(tracer_ebpf::map::TARGETS)
+            .context("eBPF object lacks TARGETS")?,
+    )?;
+    let followed: Vec<u32> = targets
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, value)| value & tracer_ebpf::target::RESIDENT != 0)
+        .map(|(pid, _)| pid)
+        .collect();
+    for pid in followed {
+        // A process gone meanwhile is fine.
+        let _ = targets.insert(pid, how(shift), 0);
+    }
+    Ok(())
+}
+
+fn how(shift: u32) -> u32 {
+    tracer_ebpf::target::MAPPINGS
+        | tracer_ebpf::target::RESIDENT
+        | (shift.min(tracer_ebpf::target::MAX_SAMPLE_SHIFT)
+            << tracer_ebpf::target::SAMPLE_SHIFT_BIT)
+}

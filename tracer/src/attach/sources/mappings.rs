@@ -145,11 +145,16 @@ impl Source for MappingCalls {
 
 /// Makes the mapping programs follow `pid`.
 fn add_target(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+    set_target(ebpf, pid, tracer_ebpf::target::MAPPINGS)
+}
+
+/// Sets how the mapping programs follow `pid` (`tracer_ebpf::target`).
+pub(in crate::attach) fn set_target(ebpf: &mut Ebpf, pid: u32, how: u32) -> Result<()> {
     let mut targets: HashMap<_, u32, u32> = HashMap::try_from(
         ebpf.map_mut(tracer_ebpf::map::TARGETS)
             .context("eBPF object lacks TARGETS")?,
     )?;
     targets
-        .insert(pid, 1, 0)
+        .insert(pid, how, 0)
         .with_context(|| format!("could not add PID {pid} to the mapping targets"))
 }

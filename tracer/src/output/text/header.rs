@@ -106,6 +106,15 @@ pub fn lines(report: &Report) -> Vec<String> {
         ));
         let huge_faults = stat_count(report, "huge_page_faults");
         lines.extend(resident_lines(huge_faults));
+        let shift = stat_count(report, "fault_sample_shift");
+        if shift > 0 {
+            lines.push(format!(
+                "sampled where faults came fast: the faults of one page in up to {} were \
+                 followed (chosen by address), each standing for that many pages; resident \
+                 bytes are unbiased estimates",
+                1u64 << shift.min(63)
+            ));
+        }
     } else {
         lines.push(format!(
             "window: {:.1} s from attach, {} snapshots every {} ms; \
