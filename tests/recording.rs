@@ -79,13 +79,26 @@ fn report_json_equals_the_live_json() {
     output.assert_success();
     assert_eq!(output.stderr, "", "a complete recording has no warning");
     let mut replayed: Value = serde_json::from_str(&output.stdout).expect("report is JSON");
-    // What tracing cost the target is measured while tracing and not
-    // recorded (docs/recordings.md): null in a report of a recording.
+    // What tracing cost the target is measured while tracing, and the
+    // target's memory limit read at its end, and neither is recorded
+    // (docs/recordings.md): null in a report of a recording.
     assert!(live.json["cost"].is_object(), "{}", live.json["cost"]);
     assert_eq!(replayed["cost"], Value::Null);
+    assert!(
+        live.json["targets"][0]["memory_limit"].is_object(),
+        "{}",
+        live.json["targets"][0]
+    );
+    assert_eq!(replayed["targets"][0]["memory_limit"], Value::Null);
     let mut live_json = live.json.clone();
     for json in [&mut replayed, &mut live_json] {
         json.as_object_mut().expect("an object").remove("cost");
+        for target in json["targets"].as_array_mut().expect("targets") {
+            target
+                .as_object_mut()
+                .expect("an object")
+                .remove("memory_limit");
+        }
     }
     assert_eq!(
         replayed, live_json,

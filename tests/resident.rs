@@ -202,3 +202,87 @@ fn fast_faults_are_sampled_and_the_bytes_stay_unbiased() {
         "{output}"
     );
 }
+
+/// A memory cgroup with a limit, removed when dropped (after the process
+/// in it is gone: declare it before the fixture).
+struct LimitedCgroup {
+    dir: std::path::PathBuf,
+}
+
+impl LimitedCgroup {
+    /// A cgroup (v1's memory controller, else v2's) limited to
+    /// `limit_bytes`, with `pid` moved into it.
+    fn new(pid: u32, limit_bytes: u64) -> LimitedCgroup {
+        let name = format!("tracer-test-{}", std::process::id());
+        let v1 = std::path::Path::new("/sys/fs/cgroup/memory");
+        let (dir, limit_file) = if v1.join("memory.limit_in_bytes").exists() {
+            (v1.join(&name), "memory.limit_in_bytes")
+        } else {
+            let controllers = std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
+                .unwrap_or_default();
+            assert!(
+                controllers.split_whitespace().any(|c| c == "memory"),
+                "no memory cgroup controller here (v1 or v2): cannot test the limit line"
+            );
+            (
+                std::path::Path::new("/sys/fs/cgroup").join(&name),
+                "memory.max",
+            )
+        };
+        std::fs::create_dir_all(&dir).unwrap_or_else(|error| panic!("{}: {error}", dir.display()));
+        std::fs::write(dir.join(limit_file), limit_bytes.to_string()).unwrap();
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        LimitedCgroup { dir }
+    }
+}
+
+impl Drop for LimitedCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Where the target has a memory limit, the report says when its
+/// suspected leaks reach it at their growth.
+#[test]
+fn the_report_says_when_a_leak_reaches_the_cgroup_limit() {
+    let limit_bytes: u64 = 1 << 30;
+    let fixture = Fixture::start("mappings", &[]);
+    let _cgroup = LimitedCgroup::new(fixture.pid, limit_bytes);
+    let mut fixture = fixture;
+    let mut trace = Record::pid(fixture.pid)
+        .args(["-v", "--resident"])
+        .interval("250ms")
+        .attach();
+    trace.wait_tables_ready();
+    in_steps(&mut fixture, "touch 40");
+    let Traced { output, report } = trace.stop();
+    let limit = &report.json["targets"][0]["memory_limit"];
+    assert_eq!(limit["limit_bytes"], limit_bytes, "{limit}");
+    assert!(
+        limit["source"]
+            .as_str()
+            .is_some_and(|source| source.starts_with("cgroup /") && source.contains("tracer-test-")),
+        "{limit}"
+    );
+    let growth = limit["growth_bytes_per_s"].as_f64().unwrap_or(0.0);
+    let used = limit["used_bytes"].as_f64().unwrap_or(0.0);
+    let reached = limit["reached_in_s"].as_f64().unwrap_or(0.0);
+    assert!(growth > 0.0 && used > 0.0, "{limit}");
+    assert!(
+        (reached - (limit_bytes as f64 - used) / growth).abs() < 1.0,
+        "{limit}"
+    );
+    let text = output.to_string();
+    assert!(
+        text.contains("(its suspected leaks), the limit of cgroup /")
+            && text.contains("1.0 GiB")
+            && text.contains("is reached in ~"),
+        "{output}"
+    );
+}

@@ -1,6 +1,9 @@
 //! What /proc tells about a target: its mapped files, its command line and
 //! whether it is still alive. Shared by attach (where to put probes) and
 //! symbolize (which file and offset an address belongs to).
+mod limits;
+
+pub use limits::memory_limit;
 use std::{fs, path::PathBuf};
 
 use anyhow::{Context as _, Result};

@@ -48,10 +48,16 @@ impl Collector {
             cost: self.cost_since_attach(),
             refused_files: crate::target_files::refused(),
         };
+        let memory_limits = targets
+            .iter()
+            .filter(|target| target.exited_after_s.is_none())
+            .filter_map(|target| Some((target.pid, crate::procfs::memory_limit(target.pid)?)))
+            .collect();
         RunFacts {
             targets,
             interval_ms: self.pace.schedule.interval.as_millis() as u64,
             memory_status,
+            memory_limits,
             traced,
             stacks,
         }

@@ -188,6 +188,19 @@ pub struct MemoryStatus {
     pub rss_shmem_bytes: u64,
 }
 
+/// A target's memory limit, read at the end of a live run
+/// (`procfs::memory_limit`): its memory cgroup's lowest limit, else the
+/// host's memory. Not recorded.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MemoryLimit {
+    pub limit_bytes: u64,
+    /// What counts against it now: the cgroup's usage, or the host's used
+    /// memory.
+    pub used_bytes: u64,
+    /// `cgroup /PATH` or `host`.
+    pub source: String,
+}
+
 /// A traced process.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Target {
@@ -378,6 +391,8 @@ pub struct RunFacts {
     pub interval_ms: u64,
     /// RSS and its parts of the targets still alive, read at the end.
     pub memory_status: BTreeMap<u32, MemoryStatus>,
+    /// The memory limits of the targets alive (live runs only).
+    pub memory_limits: BTreeMap<u32, MemoryLimit>,
     pub traced: Traced,
     pub stacks: StackFacts,
 }

@@ -110,6 +110,7 @@ mod tests {
                 "followed_after_s",
                 "gpu_contexts_destroyed",
                 "memory",
+                "memory_limit",
                 "pid",
                 "stack_quality",
                 "totals"

@@ -492,6 +492,7 @@ impl Recording {
             targets: self.targets(filter),
             interval_ms: self.metadata.interval_ms,
             memory_status: self.memory_status(filter),
+            memory_limits: BTreeMap::new(),
             traced,
             stacks,
         }

@@ -115,6 +115,7 @@ pub(crate) fn report_of(
         run: RunFacts {
             targets: targets.to_vec(),
             interval_ms: 1000,
+            memory_limits: BTreeMap::new(),
             memory_status: BTreeMap::from([(
                 10,
                 MemoryStatus {

@@ -128,6 +128,44 @@ pub struct TargetReport {
     /// How much of what it allocated has stacks that reach its thread's
     /// start; null when it allocated nothing.
     pub stack_quality: Option<StackQuality>,
+    /// Its memory limit and when its suspected leaks reach it; null for a
+    /// target gone at the end, and in a report from a recording.
+    pub memory_limit: Option<LimitReport>,
+}
+
+/// A target's memory limit (its cgroup's, else the host's), and when the
+/// growth of its suspected leaks in host memory reaches it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LimitReport {
+    #[serde(flatten)]
+    pub limit: crate::model::run::MemoryLimit,
+    /// The growth of its suspected leaks (host memory kinds: GPU memory
+    /// does not count against it), bytes a second.
+    pub growth_bytes_per_s: f64,
+    /// Seconds until the limit at that growth; null when nothing grows.
+    pub reached_in_s: Option<f64>,
+}
+
+impl LimitReport {
+    fn new(limit: crate::model::run::MemoryLimit, growth_bytes_per_s: f64) -> LimitReport {
+        let reached_in_s = (growth_bytes_per_s > 0.0).then(|| {
+            limit.limit_bytes.saturating_sub(limit.used_bytes) as f64 / growth_bytes_per_s
+        });
+        LimitReport {
+            limit,
+            growth_bytes_per_s,
+            reached_in_s,
+        }
+    }
+}
+
+/// Whether a kind's bytes count against a process's memory limit (host
+/// memory, not the GPU's).
+fn counts_against_host_limit(kind: crate::model::Kind) -> bool {
+    use crate::model::Kind;
+    kind.is_memory()
+        && !kind.is_part_of_another()
+        && !matches!(kind, Kind::GpuDevice | Kind::GpuManaged)
 }
 
 /// A target's traced live bytes next to its resident memory.
@@ -279,6 +317,8 @@ impl Report {
             carried: Some(&carried),
             ..plain
         };
+        let mut leaks = judged.suspected_leaks_among(judged.latest_counters().map(|(key, _)| key));
+        leaks.extend(carried.iter().map(|(key, growth)| (*key, *growth)));
         let targets = input
             .run
             .targets
@@ -293,10 +333,18 @@ impl Report {
                     input.run.memory_status.get(&target.pid),
                 ),
                 stack_quality: quality.get(&target.pid).copied(),
+                memory_limit: input.run.memory_limits.get(&target.pid).map(|limit| {
+                    let growth = leaks
+                        .iter()
+                        .filter(|(key, _)| {
+                            key.pid == target.pid && counts_against_host_limit(key.kind)
+                        })
+                        .map(|(_, growth)| growth.rate_bytes_per_s.max(0.0))
+                        .sum();
+                    LimitReport::new(limit.clone(), growth)
+                }),
             })
             .collect();
-        let mut leaks = judged.suspected_leaks_among(judged.latest_counters().map(|(key, _)| key));
-        leaks.extend(carried.iter().map(|(key, growth)| (*key, *growth)));
         sort_leaks(&mut leaks);
         leaks.truncate(input.view.top);
         let mut listed = ranked_lists(&input, views, &canonical, judged_model.is_some(), leaks);

@@ -286,8 +286,48 @@ pub fn lines(report: &Report) -> Vec<String> {
         if let Some(memory) = &target.memory {
             lines.push(describe_memory(target.target.pid, memory));
         }
+        if let Some(limit) = &target.memory_limit {
+            lines.push(describe_limit(target.target.pid, limit));
+        }
     }
     lines
+}
+
+/// When a target reaches its memory limit at its suspected leaks' growth:
+/// `PID 7: at +1.2 MiB/s (its suspected leaks), the limit of cgroup
+/// /app, 512.0 MiB (256.0 MiB used), is reached in ~3.6 min`.
+pub fn describe_limit(pid: u32, limit: &crate::report::LimitReport) -> String {
+    let of = if limit.limit.source == "host" {
+        format!("the host's {}", human_bytes(limit.limit.limit_bytes as f64))
+    } else {
+        format!(
+            "the limit of {}, {}",
+            limit.limit.source,
+            human_bytes(limit.limit.limit_bytes as f64)
+        )
+    };
+    let used = human_bytes(limit.limit.used_bytes as f64);
+    match limit.reached_in_s {
+        Some(seconds) => format!(
+            "PID {pid}: at +{}/s (its suspected leaks), {of} ({used} used) is reached in ~{}",
+            human_bytes(limit.growth_bytes_per_s),
+            human_duration(seconds)
+        ),
+        None => format!("PID {pid}: {of} ({used} used); no suspected leak grows toward it"),
+    }
+}
+
+/// `45 s`, `3.6 min`, `2.5 h`, `3.1 days`.
+fn human_duration(seconds: f64) -> String {
+    if seconds < 90.0 {
+        format!("{seconds:.0} s")
+    } else if seconds < 90.0 * 60.0 {
+        format!("{:.1} min", seconds / 60.0)
+    } else if seconds < 48.0 * 3600.0 {
+        format!("{:.1} h", seconds / 3600.0)
+    } else {
+        format!("{:.1} days", seconds / 86400.0)
+    }
 }
 
 /// One target's traced memory next to its RSS.
