@@ -188,6 +188,16 @@ fn top_shows_the_leak_first_within_5_s() {
         first_row.contains("steady_leak") && first_row.contains("yes"),
         "the leak is not first: {last_table}"
     );
+    // Under the table: when the leak reaches the target's memory limit
+    // (its cgroup's, else the host's).
+    assert!(
+        last_table
+            .lines()
+            .any(|line| line.starts_with(&format!("PID {pid}: at +"))
+                && line.contains("(its suspected leaks)")
+                && line.contains("is reached in ~")),
+        "no time-to-limit line: {last_table}"
+    );
 }
 
 /// The `<text>` contents and the number of data lines of an SVG.

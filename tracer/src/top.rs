@@ -155,6 +155,22 @@ fn draw(live: &mut Live<'_>, config: &Config, interactive: bool) -> Result<()> {
                 .collect()
         },
     );
+    // When each target reaches its memory limit at its leaks' growth.
+    let mut leaks = stacks.suspected_leaks_among(stacks.latest_counters().map(|(key, _)| key));
+    leaks.extend(carried.iter().map(|(key, growth)| (*key, *growth)));
+    let mut table = table;
+    for target in watched
+        .iter()
+        .filter(|target| target.exited_after_s.is_none())
+    {
+        if let Some(limit) = crate::procfs::memory_limit(target.pid) {
+            let limit = crate::report::LimitReport::of(target.pid, limit, &leaks);
+            if !table.ends_with('\n') {
+                table.push('\n');
+            }
+            table.push_str(&output::text::describe_limit(target.pid, &limit));
+        }
+    }
     // The rows' names come from the target: escaped, so only the table's
     // own sequences reach the terminal.
     let table = output::terminal::lines(&table);

@@ -10,6 +10,8 @@ mod cost;
 mod evidence;
 mod frames;
 mod header;
+
+pub use header::describe_limit;
 mod holders;
 
 pub use cost::{cost_advice, cost_line, cost_rate_line};

@@ -147,6 +147,21 @@ pub struct LimitReport {
 }
 
 impl LimitReport {
+    /// `limit` of `pid`, with the growth of its suspected `leaks` in host
+    /// memory.
+    pub fn of(
+        pid: u32,
+        limit: crate::model::run::MemoryLimit,
+        leaks: &[(StackKey, crate::model::leak::Growth)],
+    ) -> LimitReport {
+        let growth = leaks
+            .iter()
+            .filter(|(key, _)| key.pid == pid && counts_against_host_limit(key.kind))
+            .map(|(_, growth)| growth.rate_bytes_per_s.max(0.0))
+            .sum();
+        LimitReport::new(limit, growth)
+    }
+
     fn new(limit: crate::model::run::MemoryLimit, growth_bytes_per_s: f64) -> LimitReport {
         let reached_in_s = (growth_bytes_per_s > 0.0).then(|| {
             limit.limit_bytes.saturating_sub(limit.used_bytes) as f64 / growth_bytes_per_s
@@ -333,16 +348,11 @@ impl Report {
                     input.run.memory_status.get(&target.pid),
                 ),
                 stack_quality: quality.get(&target.pid).copied(),
-                memory_limit: input.run.memory_limits.get(&target.pid).map(|limit| {
-                    let growth = leaks
-                        .iter()
-                        .filter(|(key, _)| {
-                            key.pid == target.pid && counts_against_host_limit(key.kind)
-                        })
-                        .map(|(_, growth)| growth.rate_bytes_per_s.max(0.0))
-                        .sum();
-                    LimitReport::new(limit.clone(), growth)
-                }),
+                memory_limit: input
+                    .run
+                    .memory_limits
+                    .get(&target.pid)
+                    .map(|limit| LimitReport::of(target.pid, limit.clone(), &leaks)),
             })
             .collect();
         sort_leaks(&mut leaks);
