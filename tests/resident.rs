@@ -286,3 +286,45 @@ fn the_report_says_when_a_leak_reaches_the_cgroup_limit() {
         "{output}"
     );
 }
+
+/// A fault on a function's first instruction is walked by that
+/// instruction's own row: the caller is found. (A walk that looked up the
+/// row one byte early, as for a return address, took the previous
+/// function's, a frame of 24 bytes, and lost the caller.)
+#[test]
+fn a_fault_at_a_functions_first_instruction_finds_its_caller() {
+    let fixture = Fixture::start("mappings", &[]);
+    let mut fixture = fixture;
+    let mut trace = Record::pid(fixture.pid)
+        .args(["-v", "--resident", "--unwind", "dwarf"])
+        .interval("250ms")
+        .attach();
+    trace.wait_tables_ready();
+    let answer = fixture.cmd("entry 64");
+    let Traced { output, report } = trace.stop();
+    let bytes = field(&answer, "bytes");
+    let stacks = report.stacks_with("resident", "touch_at_entry");
+    assert!(!stacks.is_empty(), "{output}\n{report}");
+    for stack in &stacks {
+        let functions: Vec<&str> = stack["frames"]
+            .as_array()
+            .map(|frames| {
+                frames
+                    .iter()
+                    .filter_map(|frame| frame["function"].as_str())
+                    .take(2)
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(
+            functions,
+            ["touch_at_entry", "touch_through_entry"],
+            "{report}"
+        );
+    }
+    assert_eq!(
+        report.live_with("resident", "touch_through_entry"),
+        Live::blocks(bytes / PAGE, PAGE),
+        "{report}"
+    );
+}

@@ -113,16 +113,18 @@ fn take_stack(ctx: &TracePointContext, tgid: u32, event: &mut MappingEvent, leaf
     // A copied stack is unwound through the syscall wrapper itself.
     match crate::stacks::copy_at_syscall(tgid) {
         Some(stack_ref) => event.stack_id = stack_ref,
-        None => match crate::stacks::walk_at_syscall(ctx, tgid) {
-            // Walked through the wrapper by its table.
-            Some(stack_id) => event.stack_id = stack_id,
-            None => {
-                event.stack_id = crate::stacks::walk_frame_pointers(ctx);
-                if leaf_caller {
-                    event.caller_address = word_at_user_sp();
+        None => {
+            match crate::stacks::walk_at_syscall(ctx, tgid, event.call == mapping_call::FAULT) {
+                // Walked through the wrapper by its table.
+                Some(stack_id) => event.stack_id = stack_id,
+                None => {
+                    event.stack_id = crate::stacks::walk_frame_pointers(ctx);
+                    if leaf_caller {
+                        event.caller_address = word_at_user_sp();
+                    }
                 }
             }
-        },
+        }
     }
 }
 

@@ -181,18 +181,26 @@ pub(crate) fn copy_at_syscall(tgid: u32) -> Option<u32> {
     copy_stack(&call, ip, sp, bp)
 }
 
-/// At a system call of `tgid` (the mapping tracepoints): the id of its
-/// user stack walked through the unwind tables from the registers where
-/// the call was made; None when the process has none.
+/// At a system call of `tgid` (the mapping tracepoints), or at a page
+/// fault (`at_fault`): the id of its user stack walked through the unwind
+/// tables from the registers where the call was made or the fault taken;
+/// None when the process has none.
+///
+/// A walk looks up each frame's row one byte before its address (a
+/// return address, or the address after a system call instruction); a
+/// faulting instruction restarts, so its own row applies: the walk starts
+/// one byte after it (its first frame then names the faulting instruction
+/// as a return address one past it would).
 #[inline(always)]
-pub(crate) fn walk_at_syscall(ctx: &impl EbpfContext, tgid: u32) -> Option<u32> {
+pub(crate) fn walk_at_syscall(ctx: &impl EbpfContext, tgid: u32, at_fault: bool) -> Option<u32> {
     if !crate::unwind::walks(tgid) {
         return None;
     }
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u64;
     let read = |index: usize| unsafe { bpf_probe_read_kernel(regs.add(index)) }.ok();
+    let ip = read(PT_REGS_IP_INDEX)?;
     let start = Registers {
-        ip: read(PT_REGS_IP_INDEX)?,
+        ip: if at_fault { ip.wrapping_add(1) } else { ip },
         sp: read(PT_REGS_SP_INDEX)?,
         bp: read(PT_REGS_BP_INDEX)?,
     };
