@@ -179,19 +179,21 @@ pub fn memory_status(pid: u32) -> Option<MemoryStatus> {
     status_memory(&status)
 }
 
+/// The value of a `Name:   123 kB` line of a /proc text (status, meminfo),
+/// in KiB.
+pub(crate) fn kib_field(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// VmRSS and its parts in the text of /proc/PID/status.
 pub fn status_memory(status: &str) -> Option<MemoryStatus> {
-    let bytes = |name: &str| -> Option<u64> {
-        let kib: u64 = status
-            .lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))?
-            .trim()
-            .strip_suffix("kB")?
-            .trim()
-            .parse()
-            .ok()?;
-        Some(kib * 1024)
-    };
+    let bytes = |name: &str| kib_field(status, name).map(|kib| kib * 1024);
     Some(MemoryStatus {
         rss_bytes: bytes("VmRSS")?,
         rss_anon_bytes: bytes("RssAnon").unwrap_or(0),

@@ -84,16 +84,7 @@ pub fn cgroup_limit(
 /// The host's memory and what is used of it (MemTotal - MemAvailable).
 fn host_limit() -> Option<MemoryLimit> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib = |name: &str| -> Option<u64> {
-        meminfo
-            .lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))?
-            .trim()
-            .strip_suffix("kB")?
-            .trim()
-            .parse()
-            .ok()
-    };
+    let kib = |name: &str| super::kib_field(&meminfo, name);
     let total = kib("MemTotal")? * 1024;
     let available = kib("MemAvailable").map_or(0, |kib| kib * 1024);
     Some(MemoryLimit {

@@ -7,9 +7,9 @@
 //! `follow`. Nothing here traps an allocator call: with `--resident`
 //! only the CUDA calls keep their uprobes (`Probes::attach_sites`).
 use anyhow::{Context as _, Result, bail};
-use aya::{Ebpf, programs::TracePoint};
+use aya::Ebpf;
 
-use crate::attach::load::links::{TracepointLink, attach_tracepoint};
+use crate::attach::load::links::TracepointLink;
 
 /// Loads and attaches the resident mode's programs.
 pub(in crate::attach) fn attach(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> {
@@ -37,17 +37,12 @@ pub(in crate::attach) fn attach(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> 
             "sys_exit_madvise",
         ),
     ] {
-        let program: &mut TracePoint = ebpf
-            .program_mut(program_name)
-            .with_context(|| format!("eBPF object lacks program {program_name}"))?
-            .try_into()
-            .with_context(|| format!("eBPF program {program_name} is not a tracepoint"))?;
-        if program.fd().is_err() {
-            program
-                .load()
-                .with_context(|| format!("could not load eBPF program {program_name}"))?;
-        }
-        links.push(attach_tracepoint(ebpf, program_name, category, event)?);
+        links.push(super::mappings::load_and_attach(
+            ebpf,
+            program_name,
+            category,
+            event,
+        )?);
     }
     Ok(links)
 }

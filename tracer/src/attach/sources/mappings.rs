@@ -89,22 +89,33 @@ pub fn read_field_offsets() -> Result<SyscallFieldOffsets> {
     })
 }
 
+/// Loads the tracepoint program `program_name` unless it is loaded, and
+/// attaches it to `category:event`.
+pub(in crate::attach) fn load_and_attach(
+    ebpf: &mut Ebpf,
+    program_name: &'static str,
+    category: &str,
+    event: &str,
+) -> Result<TracepointLink> {
+    let program: &mut TracePoint = ebpf
+        .program_mut(program_name)
+        .with_context(|| format!("eBPF object lacks program {program_name}"))?
+        .try_into()
+        .with_context(|| format!("eBPF program {program_name} is not a tracepoint"))?;
+    if program.fd().is_err() {
+        program
+            .load()
+            .with_context(|| format!("could not load eBPF program {program_name}"))?;
+    }
+    attach_tracepoint(ebpf, program_name, category, event)
+}
+
 /// Loads the mapping programs and attaches them to their tracepoints;
 /// they do nothing until a process is added to TARGETS.
 pub(in crate::attach) fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> {
     let mut links = Vec::new();
     for (program_name, event) in TRACEPOINTS {
-        let program: &mut TracePoint = ebpf
-            .program_mut(program_name)
-            .with_context(|| format!("eBPF object lacks program {program_name}"))?
-            .try_into()
-            .with_context(|| format!("eBPF program {program_name} is not a tracepoint"))?;
-        if program.fd().is_err() {
-            program
-                .load()
-                .with_context(|| format!("could not load eBPF program {program_name}"))?;
-        }
-        links.push(attach_tracepoint(ebpf, program_name, "syscalls", event)?);
+        links.push(load_and_attach(ebpf, program_name, "syscalls", event)?);
     }
     let program: &mut TracePoint = ebpf
         .program_mut(tracer_ebpf::program::PROCESS_EXIT)
