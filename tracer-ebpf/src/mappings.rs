@@ -26,7 +26,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use tracer_ebpf::{
-    MappingEvent, NO_STACK, SyscallFieldOffsets, counted, mapping_call, stat, target,
+    MappingEvent, NO_STACK, SyscallFieldOffsets, advice, counted, mapping_call, stat, target,
 };
 
 use crate::{counters::count, pending::PENDING, runs::counted_run};
@@ -278,12 +278,6 @@ pub fn mapping_exit(ctx: TracePointContext) -> u32 {
     })
 }
 
-/// The madvise advice userspace follows: what gives pages back
-/// (DONTNEED, FREE, REMOVE, PAGEOUT, DONTNEED_LOCKED) and what asks for
-/// huge pages or takes the ask back (HUGEPAGE, NOHUGEPAGE). Allocators
-/// call madvise often with other advice (WILLNEED, ...): not sent.
-const FOLLOWED_ADVICE: [u64; 7] = [4, 8, 9, 21, 24, 14, 15];
-
 /// madvise (`--resident` only): its advice tells userspace whether the
 /// range's pages were given back, or may be huge pages.
 #[tracepoint]
@@ -291,7 +285,7 @@ pub fn madvise_enter(ctx: TracePointContext) -> u32 {
     counted_run(counted::MADVISE_ENTER, || {
         let offsets = SYSCALL_FIELD_OFFSETS.load();
         let advice = field(&ctx, offsets.madvise_behavior);
-        if !FOLLOWED_ADVICE.contains(&advice) {
+        if !advice::is_followed(advice) {
             return 0;
         }
         let event = MappingEvent {

@@ -25,6 +25,34 @@ pub mod target {
     }
 }
 
+/// The madvise advice `--resident` follows (`MappingEvent::prot` of a
+/// MADVISE event): the kernel sends only these, userspace acts on them.
+pub mod advice {
+    /// After these a range's pages are no longer resident (or may be
+    /// dropped at any time): DONTNEED, FREE, REMOVE, PAGEOUT,
+    /// DONTNEED_LOCKED.
+    pub const GIVES_BACK: [u64; 5] = [4, 8, 9, 21, 24];
+    /// Asks for transparent huge pages in the range, and takes it back.
+    pub const HUGEPAGE: u64 = 14;
+    pub const NOHUGEPAGE: u64 = 15;
+
+    /// Whether the kernel sends a madvise call with `advice`. Allocators
+    /// call madvise often with other advice (WILLNEED, ...).
+    pub const fn is_followed(advice: u64) -> bool {
+        if advice == HUGEPAGE || advice == NOHUGEPAGE {
+            return true;
+        }
+        let mut index = 0;
+        while index < GIVES_BACK.len() {
+            if GIVES_BACK[index] == advice {
+                return true;
+            }
+            index += 1;
+        }
+        false
+    }
+}
+
 /// The mapping system calls, as `MappingEvent::call`.
 pub mod mapping_call {
     pub const MMAP: u32 = 1;
@@ -115,4 +143,19 @@ pub struct MappingEvent {
     /// 1 when the thread was inside a traced allocator call: the mapping is
     /// the allocator's, already counted as heap.
     pub in_allocator: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advice;
+
+    #[test]
+    fn the_kernel_sends_the_advice_userspace_acts_on_and_no_other() {
+        for followed in [4, 8, 9, 21, 24, 14, 15] {
+            assert!(advice::is_followed(followed), "{followed}");
+        }
+        for ignored in [0, 1, 2, 3, 10, 12, 20, 22, 25] {
+            assert!(!advice::is_followed(ignored), "{ignored}");
+        }
+    }
 }

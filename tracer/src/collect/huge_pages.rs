@@ -54,10 +54,6 @@ pub struct HugePages {
     pub found: u64,
 }
 
-/// madvise advice that asks for huge pages, and that takes the ask back.
-pub const MADV_HUGEPAGE: u64 = 14;
-pub const MADV_NOHUGEPAGE: u64 = 15;
-
 impl HugePages {
     pub fn new() -> HugePages {
         let modes = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")

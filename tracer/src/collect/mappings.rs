@@ -12,17 +12,17 @@
 use std::collections::HashMap;
 
 use aya::maps::{MapData, RingBuf};
-use tracer_ebpf::{MappingEvent, NO_STACK, is_copied_stack, mapping_call};
+use tracer_ebpf::{MappingEvent, NO_STACK, advice, is_copied_stack, mapping_call};
 
 use super::{
     copied::CopiedStacks,
-    huge_pages::{HUGE_PAGE_BYTES, HugePages, MADV_HUGEPAGE, MADV_NOHUGEPAGE},
+    huge_pages::{HUGE_PAGE_BYTES, HugePages},
 };
 use crate::{
     model::{
         Counters, Frame, StackId, StackKey,
         mappings::{MappingLedger, maps_file},
-        resident::{GIVES_BACK, ResidentLedger},
+        resident::ResidentLedger,
     },
     procfs,
     symbolize::Symbols,
@@ -194,14 +194,14 @@ impl MappingTracker {
                 }
                 return;
             }
-            mapping_call::MADVISE if GIVES_BACK.contains(&event.prot) => {
+            mapping_call::MADVISE if advice::GIVES_BACK.contains(&event.prot) => {
                 Some((event.address, event.length))
             }
             mapping_call::MADVISE
-                if event.prot == MADV_HUGEPAGE || event.prot == MADV_NOHUGEPAGE =>
+                if event.prot == advice::HUGEPAGE || event.prot == advice::NOHUGEPAGE =>
             {
                 let end = event.address.saturating_add(event.length);
-                huge.advise(pid, event.address, end, event.prot == MADV_HUGEPAGE);
+                huge.advise(pid, event.address, end, event.prot == advice::HUGEPAGE);
                 None
             }
             mapping_call::MUNMAP => Some((event.address, event.length)),

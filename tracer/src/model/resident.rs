@@ -10,7 +10,7 @@
 //! - A write fault that a transparent huge page served charges the huge
 //!   page (2 MiB) to the fault's stack, but for pages already charged.
 //! - Pages are credited back when their range stops being resident:
-//!   munmap, madvise with advice that frees them (`GIVES_BACK`), a
+//!   munmap, madvise with advice that frees them (`tracer_ebpf::advice::GIVES_BACK`), a
 //!   mapping placed over them, a shrinking break; mremap moves them with
 //!   their stacks.
 //! - What this cannot see: memory made resident before attach (charged
@@ -50,11 +50,6 @@ impl Charge {
 }
 
 pub const PAGE_BYTES: u64 = 4096;
-
-/// madvise advice after which a range's pages are no longer resident (or
-/// may be dropped at any time): DONTNEED, FREE, REMOVE, PAGEOUT,
-/// DONTNEED_LOCKED.
-pub const GIVES_BACK: [u64; 5] = [4, 8, 9, 21, 24];
 
 fn page_down(address: u64) -> u64 {
     address & !(PAGE_BYTES - 1)
