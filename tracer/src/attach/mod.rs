@@ -119,12 +119,10 @@ struct Modes {
     resident: Option<ResidentPages>,
 }
 
-/// What the resident mode sees here.
+/// How the resident mode follows the faults (huge pages are
+/// `collect::huge_pages`').
 #[derive(Clone, Copy, Debug)]
 pub struct ResidentPages {
-    /// Write faults that transparent huge pages served are told apart
-    /// (they are on, and tracer can read the frames' flags).
-    pub huge_pages: bool,
     /// Faults of one page in 2^shift are followed (`collect` sets it).
     pub sample_shift: u32,
 }
@@ -282,22 +280,9 @@ impl Probes {
     /// CUDA calls. Before the first process is attached.
     pub fn trace_resident_pages(&mut self) -> Result<ResidentPages> {
         let links = sources::faults::attach(&mut self.ebpf)?;
-        let huge_pages = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-            .is_ok_and(|modes| !modes.contains("[never]"))
-            && std::fs::File::open("/proc/kpageflags").is_ok();
         self.links.mapping_tracepoints += links.len();
         self.links.tracepoints.extend(links);
-        if !huge_pages {
-            eprintln!(
-                "tracer: note: --resident: transparent huge pages are off, or their frames \
-                 cannot be read (/proc/kpageflags): a huge page would count as its faulted \
-                 4 KiB page"
-            );
-        }
-        let resident = ResidentPages {
-            huge_pages,
-            sample_shift: 0,
-        };
+        let resident = ResidentPages { sample_shift: 0 };
         self.modes.resident = Some(resident);
         Ok(resident)
     }

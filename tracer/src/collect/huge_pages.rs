@@ -65,11 +65,19 @@ impl HugePages {
         } else {
             Policy::Never
         };
+        let kpageflags = (policy != Policy::Never)
+            .then(|| File::open("/proc/kpageflags").ok())
+            .flatten();
+        if kpageflags.is_none() {
+            eprintln!(
+                "tracer: note: --resident: transparent huge pages are off, or their frames \
+                 cannot be read (/proc/kpageflags): a huge page would count as its faulted \
+                 4 KiB page"
+            );
+        }
         HugePages {
             policy,
-            kpageflags: (policy != Policy::Never)
-                .then(|| File::open("/proc/kpageflags").ok())
-                .flatten(),
+            kpageflags,
             pagemaps: HashMap::new(),
             small: HashMap::new(),
             advised: HashMap::new(),
