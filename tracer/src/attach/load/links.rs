@@ -21,6 +21,31 @@ pub(in crate::attach) struct TracepointLink {
     pub event_id: Option<u64>,
 }
 
+/// The tracepoint program `program` of the object.
+fn tracepoint_mut<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut TracePoint> {
+    ebpf.program_mut(program)
+        .with_context(|| format!("eBPF object lacks program {program}"))?
+        .try_into()
+        .with_context(|| format!("eBPF program {program} is not a tracepoint"))
+}
+
+/// Loads the tracepoint program `program` unless it is loaded, and
+/// attaches it to `category:event`.
+pub(in crate::attach) fn load_and_attach_tracepoint(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    category: &str,
+    event: &str,
+) -> Result<TracepointLink> {
+    let tracepoint = tracepoint_mut(ebpf, program)?;
+    if tracepoint.fd().is_err() {
+        tracepoint
+            .load()
+            .with_context(|| format!("could not load eBPF program {program}"))?;
+    }
+    attach_tracepoint(ebpf, program, category, event)
+}
+
 /// Attaches the (loaded) tracepoint program `program` to `category:event`.
 pub(in crate::attach) fn attach_tracepoint(
     ebpf: &mut Ebpf,
@@ -28,11 +53,7 @@ pub(in crate::attach) fn attach_tracepoint(
     category: &str,
     event: &str,
 ) -> Result<TracepointLink> {
-    let tracepoint: &mut TracePoint = ebpf
-        .program_mut(program)
-        .with_context(|| format!("eBPF object lacks program {program}"))?
-        .try_into()
-        .with_context(|| format!("eBPF program {program} is not a tracepoint"))?;
+    let tracepoint = tracepoint_mut(ebpf, program)?;
     let id = tracepoint
         .attach(category, event)
         .with_context(|| format!("could not attach {program} to tracepoint {category}:{event}"))?;

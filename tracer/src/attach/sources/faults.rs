@@ -9,7 +9,7 @@
 use anyhow::{Context as _, Result, bail};
 use aya::Ebpf;
 
-use crate::attach::load::links::TracepointLink;
+use crate::attach::load::links::{TracepointLink, load_and_attach_tracepoint};
 
 /// Loads and attaches the resident mode's programs.
 pub(in crate::attach) fn attach(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> {
@@ -37,7 +37,7 @@ pub(in crate::attach) fn attach(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> 
             "sys_exit_madvise",
         ),
     ] {
-        links.push(super::mappings::load_and_attach(
+        links.push(load_and_attach_tracepoint(
             ebpf,
             program_name,
             category,

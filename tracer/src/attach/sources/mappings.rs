@@ -3,11 +3,11 @@
 //! `tracer-ebpf/src/mappings.rs`, and the TARGETS filter that keeps them to
 //! the traced processes: the mapping calls' `Source`.
 use anyhow::{Context as _, Result, anyhow};
-use aya::{Ebpf, maps::HashMap, programs::TracePoint};
+use aya::{Ebpf, maps::HashMap};
 use tracer_ebpf::SyscallFieldOffsets;
 
 use super::{Source, remove_entries};
-use crate::attach::load::links::{TracepointLink, attach_tracepoint};
+use crate::attach::load::links::{TracepointLink, load_and_attach_tracepoint};
 use crate::tracefs;
 
 /// The programs and the `syscalls` tracepoints they go on.
@@ -89,45 +89,19 @@ pub fn read_field_offsets() -> Result<SyscallFieldOffsets> {
     })
 }
 
-/// Loads the tracepoint program `program_name` unless it is loaded, and
-/// attaches it to `category:event`.
-pub(in crate::attach) fn load_and_attach(
-    ebpf: &mut Ebpf,
-    program_name: &'static str,
-    category: &str,
-    event: &str,
-) -> Result<TracepointLink> {
-    let program: &mut TracePoint = ebpf
-        .program_mut(program_name)
-        .with_context(|| format!("eBPF object lacks program {program_name}"))?
-        .try_into()
-        .with_context(|| format!("eBPF program {program_name} is not a tracepoint"))?;
-    if program.fd().is_err() {
-        program
-            .load()
-            .with_context(|| format!("could not load eBPF program {program_name}"))?;
-    }
-    attach_tracepoint(ebpf, program_name, category, event)
-}
-
 /// Loads the mapping programs and attaches them to their tracepoints;
 /// they do nothing until a process is added to TARGETS.
 pub(in crate::attach) fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracepointLink>> {
     let mut links = Vec::new();
     for (program_name, event) in TRACEPOINTS {
-        links.push(load_and_attach(ebpf, program_name, "syscalls", event)?);
+        links.push(load_and_attach_tracepoint(
+            ebpf,
+            program_name,
+            "syscalls",
+            event,
+        )?);
     }
-    let program: &mut TracePoint = ebpf
-        .program_mut(tracer_ebpf::program::PROCESS_EXIT)
-        .context("eBPF object lacks the process exit program")?
-        .try_into()
-        .context("the process exit program is not a tracepoint")?;
-    if program.fd().is_err() {
-        program
-            .load()
-            .context("could not load the process exit program")?;
-    }
-    links.push(attach_tracepoint(
+    links.push(load_and_attach_tracepoint(
         ebpf,
         tracer_ebpf::program::PROCESS_EXIT,
         "sched",
